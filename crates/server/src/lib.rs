@@ -1,0 +1,1 @@
+//! berth server layer.
