@@ -1,0 +1,1 @@
+//! The seed experiments as a load generator, with ministat-style statistics.
