@@ -1,0 +1,554 @@
+//! The broker side of an AMQP channel: its consumers, the deliveries it has
+//! not had acked yet, its prefetch limits and its transaction buffer.
+//!
+//! Invariants:
+//! - Delivery tags on a channel are assigned and written to the connection
+//!   under the channel lock, so a client sees them in increasing order.
+//! - A message delivered with manual ack is in exactly one place: this
+//!   channel's `unacked` map, until it is acked, rejected or requeued.
+//! - The channel lock is never held while calling into a queue (lock order
+//!   is queue → channel).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::error::{AmqpError, AmqpResult};
+use crate::message::Message;
+use crate::queue::{Consumer, Queue, QueuedMessage};
+use crate::vhost::{PublishResult, VHost};
+
+/// Where a connection's outgoing deliveries go. Implemented by the server;
+/// every call appends whole frames to the connection's output.
+pub trait Outlet: Send + Sync {
+    /// `basic.deliver` + content.
+    fn deliver(&self, channel: u16, consumer_tag: &str, delivery_tag: u64, redelivered: bool, msg: &Message);
+    /// `basic.get-ok` + content.
+    fn get_ok(&self, channel: u16, delivery_tag: u64, redelivered: bool, msg: &Message, message_count: u32);
+    /// A server-initiated `basic.cancel` (the queue went away).
+    fn consumer_cancelled(&self, channel: u16, consumer_tag: &str);
+    /// True while the connection's output buffer is over its limit; queues
+    /// then hold messages back instead of piling them up in memory.
+    fn is_congested(&self) -> bool;
+}
+
+/// What a connection shares with its channels.
+pub struct Session {
+    /// Unique per connection, for exclusive queues.
+    pub connection_id: u64,
+    pub vhost: Arc<VHost>,
+    pub outlet: Arc<dyn Outlet>,
+    /// The client asked for `consumer_cancel_notify`.
+    pub cancel_notify: bool,
+    /// Server-wide consumer acknowledgement timeout.
+    pub consumer_timeout_ms: Option<u64>,
+}
+
+struct Unacked {
+    queue: Arc<Queue>,
+    msg: QueuedMessage,
+    /// The consumer it went to (None for `basic.get`), to return its credit.
+    consumer: Option<Arc<Consumer>>,
+    /// Consumer timeout deadline and the timeout it came from.
+    deadline: Option<(Instant, u64)>,
+}
+
+/// A buffered transactional operation.
+enum TxOp {
+    Publish { exchange: String, msg: Arc<Message>, mandatory: bool },
+    Ack { tag: u64, multiple: bool },
+    Nack { tag: u64, multiple: bool, requeue: bool },
+}
+
+/// The outcome of a publish, for confirms and `basic.return`.
+pub struct Published {
+    pub msg: Arc<Message>,
+    pub mandatory: bool,
+    pub result: PublishResult,
+}
+
+#[derive(Default)]
+struct ChannelState {
+    closed: bool,
+    next_delivery_tag: u64,
+    unacked: BTreeMap<u64, Unacked>,
+    /// `basic.qos global=false`: limit for consumers created afterwards.
+    consumer_prefetch: u16,
+    /// `basic.qos global=true`: limit shared by all consumers of the channel.
+    channel_prefetch: u16,
+    channel_in_flight: u32,
+    consumers: HashMap<String, Arc<Consumer>>,
+    /// `Some` once `tx.select` was sent.
+    tx: Option<Vec<TxOp>>,
+    next_consumer_tag: u64,
+}
+
+/// A channel.
+pub struct Channel {
+    pub id: u16,
+    pub session: Arc<Session>,
+    state: Mutex<ChannelState>,
+}
+
+impl Channel {
+    pub fn new(id: u16, session: Arc<Session>) -> Arc<Self> {
+        Arc::new(Self {
+            id,
+            session,
+            state: Mutex::new(ChannelState {
+                next_delivery_tag: 1,
+                ..ChannelState::default()
+            }),
+        })
+    }
+
+    /// Called by a queue (holding its own lock) to hand a message to one of
+    /// this channel's consumers. Gives the message back if the consumer or
+    /// channel has no credit or the connection is congested.
+    pub(crate) fn try_deliver(
+        &self,
+        consumer: &Arc<Consumer>,
+        queue: &Arc<Queue>,
+        msg: QueuedMessage,
+        now: Instant,
+    ) -> Result<(), QueuedMessage> {
+        let mut st = self.state.lock();
+        if st.closed || self.session.outlet.is_congested() {
+            return Err(msg);
+        }
+        if !consumer.no_ack {
+            let in_flight = consumer.in_flight.load(Ordering::Relaxed);
+            if consumer.prefetch > 0 && in_flight >= u32::from(consumer.prefetch) {
+                return Err(msg);
+            }
+            if st.channel_prefetch > 0 && st.channel_in_flight >= u32::from(st.channel_prefetch) {
+                return Err(msg);
+            }
+        }
+        let tag = st.next_delivery_tag;
+        st.next_delivery_tag += 1;
+        self.session
+            .outlet
+            .deliver(self.id, &consumer.tag, tag, msg.redelivered, &msg.msg);
+        if !consumer.no_ack {
+            consumer.in_flight.fetch_add(1, Ordering::Relaxed);
+            st.channel_in_flight += 1;
+            let timeout = queue.args.consumer_timeout_ms.or(self.session.consumer_timeout_ms);
+            st.unacked.insert(
+                tag,
+                Unacked {
+                    queue: Arc::clone(queue),
+                    msg,
+                    consumer: Some(Arc::clone(consumer)),
+                    deadline: timeout.map(|ms| (now + Duration::from_millis(ms), ms)),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// `basic.qos`.
+    pub fn qos(&self, prefetch_count: u16, global: bool, now: Instant) {
+        let queues = {
+            let mut st = self.state.lock();
+            if global {
+                st.channel_prefetch = prefetch_count;
+            } else {
+                st.consumer_prefetch = prefetch_count;
+            }
+            consumer_queues(&st)
+        };
+        for q in queues {
+            q.kick(now);
+        }
+    }
+
+    /// `basic.consume`. Returns the consumer tag (generated if empty).
+    pub fn consume(
+        self: &Arc<Self>,
+        queue: Arc<Queue>,
+        tag: &str,
+        no_ack: bool,
+        exclusive: bool,
+        now: Instant,
+    ) -> AmqpResult<String> {
+        let consumer = {
+            let mut st = self.state.lock();
+            let tag = if tag.is_empty() {
+                st.next_consumer_tag += 1;
+                format!("amq.ctag-berth-{}-{}", self.id, st.next_consumer_tag)
+            } else {
+                tag.to_owned()
+            };
+            if st.consumers.contains_key(&tag) {
+                return Err(AmqpError::not_allowed(format!(
+                    "attempt to reuse consumer tag '{tag}'"
+                )));
+            }
+            let c = Arc::new(Consumer {
+                tag: tag.clone(),
+                channel: Arc::clone(self),
+                queue: Arc::clone(&queue),
+                no_ack,
+                exclusive,
+                prefetch: st.consumer_prefetch,
+                in_flight: AtomicU32::new(0),
+            });
+            st.consumers.insert(tag, Arc::clone(&c));
+            c
+        };
+        if let Err(text) = queue.add_consumer(Arc::clone(&consumer), now) {
+            self.state.lock().consumers.remove(&consumer.tag);
+            return Err(if text.starts_with("no queue") {
+                AmqpError::not_found(text)
+            } else {
+                AmqpError::access_refused(text)
+            });
+        }
+        Ok(consumer.tag.clone())
+    }
+
+    /// `basic.cancel` from the client. Unknown tags are not an error (AMQP).
+    pub fn cancel(self: &Arc<Self>, tag: &str, now: Instant) {
+        let c = self.state.lock().consumers.remove(tag);
+        if let Some(c) = c {
+            c.queue.remove_consumer(self, tag, now);
+        }
+    }
+
+    /// The queue deleted this consumer; tell the client if it listens.
+    pub(crate) fn consumer_gone(&self, tag: &str) {
+        let removed = self.state.lock().consumers.remove(tag).is_some();
+        if removed && self.session.cancel_notify {
+            self.session.outlet.consumer_cancelled(self.id, tag);
+        }
+    }
+
+    /// `basic.get`. Writes `get-ok` itself; returns false for `get-empty`.
+    pub fn get(&self, queue: &Arc<Queue>, no_ack: bool, now: Instant) -> bool {
+        let Some((msg, remaining)) = queue.get(no_ack, now) else {
+            return false;
+        };
+        let mut st = self.state.lock();
+        if st.closed {
+            drop(st);
+            if no_ack {
+                return false;
+            }
+            queue.requeue(vec![msg], now);
+            return false;
+        }
+        let tag = st.next_delivery_tag;
+        st.next_delivery_tag += 1;
+        let count = u32::try_from(remaining).unwrap_or(u32::MAX);
+        self.session
+            .outlet
+            .get_ok(self.id, tag, msg.redelivered, &msg.msg, count);
+        if !no_ack {
+            st.unacked.insert(
+                tag,
+                Unacked {
+                    queue: Arc::clone(queue),
+                    msg,
+                    consumer: None,
+                    deadline: None,
+                },
+            );
+        }
+        true
+    }
+
+    /// `tx.select`.
+    pub fn tx_select(&self) {
+        let mut st = self.state.lock();
+        if st.tx.is_none() {
+            st.tx = Some(Vec::new());
+        }
+    }
+
+    pub fn is_transactional(&self) -> bool {
+        self.state.lock().tx.is_some()
+    }
+
+    /// `basic.publish`: routes now, or buffers it in a transaction (then
+    /// returns `None`).
+    pub fn publish(
+        &self,
+        exchange: &str,
+        msg: Arc<Message>,
+        mandatory: bool,
+        now: Instant,
+    ) -> AmqpResult<Option<Published>> {
+        {
+            let mut st = self.state.lock();
+            if let Some(tx) = st.tx.as_mut() {
+                // Check the exchange now so the error points at the publish.
+                self.session.vhost.check_publish_target(exchange)?;
+                tx.push(TxOp::Publish {
+                    exchange: exchange.to_owned(),
+                    msg,
+                    mandatory,
+                });
+                return Ok(None);
+            }
+        }
+        let result = self.session.vhost.publish(exchange, &msg, now)?;
+        Ok(Some(Published {
+            msg,
+            mandatory,
+            result,
+        }))
+    }
+
+    /// `basic.ack`.
+    pub fn ack(&self, tag: u64, multiple: bool, now: Instant) -> AmqpResult<()> {
+        {
+            let mut st = self.state.lock();
+            check_tag(&st, tag, multiple)?;
+            if let Some(tx) = st.tx.as_mut() {
+                tx.push(TxOp::Ack { tag, multiple });
+                return Ok(());
+            }
+        }
+        self.settle(tag, multiple, Settle::Ack, now)
+    }
+
+    /// `basic.nack` / `basic.reject`.
+    pub fn nack(&self, tag: u64, multiple: bool, requeue: bool, now: Instant) -> AmqpResult<()> {
+        {
+            let mut st = self.state.lock();
+            check_tag(&st, tag, multiple)?;
+            if let Some(tx) = st.tx.as_mut() {
+                tx.push(TxOp::Nack {
+                    tag,
+                    multiple,
+                    requeue,
+                });
+                return Ok(());
+            }
+        }
+        let how = if requeue { Settle::Requeue } else { Settle::Reject };
+        self.settle(tag, multiple, how, now)
+    }
+
+    fn take_unacked(st: &mut ChannelState, tag: u64, multiple: bool) -> Vec<Unacked> {
+        let taken: Vec<Unacked> = if multiple {
+            let rest = if tag == 0 {
+                BTreeMap::new()
+            } else {
+                st.unacked.split_off(&(tag + 1))
+            };
+            std::mem::replace(&mut st.unacked, rest).into_values().collect()
+        } else {
+            st.unacked.remove(&tag).into_iter().collect()
+        };
+        for u in &taken {
+            if let Some(c) = &u.consumer {
+                c.in_flight.fetch_sub(1, Ordering::Relaxed);
+                st.channel_in_flight = st.channel_in_flight.saturating_sub(1);
+            }
+        }
+        taken
+    }
+
+    fn settle(&self, tag: u64, multiple: bool, how: Settle, now: Instant) -> AmqpResult<()> {
+        let (taken, mut kick) = {
+            let mut st = self.state.lock();
+            // multiple with tag 0 means "everything outstanding"
+            let taken = if multiple && tag == 0 {
+                let all = std::mem::take(&mut st.unacked);
+                for u in all.values() {
+                    if let Some(c) = &u.consumer {
+                        c.in_flight.fetch_sub(1, Ordering::Relaxed);
+                    }
+                }
+                st.channel_in_flight = 0;
+                all.into_values().collect()
+            } else {
+                Self::take_unacked(&mut st, tag, multiple)
+            };
+            let kick = if st.channel_prefetch > 0 {
+                consumer_queues(&st)
+            } else {
+                Vec::new()
+            };
+            (taken, kick)
+        };
+        for (queue, msgs) in group_by_queue(taken) {
+            kick.retain(|q| !Arc::ptr_eq(q, &queue));
+            match how {
+                Settle::Ack => queue.settle(msgs.len(), now),
+                Settle::Requeue => queue.requeue(msgs, now),
+                Settle::Reject => queue.reject(msgs, now),
+            }
+        }
+        for q in kick {
+            q.kick(now);
+        }
+        Ok(())
+    }
+
+    /// `tx.commit`: applies buffered publishes and acks, in order. Returns the
+    /// publishes' outcomes (for `basic.return`).
+    pub fn tx_commit(&self, now: Instant) -> AmqpResult<Vec<Published>> {
+        let ops = {
+            let mut st = self.state.lock();
+            match st.tx.as_mut() {
+                None => {
+                    return Err(AmqpError::precondition_failed("channel is not transactional"))
+                }
+                Some(tx) => std::mem::take(tx),
+            }
+        };
+        let mut published = Vec::new();
+        for op in ops {
+            match op {
+                TxOp::Publish {
+                    exchange,
+                    msg,
+                    mandatory,
+                } => {
+                    let result = self.session.vhost.publish(&exchange, &msg, now)?;
+                    published.push(Published {
+                        msg,
+                        mandatory,
+                        result,
+                    });
+                }
+                TxOp::Ack { tag, multiple } => self.settle(tag, multiple, Settle::Ack, now)?,
+                TxOp::Nack {
+                    tag,
+                    multiple,
+                    requeue,
+                } => {
+                    let how = if requeue { Settle::Requeue } else { Settle::Reject };
+                    self.settle(tag, multiple, how, now)?;
+                }
+            }
+        }
+        Ok(published)
+    }
+
+    /// `tx.rollback`: drops buffered publishes and acks.
+    pub fn tx_rollback(&self) -> AmqpResult<()> {
+        let mut st = self.state.lock();
+        match st.tx.as_mut() {
+            None => Err(AmqpError::precondition_failed("channel is not transactional")),
+            Some(tx) => {
+                tx.clear();
+                Ok(())
+            }
+        }
+    }
+
+    /// `basic.recover requeue=true`: every unacked delivery goes back.
+    pub fn recover(&self, now: Instant) {
+        let taken = {
+            let mut st = self.state.lock();
+            let all = std::mem::take(&mut st.unacked);
+            for u in all.values() {
+                if let Some(c) = &u.consumer {
+                    c.in_flight.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+            st.channel_in_flight = 0;
+            all.into_values().collect::<Vec<_>>()
+        };
+        for (queue, msgs) in group_by_queue(taken) {
+            queue.requeue(msgs, now);
+        }
+    }
+
+    /// The consumer timeout that expired first, if any delivery is overdue.
+    pub fn overdue_delivery(&self, now: Instant) -> Option<u64> {
+        let st = self.state.lock();
+        st.unacked
+            .values()
+            .filter_map(|u| u.deadline)
+            .find(|(at, _)| *at <= now)
+            .map(|(_, ms)| ms)
+    }
+
+    /// The connection's output drained: let queues deliver again.
+    pub fn resume(&self, now: Instant) {
+        let queues = consumer_queues(&self.state.lock());
+        for q in queues {
+            q.kick(now);
+        }
+    }
+
+    pub fn consumer_count(&self) -> usize {
+        self.state.lock().consumers.len()
+    }
+
+    pub fn unacked_count(&self) -> usize {
+        self.state.lock().unacked.len()
+    }
+
+    /// Channel closed (by either side, or the connection went away):
+    /// consumers are cancelled and unacked deliveries requeued.
+    pub fn close(self: &Arc<Self>, now: Instant) {
+        let (consumers, unacked) = {
+            let mut st = self.state.lock();
+            if st.closed {
+                return;
+            }
+            st.closed = true;
+            st.tx = None;
+            (
+                std::mem::take(&mut st.consumers),
+                std::mem::take(&mut st.unacked),
+            )
+        };
+        for (tag, c) in consumers {
+            c.queue.remove_consumer(self, &tag, now);
+        }
+        for (queue, msgs) in group_by_queue(unacked.into_values().collect()) {
+            queue.requeue(msgs, now);
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Settle {
+    Ack,
+    Requeue,
+    Reject,
+}
+
+fn check_tag(st: &ChannelState, tag: u64, multiple: bool) -> AmqpResult<()> {
+    let known = if multiple {
+        tag == 0 || st.unacked.contains_key(&tag) || st.unacked.range(..=tag).next().is_some()
+    } else {
+        st.unacked.contains_key(&tag)
+    };
+    if known {
+        Ok(())
+    } else {
+        Err(AmqpError::precondition_failed(format!("unknown delivery tag {tag}")))
+    }
+}
+
+fn consumer_queues(st: &ChannelState) -> Vec<Arc<Queue>> {
+    let mut out: Vec<Arc<Queue>> = Vec::new();
+    for c in st.consumers.values() {
+        if !out.iter().any(|q| Arc::ptr_eq(q, &c.queue)) {
+            out.push(Arc::clone(&c.queue));
+        }
+    }
+    out
+}
+
+fn group_by_queue(taken: Vec<Unacked>) -> Vec<(Arc<Queue>, Vec<QueuedMessage>)> {
+    let mut out: Vec<(Arc<Queue>, Vec<QueuedMessage>)> = Vec::new();
+    for u in taken {
+        match out.iter_mut().find(|(q, _)| Arc::ptr_eq(q, &u.queue)) {
+            Some((_, v)) => v.push(u.msg),
+            None => out.push((u.queue, vec![u.msg])),
+        }
+    }
+    out
+}

@@ -1,0 +1,144 @@
+//! A published message as the broker routes and stores it.
+//!
+//! Properties stay in the publisher's wire encoding; the few fields the broker
+//! acts on (delivery mode, priority, expiration, headers) are decoded once at
+//! publish time. One `Arc<Message>` is shared by every queue it was routed to.
+
+use std::sync::Arc;
+
+use berth_protocol::codec::{decode_properties, encode_properties};
+use berth_protocol::{AMQPProperties, AMQPValue, FieldTable};
+use bytes::Bytes;
+
+use crate::error::{AmqpError, AmqpResult};
+
+/// A message, immutable once published.
+#[derive(Debug)]
+pub struct Message {
+    /// Exchange it was published to.
+    pub exchange: String,
+    pub routing_key: String,
+    /// Raw property flags + property list, re-sent as-is on delivery.
+    pub properties: Bytes,
+    pub body: Bytes,
+    /// `delivery-mode = 2`.
+    pub persistent: bool,
+    /// `priority` property; 0 when absent.
+    pub priority: u8,
+    /// `expiration` property, parsed (milliseconds).
+    pub expiration_ms: Option<u64>,
+    /// `headers` property, needed by the headers exchange and dead-lettering.
+    pub headers: Option<FieldTable>,
+}
+
+impl Message {
+    /// Builds a message from a publish, checking the properties the broker
+    /// interprets. A malformed `expiration` is refused as RabbitMQ does.
+    pub fn new(
+        exchange: String,
+        routing_key: String,
+        properties: Bytes,
+        body: Bytes,
+    ) -> AmqpResult<Arc<Self>> {
+        let props = decode_properties(&properties)
+            .map_err(|e| AmqpError::new(berth_protocol::reply::SYNTAX_ERROR, e.to_string()))?;
+        Self::from_props(exchange, routing_key, &props, properties, body)
+    }
+
+    fn from_props(
+        exchange: String,
+        routing_key: String,
+        props: &AMQPProperties,
+        properties: Bytes,
+        body: Bytes,
+    ) -> AmqpResult<Arc<Self>> {
+        let expiration_ms = match props.expiration() {
+            None => None,
+            Some(s) => Some(s.as_str().parse::<u64>().map_err(|_| {
+                AmqpError::precondition_failed(format!(
+                    "invalid expiration '{}': expected a non-negative integer of milliseconds",
+                    s.as_str()
+                ))
+            })?),
+        };
+        Ok(Arc::new(Self {
+            exchange,
+            routing_key,
+            properties,
+            body,
+            persistent: props.delivery_mode() == &Some(2),
+            priority: props.priority().unwrap_or(0),
+            expiration_ms,
+            headers: props.headers().clone(),
+        }))
+    }
+
+    /// Bytes this message costs in memory, for limits and metrics.
+    pub fn size_bytes(&self) -> u64 {
+        (self.body.len() + self.properties.len()) as u64
+    }
+
+    /// A copy with rewritten properties (dead-lettering adds `x-death`), a new
+    /// exchange and routing key.
+    pub fn rewritten(
+        &self,
+        exchange: String,
+        routing_key: String,
+        edit: impl FnOnce(&mut AMQPProperties),
+    ) -> AmqpResult<Arc<Self>> {
+        let mut props = decode_properties(&self.properties)
+            .map_err(|e| AmqpError::internal(format!("stored properties do not parse: {e}")))?;
+        edit(&mut props);
+        let raw = encode_properties(&props);
+        Self::from_props(exchange, routing_key, &props, raw, self.body.clone())
+    }
+
+    /// A header as a string, if present and textual.
+    pub fn header_str(&self, key: &str) -> Option<String> {
+        match self.headers.as_ref()?.inner().get(key)? {
+            AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+            AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn props(p: AMQPProperties) -> Bytes {
+        encode_properties(&p)
+    }
+
+    #[test]
+    fn interpreted_properties_are_decoded() {
+        let m = Message::new(
+            "x".into(),
+            "k".into(),
+            props(
+                AMQPProperties::default()
+                    .with_delivery_mode(2)
+                    .with_priority(7)
+                    .with_expiration("1500".into()),
+            ),
+            Bytes::from_static(b"body"),
+        )
+        .unwrap();
+        assert!(m.persistent);
+        assert_eq!(m.priority, 7);
+        assert_eq!(m.expiration_ms, Some(1500));
+    }
+
+    #[test]
+    fn non_numeric_expiration_is_refused_with_406() {
+        let e = Message::new(
+            "x".into(),
+            "k".into(),
+            props(AMQPProperties::default().with_expiration("soon".into())),
+            Bytes::new(),
+        )
+        .unwrap_err();
+        assert_eq!(e.reply_code, 406);
+    }
+}

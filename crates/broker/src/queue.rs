@@ -1,0 +1,576 @@
+//! A queue: ready messages in order, the consumers they go to, and the rules
+//! (TTL, length limits, dead-lettering, delivery limit, expiry) applied to them.
+//!
+//! Invariants:
+//! - Each queue's state has one owner: its mutex. Nothing else holds a queue's
+//!   messages, except channels holding the ones delivered and not yet acked
+//!   (counted in `unacked`).
+//! - Lock order is queue → channel, never the reverse: a channel releases its
+//!   own lock before it calls into a queue.
+//! - Within a priority level, ready messages are in publish order (`seq`
+//!   ascending); a requeued message goes back to its original place.
+//! - Dead letters and deletions are *collected* under the lock and carried out
+//!   after it is released, so a queue never holds its lock while publishing to
+//!   another queue.
+
+use std::collections::VecDeque;
+use std::sync::atomic::AtomicU32;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use berth_protocol::FieldTable;
+use parking_lot::Mutex;
+
+use crate::args::{Overflow, QueueArgs};
+use crate::channel::Channel;
+use crate::message::Message;
+use crate::vhost::VHost;
+
+/// Why a message was dead-lettered (the `reason` of `x-death`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeathReason {
+    Rejected,
+    Expired,
+    MaxLen,
+    DeliveryLimit,
+}
+
+impl DeathReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Rejected => "rejected",
+            Self::Expired => "expired",
+            Self::MaxLen => "maxlen",
+            Self::DeliveryLimit => "delivery_limit",
+        }
+    }
+}
+
+/// A message in a queue: the shared message plus this queue's bookkeeping.
+#[derive(Debug, Clone)]
+pub struct QueuedMessage {
+    pub msg: Arc<Message>,
+    /// Position in publish order, for requeueing to the original place.
+    pub seq: u64,
+    /// Times it came back unacknowledged (nack/reject with requeue, channel
+    /// closed); drives `redelivered` and `x-delivery-limit`.
+    pub returns: u32,
+    /// Delivered at least once before.
+    pub redelivered: bool,
+    /// When it expires (queue TTL or per-message expiration).
+    pub expires_at: Option<Instant>,
+}
+
+/// A consumer attached to a queue.
+pub struct Consumer {
+    pub tag: String,
+    pub channel: Arc<Channel>,
+    pub queue: Arc<Queue>,
+    pub no_ack: bool,
+    pub exclusive: bool,
+    /// Per-consumer prefetch (0 = unlimited).
+    pub prefetch: u16,
+    /// Deliveries not yet acked, checked against `prefetch` under the
+    /// channel lock.
+    pub in_flight: AtomicU32,
+}
+
+/// A dead letter to be republished once the queue lock is released.
+pub struct DeadLetter {
+    pub msg: Arc<Message>,
+    pub reason: DeathReason,
+}
+
+/// Work a queue operation leaves for after its lock is released.
+#[derive(Default)]
+pub struct Effects {
+    pub dead: Vec<DeadLetter>,
+    /// The queue should be deleted (auto-delete or x-expires).
+    pub delete: bool,
+    pub timer_at: Option<Instant>,
+}
+
+/// Ready messages, one FIFO per priority level (one level without
+/// `x-max-priority`).
+struct Ready {
+    levels: Vec<VecDeque<QueuedMessage>>,
+    len: usize,
+    bytes: u64,
+}
+
+impl Ready {
+    fn new(max_priority: Option<u8>) -> Self {
+        let n = max_priority.map_or(1, |p| usize::from(p) + 1);
+        Self {
+            levels: (0..n).map(|_| VecDeque::new()).collect(),
+            len: 0,
+            bytes: 0,
+        }
+    }
+
+    fn level_of(&self, m: &Message) -> usize {
+        usize::from(m.priority).min(self.levels.len() - 1)
+    }
+
+    fn push_back(&mut self, m: QueuedMessage) {
+        let l = self.level_of(&m.msg);
+        self.len += 1;
+        self.bytes += m.msg.size_bytes();
+        self.levels[l].push_back(m);
+    }
+
+    /// Puts a message back at its publish-order position.
+    fn insert_by_seq(&mut self, m: QueuedMessage) {
+        let l = self.level_of(&m.msg);
+        let q = &mut self.levels[l];
+        let at = q.partition_point(|x| x.seq < m.seq);
+        self.len += 1;
+        self.bytes += m.msg.size_bytes();
+        q.insert(at, m);
+    }
+
+    fn push_front(&mut self, m: QueuedMessage) {
+        let l = self.level_of(&m.msg);
+        self.len += 1;
+        self.bytes += m.msg.size_bytes();
+        self.levels[l].push_front(m);
+    }
+
+    fn front(&self) -> Option<&QueuedMessage> {
+        self.levels.iter().rev().find_map(|q| q.front())
+    }
+
+    fn pop_front(&mut self) -> Option<QueuedMessage> {
+        let m = self.levels.iter_mut().rev().find_map(VecDeque::pop_front)?;
+        self.len -= 1;
+        self.bytes -= m.msg.size_bytes();
+        Some(m)
+    }
+
+    fn drain(&mut self) -> Vec<QueuedMessage> {
+        self.len = 0;
+        self.bytes = 0;
+        self.levels.iter_mut().flat_map(|q| q.drain(..)).collect()
+    }
+}
+
+struct QueueState {
+    ready: Ready,
+    /// Delivered, not yet acked.
+    unacked: usize,
+    consumers: Vec<Arc<Consumer>>,
+    /// Round-robin position in `consumers`.
+    next_consumer: usize,
+    next_seq: u64,
+    deleted: bool,
+    /// Auto-delete applies only once a queue has had a consumer.
+    had_consumer: bool,
+    /// Last declare/consume/get/cancel, for `x-expires`.
+    last_used: Instant,
+    /// Deadline already registered with the timer service.
+    timer_at: Option<Instant>,
+}
+
+/// Counters for the management view and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueStats {
+    pub ready: usize,
+    pub ready_bytes: u64,
+    pub unacked: usize,
+    pub consumers: usize,
+}
+
+/// A queue.
+pub struct Queue {
+    pub name: String,
+    pub vhost: Weak<VHost>,
+    pub vhost_name: String,
+    pub durable: bool,
+    pub auto_delete: bool,
+    /// Connection that owns an exclusive queue.
+    pub exclusive_owner: Option<u64>,
+    /// Arguments as declared, for equivalence checks.
+    pub arguments: FieldTable,
+    pub args: QueueArgs,
+    state: Mutex<QueueState>,
+    /// Bindings where this queue is the destination: (exchange, key, args),
+    /// so deleting the queue can remove them.
+    pub(crate) bound_from: Mutex<Vec<(String, String, FieldTable)>>,
+}
+
+impl Queue {
+    pub(crate) fn new(
+        name: String,
+        vhost: Weak<VHost>,
+        vhost_name: String,
+        durable: bool,
+        auto_delete: bool,
+        exclusive_owner: Option<u64>,
+        arguments: FieldTable,
+        args: QueueArgs,
+        now: Instant,
+    ) -> Self {
+        Self {
+            state: Mutex::new(QueueState {
+                ready: Ready::new(args.max_priority),
+                unacked: 0,
+                consumers: Vec::new(),
+                next_consumer: 0,
+                next_seq: 0,
+                deleted: false,
+                had_consumer: false,
+                last_used: now,
+                timer_at: None,
+            }),
+            name,
+            vhost,
+            vhost_name,
+            durable,
+            auto_delete,
+            exclusive_owner,
+            arguments,
+            args,
+            bound_from: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn stats(&self) -> QueueStats {
+        let s = self.state.lock();
+        QueueStats {
+            ready: s.ready.len,
+            ready_bytes: s.ready.bytes,
+            unacked: s.unacked,
+            consumers: s.consumers.len(),
+        }
+    }
+
+    pub fn is_deleted(&self) -> bool {
+        self.state.lock().deleted
+    }
+
+    /// Runs `f` under the lock, then carries out the effects it collected.
+    fn with_state<R>(
+        self: &Arc<Self>,
+        now: Instant,
+        f: impl FnOnce(&Arc<Self>, &mut QueueState, &mut Effects) -> R,
+    ) -> R {
+        let mut fx = Effects::default();
+        let r = {
+            let mut s = self.state.lock();
+            let r = f(self, &mut s, &mut fx);
+            if !s.deleted {
+                fx.timer_at = self.schedule(&mut s, now);
+            }
+            r
+        };
+        self.apply(fx);
+        r
+    }
+
+    fn apply(self: &Arc<Self>, fx: Effects) {
+        let Some(vhost) = self.vhost.upgrade() else {
+            return;
+        };
+        if let Some(at) = fx.timer_at {
+            vhost.timers.schedule(at, Arc::downgrade(self));
+        }
+        for d in fx.dead {
+            vhost.dead_letter(self, d);
+        }
+        if fx.delete {
+            vhost.remove_queue(&self.name);
+        }
+    }
+
+    /// The next moment this queue needs attention, if newer than what is
+    /// already registered.
+    fn schedule(&self, s: &mut QueueState, now: Instant) -> Option<Instant> {
+        let ttl = s.ready.front().and_then(|m| m.expires_at);
+        let expiry = self
+            .args
+            .expires_ms
+            .filter(|_| s.consumers.is_empty())
+            .map(|ms| s.last_used + Duration::from_millis(ms));
+        let next = match (ttl, expiry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }?;
+        let next = next.max(now);
+        match s.timer_at {
+            Some(t) if t <= next && t > now => None,
+            _ => {
+                s.timer_at = Some(next);
+                Some(next)
+            }
+        }
+    }
+
+    /// Called by the timer service.
+    pub fn on_timer(self: &Arc<Self>, now: Instant) {
+        self.with_state(now, |q, s, fx| {
+            if s.timer_at.is_some_and(|t| t <= now) {
+                s.timer_at = None;
+            }
+            q.expire_head(s, now, fx);
+            if let Some(ms) = q.args.expires_ms {
+                if s.consumers.is_empty()
+                    && now >= s.last_used + Duration::from_millis(ms)
+                    && !s.deleted
+                {
+                    s.deleted = true;
+                    fx.delete = true;
+                }
+            }
+        });
+    }
+
+    /// Drops expired messages at the head, dead-lettering them.
+    fn expire_head(&self, s: &mut QueueState, now: Instant, fx: &mut Effects) {
+        while let Some(m) = s.ready.front() {
+            match m.expires_at {
+                Some(t) if t < now => {
+                    let m = s.ready.pop_front().expect("front exists");
+                    self.dead_letter(m.msg, DeathReason::Expired, fx);
+                }
+                _ => break,
+            }
+        }
+    }
+
+    fn dead_letter(&self, msg: Arc<Message>, reason: DeathReason, fx: &mut Effects) {
+        if self.args.dead_letter_exchange.is_some() {
+            fx.dead.push(DeadLetter { msg, reason });
+        }
+    }
+
+    /// Enqueues a published message. Returns `false` if the queue refused it
+    /// (`x-overflow = reject-publish`).
+    pub fn enqueue(self: &Arc<Self>, msg: Arc<Message>, now: Instant) -> bool {
+        self.with_state(now, |q, s, fx| {
+            if s.deleted {
+                return true;
+            }
+            if q.args.overflow != Overflow::DropHead && q.would_overflow(s, &msg) {
+                if q.args.overflow == Overflow::RejectPublishDlx {
+                    q.dead_letter(msg, DeathReason::MaxLen, fx);
+                }
+                return false;
+            }
+            let ttl = match (q.args.message_ttl_ms, msg.expiration_ms) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let seq = s.next_seq;
+            s.next_seq += 1;
+            s.ready.push_back(QueuedMessage {
+                msg,
+                seq,
+                returns: 0,
+                redelivered: false,
+                expires_at: ttl.map(|ms| now + Duration::from_millis(ms)),
+            });
+            q.dispatch(s, now, fx);
+            // A TTL of 0 means "deliver now or never".
+            q.expire_zero_ttl(s, now, fx);
+            q.trim_to_limits(s, fx);
+            true
+        })
+    }
+
+    fn expire_zero_ttl(&self, s: &mut QueueState, now: Instant, fx: &mut Effects) {
+        while let Some(m) = s.ready.front() {
+            match m.expires_at {
+                Some(t) if t <= now => {
+                    let m = s.ready.pop_front().expect("front exists");
+                    self.dead_letter(m.msg, DeathReason::Expired, fx);
+                }
+                _ => break,
+            }
+        }
+    }
+
+    fn would_overflow(&self, s: &QueueState, msg: &Message) -> bool {
+        self.args.max_length.is_some_and(|max| s.ready.len as u64 >= max)
+            || self
+                .args
+                .max_length_bytes
+                .is_some_and(|max| s.ready.bytes + msg.size_bytes() > max)
+    }
+
+    fn trim_to_limits(&self, s: &mut QueueState, fx: &mut Effects) {
+        loop {
+            let over = self.args.max_length.is_some_and(|max| s.ready.len as u64 > max)
+                || self.args.max_length_bytes.is_some_and(|max| s.ready.bytes > max);
+            if !over {
+                break;
+            }
+            match s.ready.pop_front() {
+                Some(m) => self.dead_letter(m.msg, DeathReason::MaxLen, fx),
+                None => break,
+            }
+        }
+    }
+
+    /// Hands ready messages to consumers with credit, round-robin.
+    fn dispatch(self: &Arc<Self>, s: &mut QueueState, now: Instant, fx: &mut Effects) {
+        if s.consumers.is_empty() {
+            return;
+        }
+        loop {
+            self.expire_head(s, now, fx);
+            let Some(first) = s.ready.pop_front() else {
+                return;
+            };
+            let mut m = Some(first);
+            let n = s.consumers.len();
+            for i in 0..n {
+                let idx = (s.next_consumer + i) % n;
+                let c = Arc::clone(&s.consumers[idx]);
+                let candidate = m.take().expect("message present until delivered");
+                match c.channel.try_deliver(&c, self, candidate, now) {
+                    Ok(()) => {
+                        s.next_consumer = (idx + 1) % n;
+                        if !c.no_ack {
+                            s.unacked += 1;
+                        }
+                        break;
+                    }
+                    Err(back) => m = Some(back),
+                }
+            }
+            if let Some(back) = m {
+                // Every consumer refused: keep it at the head and stop.
+                s.ready.push_front(back);
+                return;
+            }
+        }
+    }
+
+    /// Re-runs dispatch (credit was freed, a consumer unblocked).
+    pub fn kick(self: &Arc<Self>, now: Instant) {
+        self.with_state(now, |q, s, fx| {
+            if !s.deleted {
+                q.dispatch(s, now, fx);
+            }
+        });
+    }
+
+    /// `basic.get`: the next ready message and how many remain.
+    pub fn get(
+        self: &Arc<Self>,
+        no_ack: bool,
+        now: Instant,
+    ) -> Option<(QueuedMessage, usize)> {
+        self.with_state(now, |q, s, fx| {
+            s.last_used = now;
+            q.expire_head(s, now, fx);
+            let m = s.ready.pop_front()?;
+            if !no_ack {
+                s.unacked += 1;
+            }
+            Some((m, s.ready.len))
+        })
+    }
+
+    /// Acked messages leave for good; frees their credit.
+    pub fn settle(self: &Arc<Self>, count: usize, now: Instant) {
+        self.with_state(now, |q, s, fx| {
+            s.unacked = s.unacked.saturating_sub(count);
+            if !s.deleted {
+                q.dispatch(s, now, fx);
+            }
+        });
+    }
+
+    /// Messages that came back unacked (nack/reject with requeue, channel
+    /// closed): back to their place, flagged redelivered, unless they hit
+    /// the delivery limit.
+    pub fn requeue(self: &Arc<Self>, msgs: Vec<QueuedMessage>, now: Instant) {
+        self.with_state(now, |q, s, fx| {
+            s.unacked = s.unacked.saturating_sub(msgs.len());
+            if s.deleted {
+                return;
+            }
+            for mut m in msgs {
+                m.returns += 1;
+                m.redelivered = true;
+                if q.args.delivery_limit.is_some_and(|l| u64::from(m.returns) > l) {
+                    q.dead_letter(m.msg, DeathReason::DeliveryLimit, fx);
+                } else {
+                    s.ready.insert_by_seq(m);
+                }
+            }
+            q.dispatch(s, now, fx);
+        });
+    }
+
+    /// Messages rejected without requeue: dead-lettered or dropped.
+    pub fn reject(self: &Arc<Self>, msgs: Vec<QueuedMessage>, now: Instant) {
+        self.with_state(now, |q, s, fx| {
+            s.unacked = s.unacked.saturating_sub(msgs.len());
+            for m in msgs {
+                q.dead_letter(m.msg, DeathReason::Rejected, fx);
+            }
+            if !s.deleted {
+                q.dispatch(s, now, fx);
+            }
+        });
+    }
+
+    /// Adds a consumer. Fails (403) if the queue is in exclusive use, or if
+    /// an exclusive consumer is asked for while others exist.
+    pub fn add_consumer(self: &Arc<Self>, c: Arc<Consumer>, now: Instant) -> Result<(), String> {
+        self.with_state(now, |q, s, fx| {
+            if s.deleted {
+                return Err(format!("no queue '{}' in vhost '{}'", q.name, q.vhost_name));
+            }
+            if s.consumers.iter().any(|x| x.exclusive) || (c.exclusive && !s.consumers.is_empty()) {
+                return Err(format!(
+                    "queue '{}' in vhost '{}' in exclusive use",
+                    q.name, q.vhost_name
+                ));
+            }
+            s.consumers.push(c);
+            s.had_consumer = true;
+            s.last_used = now;
+            q.dispatch(s, now, fx);
+            Ok(())
+        })
+    }
+
+    /// Removes a consumer (cancel, channel close). Auto-deletes the queue
+    /// when its last consumer goes.
+    pub fn remove_consumer(self: &Arc<Self>, channel: &Arc<Channel>, tag: &str, now: Instant) {
+        self.with_state(now, |q, s, fx| {
+            s.consumers
+                .retain(|c| !(c.tag == tag && Arc::ptr_eq(&c.channel, channel)));
+            s.last_used = now;
+            if s.next_consumer >= s.consumers.len() {
+                s.next_consumer = 0;
+            }
+            if q.auto_delete && s.had_consumer && s.consumers.is_empty() && !s.deleted {
+                s.deleted = true;
+                fx.delete = true;
+            }
+        });
+    }
+
+    /// Records use for `x-expires` (redeclare).
+    pub fn touch(self: &Arc<Self>, now: Instant) {
+        self.with_state(now, |_, s, _| s.last_used = now);
+    }
+
+    /// Drops every ready message; returns how many.
+    pub fn purge(self: &Arc<Self>, now: Instant) -> usize {
+        self.with_state(now, |_, s, _| s.ready.drain().len())
+    }
+
+    /// Marks the queue deleted; returns its ready count and its consumers
+    /// (to be told of the cancellation).
+    pub(crate) fn mark_deleted(&self) -> (usize, Vec<Arc<Consumer>>) {
+        let mut s = self.state.lock();
+        s.deleted = true;
+        let n = s.ready.drain().len();
+        (n, std::mem::take(&mut s.consumers))
+    }
+}
