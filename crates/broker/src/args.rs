@@ -138,7 +138,10 @@ impl QueueArgs {
             match table.inner().get(key) {
                 None => Ok(None),
                 Some(v) => match as_i128(v) {
-                    None => Err(invalid(key, format!("{{unacceptable_type,{}}}", type_name(v)))),
+                    None => Err(invalid(
+                        key,
+                        format!("{{unacceptable_type,{}}}", type_name(v)),
+                    )),
                     Some(i) if i < 0 => Err(invalid(key, format!("{{value_negative,{i}}}"))),
                     Some(i) if i < min => Err(invalid(key, format!("{{value_zero,{i}}}"))),
                     Some(i) => Ok(Some(u64::try_from(i).unwrap_or(u64::MAX))),
@@ -157,7 +160,12 @@ impl QueueArgs {
             None | Some("drop-head") => Overflow::DropHead,
             Some("reject-publish") => Overflow::RejectPublish,
             Some("reject-publish-dlx") => Overflow::RejectPublishDlx,
-            Some(other) => return Err(invalid("x-overflow", format!("{{invalid_overflow,<<\"{other}\">>}}"))),
+            Some(other) => {
+                return Err(invalid(
+                    "x-overflow",
+                    format!("{{invalid_overflow,<<\"{other}\">>}}"),
+                ))
+            }
         };
         let queue_type = match string("x-queue-type")?.as_deref() {
             None | Some("classic") => QueueType::Classic,
@@ -177,7 +185,10 @@ impl QueueArgs {
         let max_priority = match int("x-max-priority", 0)? {
             None => None,
             Some(p) if p > 255 => {
-                return Err(invalid("x-max-priority", format!("{{value_too_large,{p},255}}")))
+                return Err(invalid(
+                    "x-max-priority",
+                    format!("{{value_too_large,{p},255}}"),
+                ))
             }
             Some(p) => Some(p as u8),
         };
@@ -219,7 +230,11 @@ pub fn check_equivalent(
         if !same {
             let shown = |v: Option<&AMQPValue>| match v {
                 None => "none".to_owned(),
-                Some(v) => format!("the value '{}' of type '{}'", display_value(v), type_name(v)),
+                Some(v) => format!(
+                    "the value '{}' of type '{}'",
+                    display_value(v),
+                    type_name(v)
+                ),
             };
             return Err(AmqpError::precondition_failed(format!(
                 "inequivalent arg '{key}' for queue '{queue}' in vhost '{vhost}': received {} but current is {}",
@@ -252,7 +267,10 @@ mod tests {
                 ("x-message-ttl", AMQPValue::LongInt(1000)),
                 ("x-max-length", AMQPValue::ShortShortUInt(3)),
                 ("x-overflow", AMQPValue::LongString("reject-publish".into())),
-                ("x-dead-letter-exchange", AMQPValue::LongString("dlx".into())),
+                (
+                    "x-dead-letter-exchange",
+                    AMQPValue::LongString("dlx".into()),
+                ),
                 ("x-max-priority", AMQPValue::LongLongInt(10)),
                 ("x-whatever", AMQPValue::Boolean(true)),
             ]),
@@ -267,8 +285,12 @@ mod tests {
 
     #[test]
     fn negative_ttl_is_refused_with_406() {
-        let e = QueueArgs::parse("q", "/", &table(&[("x-message-ttl", AMQPValue::LongInt(-1))]))
-            .unwrap_err();
+        let e = QueueArgs::parse(
+            "q",
+            "/",
+            &table(&[("x-message-ttl", AMQPValue::LongInt(-1))]),
+        )
+        .unwrap_err();
         assert_eq!(e.reply_code, 406);
         assert!(e.text.contains("x-message-ttl"), "{}", e.text);
     }
@@ -298,7 +320,10 @@ mod tests {
         let b = table(&[("x-message-ttl", AMQPValue::LongLongInt(5))]);
         let c = table(&[("x-message-ttl", AMQPValue::LongLongInt(6))]);
         assert!(check_equivalent("q", "/", &a, &b).is_ok());
-        assert_eq!(check_equivalent("q", "/", &a, &c).unwrap_err().reply_code, 406);
+        assert_eq!(
+            check_equivalent("q", "/", &a, &c).unwrap_err().reply_code,
+            406
+        );
         assert_eq!(
             check_equivalent("q", "/", &a, &FieldTable::default())
                 .unwrap_err()

@@ -25,9 +25,23 @@ use crate::vhost::{PublishResult, VHost};
 /// every call appends whole frames to the connection's output.
 pub trait Outlet: Send + Sync {
     /// `basic.deliver` + content.
-    fn deliver(&self, channel: u16, consumer_tag: &str, delivery_tag: u64, redelivered: bool, msg: &Message);
+    fn deliver(
+        &self,
+        channel: u16,
+        consumer_tag: &str,
+        delivery_tag: u64,
+        redelivered: bool,
+        msg: &Message,
+    );
     /// `basic.get-ok` + content.
-    fn get_ok(&self, channel: u16, delivery_tag: u64, redelivered: bool, msg: &Message, message_count: u32);
+    fn get_ok(
+        &self,
+        channel: u16,
+        delivery_tag: u64,
+        redelivered: bool,
+        msg: &Message,
+        message_count: u32,
+    );
     /// A server-initiated `basic.cancel` (the queue went away).
     fn consumer_cancelled(&self, channel: u16, consumer_tag: &str);
     /// True while the connection's output buffer is over its limit; queues
@@ -58,9 +72,20 @@ struct Unacked {
 
 /// A buffered transactional operation.
 enum TxOp {
-    Publish { exchange: String, msg: Arc<Message>, mandatory: bool },
-    Ack { tag: u64, multiple: bool },
-    Nack { tag: u64, multiple: bool, requeue: bool },
+    Publish {
+        exchange: String,
+        msg: Arc<Message>,
+        mandatory: bool,
+    },
+    Ack {
+        tag: u64,
+        multiple: bool,
+    },
+    Nack {
+        tag: u64,
+        multiple: bool,
+        requeue: bool,
+    },
 }
 
 /// The outcome of a publish, for confirms and `basic.return`.
@@ -136,7 +161,10 @@ impl Channel {
         if !consumer.no_ack {
             consumer.in_flight.fetch_add(1, Ordering::Relaxed);
             st.channel_in_flight += 1;
-            let timeout = queue.args.consumer_timeout_ms.or(self.session.consumer_timeout_ms);
+            let timeout = queue
+                .args
+                .consumer_timeout_ms
+                .or(self.session.consumer_timeout_ms);
             st.unacked.insert(
                 tag,
                 Unacked {
@@ -174,6 +202,7 @@ impl Channel {
         no_ack: bool,
         exclusive: bool,
         now: Instant,
+        on_added: impl FnOnce(&str),
     ) -> AmqpResult<String> {
         let consumer = {
             let mut st = self.state.lock();
@@ -200,7 +229,7 @@ impl Channel {
             st.consumers.insert(tag, Arc::clone(&c));
             c
         };
-        if let Err(text) = queue.add_consumer(Arc::clone(&consumer), now) {
+        if let Err(text) = queue.add_consumer(Arc::clone(&consumer), now, on_added) {
             self.state.lock().consumers.remove(&consumer.tag);
             return Err(if text.starts_with("no queue") {
                 AmqpError::not_found(text)
@@ -330,7 +359,11 @@ impl Channel {
                 return Ok(());
             }
         }
-        let how = if requeue { Settle::Requeue } else { Settle::Reject };
+        let how = if requeue {
+            Settle::Requeue
+        } else {
+            Settle::Reject
+        };
         self.settle(tag, multiple, how, now)
     }
 
@@ -341,7 +374,9 @@ impl Channel {
             } else {
                 st.unacked.split_off(&(tag + 1))
             };
-            std::mem::replace(&mut st.unacked, rest).into_values().collect()
+            std::mem::replace(&mut st.unacked, rest)
+                .into_values()
+                .collect()
         } else {
             st.unacked.remove(&tag).into_iter().collect()
         };
@@ -398,7 +433,9 @@ impl Channel {
             let mut st = self.state.lock();
             match st.tx.as_mut() {
                 None => {
-                    return Err(AmqpError::precondition_failed("channel is not transactional"))
+                    return Err(AmqpError::precondition_failed(
+                        "channel is not transactional",
+                    ))
                 }
                 Some(tx) => std::mem::take(tx),
             }
@@ -424,7 +461,11 @@ impl Channel {
                     multiple,
                     requeue,
                 } => {
-                    let how = if requeue { Settle::Requeue } else { Settle::Reject };
+                    let how = if requeue {
+                        Settle::Requeue
+                    } else {
+                        Settle::Reject
+                    };
                     self.settle(tag, multiple, how, now)?;
                 }
             }
@@ -436,7 +477,9 @@ impl Channel {
     pub fn tx_rollback(&self) -> AmqpResult<()> {
         let mut st = self.state.lock();
         match st.tx.as_mut() {
-            None => Err(AmqpError::precondition_failed("channel is not transactional")),
+            None => Err(AmqpError::precondition_failed(
+                "channel is not transactional",
+            )),
             Some(tx) => {
                 tx.clear();
                 Ok(())
@@ -528,7 +571,9 @@ fn check_tag(st: &ChannelState, tag: u64, multiple: bool) -> AmqpResult<()> {
     if known {
         Ok(())
     } else {
-        Err(AmqpError::precondition_failed(format!("unknown delivery tag {tag}")))
+        Err(AmqpError::precondition_failed(format!(
+            "unknown delivery tag {tag}"
+        )))
     }
 }
 

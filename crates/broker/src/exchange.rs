@@ -90,7 +90,10 @@ impl Bindings {
     fn reindex(&mut self) {
         self.by_key.clear();
         for (i, b) in self.list.iter().enumerate() {
-            self.by_key.entry(b.routing_key.clone()).or_default().push(i);
+            self.by_key
+                .entry(b.routing_key.clone())
+                .or_default()
+                .push(i);
         }
     }
 }
@@ -155,7 +158,12 @@ impl Exchange {
     }
 
     /// Removes a binding; returns whether it existed.
-    pub fn unbind(&self, destination: &Destination, routing_key: &str, arguments: &FieldTable) -> bool {
+    pub fn unbind(
+        &self,
+        destination: &Destination,
+        routing_key: &str,
+        arguments: &FieldTable,
+    ) -> bool {
         let mut b = self.bindings.write();
         let before = b.list.len();
         b.list.retain(|x| {
@@ -230,7 +238,9 @@ pub fn topic_matches<P: AsRef<str>>(pattern: &[P], key: &[&str]) -> bool {
         }
         Some((p, rest)) => match key.split_first() {
             None => false,
-            Some((k, krest)) => (p.as_ref() == "*" || p.as_ref() == *k) && topic_matches(rest, krest),
+            Some((k, krest)) => {
+                (p.as_ref() == "*" || p.as_ref() == *k) && topic_matches(rest, krest)
+            }
         },
     }
 }

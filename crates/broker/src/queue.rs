@@ -390,7 +390,9 @@ impl Queue {
     }
 
     fn would_overflow(&self, s: &QueueState, msg: &Message) -> bool {
-        self.args.max_length.is_some_and(|max| s.ready.len as u64 >= max)
+        self.args
+            .max_length
+            .is_some_and(|max| s.ready.len as u64 >= max)
             || self
                 .args
                 .max_length_bytes
@@ -399,8 +401,14 @@ impl Queue {
 
     fn trim_to_limits(&self, s: &mut QueueState, fx: &mut Effects) {
         loop {
-            let over = self.args.max_length.is_some_and(|max| s.ready.len as u64 > max)
-                || self.args.max_length_bytes.is_some_and(|max| s.ready.bytes > max);
+            let over = self
+                .args
+                .max_length
+                .is_some_and(|max| s.ready.len as u64 > max)
+                || self
+                    .args
+                    .max_length_bytes
+                    .is_some_and(|max| s.ready.bytes > max);
             if !over {
                 break;
             }
@@ -456,11 +464,7 @@ impl Queue {
     }
 
     /// `basic.get`: the next ready message and how many remain.
-    pub fn get(
-        self: &Arc<Self>,
-        no_ack: bool,
-        now: Instant,
-    ) -> Option<(QueuedMessage, usize)> {
+    pub fn get(self: &Arc<Self>, no_ack: bool, now: Instant) -> Option<(QueuedMessage, usize)> {
         self.with_state(now, |q, s, fx| {
             s.last_used = now;
             q.expire_head(s, now, fx);
@@ -494,7 +498,10 @@ impl Queue {
             for mut m in msgs {
                 m.returns += 1;
                 m.redelivered = true;
-                if q.args.delivery_limit.is_some_and(|l| u64::from(m.returns) > l) {
+                if q.args
+                    .delivery_limit
+                    .is_some_and(|l| u64::from(m.returns) > l)
+                {
                     q.dead_letter(m.msg, DeathReason::DeliveryLimit, fx);
                 } else {
                     s.ready.insert_by_seq(m);
@@ -519,7 +526,14 @@ impl Queue {
 
     /// Adds a consumer. Fails (403) if the queue is in exclusive use, or if
     /// an exclusive consumer is asked for while others exist.
-    pub fn add_consumer(self: &Arc<Self>, c: Arc<Consumer>, now: Instant) -> Result<(), String> {
+    /// `on_added` runs under the queue lock before the first delivery, so a
+    /// `consume-ok` written there precedes every `deliver`.
+    pub fn add_consumer(
+        self: &Arc<Self>,
+        c: Arc<Consumer>,
+        now: Instant,
+        on_added: impl FnOnce(&str),
+    ) -> Result<(), String> {
         self.with_state(now, |q, s, fx| {
             if s.deleted {
                 return Err(format!("no queue '{}' in vhost '{}'", q.name, q.vhost_name));
@@ -530,6 +544,7 @@ impl Queue {
                     q.name, q.vhost_name
                 ));
             }
+            on_added(&c.tag);
             s.consumers.push(c);
             s.had_consumer = true;
             s.last_used = now;

@@ -147,7 +147,14 @@ impl VHost {
             for (n, k) in STANDARD_EXCHANGES {
                 ex.insert(
                     (*n).to_owned(),
-                    Arc::new(Exchange::new((*n).to_owned(), *k, true, false, false, FieldTable::default())),
+                    Arc::new(Exchange::new(
+                        (*n).to_owned(),
+                        *k,
+                        true,
+                        false,
+                        false,
+                        FieldTable::default(),
+                    )),
                 );
             }
         }
@@ -237,7 +244,11 @@ impl VHost {
                 return mismatch("durable", d.durable.to_string(), e.durable.to_string());
             }
             if e.auto_delete != d.auto_delete {
-                return mismatch("auto_delete", d.auto_delete.to_string(), e.auto_delete.to_string());
+                return mismatch(
+                    "auto_delete",
+                    d.auto_delete.to_string(),
+                    e.auto_delete.to_string(),
+                );
             }
             if e.internal != d.internal {
                 return mismatch("internal", d.internal.to_string(), e.internal.to_string());
@@ -263,7 +274,11 @@ impl VHost {
         if name.is_empty() || name.starts_with("amq.") {
             return Err(AmqpError::access_refused(format!(
                 "operation not permitted on the {} exchange",
-                if name.is_empty() { "default".to_owned() } else { format!("system exchange '{name}'") }
+                if name.is_empty() {
+                    "default".to_owned()
+                } else {
+                    format!("system exchange '{name}'")
+                }
             )));
         }
         let removed = {
@@ -324,7 +339,11 @@ impl VHost {
         let e = self.check_bind_source(exchange)?;
         e.bind(Destination::Queue(Arc::clone(&q)), routing_key, arguments);
         let mut b = q.bound_from.lock();
-        let key = (exchange.to_owned(), routing_key.to_owned(), arguments.clone());
+        let key = (
+            exchange.to_owned(),
+            routing_key.to_owned(),
+            arguments.clone(),
+        );
         if !b.contains(&key) {
             b.push(key);
         }
@@ -361,10 +380,17 @@ impl VHost {
     ) -> AmqpResult<()> {
         let s = self.check_bind_source(source)?;
         if destination.is_empty() {
-            return Err(self.check_bind_source(destination).err().expect("default exchange refused"));
+            return Err(self
+                .check_bind_source(destination)
+                .err()
+                .expect("default exchange refused"));
         }
         self.exchange(destination)?;
-        s.bind(Destination::Exchange(destination.to_owned()), routing_key, arguments);
+        s.bind(
+            Destination::Exchange(destination.to_owned()),
+            routing_key,
+            arguments,
+        );
         Ok(())
     }
 
@@ -378,7 +404,11 @@ impl VHost {
     ) -> AmqpResult<()> {
         let s = self.check_bind_source(source)?;
         self.exchange(destination)?;
-        if s.unbind(&Destination::Exchange(destination.to_owned()), routing_key, arguments) {
+        if s.unbind(
+            &Destination::Exchange(destination.to_owned()),
+            routing_key,
+            arguments,
+        ) {
             self.maybe_auto_delete_exchange(&s);
         }
         Ok(())
@@ -545,13 +575,23 @@ impl VHost {
     }
 
     /// Routes and enqueues a message.
-    pub fn publish(&self, exchange: &str, msg: &Arc<Message>, now: Instant) -> AmqpResult<PublishResult> {
+    pub fn publish(
+        &self,
+        exchange: &str,
+        msg: &Arc<Message>,
+        now: Instant,
+    ) -> AmqpResult<PublishResult> {
         let start = self.check_publish_target(exchange)?;
         let targets = self.resolve(start, msg);
         Ok(self.deliver_to(&targets, msg, now))
     }
 
-    fn deliver_to(&self, targets: &[Arc<Queue>], msg: &Arc<Message>, now: Instant) -> PublishResult {
+    fn deliver_to(
+        &self,
+        targets: &[Arc<Queue>],
+        msg: &Arc<Message>,
+        now: Instant,
+    ) -> PublishResult {
         let mut r = PublishResult::default();
         for q in targets {
             if q.enqueue(Arc::clone(msg), now) {
@@ -635,7 +675,13 @@ impl VHost {
         let original_expiration = d.msg.expiration_ms;
         let msg = match d.msg.rewritten(dlx.clone(), routing_key, |props| {
             let mut headers = props.headers().clone().unwrap_or_default();
-            add_x_death(&mut headers, &from.name, d.reason, &d.msg, original_expiration);
+            add_x_death(
+                &mut headers,
+                &from.name,
+                d.reason,
+                &d.msg,
+                original_expiration,
+            );
             *props = props.clone().with_headers(headers);
             if original_expiration.is_some() {
                 clear_expiration(props);
@@ -756,7 +802,10 @@ fn add_x_death(
             .get("count")
             .and_then(crate::args::as_i128)
             .unwrap_or(0);
-        t.insert("count".into(), AMQPValue::LongLongInt(i64::try_from(count + 1).unwrap_or(i64::MAX)));
+        t.insert(
+            "count".into(),
+            AMQPValue::LongLongInt(i64::try_from(count + 1).unwrap_or(i64::MAX)),
+        );
         t.insert("time".into(), AMQPValue::Timestamp(now_s));
         t
     } else {
@@ -779,7 +828,10 @@ fn add_x_death(
     headers.insert(
         "x-death".into(),
         AMQPValue::FieldArray(FieldArray::from(
-            entries.into_iter().map(AMQPValue::FieldTable).collect::<Vec<_>>(),
+            entries
+                .into_iter()
+                .map(AMQPValue::FieldTable)
+                .collect::<Vec<_>>(),
         )),
     );
     if !headers.contains_key("x-first-death-reason") {

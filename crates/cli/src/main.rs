@@ -1,1 +1,184 @@
-fn main() {}
+//! The `berth` binary: the broker (`berth serve`) and the operator's tools.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use berth_server::Config;
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "berth", version, about = "A durable AMQP 0-9-1 message broker")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the broker. With no options it uses the embedded defaults
+    /// (AMQP on port 5672, data in ./berth-data, guest/guest from localhost).
+    Serve(ServeArgs),
+}
+
+/// Every flag overrides the `berth.toml` key of the same name
+/// (`section.key_name` ↔ `--key-name`; see docs/CONFIG.md).
+#[derive(Args, Debug, Default)]
+struct ServeArgs {
+    /// Read settings from this TOML file (optional; defaults are embedded).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// net.amqp_listen: address to accept AMQP on, ADDR:PORT (repeatable;
+    /// port 0 picks a free port).
+    #[arg(long = "amqp-listen", value_name = "ADDR:PORT")]
+    amqp_listen: Vec<String>,
+    /// net.heartbeat_s: heartbeat interval proposed to clients (0 = off).
+    #[arg(long, value_name = "SECONDS")]
+    heartbeat_s: Option<u16>,
+    /// net.handshake_timeout_ms: time a client has to finish the handshake.
+    #[arg(long, value_name = "MS")]
+    handshake_timeout_ms: Option<u64>,
+    /// store.data_dirs: data directory (repeatable).
+    #[arg(long = "data-dir", value_name = "DIR")]
+    data_dir: Vec<PathBuf>,
+    /// limits.frame_size_bytes_max: largest frame accepted and proposed.
+    #[arg(long, value_name = "BYTES")]
+    frame_size_bytes_max: Option<u32>,
+    /// limits.channels_per_connection_max: channel_max proposed to clients.
+    #[arg(long, value_name = "N")]
+    channels_per_connection_max: Option<u16>,
+    /// limits.message_size_bytes_max: largest message body accepted.
+    #[arg(long, value_name = "BYTES")]
+    message_size_bytes_max: Option<u64>,
+    /// limits.consumer_timeout_ms: unacked deliveries older than this close
+    /// their channel with 406 (0 = never).
+    #[arg(long, value_name = "MS")]
+    consumer_timeout_ms: Option<u64>,
+    /// limits.connection_output_bytes_max: output buffered per connection
+    /// before its consumers are paused.
+    #[arg(long, value_name = "BYTES")]
+    connection_output_bytes_max: Option<usize>,
+    /// limits.connections_max: open connections allowed (0 = no limit).
+    #[arg(long, value_name = "N")]
+    connections_max: Option<usize>,
+    /// auth.vhosts: a virtual host to serve (repeatable).
+    #[arg(long = "vhost", value_name = "NAME")]
+    vhost: Vec<String>,
+    /// log.log_level: error, warn, info, debug, trace, or a tracing filter.
+    #[arg(long, value_name = "LEVEL")]
+    log_level: Option<String>,
+}
+
+impl ServeArgs {
+    fn apply(self, c: &mut Config) {
+        fn set<T>(slot: &mut T, v: Option<T>) {
+            if let Some(v) = v {
+                *slot = v;
+            }
+        }
+        fn set_list<T>(slot: &mut Vec<T>, v: Vec<T>) {
+            if !v.is_empty() {
+                *slot = v;
+            }
+        }
+        set_list(&mut c.net.amqp_listen, self.amqp_listen);
+        set(&mut c.net.heartbeat_s, self.heartbeat_s);
+        set(&mut c.net.handshake_timeout_ms, self.handshake_timeout_ms);
+        set_list(&mut c.store.data_dirs, self.data_dir);
+        set(
+            &mut c.limits.frame_size_bytes_max,
+            self.frame_size_bytes_max,
+        );
+        set(
+            &mut c.limits.channels_per_connection_max,
+            self.channels_per_connection_max,
+        );
+        set(
+            &mut c.limits.message_size_bytes_max,
+            self.message_size_bytes_max,
+        );
+        set(&mut c.limits.consumer_timeout_ms, self.consumer_timeout_ms);
+        set(
+            &mut c.limits.connection_output_bytes_max,
+            self.connection_output_bytes_max,
+        );
+        set(&mut c.limits.connections_max, self.connections_max);
+        set_list(&mut c.auth.vhosts, self.vhost);
+        set(&mut c.log.log_level, self.log_level);
+    }
+}
+
+fn init_logging(level: &str) -> Result<(), String> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
+        .map_err(|e| format!("invalid log level {level:?}: {e}"))?;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    Ok(())
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    let mut config = match &args.config {
+        Some(path) => match Config::from_file(path) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("berth: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => Config::default(),
+    };
+    args.apply(&mut config);
+    if let Err(e) = init_logging(&config.log.log_level) {
+        eprintln!("berth: {e}");
+        return ExitCode::from(2);
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("berth: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(async move {
+        let running = match berth_server::start(config).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("{e}");
+                eprintln!("berth: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        wait_for_signal().await;
+        tracing::info!("shutting down");
+        running.shutdown().await;
+        ExitCode::SUCCESS
+    })
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!("cannot install signal handlers; stop berth with SIGKILL");
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Serve(args) => serve(args),
+    }
+}

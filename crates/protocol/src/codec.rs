@@ -81,7 +81,9 @@ pub fn method_ids(payload: &[u8]) -> Option<(u16, u16)> {
 /// `basic.qos`'s `prefetch-size`, which the generated codec drops; berth
 /// refuses a non-zero value with 540 as RabbitMQ does.
 pub fn qos_prefetch_size(payload: &[u8]) -> Option<u32> {
-    payload.get(4..8).map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")))
+    payload
+        .get(4..8)
+        .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")))
 }
 
 /// Decodes a method frame payload.
@@ -169,7 +171,9 @@ pub struct ContentHeader {
 /// poisoning a queue.
 pub fn decode_content_header(payload: &Bytes) -> Result<ContentHeader, DecodeError> {
     if payload.len() < CONTENT_HEADER_FIXED_SIZE + 2 {
-        return Err(DecodeError::BadContentHeader("shorter than its fixed fields"));
+        return Err(DecodeError::BadContentHeader(
+            "shorter than its fixed fields",
+        ));
     }
     let class_id = u16::from_be_bytes([payload[0], payload[1]]);
     let body_size = u64::from_be_bytes(payload[4..12].try_into().expect("8 bytes"));
@@ -186,7 +190,9 @@ pub fn decode_content_header(payload: &Bytes) -> Result<ContentHeader, DecodeErr
 pub fn decode_properties(raw: &[u8]) -> Result<AMQPProperties, DecodeError> {
     match amq_protocol::protocol::basic::parse_properties(raw) {
         Ok((rest, props)) if rest.is_empty() => Ok(props),
-        Ok(_) => Err(DecodeError::BadContentHeader("trailing bytes after properties")),
+        Ok(_) => Err(DecodeError::BadContentHeader(
+            "trailing bytes after properties",
+        )),
         Err(_) => Err(DecodeError::BadContentHeader("properties do not parse")),
     }
 }
@@ -209,6 +215,15 @@ pub fn encode_field_table(table: &FieldTable) -> Vec<u8> {
         Vec::new(),
     )
     .expect("writing to a Vec cannot fail")
+}
+
+/// Decodes a length-prefixed field table (as in AMQPLAIN responses once the
+/// length is prepended).
+pub fn decode_field_table(bytes: &[u8]) -> Option<FieldTable> {
+    match amq_protocol::types::parsing::parse_field_table(bytes) {
+        Ok((rest, t)) if rest.is_empty() => Some(t),
+        _ => None,
+    }
 }
 
 /// Appends a method frame for any method.
@@ -458,7 +473,9 @@ mod tests {
         let header = decode_content_header(&h.payload).unwrap();
         assert_eq!(header.body_size, 10_000);
         assert_eq!(
-            decode_properties(&header.properties).unwrap().delivery_mode(),
+            decode_properties(&header.properties)
+                .unwrap()
+                .delivery_mode(),
             &Some(2)
         );
         let mut got = Vec::new();

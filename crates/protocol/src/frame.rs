@@ -125,7 +125,10 @@ mod tests {
         let mut b = frame_bytes(FRAME_BODY, 3, b"hello", FRAME_END);
         b.extend_from_slice(b"rest");
         let f = decode_frame(&mut b, 4096).unwrap().unwrap();
-        assert_eq!((f.kind, f.channel, &f.payload[..]), (FRAME_BODY, 3, &b"hello"[..]));
+        assert_eq!(
+            (f.kind, f.channel, &f.payload[..]),
+            (FRAME_BODY, 3, &b"hello"[..])
+        );
         assert_eq!(&b[..], b"rest");
     }
 

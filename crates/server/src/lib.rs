@@ -1,1 +1,259 @@
-//! berth server layer.
+//! The networked broker: AMQP listeners, the accept loop, timers, and
+//! graceful shutdown.
+//!
+//! Invariants:
+//! - The broker logs exactly one `berth ready amqp=ADDR[,ADDR...]` line once
+//!   every listener is bound, so scripts can find the ports it picked.
+//! - On shutdown every connection is sent `connection.close 320` and given a
+//!   bounded time to go.
+
+pub mod config;
+pub mod connection;
+pub mod outbound;
+
+use std::fs::File;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use berth_broker::Broker;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+pub use config::Config;
+use connection::Shared;
+
+/// How often the timer service runs (TTL expiry, x-expires).
+const TIMER_TICK: Duration = Duration::from_millis(10);
+/// How long shutdown waits for connections to finish their close.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Why the server could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error("cannot listen on {addr}: {source} (is another broker running there? use --amqp-listen to choose another address)")]
+    Bind {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot use data directory {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("data directory {path} is in use by another berth process (lock file {path}/berth.lock); stop it or choose another --data-dir")]
+    DataDirLocked { path: PathBuf },
+}
+
+/// A running server's handle: where it listens and how to stop it.
+pub struct Running {
+    pub amqp_addrs: Vec<SocketAddr>,
+    shutdown: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+    _locks: Vec<File>,
+}
+
+impl Running {
+    /// Asks every connection to close and waits (bounded) for the server to
+    /// stop.
+    pub async fn shutdown(self) {
+        let _receivers_may_be_gone = self.shutdown.send(true);
+        if tokio::time::timeout(SHUTDOWN_GRACE + Duration::from_secs(1), self.task)
+            .await
+            .is_err()
+        {
+            tracing::warn!("shutdown grace period ran out; exiting with connections still open");
+        }
+    }
+}
+
+/// Raises the open-file soft limit to the hard limit so thousands of
+/// connections work without tuning.
+fn raise_nofile_limit() {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(n) => tracing::debug!(limit = n, "open file limit"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the open file limit"),
+    }
+}
+
+fn lock_data_dirs(dirs: &[PathBuf]) -> Result<Vec<File>, ServerError> {
+    let mut locks = Vec::new();
+    for d in dirs {
+        std::fs::create_dir_all(d).map_err(|source| ServerError::DataDir {
+            path: d.clone(),
+            source,
+        })?;
+        let f = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(d.join("berth.lock"))
+            .map_err(|source| ServerError::DataDir {
+                path: d.clone(),
+                source,
+            })?;
+        match f.try_lock() {
+            Ok(()) => locks.push(f),
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(ServerError::DataDirLocked { path: d.clone() })
+            }
+            Err(std::fs::TryLockError::Error(source)) => {
+                return Err(ServerError::DataDir {
+                    path: d.clone(),
+                    source,
+                })
+            }
+        }
+    }
+    Ok(locks)
+}
+
+fn bind(addr: &str) -> Result<TcpListener, ServerError> {
+    let err = |source| ServerError::Bind {
+        addr: addr.to_owned(),
+        source,
+    };
+    let sa: SocketAddr = addr
+        .parse()
+        .map_err(|e| err(std::io::Error::new(std::io::ErrorKind::InvalidInput, e)))?;
+    let domain = socket2::Domain::for_address(sa);
+    let s = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))
+        .map_err(err)?;
+    if sa.is_ipv6() {
+        // [::] and 0.0.0.0 are listed separately; keep them independent.
+        s.set_only_v6(true).map_err(err)?;
+    }
+    s.set_reuse_address(true).map_err(err)?;
+    s.set_nonblocking(true).map_err(err)?;
+    s.bind(&sa.into()).map_err(err)?;
+    s.listen(1024).map_err(err)?;
+    TcpListener::from_std(s.into()).map_err(err)
+}
+
+/// Starts the server: binds, logs the ready line, serves until shut down.
+pub async fn start(config: Config) -> Result<Running, ServerError> {
+    config.validate()?;
+    raise_nofile_limit();
+    let locks = lock_data_dirs(&config.store.data_dirs)?;
+    let mut listeners = Vec::new();
+    for a in &config.net.amqp_listen {
+        match bind(a) {
+            Ok(l) => listeners.push(l),
+            // A host without IPv6 still serves IPv4 with the default config.
+            Err(e) if a.starts_with("[::]") && config.net.amqp_listen.len() > 1 => {
+                tracing::warn!("skipping {a}: {e}");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let amqp_addrs: Vec<SocketAddr> = listeners
+        .iter()
+        .filter_map(|l| l.local_addr().ok())
+        .collect();
+    let broker = Broker::new(config.auth.vhosts.iter().map(String::as_str));
+    let shared = Arc::new(Shared {
+        broker: Arc::clone(&broker),
+        config: Arc::new(config),
+    });
+    let (tx, rx) = watch::channel(false);
+    let task = tokio::spawn(serve(listeners, shared, rx));
+    let list: Vec<String> = amqp_addrs.iter().map(ToString::to_string).collect();
+    tracing::info!("berth ready amqp={}", list.join(","));
+    Ok(Running {
+        amqp_addrs,
+        shutdown: tx,
+        task,
+        _locks: locks,
+    })
+}
+
+async fn serve(listeners: Vec<TcpListener>, shared: Arc<Shared>, shutdown: watch::Receiver<bool>) {
+    let timers = {
+        let broker = Arc::clone(&shared.broker);
+        let mut stop = shutdown.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(TIMER_TICK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => broker.run_timers(Instant::now()),
+                    _ = stop.changed() => break,
+                }
+            }
+        })
+    };
+    let open = Arc::new(AtomicUsize::new(0));
+    let next_id = Arc::new(AtomicU64::new(1));
+    let mut accepts = Vec::new();
+    for l in listeners {
+        accepts.push(tokio::spawn(accept_loop(
+            l,
+            Arc::clone(&shared),
+            shutdown.clone(),
+            Arc::clone(&open),
+            Arc::clone(&next_id),
+        )));
+    }
+    let mut stop = shutdown.clone();
+    let _sender_dropped_means_stop_too = stop.changed().await;
+    for a in accepts {
+        a.abort();
+    }
+    timers.abort();
+    let deadline = Instant::now() + SHUTDOWN_GRACE;
+    while open.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tracing::info!("berth stopped");
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    shutdown: watch::Receiver<bool>,
+    open: Arc<AtomicUsize>,
+    next_id: Arc<AtomicU64>,
+) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let max = shared.config.limits.connections_max;
+        if max > 0 && open.load(Ordering::Acquire) >= max {
+            tracing::warn!(%peer, max, "connection refused: limits.connections_max reached");
+            drop(stream);
+            continue;
+        }
+        open.fetch_add(1, Ordering::AcqRel);
+        let id = next_id.fetch_add(1, Ordering::Relaxed);
+        let shared = Arc::clone(&shared);
+        let shutdown = shutdown.clone();
+        let open = Arc::clone(&open);
+        tokio::spawn(async move {
+            handle(stream, peer, id, shared, shutdown).await;
+            open.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+}
+
+async fn handle(
+    stream: TcpStream,
+    peer: SocketAddr,
+    id: u64,
+    shared: Arc<Shared>,
+    shutdown: watch::Receiver<bool>,
+) {
+    connection::serve(stream, peer, id, shared, shutdown).await;
+}

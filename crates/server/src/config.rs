@@ -1,0 +1,288 @@
+//! berth's configuration: embedded defaults, an optional `berth.toml`, and
+//! command-line flags on top.
+//!
+//! Naming rule (documented in docs/CONFIG.md): every key `section.key_name`
+//! has the flag `--key-name` (underscores become dashes, the section is not
+//! part of the flag; key names are unique across sections). A list key named
+//! in the plural takes a repeatable flag named in the singular:
+//! `store.data_dirs` ↔ `--data-dir DIR --data-dir DIR2`. Units are the last
+//! word of a name (`heartbeat_s`, `frame_size_bytes_max`).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The whole configuration.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub net: Net,
+    pub store: Store,
+    pub limits: Limits,
+    pub auth: Auth,
+    pub log: Log,
+}
+
+/// `[net]`: listeners and connection timing.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Net {
+    /// AMQP listen addresses. Port 0 picks a free port.
+    pub amqp_listen: Vec<String>,
+    /// Heartbeat interval the server proposes in `connection.tune` (0 = off).
+    pub heartbeat_s: u16,
+    /// Time a client has to complete the AMQP handshake.
+    pub handshake_timeout_ms: u64,
+}
+
+/// `[store]`: where data lives.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Store {
+    pub data_dirs: Vec<PathBuf>,
+}
+
+/// `[limits]`: every bound the broker enforces, with units in the names.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Largest frame the server accepts and proposes (`frame_max`).
+    pub frame_size_bytes_max: u32,
+    /// Channels per connection (`channel_max`).
+    pub channels_per_connection_max: u16,
+    /// Largest message body accepted.
+    pub message_size_bytes_max: u64,
+    /// Server-wide consumer acknowledgement timeout (0 = none).
+    pub consumer_timeout_ms: u64,
+    /// Output buffered for one connection before its consumers are paused.
+    pub connection_output_bytes_max: usize,
+    /// Open connections (0 = no limit besides file descriptors).
+    pub connections_max: usize,
+}
+
+/// `[auth]`: users and virtual hosts.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Auth {
+    pub users: Vec<User>,
+    pub vhosts: Vec<String>,
+    /// Users that may only connect from a loopback address.
+    pub loopback_users: Vec<String>,
+}
+
+/// One user.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct User {
+    pub name: String,
+    pub password: String,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Log {
+    /// `error`, `warn`, `info`, `debug`, `trace`, or a tracing filter.
+    pub log_level: String,
+}
+
+impl Default for Net {
+    fn default() -> Self {
+        Self {
+            amqp_listen: vec!["0.0.0.0:5672".into(), "[::]:5672".into()],
+            heartbeat_s: 60,
+            handshake_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Self {
+            data_dirs: vec![PathBuf::from("./berth-data")],
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            frame_size_bytes_max: 131_072,
+            channels_per_connection_max: 2047,
+            message_size_bytes_max: 128 * 1024 * 1024,
+            consumer_timeout_ms: 1_800_000,
+            connection_output_bytes_max: 4 * 1024 * 1024,
+            connections_max: 0,
+        }
+    }
+}
+
+impl Default for Auth {
+    fn default() -> Self {
+        Self {
+            users: vec![User {
+                name: "guest".into(),
+                password: "guest".into(),
+            }],
+            vhosts: vec!["/".into()],
+            loopback_users: vec!["guest".into()],
+        }
+    }
+}
+
+impl Default for Log {
+    fn default() -> Self {
+        Self {
+            log_level: "info".into(),
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            net: Net::default(),
+            store: Store::default(),
+            limits: Limits::default(),
+            auth: Auth::default(),
+            log: Log::default(),
+        }
+    }
+}
+
+/// A configuration problem, said so the operator knows what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("invalid setting {key} = {value:?}: {why}")]
+    Invalid {
+        key: &'static str,
+        value: String,
+        why: String,
+    },
+}
+
+impl Config {
+    /// Reads a `berth.toml`; keys it omits keep their defaults.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source,
+        })
+    }
+
+    pub fn from_toml(text: &str) -> Result<Self, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    /// Checks values serde cannot: ranges, addresses, non-empty lists.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &'static str, value: String, why: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                value,
+                why: why.to_owned(),
+            })
+        };
+        if self.net.amqp_listen.is_empty() {
+            return invalid(
+                "net.amqp_listen",
+                "[]".into(),
+                "at least one address is needed",
+            );
+        }
+        for a in &self.net.amqp_listen {
+            if a.parse::<SocketAddr>().is_err() {
+                return invalid(
+                    "net.amqp_listen",
+                    a.clone(),
+                    "expected ADDRESS:PORT, e.g. 0.0.0.0:5672 or [::1]:5672",
+                );
+            }
+        }
+        if self.limits.frame_size_bytes_max < berth_protocol::frame::FRAME_MIN_SIZE {
+            return invalid(
+                "limits.frame_size_bytes_max",
+                self.limits.frame_size_bytes_max.to_string(),
+                "must be at least 4096 (the AMQP minimum)",
+            );
+        }
+        if self.limits.channels_per_connection_max == 0 {
+            return invalid(
+                "limits.channels_per_connection_max",
+                "0".into(),
+                "must be at least 1",
+            );
+        }
+        if self.store.data_dirs.is_empty() {
+            return invalid(
+                "store.data_dirs",
+                "[]".into(),
+                "at least one directory is needed",
+            );
+        }
+        if self.auth.vhosts.is_empty() {
+            return invalid("auth.vhosts", "[]".into(), "at least one vhost is needed");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_the_embedded_defaults() {
+        assert_eq!(Config::from_toml("").unwrap(), Config::default());
+        Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn keys_override_defaults_section_by_section() {
+        let c = Config::from_toml(
+            "[net]\namqp_listen = [\"127.0.0.1:0\"]\n[limits]\nconsumer_timeout_ms = 5\n",
+        )
+        .unwrap();
+        assert_eq!(c.net.amqp_listen, vec!["127.0.0.1:0"]);
+        assert_eq!(c.net.heartbeat_s, 60);
+        assert_eq!(c.limits.consumer_timeout_ms, 5);
+    }
+
+    #[test]
+    fn unknown_keys_are_an_error_not_silently_ignored() {
+        let e = Config::from_toml("[net]\nheartbeat = 5\n").unwrap_err();
+        assert!(e.to_string().contains("heartbeat"), "{e}");
+    }
+
+    #[test]
+    fn bad_listen_address_is_reported_with_the_key() {
+        let mut c = Config::default();
+        c.net.amqp_listen = vec!["localhost".into()];
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("net.amqp_listen"), "{e}");
+    }
+
+    #[test]
+    fn frame_max_below_the_amqp_minimum_is_refused() {
+        let mut c = Config::default();
+        c.limits.frame_size_bytes_max = 100;
+        assert!(c.validate().is_err());
+    }
+}

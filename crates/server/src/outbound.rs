@@ -1,0 +1,171 @@
+//! A connection's output: frames appended by the connection task and by
+//! queues delivering to its consumers, written to the socket by one writer
+//! task.
+//!
+//! Invariants:
+//! - Every append is of whole frames, under one lock, so frames from
+//!   different producers never interleave.
+//! - Output is bounded: above `limit_bytes` the outlet reports congestion
+//!   and queues hold their messages back; the writer signals `drained` when
+//!   it has taken the backlog, so the connection can let them resume.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+
+use berth_broker::channel::Outlet;
+use berth_broker::message::Message;
+use berth_protocol::codec;
+use bytes::BytesMut;
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+/// The shared output buffer of one connection.
+pub struct Outbound {
+    buf: Mutex<BytesMut>,
+    /// Wakes the writer.
+    pub ready: Notify,
+    /// Wakes the connection task when a congested buffer was taken.
+    pub drained: Notify,
+    congested: AtomicBool,
+    closed: AtomicBool,
+    limit_bytes: usize,
+    frame_max: AtomicU32,
+    /// Negotiated heartbeat; the writer sends one after this much silence.
+    heartbeat_ms: AtomicU32,
+}
+
+impl Outbound {
+    pub fn new(limit_bytes: usize, frame_max: u32) -> Arc<Self> {
+        Arc::new(Self {
+            buf: Mutex::new(BytesMut::with_capacity(8 * 1024)),
+            ready: Notify::new(),
+            drained: Notify::new(),
+            congested: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            limit_bytes,
+            frame_max: AtomicU32::new(frame_max),
+            heartbeat_ms: AtomicU32::new(0),
+        })
+    }
+
+    pub fn set_frame_max(&self, frame_max: u32) {
+        self.frame_max.store(frame_max, Ordering::Relaxed);
+    }
+
+    pub fn set_heartbeat_ms(&self, ms: u32) {
+        self.heartbeat_ms.store(ms, Ordering::Relaxed);
+    }
+
+    pub fn heartbeat_ms(&self) -> u32 {
+        self.heartbeat_ms.load(Ordering::Relaxed)
+    }
+
+    pub fn frame_max(&self) -> u32 {
+        self.frame_max.load(Ordering::Relaxed)
+    }
+
+    /// Appends frames produced by `f` and wakes the writer.
+    pub fn push(&self, f: impl FnOnce(&mut BytesMut)) {
+        if self.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        f(&mut self.buf.lock());
+        self.ready.notify_one();
+    }
+
+    /// Takes everything buffered (the writer's side).
+    pub fn take(&self) -> BytesMut {
+        let out = std::mem::take(&mut *self.buf.lock());
+        if self.congested.swap(false, Ordering::AcqRel) {
+            self.drained.notify_one();
+        }
+        out
+    }
+
+    /// Stops accepting output (the connection is going away).
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+        self.ready.notify_one();
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
+    }
+
+    pub fn buffered_bytes(&self) -> usize {
+        self.buf.lock().len()
+    }
+}
+
+impl Outlet for Outbound {
+    fn deliver(
+        &self,
+        channel: u16,
+        consumer_tag: &str,
+        delivery_tag: u64,
+        redelivered: bool,
+        msg: &Message,
+    ) {
+        let frame_max = self.frame_max();
+        self.push(|b| {
+            codec::encode_deliver(
+                b,
+                channel,
+                consumer_tag,
+                delivery_tag,
+                redelivered,
+                &msg.exchange,
+                &msg.routing_key,
+            );
+            codec::encode_content(b, channel, &msg.properties, &msg.body, frame_max);
+        });
+    }
+
+    fn get_ok(
+        &self,
+        channel: u16,
+        delivery_tag: u64,
+        redelivered: bool,
+        msg: &Message,
+        message_count: u32,
+    ) {
+        let frame_max = self.frame_max();
+        self.push(|b| {
+            codec::encode_get_ok(
+                b,
+                channel,
+                delivery_tag,
+                redelivered,
+                &msg.exchange,
+                &msg.routing_key,
+                message_count,
+            );
+            codec::encode_content(b, channel, &msg.properties, &msg.body, frame_max);
+        });
+    }
+
+    fn consumer_cancelled(&self, channel: u16, consumer_tag: &str) {
+        use berth_protocol::methods::{basic, AMQPClass};
+        self.push(|b| {
+            codec::encode_method(
+                b,
+                channel,
+                &AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
+                    consumer_tag: consumer_tag.into(),
+                    nowait: true,
+                })),
+            );
+        });
+    }
+
+    fn is_congested(&self) -> bool {
+        if self.closed.load(Ordering::Relaxed) {
+            return true;
+        }
+        let over = self.buf.lock().len() >= self.limit_bytes;
+        if over {
+            self.congested.store(true, Ordering::Release);
+        }
+        over
+    }
+}
