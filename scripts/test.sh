@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Runs every test berth has: formatting, lints, unit and property tests,
+# and black-box tests that start the real binary and drive it with real
+# client libraries (Rust lapin, Python pika, Node amqplib, Go amqp091-go,
+# Java amqp-client). Installs what it needs (idempotent) inside the work tree.
+#
+#   scripts/test.sh            # everything
+#   SUITES="rust python" scripts/test.sh   # a subset
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+export BERTH_BIN="$root/target/release/berth"
+SUITES=${SUITES:-"lint rust python clients"}
+
+passed=0
+failed=0
+failed_names=()
+run_suite() {
+  local name=$1; shift
+  echo "=== suite: $name"
+  local start=$SECONDS
+  if "$@"; then
+    passed=$((passed + 1))
+    echo "=== suite $name: ok ($((SECONDS - start)) s)"
+  else
+    failed=$((failed + 1))
+    failed_names+=("$name")
+    echo "=== suite $name: FAILED ($((SECONDS - start)) s)"
+  fi
+}
+
+ensure_rust() {
+  if ! command -v cargo >/dev/null 2>&1; then
+    echo "cargo not found: install Rust (https://rustup.rs) and re-run" >&2
+    return 1
+  fi
+  rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt clippy >/dev/null 2>&1 || true
+}
+
+lint() {
+  cargo fmt --all -- --check && cargo clippy --workspace --all-targets --release -- -D warnings
+}
+
+rust() {
+  # One release build shared by the binary and every test.
+  cargo build --release --workspace --bins && cargo test --release --workspace
+}
+
+ensure_rust || exit 1
+echo "=== building release binary"
+cargo build --release -p berth-cli || { echo "build failed"; echo "0 passed, 1 failed"; exit 1; }
+
+for s in $SUITES; do
+  case $s in
+    lint) run_suite lint lint ;;
+    rust) run_suite rust rust ;;
+    python) run_suite python tests/python/run.sh ;;
+    clients) run_suite clients tests/clients/run.sh ;;
+    *) echo "unknown suite $s"; failed=$((failed + 1)) ;;
+  esac
+done
+
+echo
+[ ${#failed_names[@]} -gt 0 ] && echo "failed suites: ${failed_names[*]}"
+echo "suites: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
