@@ -4,6 +4,7 @@
 //! acts on (delivery mode, priority, expiration, headers) are decoded once at
 //! publish time. One `Arc<Message>` is shared by every queue it was routed to.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use berth_protocol::codec::{decode_properties, encode_properties};
@@ -11,6 +12,16 @@ use berth_protocol::{AMQPProperties, AMQPValue, FieldTable};
 use bytes::Bytes;
 
 use crate::error::{AmqpError, AmqpResult};
+
+/// Bytes held by all live messages (bodies and properties), for the memory
+/// alarm. Counted when a message is built and released when its last
+/// reference goes, so no queue bookkeeping can get it wrong.
+static MESSAGE_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes currently held by messages in this process.
+pub fn message_bytes() -> u64 {
+    MESSAGE_BYTES.load(Ordering::Relaxed)
+}
 
 /// A message, immutable once published.
 #[derive(Debug)]
@@ -61,6 +72,7 @@ impl Message {
                 ))
             })?),
         };
+        MESSAGE_BYTES.fetch_add((body.len() + properties.len()) as u64, Ordering::Relaxed);
         Ok(Arc::new(Self {
             exchange,
             routing_key,
@@ -74,6 +86,7 @@ impl Message {
     }
 
     /// Bytes this message costs in memory, for limits and metrics.
+    #[must_use]
     pub fn size_bytes(&self) -> u64 {
         (self.body.len() + self.properties.len()) as u64
     }
@@ -100,6 +113,12 @@ impl Message {
             AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
             _ => None,
         }
+    }
+}
+
+impl Drop for Message {
+    fn drop(&mut self) {
+        MESSAGE_BYTES.fetch_sub(self.size_bytes(), Ordering::Relaxed);
     }
 }
 

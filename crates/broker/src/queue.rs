@@ -199,6 +199,7 @@ pub struct Queue {
 }
 
 impl Queue {
+    #[allow(clippy::too_many_arguments)] // one per part of a queue's identity
     pub(crate) fn new(
         name: String,
         vhost: Weak<VHost>,

@@ -60,6 +60,10 @@ struct ServeArgs {
     /// limits.connections_max: open connections allowed (0 = no limit).
     #[arg(long, value_name = "N")]
     connections_max: Option<usize>,
+    /// limits.memory_high_watermark_bytes: message bytes in memory above
+    /// which publishers are blocked (0 = 40% of RAM).
+    #[arg(long, value_name = "BYTES")]
+    memory_high_watermark_bytes: Option<u64>,
     /// auth.vhosts: a virtual host to serve (repeatable).
     #[arg(long = "vhost", value_name = "NAME")]
     vhost: Vec<String>,
@@ -102,6 +106,10 @@ impl ServeArgs {
             self.connection_output_bytes_max,
         );
         set(&mut c.limits.connections_max, self.connections_max);
+        set(
+            &mut c.limits.memory_high_watermark_bytes,
+            self.memory_high_watermark_bytes,
+        );
         set_list(&mut c.auth.vhosts, self.vhost);
         set(&mut c.log.log_level, self.log_level);
     }

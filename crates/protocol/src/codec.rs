@@ -189,7 +189,7 @@ pub fn decode_content_header(payload: &Bytes) -> Result<ContentHeader, DecodeErr
 /// Decodes raw property bytes (flags + list).
 pub fn decode_properties(raw: &[u8]) -> Result<AMQPProperties, DecodeError> {
     match amq_protocol::protocol::basic::parse_properties(raw) {
-        Ok((rest, props)) if rest.is_empty() => Ok(props),
+        Ok(([], props)) => Ok(props),
         Ok(_) => Err(DecodeError::BadContentHeader(
             "trailing bytes after properties",
         )),
@@ -221,7 +221,7 @@ pub fn encode_field_table(table: &FieldTable) -> Vec<u8> {
 /// length is prepended).
 pub fn decode_field_table(bytes: &[u8]) -> Option<FieldTable> {
     match amq_protocol::types::parsing::parse_field_table(bytes) {
-        Ok((rest, t)) if rest.is_empty() => Some(t),
+        Ok(([], t)) => Some(t),
         _ => None,
     }
 }

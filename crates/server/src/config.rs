@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 /// The whole configuration.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     pub net: Net,
@@ -59,6 +59,10 @@ pub struct Limits {
     pub connection_output_bytes_max: usize,
     /// Open connections (0 = no limit besides file descriptors).
     pub connections_max: usize,
+    /// Message bytes held in memory above which publishing connections are
+    /// blocked (`connection.blocked`) until consumers drain them. 0 = 40% of
+    /// the machine's RAM, as RabbitMQ's default.
+    pub memory_high_watermark_bytes: u64,
 }
 
 /// `[auth]`: users and virtual hosts.
@@ -114,6 +118,7 @@ impl Default for Limits {
             consumer_timeout_ms: 1_800_000,
             connection_output_bytes_max: 4 * 1024 * 1024,
             connections_max: 0,
+            memory_high_watermark_bytes: 0,
         }
     }
 }
@@ -139,18 +144,6 @@ impl Default for Log {
     }
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            net: Net::default(),
-            store: Store::default(),
-            limits: Limits::default(),
-            auth: Auth::default(),
-            log: Log::default(),
-        }
-    }
-}
-
 /// A configuration problem, said so the operator knows what to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -172,6 +165,25 @@ pub enum ConfigError {
         value: String,
         why: String,
     },
+}
+
+impl Limits {
+    /// The memory watermark in bytes, resolving 0 to 40% of RAM.
+    pub fn memory_high_watermark(&self) -> u64 {
+        if self.memory_high_watermark_bytes > 0 {
+            return self.memory_high_watermark_bytes;
+        }
+        let total = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find(|l| l.starts_with("MemTotal:"))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|kb| kb.parse::<u64>().ok())
+            })
+            .map_or(4 << 30, |kb| kb * 1024);
+        total / 10 * 4
+    }
 }
 
 impl Config {

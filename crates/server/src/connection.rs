@@ -147,6 +147,13 @@ struct Conn {
     /// We sent `connection.close` and wait for `close-ok`.
     closing_since: Option<Instant>,
     user: String,
+    /// This connection published something: the memory alarm applies to it.
+    has_published: bool,
+    /// We stopped reading because of the memory alarm.
+    blocked: bool,
+    /// The client understands `connection.blocked`.
+    blocked_notify: bool,
+    memory_high_watermark: u64,
 }
 
 /// Serves one accepted TCP connection until it ends.
@@ -161,7 +168,8 @@ pub async fn serve(
         tracing::debug!(%peer, error = %e, "could not set TCP_NODELAY");
     }
     let (rd, wr) = stream.into_split();
-    let limits = &shared.config.limits;
+    let config = Arc::clone(&shared.config);
+    let limits = &config.limits;
     let out = Outbound::new(
         limits.connection_output_bytes_max,
         limits.frame_size_bytes_max,
@@ -182,6 +190,10 @@ pub async fn serve(
         last_read: Instant::now(),
         closing_since: None,
         user: String::new(),
+        has_published: false,
+        blocked: false,
+        blocked_notify: false,
+        memory_high_watermark: limits.memory_high_watermark(),
     };
     let end = match c.handshake().await {
         Ok(true) => c.run(&mut shutdown).await,
@@ -337,6 +349,7 @@ impl Conn {
             }
         };
         let capabilities = client_capabilities(&start_ok.client_properties);
+        self.blocked_notify = capabilities.blocked_notify;
         let (user, password) =
             match parse_credentials(start_ok.mechanism.as_str(), start_ok.response.as_bytes()) {
                 Some(c) => c,
@@ -493,9 +506,13 @@ impl Conn {
                 }
             }
             self.flush_confirms();
+            if self.has_published {
+                self.update_blocked();
+            }
             let out = Arc::clone(&self.out);
+            let reading = !self.blocked;
             tokio::select! {
-                r = self.read_more() => if let Err(e) = r { return e; },
+                r = self.read_more(), if reading => if let Err(e) = r { return e; },
                 _ = tick.tick() => {
                     if let Err(e) = self.on_tick() { return e; }
                 }
@@ -512,7 +529,35 @@ impl Conn {
         }
     }
 
+    /// The memory alarm: publishing connections stop being read while
+    /// message memory is above the watermark (TCP back-pressure does the
+    /// rest), and are told so if they asked.
+    fn update_blocked(&mut self) {
+        let over = berth_broker::message::message_bytes() > self.memory_high_watermark;
+        if over && self.has_published && !self.blocked {
+            self.blocked = true;
+            tracing::warn!(peer = %self.peer, "memory alarm: blocking publishing connection");
+            if self.blocked_notify {
+                self.send_method(
+                    0,
+                    &AMQPClass::Connection(conn::AMQPMethod::Blocked(conn::Blocked {
+                        reason: "low on memory".into(),
+                    })),
+                );
+            }
+        } else if !over && self.blocked {
+            self.blocked = false;
+            if self.blocked_notify {
+                self.send_method(
+                    0,
+                    &AMQPClass::Connection(conn::AMQPMethod::Unblocked(conn::Unblocked {})),
+                );
+            }
+        }
+    }
+
     fn on_tick(&mut self) -> Result<(), End> {
+        self.update_blocked();
         let now = Self::now();
         if !self.heartbeat.is_zero() && now.duration_since(self.last_read) > self.heartbeat * 2 {
             tracing::warn!(peer = %self.peer, user = %self.user, "missed heartbeats from client, timeout: {:?}", self.heartbeat * 2);
@@ -1159,6 +1204,9 @@ impl Conn {
 
     fn publish(&mut self, channel: u16, p: codec::Publish, properties: Bytes, body: Bytes) {
         let now = Self::now();
+        if !self.has_published {
+            self.has_published = true;
+        }
         let ch = Arc::clone(&self.slot(channel).ch);
         let result = Message::new(p.exchange.clone(), p.routing_key, properties, body)
             .and_then(|msg| ch.publish(&p.exchange, msg, p.mandatory, now));
@@ -1284,6 +1332,7 @@ fn is_mapped_loopback(peer: SocketAddr) -> bool {
 
 struct ClientCapabilities {
     cancel_notify: bool,
+    blocked_notify: bool,
 }
 
 fn client_capabilities(props: &FieldTable) -> ClientCapabilities {
@@ -1297,6 +1346,7 @@ fn client_capabilities(props: &FieldTable) -> ClientCapabilities {
     };
     ClientCapabilities {
         cancel_notify: flag("consumer_cancel_notify"),
+        blocked_notify: flag("connection.blocked"),
     }
 }
 
@@ -1333,6 +1383,7 @@ fn server_properties() -> FieldTable {
         "exchange_exchange_bindings",
         "basic.nack",
         "consumer_cancel_notify",
+        "connection.blocked",
         "authentication_failure_close",
         "per_consumer_qos",
     ] {
