@@ -215,7 +215,13 @@ impl VHost {
             }
             return self.exchange(name).map(|_| ());
         }
-        if name.is_empty() || name.starts_with("amq.") {
+        if name.is_empty() {
+            return Err(AmqpError::access_refused(format!(
+                "operation not permitted on the default exchange in vhost '{}'",
+                self.name
+            )));
+        }
+        if name.starts_with("amq.") {
             return Err(AmqpError::access_refused(format!(
                 "exchange name '{name}' contains reserved prefix 'amq.*'"
             )));

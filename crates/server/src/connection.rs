@@ -227,7 +227,9 @@ async fn write_loop(mut wr: OwnedWriteHalf, out: Arc<Outbound>) {
             if out.is_closed() {
                 break;
             }
-            let hb = Duration::from_millis(u64::from(out.heartbeat_ms()));
+            // Send at half the interval, as RabbitMQ does, so a peer that
+            // allows two missed intervals never gives up on us.
+            let hb = Duration::from_millis(u64::from(out.heartbeat_ms() / 2));
             if hb.is_zero() {
                 out.ready.notified().await;
             } else if tokio::time::timeout(hb, out.ready.notified())
@@ -779,7 +781,6 @@ impl Conn {
                 if p.immediate {
                     return Err(AmqpError::not_implemented("immediate=true"));
                 }
-                self.vhost().check_publish_target(&p.exchange)?;
                 self.slot(channel).content = Content::Header(p);
                 return Ok(());
             }
@@ -1009,6 +1010,8 @@ impl Conn {
                     );
                 }
             }
+            // The answer to a server-sent cancel; nothing to do.
+            AMQPClass::Basic(basic::AMQPMethod::CancelOk(_)) => {}
             AMQPClass::Basic(basic::AMQPMethod::Get(g)) => {
                 let qname = self.queue_name(channel, g.queue.as_str())?;
                 let q = vhost.queue(conn_id, &qname)?;
