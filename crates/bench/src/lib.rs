@@ -1,1 +1,2 @@
 //! The seed experiments as a load generator, with ministat-style statistics.
+pub mod stats;
