@@ -199,6 +199,16 @@ impl VHost {
         ))
     }
 
+    /// Every queue, for the management view.
+    pub fn queues(&self) -> Vec<Arc<Queue>> {
+        self.queues.read().values().cloned().collect()
+    }
+
+    /// Every exchange, for the management view.
+    pub fn exchanges(&self) -> Vec<Arc<Exchange>> {
+        self.exchanges.read().values().cloned().collect()
+    }
+
     pub fn queue_names(&self) -> Vec<String> {
         self.queues.read().keys().cloned().collect()
     }

@@ -31,6 +31,10 @@ struct ServeArgs {
     /// port 0 picks a free port).
     #[arg(long = "amqp-listen", value_name = "ADDR:PORT")]
     amqp_listen: Vec<String>,
+    /// net.http_listen: address for the management API subset and /metrics,
+    /// ADDR:PORT (repeatable; off unless given).
+    #[arg(long = "http-listen", value_name = "ADDR:PORT")]
+    http_listen: Vec<String>,
     /// net.heartbeat_s: heartbeat interval proposed to clients (0 = off).
     #[arg(long, value_name = "SECONDS")]
     heartbeat_s: Option<u16>,
@@ -85,6 +89,7 @@ impl ServeArgs {
             }
         }
         set_list(&mut c.net.amqp_listen, self.amqp_listen);
+        set_list(&mut c.net.http_listen, self.http_listen);
         set(&mut c.net.heartbeat_s, self.heartbeat_s);
         set(&mut c.net.handshake_timeout_ms, self.handshake_timeout_ms);
         set_list(&mut c.store.data_dirs, self.data_dir);

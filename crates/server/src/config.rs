@@ -30,6 +30,10 @@ pub struct Config {
 pub struct Net {
     /// AMQP listen addresses. Port 0 picks a free port.
     pub amqp_listen: Vec<String>,
+    /// HTTP listen addresses for the management API subset and `/metrics`.
+    /// Empty (the default) = off, as RabbitMQ's management plugin is off
+    /// until enabled; e.g. `["0.0.0.0:15672"]`.
+    pub http_listen: Vec<String>,
     /// Heartbeat interval the server proposes in `connection.tune` (0 = off).
     pub heartbeat_s: u16,
     /// Time a client has to complete the AMQP handshake.
@@ -95,6 +99,7 @@ impl Default for Net {
     fn default() -> Self {
         Self {
             amqp_listen: vec!["0.0.0.0:5672".into(), "[::]:5672".into()],
+            http_listen: Vec::new(),
             heartbeat_s: 60,
             handshake_timeout_ms: 10_000,
         }
@@ -225,6 +230,15 @@ impl Config {
                     "net.amqp_listen",
                     a.clone(),
                     "expected ADDRESS:PORT, e.g. 0.0.0.0:5672 or [::1]:5672",
+                );
+            }
+        }
+        for a in &self.net.http_listen {
+            if a.parse::<SocketAddr>().is_err() {
+                return invalid(
+                    "net.http_listen",
+                    a.clone(),
+                    "expected ADDRESS:PORT, e.g. 0.0.0.0:15672",
                 );
             }
         }

@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod connection;
+pub mod http;
 pub mod outbound;
 
 use std::fs::File;
@@ -54,6 +55,7 @@ pub enum ServerError {
 /// A running server's handle: where it listens and how to stop it.
 pub struct Running {
     pub amqp_addrs: Vec<SocketAddr>,
+    pub http_addrs: Vec<SocketAddr>,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
     _locks: Vec<File>,
@@ -156,24 +158,61 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         .iter()
         .filter_map(|l| l.local_addr().ok())
         .collect();
+    let mut http_listeners = Vec::new();
+    for a in &config.net.http_listen {
+        http_listeners.push(bind(a)?);
+    }
+    let http_addrs: Vec<SocketAddr> = http_listeners
+        .iter()
+        .filter_map(|l| l.local_addr().ok())
+        .collect();
     let broker = Broker::new(config.auth.vhosts.iter().map(String::as_str));
     let shared = Arc::new(Shared {
         broker: Arc::clone(&broker),
         config: Arc::new(config),
     });
     let (tx, rx) = watch::channel(false);
-    let task = tokio::spawn(serve(listeners, shared, rx));
+    let open = Arc::new(AtomicUsize::new(0));
+    for l in http_listeners {
+        let app = http::router(http::HttpState {
+            shared: Arc::clone(&shared),
+            connections: Arc::clone(&open),
+        });
+        let mut stop = rx.clone();
+        tokio::spawn(async move {
+            let served = axum::serve(l, app.into_make_service_with_connect_info::<SocketAddr>())
+                .with_graceful_shutdown(async move {
+                    let _sender_dropped_means_stop_too = stop.changed().await;
+                })
+                .await;
+            if let Err(e) = served {
+                tracing::error!(error = %e, "HTTP listener failed");
+            }
+        });
+    }
+    let task = tokio::spawn(serve(listeners, shared, rx, open));
     let list: Vec<String> = amqp_addrs.iter().map(ToString::to_string).collect();
-    tracing::info!("berth ready amqp={}", list.join(","));
+    if http_addrs.is_empty() {
+        tracing::info!("berth ready amqp={}", list.join(","));
+    } else {
+        let h: Vec<String> = http_addrs.iter().map(ToString::to_string).collect();
+        tracing::info!("berth ready amqp={} http={}", list.join(","), h.join(","));
+    }
     Ok(Running {
         amqp_addrs,
+        http_addrs,
         shutdown: tx,
         task,
         _locks: locks,
     })
 }
 
-async fn serve(listeners: Vec<TcpListener>, shared: Arc<Shared>, shutdown: watch::Receiver<bool>) {
+async fn serve(
+    listeners: Vec<TcpListener>,
+    shared: Arc<Shared>,
+    shutdown: watch::Receiver<bool>,
+    open: Arc<AtomicUsize>,
+) {
     let timers = {
         let broker = Arc::clone(&shared.broker);
         let mut stop = shutdown.clone();
@@ -188,7 +227,6 @@ async fn serve(listeners: Vec<TcpListener>, shared: Arc<Shared>, shutdown: watch
             }
         })
     };
-    let open = Arc::new(AtomicUsize::new(0));
     let next_id = Arc::new(AtomicU64::new(1));
     let mut accepts = Vec::new();
     for l in listeners {
