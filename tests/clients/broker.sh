@@ -1,0 +1,83 @@
+# Sourced by the client smoke-test scripts: gives them a broker to talk to.
+#
+#   . tests/clients/broker.sh
+#   broker_start     # exports BERTH_TEST_URI; returns non-zero if no broker
+#   broker_stop      # stops what broker_start started (safe to call twice)
+#
+# If BERTH_TEST_URI is already set, that broker is used and nothing is
+# started. Otherwise the berth binary ($BERTH_BIN, default
+# target/release/berth) is started on a free loopback port with a fresh data
+# directory, and its `berth ready amqp=ADDR[,ADDR...]` log line tells the port.
+
+# Seconds to wait for the ready line before giving up.
+BROKER_READY_TIMEOUT_S=${BROKER_READY_TIMEOUT_S:-30}
+
+_broker_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+_broker_pid=""
+_broker_dir=""
+
+broker_start() {
+  if [ -n "${BERTH_TEST_URI:-}" ]; then
+    echo "broker: using BERTH_TEST_URI=$BERTH_TEST_URI"
+    return 0
+  fi
+  local bin=${BERTH_BIN:-$_broker_root/target/release/berth}
+  if [ ! -x "$bin" ]; then
+    echo "broker: $bin not found or not executable (build it with cargo build --release, or set BERTH_TEST_URI)" >&2
+    return 1
+  fi
+  _broker_dir=$(mktemp -d "${TMPDIR:-/tmp}/berth-clients.XXXXXX")
+  NO_COLOR=1 RUST_LOG=${RUST_LOG:-info} "$bin" serve \
+    --amqp-listen 127.0.0.1:0 --data-dir "$_broker_dir/data" \
+    2>"$_broker_dir/berth.log" >/dev/null &
+  _broker_pid=$!
+
+  local deadline=$((SECONDS + BROKER_READY_TIMEOUT_S)) addr=""
+  while [ -z "$addr" ]; do
+    # Strip colour codes in case the log ignores NO_COLOR; keep the first address.
+    addr=$(sed 's/\x1b\[[0-9;]*m//g' "$_broker_dir/berth.log" |
+      sed -n 's/.*berth ready amqp=\([^ ,]*\).*/\1/p' | head -n 1)
+    [ -n "$addr" ] && break
+    if ! kill -0 "$_broker_pid" 2>/dev/null; then
+      echo "broker: berth exited before it was ready; its log:" >&2
+      cat "$_broker_dir/berth.log" >&2
+      _broker_pid=""
+      return 1
+    fi
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "broker: no 'berth ready' line after ${BROKER_READY_TIMEOUT_S}s; its log:" >&2
+      cat "$_broker_dir/berth.log" >&2
+      return 1
+    fi
+    sleep 0.1
+  done
+  export BERTH_TEST_URI="amqp://guest:guest@$addr/"
+  echo "broker: started berth pid $_broker_pid at $BERTH_TEST_URI"
+}
+
+# SIGTERM, up to 10 s of grace, then SIGKILL; prints the log if asked to.
+broker_stop() {
+  if [ -n "$_broker_pid" ]; then
+    kill -TERM "$_broker_pid" 2>/dev/null
+    local i
+    for i in $(seq 1 100); do
+      kill -0 "$_broker_pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    if kill -0 "$_broker_pid" 2>/dev/null; then
+      echo "broker: berth did not stop on SIGTERM within 10 s; sending SIGKILL" >&2
+      kill -KILL "$_broker_pid" 2>/dev/null
+    fi
+    wait "$_broker_pid" 2>/dev/null
+    _broker_pid=""
+  fi
+  if [ -n "$_broker_dir" ]; then
+    if [ "${1:-}" = "--show-log" ] && [ -s "$_broker_dir/berth.log" ]; then
+      echo "---- berth log (last 50 lines) ----" >&2
+      tail -n 50 "$_broker_dir/berth.log" >&2
+    fi
+    rm -rf "$_broker_dir"
+    _broker_dir=""
+  fi
+  return 0
+}
