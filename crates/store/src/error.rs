@@ -1,0 +1,77 @@
+//! Error values of the store. Every error that comes from the disk keeps its
+//! cause (`#[source]`) and names the file it concerns.
+//!
+//! Invariants:
+//! - No variant is produced by discarding an underlying error; the cause is
+//!   either kept as `#[source]` or described in the message.
+//! - `StoreError` is `Clone` (I/O causes are shared through `Arc`), because
+//!   one failed fsync must be reported to every waiter of its batch.
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// What went wrong in the store.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// An I/O call failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// The group saw a failed write or fsync earlier and refuses writes
+    /// until the store is reopened (recovery decides what is on disk).
+    #[error("log group {group} is poisoned and refuses writes")]
+    Poisoned {
+        group: u32,
+        #[source]
+        cause: Arc<StoreError>,
+    },
+    /// Bytes on disk do not pass their checksum or do not parse.
+    #[error("corrupt data in {path} at offset {offset}: {reason}")]
+    Corrupt {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+    },
+    /// Recovery met a case its decision table maps to `Fail`.
+    #[error("recovery of group {group} stopped at {path} offset {offset}: {reason}")]
+    Recovery {
+        group: u32,
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+    },
+    /// The store was written by an unknown format version.
+    #[error("{path} has format version {found}; this build reads version {expected}")]
+    FormatVersion {
+        path: PathBuf,
+        found: u32,
+        expected: u32,
+    },
+    /// The message is not (or no longer) in the store.
+    #[error("message {msg} not found in queue {queue}")]
+    NotFound { queue: u64, msg: u64 },
+    /// A request the store refuses as given.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// Bad configuration.
+    #[error("invalid store configuration: {0}")]
+    Config(String),
+    /// The store is shutting down.
+    #[error("store is closed")]
+    Closed,
+}
+
+impl StoreError {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+        StoreError::Io {
+            op,
+            path: path.into(),
+            source: Arc::new(source),
+        }
+    }
+}

@@ -1,0 +1,356 @@
+//! A fault-injecting, in-memory [`Storage`] for tests: it remembers, for
+//! every file and directory, what is durable (covered by a completed
+//! `sync_data` / `sync_dir`) and what is only "in the page cache", and can
+//! simulate a power loss, torn writes, failing fsyncs and bit flips.
+//!
+//! Invariants:
+//! - After [`FaultStorage::crash`], a file holds exactly its bytes as of its
+//!   last successful `sync_data` (plus, with tearing on, a random prefix of
+//!   what was written after it, possibly with garbage at its end), and a
+//!   directory holds exactly its entries as of its last `sync_dir`.
+//! - Handles opened before a crash fail every call afterwards, as a process
+//!   that lost power would never issue another call.
+//! - A failed `sync_data` makes nothing durable.
+//! - Directories themselves are durable when created (the store creates
+//!   them once, at open, and syncs their parent is not modelled).
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::storage::{Storage, StorageFile};
+
+struct Node {
+    /// What a read sees now.
+    volatile: Vec<u8>,
+    /// What survives a power loss.
+    durable: Vec<u8>,
+    /// Lowest offset changed since the last sync: `volatile` and `durable`
+    /// agree below it, so a sync copies only the tail (keeps tests fast).
+    dirty_from: usize,
+}
+
+impl Default for Node {
+    fn default() -> Self {
+        Node {
+            volatile: Vec::new(),
+            durable: Vec::new(),
+            dirty_from: usize::MAX,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Dir {
+    volatile: BTreeMap<String, usize>,
+    durable: BTreeMap<String, usize>,
+}
+
+struct State {
+    generation: u64,
+    nodes: Vec<Node>,
+    dirs: BTreeMap<PathBuf, Dir>,
+    rng: StdRng,
+    /// Successful `sync_data` calls left before they start failing.
+    syncs_until_failure: Option<u64>,
+    tear_on_crash: bool,
+    sync_data_calls: u64,
+}
+
+/// The fault-injecting storage. Cheap to clone; clones share one state.
+#[derive(Clone)]
+pub struct FaultStorage {
+    state: Arc<Mutex<State>>,
+}
+
+struct FaultFile {
+    state: Arc<Mutex<State>>,
+    node: usize,
+    generation: u64,
+}
+
+fn power_lost() -> io::Error {
+    io::Error::other("simulated power loss: handle from before the crash")
+}
+
+fn split(path: &Path) -> io::Result<(PathBuf, String)> {
+    let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
+    Ok((dir, name.to_owned()))
+}
+
+fn not_found(path: &Path) -> io::Error {
+    io::Error::new(io::ErrorKind::NotFound, format!("{} not found", path.display()))
+}
+
+impl FaultStorage {
+    /// A fresh, empty storage whose random choices (tearing) follow `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self {
+            state: Arc::new(Mutex::new(State {
+                generation: 0,
+                nodes: Vec::new(),
+                dirs: BTreeMap::new(),
+                rng: StdRng::seed_from_u64(seed),
+                syncs_until_failure: None,
+                tear_on_crash: false,
+                sync_data_calls: 0,
+            })),
+        }
+    }
+
+    /// Simulates a power loss: every byte and directory entry not covered by
+    /// a completed sync is dropped (or torn, see [`Self::set_tear_on_crash`]),
+    /// and all open handles die.
+    pub fn crash(&self) {
+        let mut st = self.state.lock();
+        st.generation += 1;
+        let tear = st.tear_on_crash;
+        let State { nodes, rng, dirs, .. } = &mut *st;
+        for node in nodes.iter_mut() {
+            let mut survived = node.durable.clone();
+            if tear && node.volatile.len() > survived.len() && node.dirty_from >= survived.len() {
+                let extra = &node.volatile[survived.len()..];
+                let keep = rng.random_range(0..=extra.len());
+                survived.extend_from_slice(&extra[..keep]);
+                if keep > 0 && rng.random_bool(0.5) {
+                    // The last sector made it only partly: garbage at its end.
+                    let garbage = rng.random_range(1..=keep.min(64));
+                    let len = survived.len();
+                    for b in &mut survived[len - garbage..] {
+                        *b = rng.random();
+                    }
+                }
+            }
+            node.volatile.clone_from(&survived);
+            node.durable = survived;
+            node.dirty_from = usize::MAX;
+        }
+        for dir in dirs.values_mut() {
+            dir.volatile = dir.durable.clone();
+        }
+    }
+
+    /// With `on`, a crash keeps a random prefix of each file's unsynced
+    /// bytes, sometimes ending in garbage (a torn write).
+    pub fn set_tear_on_crash(&self, on: bool) {
+        self.state.lock().tear_on_crash = on;
+    }
+
+    /// After `n` more successful `sync_data` calls, every later one fails
+    /// with EIO (and makes nothing durable). `None` heals the disk.
+    pub fn fail_syncs_after(&self, n: Option<u64>) {
+        self.state.lock().syncs_until_failure = n;
+    }
+
+    /// Number of `sync_data` calls so far (successful or not).
+    pub fn sync_data_calls(&self) -> u64 {
+        self.state.lock().sync_data_calls
+    }
+
+    /// Flips one bit of a file, durably: media damage.
+    pub fn flip_bit(&self, path: &Path, offset: u64, bit: u8) -> io::Result<()> {
+        let mut st = self.state.lock();
+        let id = Self::lookup(&st, path)?;
+        let node = &mut st.nodes[id];
+        let at = usize::try_from(offset).map_err(io::Error::other)?;
+        for bytes in [&mut node.volatile, &mut node.durable] {
+            if let Some(b) = bytes.get_mut(at) {
+                *b ^= 1 << (bit % 8);
+            }
+        }
+        Ok(())
+    }
+
+    /// Current contents of a file (what a read sees).
+    pub fn contents(&self, path: &Path) -> io::Result<Vec<u8>> {
+        let st = self.state.lock();
+        let id = Self::lookup(&st, path)?;
+        Ok(st.nodes[id].volatile.clone())
+    }
+
+    /// Replaces a file's contents durably (to build on-disk images).
+    pub fn put_durable(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        let mut st = self.state.lock();
+        let id = Self::lookup(&st, path)?;
+        st.nodes[id].volatile = bytes.to_vec();
+        st.nodes[id].durable = bytes.to_vec();
+        Ok(())
+    }
+
+    /// Names in `dir`, sorted.
+    pub fn names(&self, dir: &Path) -> Vec<String> {
+        let st = self.state.lock();
+        st.dirs
+            .get(dir)
+            .map(|d| d.volatile.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn lookup(st: &State, path: &Path) -> io::Result<usize> {
+        let (dir, name) = split(path)?;
+        st.dirs
+            .get(&dir)
+            .and_then(|d| d.volatile.get(&name))
+            .copied()
+            .ok_or_else(|| not_found(path))
+    }
+
+    fn handle(&self, node: usize, generation: u64) -> Arc<dyn StorageFile> {
+        Arc::new(FaultFile {
+            state: Arc::clone(&self.state),
+            node,
+            generation,
+        })
+    }
+}
+
+impl Storage for FaultStorage {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        let mut st = self.state.lock();
+        let mut cur = Some(dir);
+        while let Some(d) = cur {
+            if d.as_os_str().is_empty() {
+                break;
+            }
+            st.dirs.entry(d.to_path_buf()).or_default();
+            cur = d.parent();
+        }
+        Ok(())
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let st = self.state.lock();
+        let d = st.dirs.get(dir).ok_or_else(|| not_found(dir))?;
+        Ok(d.volatile.keys().cloned().collect())
+    }
+
+    fn create(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
+        let (dir, name) = split(path)?;
+        let mut st = self.state.lock();
+        let generation = st.generation;
+        if !st.dirs.contains_key(&dir) {
+            return Err(not_found(&dir));
+        }
+        let id = st.nodes.len();
+        st.nodes.push(Node::default());
+        st.dirs.get_mut(&dir).map(|d| d.volatile.insert(name, id));
+        Ok(self.handle(id, generation))
+    }
+
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
+        let st = self.state.lock();
+        let id = Self::lookup(&st, path)?;
+        Ok(self.handle(id, st.generation))
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let (from_dir, from_name) = split(from)?;
+        let (to_dir, to_name) = split(to)?;
+        let mut st = self.state.lock();
+        let id = st
+            .dirs
+            .get_mut(&from_dir)
+            .and_then(|d| d.volatile.remove(&from_name))
+            .ok_or_else(|| not_found(from))?;
+        let d = st.dirs.get_mut(&to_dir).ok_or_else(|| not_found(&to_dir))?;
+        d.volatile.insert(to_name, id);
+        Ok(())
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        let (dir, name) = split(path)?;
+        let mut st = self.state.lock();
+        st.dirs
+            .get_mut(&dir)
+            .and_then(|d| d.volatile.remove(&name))
+            .map(|_| ())
+            .ok_or_else(|| not_found(path))
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        let mut st = self.state.lock();
+        let d = st.dirs.get_mut(dir).ok_or_else(|| not_found(dir))?;
+        d.durable = d.volatile.clone();
+        Ok(())
+    }
+}
+
+impl FaultFile {
+    fn with<T>(&self, f: impl FnOnce(&mut State, usize) -> io::Result<T>) -> io::Result<T> {
+        let mut st = self.state.lock();
+        if st.generation != self.generation {
+            return Err(power_lost());
+        }
+        f(&mut st, self.node)
+    }
+}
+
+impl StorageFile for FaultFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.with(|st, id| {
+            let data = &st.nodes[id].volatile;
+            let start = usize::try_from(offset).map_err(io::Error::other)?;
+            let end = start + buf.len();
+            if end > data.len() {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short read"));
+            }
+            buf.copy_from_slice(&data[start..end]);
+            Ok(())
+        })
+    }
+
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.with(|st, id| {
+            let node = &mut st.nodes[id];
+            let start = usize::try_from(offset).map_err(io::Error::other)?;
+            node.dirty_from = node.dirty_from.min(start);
+            let data = &mut node.volatile;
+            let end = start + buf.len();
+            if data.len() < end {
+                data.resize(end, 0);
+            }
+            data[start..end].copy_from_slice(buf);
+            Ok(())
+        })
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.with(|st, id| {
+            st.sync_data_calls += 1;
+            match &mut st.syncs_until_failure {
+                Some(0) => return Err(io::Error::other("simulated EIO from fdatasync")),
+                Some(n) => *n -= 1,
+                None => {}
+            }
+            let node = &mut st.nodes[id];
+            let keep = node.dirty_from.min(node.durable.len());
+            node.durable.truncate(keep);
+            node.durable.extend_from_slice(&node.volatile[keep..]);
+            node.dirty_from = usize::MAX;
+            Ok(())
+        })
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        self.with(|st, id| Ok(st.nodes[id].volatile.len() as u64))
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.with(|st, id| {
+            let len = usize::try_from(len).map_err(io::Error::other)?;
+            let node = &mut st.nodes[id];
+            node.dirty_from = node.dirty_from.min(len.min(node.volatile.len()));
+            node.volatile.resize(len, 0);
+            Ok(())
+        })
+    }
+}
