@@ -12,7 +12,11 @@
 //! - Each queue belongs to exactly one group, a pure function of its id and
 //!   the group count recorded in the manifest ([`group_of`]).
 
+pub mod checkpoint;
 pub mod error;
+pub mod index;
+pub mod manifest;
+pub mod segment;
 pub mod fault;
 pub mod limits;
 pub mod record;

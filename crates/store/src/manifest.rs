@@ -1,0 +1,147 @@
+//! The store manifest: one 44-byte file `MANIFEST` in every data directory,
+//! fixing the format version, the group count (queue placement depends on
+//! it) and which directory of the set this is.
+//!
+//! ```text
+//!  0          8        12           16          20          24        32          36        40       44
+//!  +----------+--------+------------+-----------+-----------+---------+-----------+---------+--------+
+//!  | BERTHMAN | version| group_count| dir_count | dir_index | store_id| placement | reserved| crc32c |
+//!  |  8 bytes |  u32   |    u32     |    u32    |    u32    |   u64   |    u32    |  u32=0  |  u32   |
+//!  +----------+--------+------------+-----------+-----------+---------+-----------+---------+--------+
+//! ```
+//!
+//! Invariants:
+//! - Written once, at store creation, via temp file + fsync + rename +
+//!   directory fsync; never rewritten. A store whose manifests disagree
+//!   (another store's directory, reordered `data_dirs`) refuses to open.
+
+use std::path::Path;
+
+use crate::error::StoreError;
+use crate::segment::FORMAT_VERSION;
+use crate::storage::Storage;
+
+pub const MANIFEST_MAGIC: [u8; 8] = *b"BERTHMAN";
+pub const MANIFEST_NAME: &str = "MANIFEST";
+pub const MAN_OFF_VERSION: usize = 8;
+pub const MAN_OFF_GROUP_COUNT: usize = MAN_OFF_VERSION + 4;
+pub const MAN_OFF_DIR_COUNT: usize = MAN_OFF_GROUP_COUNT + 4;
+pub const MAN_OFF_DIR_INDEX: usize = MAN_OFF_DIR_COUNT + 4;
+pub const MAN_OFF_STORE_ID: usize = MAN_OFF_DIR_INDEX + 4;
+pub const MAN_OFF_PLACEMENT: usize = MAN_OFF_STORE_ID + 8;
+pub const MAN_OFF_RESERVED: usize = MAN_OFF_PLACEMENT + 4;
+pub const MAN_OFF_CRC: usize = MAN_OFF_RESERVED + 4;
+pub const MANIFEST_BYTES: usize = MAN_OFF_CRC + 4;
+const _: () = assert!(MANIFEST_BYTES == 44);
+/// Queue placement 1: `splitmix64(queue) % group_count` ([`crate::group_of`]).
+pub const PLACEMENT_SPLITMIX_MOD: u32 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Manifest {
+    pub group_count: u32,
+    pub dir_count: u32,
+    pub dir_index: u32,
+    pub store_id: u64,
+}
+
+impl Manifest {
+    pub fn encode(&self) -> [u8; MANIFEST_BYTES] {
+        let mut b = [0u8; MANIFEST_BYTES];
+        b[..8].copy_from_slice(&MANIFEST_MAGIC);
+        b[MAN_OFF_VERSION..MAN_OFF_GROUP_COUNT].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[MAN_OFF_GROUP_COUNT..MAN_OFF_DIR_COUNT].copy_from_slice(&self.group_count.to_le_bytes());
+        b[MAN_OFF_DIR_COUNT..MAN_OFF_DIR_INDEX].copy_from_slice(&self.dir_count.to_le_bytes());
+        b[MAN_OFF_DIR_INDEX..MAN_OFF_STORE_ID].copy_from_slice(&self.dir_index.to_le_bytes());
+        b[MAN_OFF_STORE_ID..MAN_OFF_PLACEMENT].copy_from_slice(&self.store_id.to_le_bytes());
+        b[MAN_OFF_PLACEMENT..MAN_OFF_RESERVED].copy_from_slice(&PLACEMENT_SPLITMIX_MOD.to_le_bytes());
+        let crc = crc32c::crc32c(&b[..MAN_OFF_CRC]);
+        b[MAN_OFF_CRC..].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8], path: &Path) -> Result<Manifest, StoreError> {
+        let corrupt = |reason: String| StoreError::Corrupt {
+            path: path.to_path_buf(),
+            offset: 0,
+            reason,
+        };
+        if b.len() != MANIFEST_BYTES {
+            return Err(corrupt(format!("{} bytes, expected {MANIFEST_BYTES}", b.len())));
+        }
+        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"));
+        let stored = u32_at(MAN_OFF_CRC);
+        if stored != crc32c::crc32c(&b[..MAN_OFF_CRC]) || b[..8] != MANIFEST_MAGIC {
+            return Err(corrupt("checksum or magic mismatch".into()));
+        }
+        let version = u32_at(MAN_OFF_VERSION);
+        if version != FORMAT_VERSION {
+            return Err(StoreError::FormatVersion {
+                path: path.to_path_buf(),
+                found: version,
+                expected: FORMAT_VERSION,
+            });
+        }
+        let placement = u32_at(MAN_OFF_PLACEMENT);
+        if placement != PLACEMENT_SPLITMIX_MOD {
+            return Err(corrupt(format!("unknown queue placement {placement}")));
+        }
+        Ok(Manifest {
+            group_count: u32_at(MAN_OFF_GROUP_COUNT),
+            dir_count: u32_at(MAN_OFF_DIR_COUNT),
+            dir_index: u32_at(MAN_OFF_DIR_INDEX),
+            store_id: u64::from_le_bytes(b[MAN_OFF_STORE_ID..MAN_OFF_PLACEMENT].try_into().expect("8 bytes")),
+        })
+    }
+}
+
+/// Writes `bytes` to `dir/name` atomically and durably: temp file, fsync,
+/// rename, directory fsync.
+pub fn write_atomically(storage: &dyn Storage, dir: &Path, name: &str, bytes: &[u8]) -> Result<(), StoreError> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let dst = dir.join(name);
+    let f = storage.create(&tmp).map_err(|e| StoreError::io("create", &tmp, e))?;
+    f.write_all_at(bytes, 0).map_err(|e| StoreError::io("write", &tmp, e))?;
+    f.sync_data().map_err(|e| StoreError::io("fdatasync", &tmp, e))?;
+    storage.rename(&tmp, &dst).map_err(|e| StoreError::io("rename", &tmp, e))?;
+    storage.sync_dir(dir).map_err(|e| StoreError::io("fsync dir", dir, e))
+}
+
+/// Reads a whole small file.
+pub fn read_all(storage: &dyn Storage, path: &Path) -> Result<Vec<u8>, StoreError> {
+    let f = storage.open(path).map_err(|e| StoreError::io("open", path, e))?;
+    let len = f.len().map_err(|e| StoreError::io("stat", path, e))?;
+    let mut buf = vec![0u8; usize::try_from(len).map_err(|_| StoreError::Corrupt {
+        path: path.to_path_buf(),
+        offset: 0,
+        reason: format!("file of {len} bytes does not fit in memory"),
+    })?];
+    f.read_exact_at(&mut buf, 0).map_err(|e| StoreError::io("read", path, e))?;
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn golden_bytes_manifest() {
+        let m = Manifest {
+            group_count: 4,
+            dir_count: 2,
+            dir_index: 1,
+            store_id: 0x0102_0304_0506_0708,
+        };
+        let b = m.encode();
+        #[rustfmt::skip]
+        assert_eq!(&b[..40], &[
+            b'B', b'E', b'R', b'T', b'H', b'M', b'A', b'N',
+            1, 0, 0, 0,   4, 0, 0, 0,   2, 0, 0, 0,   1, 0, 0, 0,
+            8, 7, 6, 5, 4, 3, 2, 1,
+            1, 0, 0, 0,   0, 0, 0, 0,
+        ]);
+        assert_eq!(Manifest::decode(&b, Path::new("M")).unwrap(), m);
+        let mut bad = b;
+        bad[13] ^= 1;
+        assert!(Manifest::decode(&bad, Path::new("M")).is_err());
+    }
+}
