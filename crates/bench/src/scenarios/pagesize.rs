@@ -1,0 +1,254 @@
+//! Backlog produce/drain (seed 002, SwiftMQ page size): 5 producers, one per
+//! durable queue, each publish N persistent messages (confirms pipelined,
+//! a burst as fast as the broker takes them) with no consumer; then, with
+//! the page cache dropped where the OS allows, 5 consumers drain the 5
+//! queues. Run for each body size (2 KB and 16 KB by default).
+//!
+//! Figures per size: produce and drain rate in msg/s and MB/s.
+//! Accounting: published = confirmed = N per queue, depth = N after the
+//! produce phase, consumed = N per queue, depth 0 after the drain.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use futures_lite::StreamExt as _;
+use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+
+use crate::amqp::{self, Ctx as _};
+use crate::scenarios::{join_all, parse_list};
+use crate::{Accounting, BenchError, CommonArgs, Metric, Outcome, Scale, Target, Ui};
+
+/// A consumer that receives nothing for this long has stalled.
+pub const DRAIN_IDLE_TIMEOUT_S: u64 = 60;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Body sizes in bytes, comma-separated.
+    #[arg(long, default_value = "2048,16384")]
+    pub sizes: String,
+    /// Queues, producers and consumers (one each per queue).
+    #[arg(long, default_value_t = 5)]
+    pub queues: usize,
+    /// Messages per queue [smoke: 50; default: 10,000; seed: 400,000].
+    #[arg(long, value_name = "N")]
+    pub messages: Option<u64>,
+    /// Unconfirmed publishes each producer keeps in flight.
+    #[arg(long, default_value_t = 256)]
+    pub confirm_window: usize,
+    /// Consumer prefetch (basic.qos).
+    #[arg(long, default_value_t = 200)]
+    pub prefetch: u16,
+    /// Keep the page cache warm before draining (by default it is dropped
+    /// when /proc/sys/vm/drop_caches is writable).
+    #[arg(long)]
+    pub warm: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub sizes: Vec<usize>,
+    pub queues: usize,
+    pub messages: u64,
+    pub confirm_window: usize,
+    pub prefetch: u16,
+    pub drop_caches: bool,
+}
+
+impl Config {
+    pub fn from_args(a: &Args) -> Result<Config, BenchError> {
+        let scale = a.common.scale;
+        Ok(Config {
+            sizes: parse_list(&a.sizes, "--sizes")?,
+            queues: a.queues.max(1),
+            messages: a.messages.unwrap_or(match scale {
+                Scale::Smoke => 50,
+                Scale::Default => 10_000,
+                Scale::Seed => 400_000,
+            }),
+            confirm_window: a.confirm_window.max(1),
+            prefetch: a.prefetch.max(1),
+            drop_caches: !a.warm && scale != Scale::Smoke,
+        })
+    }
+}
+
+pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome, BenchError> {
+    let prefix = amqp::unique_prefix("pagesize");
+    let (admin_conn, admin) = amqp::connect_channel(&target.uri, "pagesize admin", false).await?;
+    let mut out = Outcome::default();
+    for &size in &cfg.sizes {
+        let queues: Vec<String> = (0..cfg.queues).map(|i| format!("{prefix}-s{size}-{i}")).collect();
+        for q in &queues {
+            amqp::declare_durable(&admin, q).await?;
+        }
+        let result = one_size(cfg, target, ui, size, &queues, &admin, &mut out).await;
+        for q in &queues {
+            amqp::delete(&admin, q).await?;
+        }
+        result?;
+    }
+    amqp::close(&admin_conn).await;
+    Ok(out)
+}
+
+#[allow(clippy::cast_precision_loss)]
+async fn one_size(
+    cfg: &Config,
+    target: &Target,
+    ui: &Ui,
+    size: usize,
+    queues: &[String],
+    admin: &lapin::Channel,
+    out: &mut Outcome,
+) -> Result<(), BenchError> {
+    let total = cfg.messages * queues.len() as u64;
+    let tag = format!("s{size}");
+    // Produce.
+    let mut chans = Vec::new();
+    for i in 0..queues.len() {
+        chans.push(amqp::connect_channel(&target.uri, &format!("pagesize producer {i}"), true).await?);
+    }
+    let pb = ui.bar(total, format!("pagesize {tag} produce"));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for ((conn, ch), q) in chans.into_iter().zip(queues.iter().cloned()) {
+        let (n, window, pb) = (cfg.messages, cfg.confirm_window, pb.clone());
+        let body = amqp::body(size, 0);
+        tasks.push(tokio::spawn(async move {
+            let mut acc = Accounting::default();
+            let mut pending = VecDeque::with_capacity(window);
+            for _ in 0..n {
+                pending.push_back(amqp::publish(&ch, &q, &body).await?);
+                acc.published += 1;
+                if pending.len() >= window {
+                    amqp::confirmed(pending.pop_front().expect("non-empty")).await?;
+                    acc.confirmed += 1;
+                    pb.inc(1);
+                }
+            }
+            while let Some(c) = pending.pop_front() {
+                amqp::confirmed(c).await?;
+                acc.confirmed += 1;
+                pb.inc(1);
+            }
+            amqp::close(&conn).await;
+            Ok(acc)
+        }));
+    }
+    let produced = join_all(tasks).await;
+    let produce_s = started.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    for acc in produced? {
+        out.accounting.add(&acc);
+        out.accounting
+            .expect_eq(&format!("{tag} confirmed per producer"), acc.confirmed, cfg.messages);
+    }
+    for q in queues {
+        let d = amqp::depth(admin, q).await?;
+        out.accounting
+            .expect_eq(&format!("{tag} depth of {q} after produce"), d, cfg.messages);
+    }
+    let mb = (total as f64) * (size as f64) / 1e6;
+    out.metrics.push(Metric::new(format!("{tag}.produce_msgs_per_s"), "msg/s", total as f64 / produce_s));
+    out.metrics.push(Metric::new(format!("{tag}.produce_mb_per_s"), "MB/s", mb / produce_s));
+
+    if cfg.drop_caches {
+        if let Err(why) = drop_page_cache() {
+            let note = format!("page cache not dropped before drain ({why}): drain rates are warm-cache");
+            if !out.notes.contains(&note) {
+                out.notes.push(note);
+            }
+        }
+    }
+
+    // Drain.
+    let mut chans = Vec::new();
+    for i in 0..queues.len() {
+        let (conn, ch) = amqp::connect_channel(&target.uri, &format!("pagesize consumer {i}"), false).await?;
+        ch.basic_qos(cfg.prefetch, BasicQosOptions::default()).await.ctx("basic.qos")?;
+        chans.push((conn, ch));
+    }
+    let pb = ui.bar(total, format!("pagesize {tag} drain"));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for ((conn, ch), q) in chans.into_iter().zip(queues.iter().cloned()) {
+        let (n, pb) = (cfg.messages, pb.clone());
+        tasks.push(tokio::spawn(async move {
+            let consumed = drain(&ch, &q, n, &pb).await?;
+            amqp::close(&conn).await;
+            Ok(consumed)
+        }));
+    }
+    let drained = join_all(tasks).await;
+    let drain_s = started.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    for consumed in drained? {
+        out.accounting.consumed += consumed;
+        out.accounting
+            .expect_eq(&format!("{tag} consumed per consumer"), consumed, cfg.messages);
+    }
+    for q in queues {
+        let d = amqp::depth(admin, q).await?;
+        out.accounting.expect_eq(&format!("{tag} depth of {q} after drain"), d, 0);
+    }
+    out.metrics.push(Metric::new(format!("{tag}.drain_msgs_per_s"), "msg/s", total as f64 / drain_s));
+    out.metrics.push(Metric::new(format!("{tag}.drain_mb_per_s"), "MB/s", mb / drain_s));
+    out.messages += total;
+    Ok(())
+}
+
+/// Consumes `n` messages from `queue`, acking in batches; returns how many
+/// arrived.
+pub(crate) async fn drain(
+    ch: &lapin::Channel,
+    queue: &str,
+    n: u64,
+    pb: &indicatif::ProgressBar,
+) -> Result<u64, BenchError> {
+    const ACK_EVERY: u64 = 50;
+    let tag = format!("drain-{queue}");
+    let mut consumer = ch
+        .basic_consume(queue.into(), tag.as_str().into(), BasicConsumeOptions::default(), FieldTable::default())
+        .await
+        .ctx(format!("consume {queue}"))?;
+    let mut consumed = 0;
+    while consumed < n {
+        let next = tokio::time::timeout(Duration::from_secs(DRAIN_IDLE_TIMEOUT_S), consumer.next())
+            .await
+            .map_err(|_| {
+                BenchError::Timeout(format!(
+                    "{queue}: no delivery for {DRAIN_IDLE_TIMEOUT_S} s after {consumed} of {n}"
+                ))
+            })?;
+        let Some(delivery) = next else {
+            return Err(BenchError::Accounting(format!(
+                "{queue}: consumer cancelled after {consumed} of {n}"
+            )));
+        };
+        let delivery = delivery.ctx(format!("delivery from {queue}"))?;
+        consumed += 1;
+        pb.inc(1);
+        if consumed % ACK_EVERY == 0 || consumed == n {
+            ch.basic_ack(delivery.delivery_tag, BasicAckOptions { multiple: true })
+                .await
+                .ctx("basic.ack")?;
+        }
+    }
+    ch.basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+        .await
+        .ctx("basic.cancel")?;
+    Ok(consumed)
+}
+
+/// `sync`, then drop clean page-cache pages (Linux, root only).
+pub(crate) fn drop_page_cache() -> Result<(), String> {
+    let status = std::process::Command::new("sync").status().map_err(|e| format!("sync: {e}"))?;
+    if !status.success() {
+        return Err(format!("sync exited with {status}"));
+    }
+    std::fs::write("/proc/sys/vm/drop_caches", b"1\n")
+        .map_err(|e| format!("/proc/sys/vm/drop_caches: {e}"))
+}
