@@ -233,6 +233,15 @@ impl Index {
         v
     }
 
+    /// Removes every message located in `seg` (its file is gone); returns them.
+    pub fn drop_segment(&mut self, seg: u32) -> Vec<LiveMessage> {
+        let lost: Vec<LiveMessage> = self.iter_live().filter(|m| m.loc.seg == seg).collect();
+        for m in &lost {
+            self.forget(m.msg.0);
+        }
+        lost
+    }
+
     /// Asserts the counting invariants (tests, and debug recovery).
     pub fn check(&self) {
         let mut counted: BTreeMap<u32, SegLive> = BTreeMap::new();

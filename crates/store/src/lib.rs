@@ -20,6 +20,7 @@ pub mod segment;
 pub mod fault;
 pub mod limits;
 pub mod record;
+pub mod recovery;
 pub mod storage;
 
 pub use error::StoreError;
