@@ -1,7 +1,8 @@
 //! Checkpoints: a group's whole index at one journal position, so restart
 //! reads the checkpoint plus only the journal after it.
 //!
-//! File `ckpt-<lsn:020>.ckpt` in the group directory, written as
+//! File `ckpt-<n:020>.ckpt` in the group directory (`n` counts the group's
+//! checkpoints; the newest has the highest), written as
 //! `ckpt.tmp` + fdatasync + rename + directory fsync:
 //!
 //! ```text
@@ -60,8 +61,9 @@ pub struct CheckpointInfo {
     pub replay: ReplayFrom,
 }
 
-pub fn checkpoint_name(lsn: u64) -> String {
-    format!("ckpt-{lsn:020}.ckpt")
+/// File name of the group's `n`-th checkpoint.
+pub fn checkpoint_name(n: u64) -> String {
+    format!("ckpt-{n:020}.ckpt")
 }
 
 pub fn parse_checkpoint_name(name: &str) -> Option<u64> {

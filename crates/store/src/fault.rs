@@ -60,6 +60,7 @@ struct State {
     syncs_until_failure: Option<u64>,
     tear_on_crash: bool,
     sync_data_calls: u64,
+    sync_latency: std::time::Duration,
 }
 
 /// The fault-injecting storage. Cheap to clone; clones share one state.
@@ -103,6 +104,7 @@ impl FaultStorage {
                 syncs_until_failure: None,
                 tear_on_crash: false,
                 sync_data_calls: 0,
+                sync_latency: std::time::Duration::ZERO,
             })),
         }
     }
@@ -149,6 +151,12 @@ impl FaultStorage {
     /// with EIO (and makes nothing durable). `None` heals the disk.
     pub fn fail_syncs_after(&self, n: Option<u64>) {
         self.state.lock().syncs_until_failure = n;
+    }
+
+    /// Makes every `sync_data` take at least `latency` (like a real disk),
+    /// so group commit has something to batch behind.
+    pub fn set_sync_latency(&self, latency: std::time::Duration) {
+        self.state.lock().sync_latency = latency;
     }
 
     /// Number of `sync_data` calls so far (successful or not).
@@ -324,6 +332,11 @@ impl StorageFile for FaultFile {
     }
 
     fn sync_data(&self) -> io::Result<()> {
+        let latency = self.state.lock().sync_latency;
+        if !latency.is_zero() {
+            // Outside the lock: other files' I/O proceeds meanwhile.
+            std::thread::sleep(latency);
+        }
         self.with(|st, id| {
             st.sync_data_calls += 1;
             match &mut st.syncs_until_failure {

@@ -22,9 +22,14 @@ pub mod limits;
 pub mod record;
 pub mod recovery;
 pub mod storage;
+mod store;
+mod writer;
 
 pub use error::StoreError;
 pub use limits::{StoreConfig, SyncMode};
+pub use recovery::DamageReport;
+pub use store::{GroupStats, Recovered, RecoveredMessage, RecoveryStats, Store, Ticket};
+pub use writer::Done;
 
 use std::fmt;
 

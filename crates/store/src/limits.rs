@@ -83,6 +83,9 @@ pub struct StoreConfig {
     /// Bytes of live records compaction copies per writer turn, so that it
     /// never holds up commits for long. Default 1 MiB.
     pub compaction_bytes_per_turn: usize,
+    /// Pause between two background compaction turns, bounding its I/O to
+    /// `compaction_bytes_per_turn` per pause. Default 10 ms.
+    pub compaction_pause_ms: u64,
     /// Period of recovery progress log lines. Default 2 000 ms.
     pub recovery_progress_interval_ms: u64,
 }
@@ -113,6 +116,7 @@ impl StoreConfig {
             segment_idle_roll_ms: 10_000,
             compaction_live_percent_max: 50,
             compaction_bytes_per_turn: 1024 * 1024,
+            compaction_pause_ms: 10,
             recovery_progress_interval_ms: 2_000,
         }
     }

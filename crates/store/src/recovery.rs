@@ -222,8 +222,10 @@ pub struct GroupRecovery {
     pub segments: BTreeMap<u32, SegFile>,
     pub next_lsn: u64,
     pub next_seq: u32,
-    /// Valid checkpoints on disk, oldest first.
-    pub checkpoints: Vec<CheckpointInfo>,
+    /// Valid checkpoints on disk (number, header), oldest first.
+    pub checkpoints: Vec<(u64, CheckpointInfo)>,
+    /// Number for the next checkpoint file.
+    pub next_checkpoint_no: u64,
     pub damage: Vec<DamageReport>,
     pub records_replayed: u64,
     pub bytes_scanned: u64,
@@ -442,8 +444,8 @@ pub fn recover_group(
     let names = storage.list(dir).map_err(io_err("list", dir))?;
     let mut seqs: Vec<u32> = names.iter().filter_map(|n| segment::parse_segment_name(n)).collect();
     seqs.sort_unstable();
-    let mut ckpt_lsns: Vec<u64> = names.iter().filter_map(|n| checkpoint::parse_checkpoint_name(n)).collect();
-    ckpt_lsns.sort_unstable();
+    let mut ckpt_nos: Vec<u64> = names.iter().filter_map(|n| checkpoint::parse_checkpoint_name(n)).collect();
+    ckpt_nos.sort_unstable();
     if names.iter().any(|n| n == CHECKPOINT_TMP_NAME) {
         let tmp = dir.join(CHECKPOINT_TMP_NAME);
         storage.remove(&tmp).map_err(io_err("remove", &tmp))?;
@@ -453,11 +455,11 @@ pub fn recover_group(
     let mut chosen: Option<(CheckpointInfo, Index)> = None;
     let mut valid_ckpts = Vec::new();
     let mut ignored = Vec::new();
-    for &lsn in ckpt_lsns.iter().rev() {
-        let path = dir.join(checkpoint::checkpoint_name(lsn));
+    for &no in ckpt_nos.iter().rev() {
+        let path = dir.join(checkpoint::checkpoint_name(no));
         match read_all(storage, &path).and_then(|b| checkpoint::decode(group, &b, &path)) {
             Ok((info, index)) => {
-                valid_ckpts.push(info);
+                valid_ckpts.push((no, info));
                 if chosen.is_none() {
                     chosen = Some((info, index));
                 }
@@ -469,6 +471,7 @@ pub fn recover_group(
         }
     }
     valid_ckpts.reverse();
+    let checkpoint_used = chosen.as_ref().map(|(info, _)| info.lsn);
     let (replay, mut index, last_lsn) = match chosen {
         Some((info, index)) => (info.replay, index, info.lsn),
         None => {
@@ -604,18 +607,16 @@ pub fn recover_group(
         segments,
         next_seq,
         checkpoints: valid_ckpts,
+        next_checkpoint_no: ckpt_nos.last().map_or(1, |n| n + 1),
         damage: scan.damage,
         records_replayed: scan.records,
         bytes_scanned,
         truncated_bytes: scan.truncated,
-        checkpoint_used: chosen_lsn(last_lsn, ckpt_lsns.is_empty()),
+        checkpoint_used,
         checkpoints_ignored: ignored,
     })
 }
 
-fn chosen_lsn(lsn: u64, none_on_disk: bool) -> Option<u64> {
-    (!none_on_disk && lsn > 0).then_some(lsn)
-}
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,536 @@
+//! The store: N log groups behind one handle. Splits requests by group,
+//! joins multi-group completions, serves reads, and opens (recovers) the
+//! whole thing in parallel.
+//!
+//! Invariants:
+//! - A queue's records all go to `group_of(queue)`; a metadata key's to
+//!   `crc32c(key) % groups`; so per-queue and per-key order is journal order.
+//! - A multi-group publish completes once, after every group it touched
+//!   completed, with the first error if any did not.
+//! - Message ids handed out by [`Store::next_msg_id`] exceed every id found
+//!   on disk (checkpoint high-water marks included), so they are unique
+//!   across restarts.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use rand::Rng;
+
+use crate::error::StoreError;
+use crate::index::payload_len;
+use crate::manifest::{self, Manifest, MANIFEST_NAME};
+use crate::record::{self, Decoded, Record};
+use crate::recovery::{self, DamageReport, GroupRecovery, Progress};
+use crate::storage::{OsStorage, Storage};
+use crate::writer::{Cmd, Done, GroupShared, Op, Writer, WriterInit};
+use crate::{group_of, MsgId, QueueId, StoreConfig};
+
+/// One message of a recovered queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecoveredMessage {
+    pub msg: MsgId,
+    /// Payload size in bytes (without store framing).
+    pub payload_len: u32,
+}
+
+/// What `Store::open` found on disk.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    /// Every metadata key with its last written value.
+    pub metadata: BTreeMap<Bytes, Bytes>,
+    /// Per queue, its live messages in id (= publish) order. A message that
+    /// survives a restart may have been delivered before it: the broker
+    /// should set `redelivered` on its first delivery.
+    pub queues: BTreeMap<QueueId, Vec<RecoveredMessage>>,
+    /// Damage found and quarantined (empty after a clean run).
+    pub damage: Vec<DamageReport>,
+    pub stats: RecoveryStats,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct RecoveryStats {
+    pub groups: u32,
+    pub records_replayed: u64,
+    pub bytes_scanned: u64,
+    pub truncated_bytes: u64,
+    pub checkpoints_used: u32,
+    pub checkpoints_ignored: Vec<PathBuf>,
+    pub duration: Duration,
+}
+
+/// Counters of one group.
+#[derive(Debug, Default, Clone)]
+pub struct GroupStats {
+    pub group: u32,
+    pub poisoned: bool,
+    pub live_messages: u64,
+    pub segments: u64,
+    pub batches: u64,
+    pub records: u64,
+    pub bytes_written: u64,
+    pub syncs: u64,
+    pub sync_us_total: u64,
+    pub gather_waits: u64,
+    pub netted_publishes: u64,
+    pub checkpoints: u64,
+    pub segments_deleted: u64,
+    pub bytes_compacted: u64,
+}
+
+struct Group {
+    tx: SyncSender<Cmd>,
+    shared: Arc<GroupShared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The durable store. `Send + Sync`; share it behind an `Arc`.
+pub struct Store {
+    groups: Vec<Group>,
+    next_msg_id: AtomicU64,
+    payload_bytes_max: u32,
+}
+
+/// A blocking completion, for callers without an async runtime (tests,
+/// tools). Async callers pass their own [`Done`] that sends on a oneshot.
+pub struct Ticket(mpsc::Receiver<Result<(), StoreError>>);
+
+impl Ticket {
+    /// A callback and the ticket it completes.
+    pub fn new() -> (Done, Ticket) {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let done: Done = Box::new(move |r| {
+            // The ticket may have been dropped: the caller stopped caring.
+            if tx.send(r).is_err() {
+                tracing::trace!("completion for a dropped ticket");
+            }
+        });
+        (done, Ticket(rx))
+    }
+
+    /// Blocks until the request completed.
+    pub fn wait(self) -> Result<(), StoreError> {
+        self.0.recv().unwrap_or(Err(StoreError::Closed))
+    }
+}
+
+/// Joins completions of one request split over several groups.
+struct Join {
+    remaining: AtomicUsize,
+    first_error: Mutex<Option<StoreError>>,
+    done: Mutex<Option<Done>>,
+}
+
+impl Join {
+    fn part(self: &Arc<Self>) -> Done {
+        let join = Arc::clone(self);
+        Box::new(move |r| {
+            if let Err(e) = r {
+                join.first_error.lock().get_or_insert(e);
+            }
+            if join.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+                let result = join.first_error.lock().take().map_or(Ok(()), Err);
+                if let Some(done) = join.done.lock().take() {
+                    done(result);
+                }
+            }
+        })
+    }
+}
+
+fn meta_group(key: &[u8], groups: u32) -> u32 {
+    crc32c::crc32c(key) % groups
+}
+
+impl Store {
+    /// Opens (creating if needed) the store on the real file system.
+    pub fn open(config: StoreConfig) -> Result<(Store, Recovered), StoreError> {
+        Self::open_with(config, Arc::new(OsStorage))
+    }
+
+    /// Opens the store through `storage` (tests pass a fault-injecting one).
+    pub fn open_with(config: StoreConfig, storage: Arc<dyn Storage>) -> Result<(Store, Recovered), StoreError> {
+        config.validate()?;
+        let started = Instant::now();
+        let group_count = open_manifests(&config, storage.as_ref())?;
+        let dirs: Vec<PathBuf> = (0..group_count)
+            .map(|g| {
+                let d = &config.data_dirs[g as usize % config.data_dirs.len()];
+                d.join(format!("group-{g:04}"))
+            })
+            .collect();
+        let progress = Progress::default();
+        let results: Vec<Result<GroupRecovery, StoreError>> = std::thread::scope(|s| {
+            let handles: Vec<_> = dirs
+                .iter()
+                .enumerate()
+                .map(|(g, dir)| {
+                    let storage = storage.as_ref();
+                    let progress = &progress;
+                    let g = u32::try_from(g).expect("validated");
+                    std::thread::Builder::new()
+                        .name(format!("berth-recover-{g}"))
+                        .spawn_scoped(s, move || recovery::recover_group(storage, g, dir, progress))
+                        .expect("spawn recovery thread")
+                })
+                .collect();
+            let interval = Duration::from_millis(config.recovery_progress_interval_ms.max(1));
+            let mut next_log = Instant::now() + interval;
+            while handles.iter().any(|h| !h.is_finished()) {
+                std::thread::sleep(Duration::from_millis(5).min(interval));
+                if Instant::now() >= next_log {
+                    log_progress(&progress, started, group_count);
+                    next_log += interval;
+                }
+            }
+            handles.into_iter().map(|h| h.join().expect("recovery thread panicked")).collect()
+        });
+
+        let mut recovered = Recovered::default();
+        let mut groups = Vec::with_capacity(results.len());
+        let mut msg_id_hw = 0u64;
+        let mut per_group = Vec::new();
+        for r in results {
+            per_group.push(r?);
+        }
+        for (g, rec) in per_group.into_iter().enumerate() {
+            let g = u32::try_from(g).expect("validated");
+            msg_id_hw = msg_id_hw.max(rec.index.msg_id_hw);
+            for (k, v) in &rec.index.meta {
+                recovered.metadata.insert(Bytes::copy_from_slice(k), Bytes::copy_from_slice(v));
+            }
+            for m in rec.index.iter_live() {
+                let len = payload_len(m.loc.len, m.queues.len());
+                for q in &m.queues {
+                    recovered.queues.entry(*q).or_default().push(RecoveredMessage { msg: m.msg, payload_len: len });
+                }
+            }
+            let st = &mut recovered.stats;
+            st.records_replayed += rec.records_replayed;
+            st.bytes_scanned += rec.bytes_scanned;
+            st.truncated_bytes += rec.truncated_bytes;
+            st.checkpoints_used += u32::from(rec.checkpoint_used.is_some());
+            st.checkpoints_ignored.extend(rec.checkpoints_ignored.iter().cloned());
+            recovered.damage.extend(rec.damage.iter().cloned());
+            let (tx, rx) = mpsc::sync_channel(config.channel_requests_max);
+            let init = WriterInit {
+                files: rec.segments.into_iter().map(|(s, f)| (s, (f.file, f.len))).collect(),
+                index: rec.index,
+                next_seq: rec.next_seq,
+                next_lsn: rec.next_lsn,
+                checkpoints: rec.checkpoints,
+                next_checkpoint_no: rec.next_checkpoint_no,
+            };
+            let (writer, shared) = Writer::new(g, dirs[g as usize].clone(), Arc::clone(&storage), config.clone(), rx, init);
+            let thread = std::thread::Builder::new()
+                .name(format!("berth-group-{g}"))
+                .spawn(move || writer.run())
+                .map_err(|e| StoreError::io("spawn writer thread", &dirs[g as usize], e))?;
+            groups.push(Group { tx, shared, thread: Some(thread) });
+        }
+        for msgs in recovered.queues.values_mut() {
+            msgs.sort_unstable_by_key(|m| m.msg);
+        }
+        recovered.stats.groups = group_count;
+        recovered.stats.duration = started.elapsed();
+        tracing::info!(groups = group_count, records = recovered.stats.records_replayed,
+            bytes = recovered.stats.bytes_scanned, queues = recovered.queues.len(),
+            damaged_ranges = recovered.damage.len(), ms = recovered.stats.duration.as_millis(),
+            "store recovered");
+        Ok((
+            Store { groups, next_msg_id: AtomicU64::new(msg_id_hw + 1), payload_bytes_max: config.payload_bytes_max },
+            recovered,
+        ))
+    }
+
+    /// Number of log groups (fixed at creation).
+    pub fn group_count(&self) -> u32 {
+        u32::try_from(self.groups.len()).expect("validated")
+    }
+
+    /// The group holding `queue`.
+    pub fn group_of(&self, queue: QueueId) -> u32 {
+        group_of(queue, self.group_count())
+    }
+
+    /// A fresh message id, never used before in this store.
+    pub fn next_msg_id(&self) -> MsgId {
+        MsgId(self.next_msg_id.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn send(&self, group: u32, op: Op, done: Done) {
+        let g = &self.groups[group as usize];
+        if let Some(e) = g.shared.poison_error() {
+            done(Err(e));
+            return;
+        }
+        if let Err(mpsc::SendError(Cmd::Write { done, .. })) = g.tx.send(Cmd::Write { op, done }) {
+            done(Err(StoreError::Closed));
+        }
+    }
+
+    /// Stores `payload` as message `msg` in `queues`. The payload is written
+    /// once per group among the queues' groups. `done` runs once every group
+    /// completed (see docs/DURABILITY.md for what that means per sync mode).
+    /// Blocks while a group's channel is full (back-pressure).
+    pub fn publish(&self, msg: MsgId, queues: &[QueueId], payload: Bytes, done: Done) {
+        if queues.is_empty() || queues.iter().any(|q| q.0 == u64::MAX) {
+            done(Err(StoreError::Invalid("publish needs queues other than u64::MAX".into())));
+            return;
+        }
+        if payload.len() > self.payload_bytes_max as usize {
+            done(Err(StoreError::Invalid(format!(
+                "payload of {} bytes exceeds payload_bytes_max = {}",
+                payload.len(),
+                self.payload_bytes_max
+            ))));
+            return;
+        }
+        let mut by_group: BTreeMap<u32, Vec<QueueId>> = BTreeMap::new();
+        for q in queues {
+            by_group.entry(self.group_of(*q)).or_default().push(*q);
+        }
+        if by_group.len() == 1 {
+            let (g, qs) = by_group.pop_first().expect("one");
+            self.send(g, Op::Publish { msg, queues: qs, payload }, done);
+            return;
+        }
+        let join = Arc::new(Join {
+            remaining: AtomicUsize::new(by_group.len()),
+            first_error: Mutex::new(None),
+            done: Mutex::new(Some(done)),
+        });
+        for (g, qs) in by_group {
+            self.send(g, Op::Publish { msg, queues: qs, payload: payload.clone() }, join.part());
+        }
+    }
+
+    /// Removes (acknowledges) `msgs` from `queue`. Removing a message the
+    /// queue does not hold is a no-op.
+    pub fn remove(&self, queue: QueueId, msgs: &[MsgId], done: Done) {
+        self.send(self.group_of(queue), Op::Remove { queue, msgs: msgs.to_vec() }, done);
+    }
+
+    /// Removes every message `queue` holds (queue.purge, queue.delete).
+    pub fn purge(&self, queue: QueueId, done: Done) {
+        self.send(self.group_of(queue), Op::Purge { queue }, done);
+    }
+
+    /// Sets a metadata key (last write wins).
+    pub fn put_meta(&self, key: Bytes, value: Bytes, done: Done) {
+        let g = meta_group(&key, self.group_count());
+        self.send(g, Op::MetaPut { key, value }, done);
+    }
+
+    /// Deletes a metadata key.
+    pub fn delete_meta(&self, key: Bytes, done: Done) {
+        let g = meta_group(&key, self.group_count());
+        self.send(g, Op::MetaDelete { key }, done);
+    }
+
+    /// Completes once everything requested before is fdatasync'ed in every
+    /// group, whatever the sync mode (e.g. for `tx.commit` under `interval`).
+    pub fn flush(&self, done: Done) {
+        let join = Arc::new(Join {
+            remaining: AtomicUsize::new(self.groups.len()),
+            first_error: Mutex::new(None),
+            done: Mutex::new(Some(done)),
+        });
+        for g in 0..self.group_count() {
+            self.send(g, Op::Flush, join.part());
+        }
+    }
+
+    /// Reads message `msg` of `queue` back from disk (pread; the page cache
+    /// does the caching). Valid once the publish was written (its
+    /// completion ran).
+    pub fn read(&self, queue: QueueId, msg: MsgId) -> Result<Bytes, StoreError> {
+        let group = &self.groups[self.group_of(queue) as usize];
+        let (file, loc) = {
+            let inner = group.shared.inner.lock();
+            let loc = inner.index.locate(queue, msg).ok_or(StoreError::NotFound { queue: queue.0, msg: msg.0 })?;
+            let file = inner.files.get(&loc.seg).cloned().ok_or(StoreError::NotFound { queue: queue.0, msg: msg.0 })?;
+            (file, loc)
+        };
+        let path = crate::segment::segment_path(&group.shared.dir, loc.seg);
+        let mut buf = vec![0u8; loc.len as usize];
+        file.read_exact_at(&mut buf, u64::from(loc.offset)).map_err(|e| StoreError::io("read", &path, e))?;
+        let range = match record::decode(&buf) {
+            Decoded::Record { record: Record::Publish { msg: m, payload, .. } | Record::Relocate { msg: m, payload, .. }, .. }
+                if m == msg =>
+            {
+                let start = payload.as_ptr() as usize - buf.as_ptr() as usize;
+                start..start + payload.len()
+            }
+            other => {
+                return Err(StoreError::Corrupt {
+                    path,
+                    offset: u64::from(loc.offset),
+                    reason: format!("record of {msg} does not verify: {other:?}"),
+                })
+            }
+        };
+        Ok(Bytes::from(buf).slice(range))
+    }
+
+    fn all_groups(&self, make: impl Fn(Done) -> Cmd) -> Result<(), StoreError> {
+        let tickets: Vec<Ticket> = self
+            .groups
+            .iter()
+            .map(|g| {
+                let (done, ticket) = Ticket::new();
+                if let Err(mpsc::SendError(cmd)) = g.tx.send(make(done)) {
+                    drop(cmd);
+                }
+                ticket
+            })
+            .collect();
+        let mut result = Ok(());
+        for t in tickets {
+            if let Err(e) = t.wait() {
+                result = result.and(Err(e));
+            }
+        }
+        result
+    }
+
+    /// Writes a checkpoint of every group now (blocking).
+    pub fn checkpoint(&self) -> Result<(), StoreError> {
+        self.all_groups(|done| Cmd::Checkpoint { done })
+    }
+
+    /// Compacts every eligible segment now (blocking; normally this runs in
+    /// the background with bounded I/O).
+    pub fn compact(&self) -> Result<(), StoreError> {
+        self.all_groups(|done| Cmd::Compact { done })
+    }
+
+    /// Per-group counters.
+    pub fn stats(&self) -> Vec<GroupStats> {
+        self.groups
+            .iter()
+            .map(|g| {
+                let c = &g.shared.counters;
+                let inner = g.shared.inner.lock();
+                GroupStats {
+                    group: g.shared.group,
+                    poisoned: g.shared.poisoned.lock().is_some(),
+                    live_messages: inner.index.live_messages() as u64,
+                    segments: inner.files.len() as u64,
+                    batches: c.batches.load(Ordering::Relaxed),
+                    records: c.records.load(Ordering::Relaxed),
+                    bytes_written: c.bytes_written.load(Ordering::Relaxed),
+                    syncs: c.syncs.load(Ordering::Relaxed),
+                    sync_us_total: c.sync_us_total.load(Ordering::Relaxed),
+                    gather_waits: c.gather_waits.load(Ordering::Relaxed),
+                    netted_publishes: c.netted_publishes.load(Ordering::Relaxed),
+                    checkpoints: c.checkpoints.load(Ordering::Relaxed),
+                    segments_deleted: c.segments_deleted.load(Ordering::Relaxed),
+                    bytes_compacted: c.bytes_compacted.load(Ordering::Relaxed),
+                }
+            })
+            .collect()
+    }
+
+    /// Clean shutdown: every group writes what it has, syncs, checkpoints
+    /// and stops. Returns the first error.
+    pub fn close(mut self) -> Result<(), StoreError> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Result<(), StoreError> {
+        let mut tickets = Vec::new();
+        for g in &self.groups {
+            let (done, ticket) = Ticket::new();
+            if g.tx.send(Cmd::Shutdown { done: Some(done) }).is_ok() {
+                tickets.push(ticket);
+            }
+        }
+        let mut result = Ok(());
+        for t in tickets {
+            if let Err(e) = t.wait() {
+                result = result.and(Err(e));
+            }
+        }
+        for g in &mut self.groups {
+            if let Some(t) = g.thread.take() {
+                if t.join().is_err() {
+                    tracing::error!(group = g.shared.group, "writer thread panicked");
+                }
+            }
+        }
+        result
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            tracing::error!(error = %e, "store shutdown on drop failed");
+        }
+    }
+}
+
+fn log_progress(p: &Progress, started: Instant, groups: u32) {
+    let done = p.bytes_done.load(Ordering::Relaxed);
+    let total = p.bytes_total.load(Ordering::Relaxed).max(1);
+    let elapsed = started.elapsed().as_secs_f64();
+    #[allow(clippy::cast_precision_loss)]
+    let eta_s = if done == 0 { f64::NAN } else { elapsed * (total - done.min(total)) as f64 / done as f64 };
+    tracing::info!(groups, bytes_done = done, bytes_total = total, records = p.records.load(Ordering::Relaxed),
+        eta_s = format!("{eta_s:.1}"), "recovering store");
+}
+
+/// Reads or creates the manifests; returns the group count.
+fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<u32, StoreError> {
+    let dir_count = u32::try_from(config.data_dirs.len()).map_err(|_| StoreError::Config("too many data_dirs".into()))?;
+    let mut found: Vec<Option<Manifest>> = Vec::new();
+    for dir in &config.data_dirs {
+        storage.create_dir_all(dir).map_err(|e| StoreError::io("create dir", dir, e))?;
+        let names = storage.list(dir).map_err(|e| StoreError::io("list", dir, e))?;
+        if names.iter().any(|n| n == MANIFEST_NAME) {
+            let path = dir.join(MANIFEST_NAME);
+            let bytes = manifest::read_all(storage, &path)?;
+            found.push(Some(Manifest::decode(&bytes, &path)?));
+        } else {
+            found.push(None);
+        }
+    }
+    let existing: Vec<&Manifest> = found.iter().flatten().collect();
+    let Some(first) = existing.first() else {
+        let store_id: u64 = rand::rng().random();
+        for (i, dir) in config.data_dirs.iter().enumerate() {
+            let m = Manifest {
+                group_count: config.log_groups,
+                dir_count,
+                dir_index: u32::try_from(i).expect("checked"),
+                store_id,
+            };
+            manifest::write_atomically(storage, dir, MANIFEST_NAME, &m.encode())?;
+        }
+        tracing::info!(groups = config.log_groups, dirs = dir_count, "created new store");
+        return Ok(config.log_groups);
+    };
+    for (i, (m, dir)) in found.iter().zip(&config.data_dirs).enumerate() {
+        let ok = m.is_some_and(|m| {
+            m.store_id == first.store_id && m.dir_count == dir_count && m.dir_index as usize == i && m.group_count == first.group_count
+        });
+        if !ok {
+            return Err(StoreError::Config(format!(
+                "{} does not hold data directory {i} of {dir_count} of this store (manifest: {m:?})",
+                dir.display()
+            )));
+        }
+    }
+    if first.group_count != config.log_groups {
+        tracing::warn!(configured = config.log_groups, on_disk = first.group_count,
+            "log_groups differs from the store's manifest; keeping the manifest's (queue placement depends on it)");
+    }
+    Ok(first.group_count)
+}

@@ -1,0 +1,759 @@
+//! The group writer: one dedicated thread per log group that turns requests
+//! into journal records with adaptive group commit, and keeps the group's
+//! space in check (segment roll, checkpoints, deletion, compaction).
+//!
+//! Invariants:
+//! - Only this thread writes the group's files and mutates its index, so
+//!   journal order is the order of [`Index::apply`] calls.
+//! - A request's completion runs after its batch was written, and — in
+//!   `SyncMode::Always`, or for a `Flush` — after a successful fdatasync
+//!   covering it. Every completion runs exactly once.
+//! - A failed write or fdatasync poisons the group: the batch fails, every
+//!   later request fails, and nothing reports success that was not synced.
+//! - A lone committer never waits: the gathering pause is taken only when
+//!   several requests met in recent batches, and never exceeds
+//!   `commit_delay_us_max`.
+//! - A segment is sealed (fdatasync'ed) before the next one is created, and
+//!   deleted only when it holds no live message and lies wholly before the
+//!   replay position of both retained checkpoints.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+use crate::checkpoint::{self, CheckpointInfo, ReplayFrom, CHECKPOINT_TMP_NAME};
+use crate::error::StoreError;
+use crate::index::{Index, Loc};
+use crate::limits::{StoreConfig, SyncMode};
+use crate::record::{self, Decoded, Record};
+use crate::segment::{self, SEGMENT_HEADER_BYTES};
+use crate::storage::{Storage, StorageFile};
+use crate::{MsgId, QueueId};
+
+/// A completion callback. Runs on the writer thread: keep it short (send on
+/// a channel, wake a task).
+pub type Done = Box<dyn FnOnce(Result<(), StoreError>) + Send + 'static>;
+
+/// A request to a group.
+pub(crate) enum Op {
+    Publish { msg: MsgId, queues: Vec<QueueId>, payload: Bytes },
+    Remove { queue: QueueId, msgs: Vec<MsgId> },
+    MetaPut { key: Bytes, value: Bytes },
+    MetaDelete { key: Bytes },
+    Purge { queue: QueueId },
+    /// Completes once everything before it is fdatasync'ed, in any mode.
+    Flush,
+}
+
+impl Op {
+    fn record(&self) -> Option<Record<'_>> {
+        Some(match self {
+            Op::Publish { queues, .. } if queues.is_empty() => return None,
+            Op::Publish { msg, queues, payload } => Record::Publish {
+                msg: *msg,
+                queues: queues.as_slice().into(),
+                payload,
+            },
+            Op::Remove { msgs, .. } if msgs.is_empty() => return None,
+            Op::Remove { queue, msgs } => Record::Remove { queue: *queue, msgs: msgs.as_slice().into() },
+            Op::MetaPut { key, value } => Record::MetaPut { key, value },
+            Op::MetaDelete { key } => Record::MetaDelete { key },
+            Op::Purge { queue } => Record::Purge { queue: *queue },
+            Op::Flush => return None,
+        })
+    }
+
+    fn size_hint(&self) -> usize {
+        match self {
+            Op::Publish { payload, queues, .. } => payload.len() + 8 * queues.len() + 32,
+            Op::Remove { msgs, .. } => 8 * msgs.len() + 32,
+            Op::MetaPut { key, value } => key.len() + value.len() + 32,
+            Op::MetaDelete { key } => key.len() + 32,
+            Op::Purge { .. } | Op::Flush => 32,
+        }
+    }
+}
+
+pub(crate) enum Cmd {
+    Write { op: Op, done: Done },
+    Checkpoint { done: Done },
+    /// Compacts every eligible segment now, unbounded (tests, operator tool).
+    Compact { done: Done },
+    Shutdown { done: Option<Done> },
+}
+
+/// Counters of one group, readable at any time.
+#[derive(Default)]
+pub struct GroupCounters {
+    pub batches: AtomicU64,
+    pub records: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub syncs: AtomicU64,
+    pub sync_us_total: AtomicU64,
+    pub gather_waits: AtomicU64,
+    pub netted_publishes: AtomicU64,
+    pub checkpoints: AtomicU64,
+    pub segments_deleted: AtomicU64,
+    pub bytes_compacted: AtomicU64,
+}
+
+/// What readers share with the writer.
+pub(crate) struct Shared {
+    pub index: Index,
+    pub files: BTreeMap<u32, Arc<dyn StorageFile>>,
+}
+
+pub(crate) struct GroupShared {
+    pub group: u32,
+    pub dir: PathBuf,
+    pub inner: Mutex<Shared>,
+    pub poisoned: Mutex<Option<Arc<StoreError>>>,
+    pub counters: GroupCounters,
+}
+
+impl GroupShared {
+    pub fn poison_error(&self) -> Option<StoreError> {
+        self.poisoned.lock().as_ref().map(|cause| StoreError::Poisoned {
+            group: self.group,
+            cause: Arc::clone(cause),
+        })
+    }
+}
+
+struct Active {
+    seq: u32,
+    file: Arc<dyn StorageFile>,
+    /// Bytes written to the file.
+    len: u64,
+}
+
+pub(crate) struct Writer {
+    shared: Arc<GroupShared>,
+    storage: Arc<dyn Storage>,
+    cfg: StoreConfig,
+    rx: Receiver<Cmd>,
+    active: Option<Active>,
+    /// Lengths of sealed segments.
+    sealed: BTreeMap<u32, u64>,
+    next_seq: u32,
+    next_lsn: u64,
+    /// Encoded bytes not yet written to `active`.
+    buf: Vec<u8>,
+    /// Written since the last fdatasync of `active`.
+    dirty: bool,
+    last_sync: Instant,
+    last_write: Instant,
+    last_checkpoint: Instant,
+    journal_bytes_since_checkpoint: u64,
+    /// Retained checkpoints (number, header), oldest first.
+    checkpoints: Vec<(u64, CheckpointInfo)>,
+    next_checkpoint_no: u64,
+    /// Smoothed requests per batch: the committers we expect to meet.
+    committers_ewma: f64,
+    /// Smoothed fdatasync duration.
+    sync_us_ewma: f64,
+    last_compaction: Instant,
+}
+
+pub(crate) struct WriterInit {
+    pub index: Index,
+    pub files: BTreeMap<u32, (Arc<dyn StorageFile>, u64)>,
+    pub next_seq: u32,
+    pub next_lsn: u64,
+    pub checkpoints: Vec<(u64, CheckpointInfo)>,
+    pub next_checkpoint_no: u64,
+}
+
+impl Writer {
+    pub fn new(
+        group: u32,
+        dir: PathBuf,
+        storage: Arc<dyn Storage>,
+        cfg: StoreConfig,
+        rx: Receiver<Cmd>,
+        init: WriterInit,
+    ) -> (Self, Arc<GroupShared>) {
+        let sealed = init.files.iter().map(|(s, (_, len))| (*s, *len)).collect();
+        let files = init.files.into_iter().map(|(s, (f, _))| (s, f)).collect();
+        let shared = Arc::new(GroupShared {
+            group,
+            dir,
+            inner: Mutex::new(Shared { index: init.index, files }),
+            poisoned: Mutex::new(None),
+            counters: GroupCounters::default(),
+        });
+        let now = Instant::now();
+        let w = Writer {
+            shared: Arc::clone(&shared),
+            storage,
+            cfg,
+            rx,
+            active: None,
+            sealed,
+            next_seq: init.next_seq,
+            next_lsn: init.next_lsn,
+            buf: Vec::new(),
+            dirty: false,
+            last_sync: now,
+            last_write: now,
+            last_checkpoint: now,
+            journal_bytes_since_checkpoint: 0,
+            checkpoints: init.checkpoints,
+            next_checkpoint_no: init.next_checkpoint_no,
+            committers_ewma: 1.0,
+            sync_us_ewma: 0.0,
+            last_compaction: now,
+        };
+        (w, shared)
+    }
+
+    fn group(&self) -> u32 {
+        self.shared.group
+    }
+
+    fn err(&self, op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> StoreError {
+        let path = path.into();
+        move |e| StoreError::io(op, path, e)
+    }
+
+    /// The writer thread's body.
+    pub fn run(mut self) {
+        let mut batch: Vec<Cmd> = Vec::new();
+        loop {
+            let first = match self.next_deadline() {
+                None => self.rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                Some(at) => self.rx.recv_timeout(at.saturating_duration_since(Instant::now())),
+            };
+            let mut disconnected = false;
+            match first {
+                Ok(cmd) => batch.push(cmd),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => disconnected = true,
+            }
+            if !batch.is_empty() {
+                disconnected |= self.drain(&mut batch);
+                self.gather(&mut batch);
+            }
+            let mut shutdown: Option<Option<Done>> = disconnected.then_some(None);
+            let mut writes = Vec::new();
+            let mut controls = Vec::new();
+            for cmd in batch.drain(..) {
+                match cmd {
+                    Cmd::Write { op, done } => writes.push((op, done)),
+                    Cmd::Shutdown { done } => shutdown = Some(done),
+                    other => controls.push(other),
+                }
+            }
+            if !writes.is_empty() {
+                self.commit(writes);
+            }
+            for c in controls {
+                self.control(c);
+            }
+            if let Some(done) = shutdown {
+                let result = self.close();
+                if let Some(done) = done {
+                    done(result);
+                }
+                return;
+            }
+            self.housekeeping();
+        }
+    }
+
+    /// Takes everything already queued, up to `batch_bytes_max`. Returns
+    /// whether the channel is disconnected.
+    fn drain(&mut self, batch: &mut Vec<Cmd>) -> bool {
+        let mut bytes: usize = batch.iter().map(cmd_size).sum();
+        while bytes < self.cfg.batch_bytes_max {
+            match self.rx.try_recv() {
+                Ok(cmd) => {
+                    bytes += cmd_size(&cmd);
+                    batch.push(cmd);
+                }
+                Err(TryRecvError::Empty) => return false,
+                Err(TryRecvError::Disconnected) => return true,
+            }
+        }
+        false
+    }
+
+    /// Adaptive group commit: when several committers have been meeting in
+    /// batches, wait (at most `commit_delay_us_max`, and at most about one
+    /// fsync) for as many as usually come. A lone committer never waits.
+    fn gather(&mut self, batch: &mut Vec<Cmd>) {
+        let writes = batch.iter().filter(|c| matches!(c, Cmd::Write { .. })).count();
+        let expected = self.committers_ewma.round();
+        if self.cfg.sync != SyncMode::Always || self.cfg.commit_delay_us_max == 0 || expected < 2.0 {
+            return;
+        }
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let expected = expected as usize;
+        if writes >= expected || writes == 0 {
+            return;
+        }
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let delay_us = self.cfg.commit_delay_us_max.min(self.sync_us_ewma as u64);
+        let deadline = Instant::now() + Duration::from_micros(delay_us);
+        let mut got = writes;
+        let mut bytes: usize = batch.iter().map(cmd_size).sum();
+        self.shared.counters.gather_waits.fetch_add(1, Ordering::Relaxed);
+        while got < expected && bytes < self.cfg.batch_bytes_max {
+            match self.rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(cmd) => {
+                    if matches!(cmd, Cmd::Write { .. }) {
+                        got += 1;
+                    }
+                    bytes += cmd_size(&cmd);
+                    batch.push(cmd);
+                }
+                Err(_) => break,
+            }
+        }
+    }
+
+    fn commit(&mut self, mut writes: Vec<(Op, Done)>) {
+        #[allow(clippy::cast_precision_loss)]
+        let n = writes.len() as f64;
+        self.committers_ewma = 0.75 * self.committers_ewma + 0.25 * n;
+        if let Some(e) = self.shared.poison_error() {
+            for (_, done) in writes {
+                done(Err(e.clone()));
+            }
+            return;
+        }
+        net_out(&mut writes, &self.shared.counters);
+        let force_sync = writes.iter().any(|(op, _)| matches!(op, Op::Flush));
+        match self.append(&writes, force_sync) {
+            Ok(()) => {
+                for (_, done) in writes {
+                    done(Ok(()));
+                }
+            }
+            Err(e) => {
+                let e = self.poison(e);
+                for (_, done) in writes {
+                    done(Err(e.clone()));
+                }
+            }
+        }
+    }
+
+    /// Encodes, writes, applies and (per mode) syncs a batch.
+    fn append(&mut self, writes: &[(Op, Done)], force_sync: bool) -> Result<(), StoreError> {
+        let mut placed: Vec<(usize, Loc)> = Vec::with_capacity(writes.len());
+        for (i, (op, _)) in writes.iter().enumerate() {
+            if let Some(rec) = op.record() {
+                let loc = self.encode(&rec)?;
+                placed.push((i, loc));
+            }
+        }
+        self.write_buf()?;
+        {
+            let mut inner = self.shared.inner.lock();
+            for &(i, loc) in &placed {
+                let rec = writes[i].0.record().expect("placed records exist");
+                inner.index.apply(&rec, loc);
+            }
+        }
+        let c = &self.shared.counters;
+        c.batches.fetch_add(1, Ordering::Relaxed);
+        c.records.fetch_add(placed.len() as u64, Ordering::Relaxed);
+        let due = match self.cfg.sync {
+            SyncMode::Always => true,
+            SyncMode::Interval => self.last_sync.elapsed() >= Duration::from_millis(self.cfg.sync_interval_ms),
+            SyncMode::Never => false,
+        };
+        if due || force_sync {
+            self.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Encodes one record into `buf`, rolling the segment if needed.
+    fn encode(&mut self, rec: &Record<'_>) -> Result<Loc, StoreError> {
+        let len = rec.encoded_len() as u64;
+        if let Some(a) = &self.active {
+            let cur = a.len + self.buf.len() as u64;
+            if cur + len > self.cfg.segment_size_bytes && cur > SEGMENT_HEADER_BYTES as u64 {
+                self.write_buf()?;
+                self.seal()?;
+            }
+        }
+        if self.active.is_none() {
+            self.open_segment()?;
+        }
+        let a = self.active.as_ref().expect("opened");
+        let loc = Loc {
+            seg: a.seq,
+            offset: u32::try_from(a.len + self.buf.len() as u64).expect("segment_size_bytes < 4 GiB"),
+            len: u32::try_from(len).expect("record < 4 GiB"),
+        };
+        let lsn = self.next_lsn;
+        self.next_lsn += 1;
+        record::encode(lsn, rec, &mut self.buf);
+        Ok(loc)
+    }
+
+    fn open_segment(&mut self) -> Result<(), StoreError> {
+        let seq = self.next_seq;
+        let path = segment::segment_path(&self.shared.dir, seq);
+        let file = self.storage.create(&path).map_err(self.err("create", &path))?;
+        // The entry must be durable before any record in it is completed.
+        self.storage.sync_dir(&self.shared.dir).map_err(self.err("fsync dir", &self.shared.dir))?;
+        self.next_seq += 1;
+        self.buf.extend_from_slice(&segment::encode_header(self.group(), seq));
+        self.shared.inner.lock().files.insert(seq, Arc::clone(&file));
+        self.active = Some(Active { seq, file, len: 0 });
+        tracing::debug!(group = self.group(), seq, "segment opened");
+        Ok(())
+    }
+
+    fn write_buf(&mut self) -> Result<(), StoreError> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let a = self.active.as_mut().expect("buffered bytes belong to a segment");
+        let path = segment::segment_path(&self.shared.dir, a.seq);
+        a.file.write_all_at(&self.buf, a.len).map_err(|e| StoreError::io("write", path, e))?;
+        a.len += self.buf.len() as u64;
+        self.journal_bytes_since_checkpoint += self.buf.len() as u64;
+        self.shared.counters.bytes_written.fetch_add(self.buf.len() as u64, Ordering::Relaxed);
+        self.buf.clear();
+        self.dirty = true;
+        self.last_write = Instant::now();
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<(), StoreError> {
+        let Some(a) = &self.active else { return Ok(()) };
+        if !self.dirty {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let path = segment::segment_path(&self.shared.dir, a.seq);
+        a.file.sync_data().map_err(|e| StoreError::io("fdatasync", path, e))?;
+        let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        #[allow(clippy::cast_precision_loss)]
+        {
+            self.sync_us_ewma = 0.8 * self.sync_us_ewma + 0.2 * us as f64;
+        }
+        let c = &self.shared.counters;
+        c.syncs.fetch_add(1, Ordering::Relaxed);
+        c.sync_us_total.fetch_add(us, Ordering::Relaxed);
+        self.dirty = false;
+        self.last_sync = Instant::now();
+        Ok(())
+    }
+
+    /// fdatasyncs and closes the active segment; the next write opens a new one.
+    fn seal(&mut self) -> Result<(), StoreError> {
+        self.write_buf()?;
+        self.sync()?;
+        if let Some(a) = self.active.take() {
+            tracing::debug!(group = self.group(), seq = a.seq, bytes = a.len, "segment sealed");
+            self.sealed.insert(a.seq, a.len);
+        }
+        Ok(())
+    }
+
+    fn poison(&mut self, cause: StoreError) -> StoreError {
+        tracing::error!(group = self.group(), error = %cause,
+            "log group poisoned: refusing writes until the store is reopened");
+        let cause = Arc::new(cause);
+        *self.shared.poisoned.lock() = Some(Arc::clone(&cause));
+        // Nothing buffered may be written after the failure.
+        self.buf.clear();
+        StoreError::Poisoned { group: self.group(), cause }
+    }
+
+    fn control(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Checkpoint { done } => done(self.checkpoint()),
+            Cmd::Compact { done } => {
+                let mut result = Ok(());
+                while result.is_ok() && self.compaction_candidate().is_some() {
+                    result = self.compact_step(usize::MAX);
+                }
+                done(result);
+            }
+            Cmd::Write { .. } | Cmd::Shutdown { .. } => unreachable!("handled by run"),
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        if self.shared.poisoned.lock().is_some() {
+            return None;
+        }
+        let mut at: Option<Instant> = None;
+        let mut consider = |t: Instant| at = Some(at.map_or(t, |a| a.min(t)));
+        if self.dirty && self.cfg.sync == SyncMode::Interval {
+            consider(self.last_sync + Duration::from_millis(self.cfg.sync_interval_ms));
+        }
+        if self.active.as_ref().is_some_and(|a| a.len > SEGMENT_HEADER_BYTES as u64) {
+            consider(self.last_write + Duration::from_millis(self.cfg.segment_idle_roll_ms));
+        }
+        if self.checkpoint_wanted() {
+            consider(self.last_checkpoint + Duration::from_millis(self.cfg.checkpoint_interval_ms));
+        }
+        if self.compaction_candidate().is_some() {
+            consider(self.last_compaction + Duration::from_millis(self.cfg.compaction_pause_ms));
+        }
+        at
+    }
+
+    /// The replay position a checkpoint taken now would record.
+    fn position(&self) -> ReplayFrom {
+        match &self.active {
+            Some(a) => ReplayFrom { seg: a.seq, offset: a.len + self.buf.len() as u64 },
+            None => ReplayFrom { seg: self.next_seq, offset: SEGMENT_HEADER_BYTES as u64 },
+        }
+    }
+
+    /// Whether a checkpoint now would move the oldest retained one forward.
+    fn checkpoint_wanted(&self) -> bool {
+        self.checkpoints.len() < 2 && self.next_lsn > 1
+            || self.checkpoints.first().is_some_and(|(_, c)| c.replay != self.position())
+    }
+
+    fn housekeeping(&mut self) {
+        if self.shared.poisoned.lock().is_some() {
+            return;
+        }
+        let now = Instant::now();
+        let result = (|| {
+            if self.dirty
+                && self.cfg.sync == SyncMode::Interval
+                && now >= self.last_sync + Duration::from_millis(self.cfg.sync_interval_ms)
+            {
+                self.sync()?;
+            }
+            if self.active.as_ref().is_some_and(|a| a.len > SEGMENT_HEADER_BYTES as u64)
+                && now >= self.last_write + Duration::from_millis(self.cfg.segment_idle_roll_ms)
+            {
+                self.seal()?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            self.poison(e);
+            return;
+        }
+        let ckpt_due = self.journal_bytes_since_checkpoint >= self.cfg.checkpoint_journal_bytes
+            || (self.checkpoint_wanted()
+                && now >= self.last_checkpoint + Duration::from_millis(self.cfg.checkpoint_interval_ms));
+        if ckpt_due {
+            if let Err(e) = self.checkpoint() {
+                tracing::error!(group = self.group(), error = %e, "checkpoint failed; will retry");
+                self.last_checkpoint = now;
+            }
+        }
+        if self.compaction_candidate().is_some()
+            && now >= self.last_compaction + Duration::from_millis(self.cfg.compaction_pause_ms)
+        {
+            if let Err(e) = self.compact_step(self.cfg.compaction_bytes_per_turn) {
+                tracing::error!(group = self.group(), error = %e, "compaction failed");
+            }
+            self.last_compaction = Instant::now();
+        }
+    }
+
+    /// Writes a checkpoint of the whole index at the current position, then
+    /// deletes what it makes unnecessary.
+    fn checkpoint(&mut self) -> Result<(), StoreError> {
+        if let Some(e) = self.shared.poison_error() {
+            return Err(e);
+        }
+        // The journal the checkpoint points into must be durable first.
+        if let Err(e) = self.write_buf().and_then(|()| self.sync()) {
+            return Err(self.poison(e));
+        }
+        let info = CheckpointInfo { lsn: self.next_lsn - 1, replay: self.position() };
+        let bytes = {
+            let inner = self.shared.inner.lock();
+            checkpoint::encode(self.group(), info, &inner.index)
+        };
+        let dir = self.shared.dir.clone();
+        let tmp = dir.join(CHECKPOINT_TMP_NAME);
+        let no = self.next_checkpoint_no;
+        let dst = dir.join(checkpoint::checkpoint_name(no));
+        let f = self.storage.create(&tmp).map_err(self.err("create", &tmp))?;
+        f.write_all_at(&bytes, 0).map_err(self.err("write", &tmp))?;
+        f.sync_data().map_err(self.err("fdatasync", &tmp))?;
+        self.storage.rename(&tmp, &dst).map_err(self.err("rename", &tmp))?;
+        self.storage.sync_dir(&dir).map_err(self.err("fsync dir", &dir))?;
+        self.next_checkpoint_no += 1;
+        self.checkpoints.push((no, info));
+        self.last_checkpoint = Instant::now();
+        self.journal_bytes_since_checkpoint = 0;
+        self.shared.counters.checkpoints.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(group = self.group(), no, lsn = info.lsn, bytes = bytes.len(), "checkpoint written");
+        while self.checkpoints.len() > 2 {
+            let (old, _) = self.checkpoints.remove(0);
+            let path = dir.join(checkpoint::checkpoint_name(old));
+            if let Err(e) = self.storage.remove(&path) {
+                tracing::warn!(group = self.group(), file = %path.display(), error = %e, "could not remove old checkpoint");
+            }
+        }
+        self.delete_dead_segments();
+        Ok(())
+    }
+
+    fn delete_dead_segments(&mut self) {
+        if self.checkpoints.len() < 2 {
+            return;
+        }
+        let horizon = self.checkpoints.iter().map(|(_, c)| c.replay.seg).min().expect("two checkpoints");
+        let dead: Vec<u32> = {
+            let inner = self.shared.inner.lock();
+            self.sealed.keys().copied().filter(|&s| s < horizon && inner.index.seg_live(s).count == 0).collect()
+        };
+        for seq in dead {
+            let path = segment::segment_path(&self.shared.dir, seq);
+            match self.storage.remove(&path) {
+                Ok(()) => {
+                    self.sealed.remove(&seq);
+                    self.shared.inner.lock().files.remove(&seq);
+                    self.shared.counters.segments_deleted.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(group = self.group(), seq, "segment deleted");
+                }
+                Err(e) => tracing::warn!(group = self.group(), file = %path.display(), error = %e, "could not delete dead segment"),
+            }
+        }
+    }
+
+    /// The oldest sealed segment that is mostly dead but not empty.
+    fn compaction_candidate(&self) -> Option<u32> {
+        let inner = self.shared.inner.lock();
+        let pct = u64::from(self.cfg.compaction_live_percent_max);
+        self.sealed
+            .iter()
+            .find(|(s, len)| {
+                let live = inner.index.seg_live(**s);
+                live.count > 0 && live.bytes * 100 < **len * pct
+            })
+            .map(|(s, _)| *s)
+    }
+
+    /// Copies up to `bytes_max` of live records out of the candidate
+    /// segment into the active one (as `Relocate` records).
+    fn compact_step(&mut self, bytes_max: usize) -> Result<(), StoreError> {
+        if let Some(e) = self.shared.poison_error() {
+            return Err(e);
+        }
+        let Some(seq) = self.compaction_candidate() else { return Ok(()) };
+        let (file, live) = {
+            let inner = self.shared.inner.lock();
+            (inner.files.get(&seq).cloned(), inner.index.live_in_segment(seq))
+        };
+        let Some(file) = file else { return Ok(()) };
+        let path = segment::segment_path(&self.shared.dir, seq);
+        let mut copied = 0usize;
+        let mut moved: Vec<(MsgId, Vec<QueueId>, Loc)> = Vec::new();
+        for (msg, loc) in live {
+            if copied >= bytes_max {
+                break;
+            }
+            let mut rec = vec![0u8; loc.len as usize];
+            file.read_exact_at(&mut rec, u64::from(loc.offset)).map_err(|e| StoreError::io("read", &path, e))?;
+            let payload = match record::decode(&rec) {
+                Decoded::Record { record: Record::Publish { msg: m, payload, .. } | Record::Relocate { msg: m, payload, .. }, .. }
+                    if m == msg => payload,
+                _ => {
+                    return Err(StoreError::Corrupt {
+                        path,
+                        offset: u64::from(loc.offset),
+                        reason: format!("record of live message {msg} does not verify"),
+                    })
+                }
+            };
+            let queues = self.shared.inner.lock().index.queues_of(msg);
+            let new_loc = match self.encode(&Record::Relocate { msg, queues: queues.as_slice().into(), payload }) {
+                Ok(l) => l,
+                Err(e) => return Err(self.poison(e)),
+            };
+            moved.push((msg, queues, new_loc));
+            copied += loc.len as usize;
+        }
+        if let Err(e) = self.write_buf() {
+            return Err(self.poison(e));
+        }
+        let mut inner = self.shared.inner.lock();
+        for (msg, queues, loc) in &moved {
+            inner.index.apply(&Record::Relocate { msg: *msg, queues: queues.as_slice().into(), payload: &[] }, *loc);
+        }
+        drop(inner);
+        self.shared.counters.bytes_compacted.fetch_add(copied as u64, Ordering::Relaxed);
+        tracing::debug!(group = self.group(), seq, messages = moved.len(), bytes = copied, "compacted");
+        Ok(())
+    }
+
+    /// Clean shutdown: everything written and synced, and a checkpoint so
+    /// the next start replays nothing.
+    fn close(&mut self) -> Result<(), StoreError> {
+        if let Some(e) = self.shared.poison_error() {
+            return Err(e);
+        }
+        if let Err(e) = self.write_buf().and_then(|()| self.sync()) {
+            return Err(self.poison(e));
+        }
+        if self.checkpoints.last().is_none_or(|(_, c)| c.replay != self.position()) {
+            self.checkpoint()?;
+        }
+        Ok(())
+    }
+}
+
+fn cmd_size(cmd: &Cmd) -> usize {
+    match cmd {
+        Cmd::Write { op, .. } => op.size_hint(),
+        _ => 0,
+    }
+}
+
+/// A message acked in the same batch that publishes it need not be written:
+/// drop the queue from the publish and the message from the removal.
+fn net_out(writes: &mut [(Op, Done)], counters: &GroupCounters) {
+    let has_remove = writes.iter().any(|(op, _)| matches!(op, Op::Remove { .. }));
+    if !has_remove {
+        return;
+    }
+    let mut published: HashMap<u64, usize> = HashMap::new();
+    for i in 0..writes.len() {
+        match &writes[i].0 {
+            Op::Publish { msg, .. } => {
+                published.insert(msg.0, i);
+            }
+            Op::Remove { queue, msgs } => {
+                let queue = *queue;
+                let mut keep = Vec::with_capacity(msgs.len());
+                let msgs = msgs.clone();
+                for m in msgs {
+                    let netted = published.get(&m.0).is_some_and(|&p| {
+                        let Op::Publish { queues, .. } = &mut writes[p].0 else { unreachable!() };
+                        let before = queues.len();
+                        queues.retain(|q| *q != queue);
+                        let hit = queues.len() < before;
+                        if hit && queues.is_empty() {
+                            counters.netted_publishes.fetch_add(1, Ordering::Relaxed);
+                        }
+                        hit
+                    });
+                    if !netted {
+                        keep.push(m);
+                    }
+                }
+                if let Op::Remove { msgs, .. } = &mut writes[i].0 {
+                    *msgs = keep;
+                }
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! Behaviour of the public API on the fault-free in-memory storage.
+
+mod common;
+
+use std::time::Duration;
+
+use berth_store::fault::FaultStorage;
+use berth_store::{MsgId, QueueId, StoreError};
+use bytes::Bytes;
+use common::{config, open, wait};
+
+#[test]
+fn published_message_reads_back_and_survives_restart() {
+    let fs = FaultStorage::new(1);
+    let cfg = config(2);
+    let (store, rec) = open(&fs, &cfg);
+    assert!(rec.queues.is_empty());
+    let m = store.next_msg_id();
+    wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"hello"), d)).unwrap();
+    assert_eq!(store.read(QueueId(1), m).unwrap(), Bytes::from_static(b"hello"));
+    assert!(matches!(store.read(QueueId(2), m), Err(StoreError::NotFound { .. })));
+    drop(store);
+    fs.crash(); // nothing unsynced may matter after a clean close
+    let (store, rec) = open(&fs, &cfg);
+    assert_eq!(rec.queues[&QueueId(1)].len(), 1);
+    assert_eq!(rec.queues[&QueueId(1)][0].msg, m);
+    assert_eq!(rec.queues[&QueueId(1)][0].payload_len, 5);
+    assert_eq!(store.read(QueueId(1), m).unwrap(), Bytes::from_static(b"hello"));
+    assert!(store.next_msg_id().0 > m.0);
+}
+
+#[test]
+fn acked_message_is_gone_after_restart_and_ids_stay_unique() {
+    let fs = FaultStorage::new(2);
+    let cfg = config(3);
+    let (store, _) = open(&fs, &cfg);
+    let mut last = MsgId(0);
+    for i in 0..50u64 {
+        let m = store.next_msg_id();
+        last = m;
+        wait(|d| store.publish(m, &[QueueId(i % 5)], Bytes::from(vec![7u8; 100]), d)).unwrap();
+        wait(|d| store.remove(QueueId(i % 5), &[m], d)).unwrap();
+    }
+    store.checkpoint().unwrap();
+    store.checkpoint().unwrap();
+    drop(store);
+    let (store, rec) = open(&fs, &cfg);
+    assert!(rec.queues.is_empty(), "{:?}", rec.queues);
+    assert!(store.next_msg_id().0 > last.0, "ids must not be reused after all were acked");
+}
+
+#[test]
+fn multi_queue_publish_spans_groups_and_is_acked_per_queue() {
+    let fs = FaultStorage::new(3);
+    let cfg = config(4);
+    let (store, _) = open(&fs, &cfg);
+    let queues: Vec<QueueId> = (0..8).map(QueueId).collect();
+    let groups: std::collections::BTreeSet<u32> = queues.iter().map(|q| store.group_of(*q)).collect();
+    assert!(groups.len() > 1, "test needs queues in several groups");
+    let m = store.next_msg_id();
+    wait(|d| store.publish(m, &queues, Bytes::from_static(b"fan-out"), d)).unwrap();
+    let before: u64 = store.stats().iter().map(|s| s.records).sum();
+    assert_eq!(before, groups.len() as u64, "stored once per group");
+    wait(|d| store.remove(QueueId(0), &[m], d)).unwrap();
+    assert!(store.read(QueueId(0), m).is_err());
+    assert_eq!(store.read(QueueId(1), m).unwrap(), Bytes::from_static(b"fan-out"));
+    drop(store);
+    let (_store, rec) = open(&fs, &cfg);
+    assert!(!rec.queues.contains_key(&QueueId(0)));
+    for q in 1..8 {
+        assert_eq!(rec.queues[&QueueId(q)].iter().map(|r| r.msg).collect::<Vec<_>>(), vec![m]);
+    }
+}
+
+#[test]
+fn metadata_last_write_wins_and_deletes_stick() {
+    let fs = FaultStorage::new(4);
+    let cfg = config(2);
+    let (store, _) = open(&fs, &cfg);
+    for v in ["a", "b", "c"] {
+        wait(|d| store.put_meta(Bytes::from_static(b"queue/x"), Bytes::from(v), d)).unwrap();
+    }
+    wait(|d| store.put_meta(Bytes::from_static(b"queue/y"), Bytes::from_static(b"1"), d)).unwrap();
+    wait(|d| store.delete_meta(Bytes::from_static(b"queue/y"), d)).unwrap();
+    drop(store);
+    let (_store, rec) = open(&fs, &cfg);
+    assert_eq!(rec.metadata.len(), 1);
+    assert_eq!(rec.metadata[&Bytes::from_static(b"queue/x")], Bytes::from_static(b"c"));
+}
+
+#[test]
+fn purge_removes_every_message_of_the_queue_only() {
+    let fs = FaultStorage::new(5);
+    let cfg = config(1);
+    let (store, _) = open(&fs, &cfg);
+    for _ in 0..10 {
+        let m = store.next_msg_id();
+        wait(|d| store.publish(m, &[QueueId(1), QueueId(2)], Bytes::from_static(b"x"), d)).unwrap();
+    }
+    wait(|d| store.purge(QueueId(1), d)).unwrap();
+    drop(store);
+    let (_store, rec) = open(&fs, &cfg);
+    assert!(!rec.queues.contains_key(&QueueId(1)));
+    assert_eq!(rec.queues[&QueueId(2)].len(), 10);
+}
+
+#[test]
+fn recovered_queue_order_is_publish_order() {
+    let fs = FaultStorage::new(6);
+    let cfg = config(2);
+    let (store, _) = open(&fs, &cfg);
+    let mut ids = Vec::new();
+    for i in 0..200u32 {
+        let m = store.next_msg_id();
+        ids.push(m);
+        wait(|d| store.publish(m, &[QueueId(9)], Bytes::from(i.to_le_bytes().to_vec()), d)).unwrap();
+    }
+    store.checkpoint().unwrap();
+    for &m in &ids[..50] {
+        wait(|d| store.remove(QueueId(9), &[m], d)).unwrap();
+    }
+    drop(store);
+    let (store, rec) = open(&fs, &cfg);
+    let got: Vec<MsgId> = rec.queues[&QueueId(9)].iter().map(|r| r.msg).collect();
+    assert_eq!(got, ids[50..]);
+    assert_eq!(store.read(QueueId(9), ids[199]).unwrap(), Bytes::from(199u32.to_le_bytes().to_vec()));
+}
+
+#[test]
+fn dead_segments_are_deleted_and_mostly_dead_ones_compacted() {
+    let fs = FaultStorage::new(7);
+    let mut cfg = config(1);
+    cfg.segment_size_bytes = 8 * 1024;
+    let (store, _) = open(&fs, &cfg);
+    let payload = Bytes::from(vec![1u8; 1000]);
+    let mut ids = Vec::new();
+    for _ in 0..100 {
+        let m = store.next_msg_id();
+        ids.push(m);
+        wait(|d| store.publish(m, &[QueueId(1)], payload.clone(), d)).unwrap();
+    }
+    let segs_full = store.stats()[0].segments;
+    assert!(segs_full >= 12, "{segs_full}");
+    // Ack all but every 10th: every segment is mostly dead, none empty.
+    for (i, &m) in ids.iter().enumerate() {
+        if i % 10 != 0 {
+            wait(|d| store.remove(QueueId(1), &[m], d)).unwrap();
+        }
+    }
+    store.compact().unwrap();
+    store.checkpoint().unwrap();
+    store.checkpoint().unwrap();
+    let st = &store.stats()[0];
+    assert!(st.bytes_compacted > 0);
+    assert!(st.segments_deleted >= 10, "{st:?}");
+    assert!(st.segments < segs_full / 2, "{st:?}");
+    for &m in ids.iter().step_by(10) {
+        assert_eq!(store.read(QueueId(1), m).unwrap(), payload);
+    }
+    drop(store);
+    let (store, rec) = open(&fs, &cfg);
+    let got: Vec<MsgId> = rec.queues[&QueueId(1)].iter().map(|r| r.msg).collect();
+    assert_eq!(got, ids.iter().copied().step_by(10).collect::<Vec<_>>());
+    for &m in &got {
+        assert_eq!(store.read(QueueId(1), m).unwrap(), payload);
+    }
+}
+
+#[test]
+fn lone_committer_never_waits_but_concurrent_ones_gather() {
+    let fs = FaultStorage::new(8);
+    fs.set_sync_latency(Duration::from_micros(300));
+    let mut cfg = config(1);
+    cfg.commit_delay_us_max = 5_000;
+    let (store, _) = open(&fs, &cfg);
+    for _ in 0..30 {
+        let m = store.next_msg_id();
+        wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"x"), d)).unwrap();
+    }
+    assert_eq!(store.stats()[0].gather_waits, 0, "a lone committer must never wait");
+    let store = std::sync::Arc::new(store);
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let store = std::sync::Arc::clone(&store);
+            std::thread::spawn(move || {
+                let mut worst = Duration::ZERO;
+                for _ in 0..30 {
+                    let m = store.next_msg_id();
+                    let started = std::time::Instant::now();
+                    wait(|d| store.publish(m, &[QueueId(t)], Bytes::from_static(b"x"), d)).unwrap();
+                    worst = worst.max(started.elapsed());
+                }
+                worst
+            })
+        })
+        .collect();
+    let worst = threads.into_iter().map(|t| t.join().unwrap()).max().unwrap();
+    let st = &store.stats()[0];
+    assert!(st.batches < 30 + 8 * 30, "group commit should batch: {st:?}");
+    // Loose bound (shared CI cores): a few fsyncs plus the cap, never seconds.
+    assert!(worst < Duration::from_millis(500), "worst commit latency {worst:?}");
+}
+
+#[test]
+fn failed_fsync_poisons_the_group_and_fails_pending_and_later_writes() {
+    let fs = FaultStorage::new(9);
+    let cfg = config(1);
+    let (store, _) = open(&fs, &cfg);
+    let m = store.next_msg_id();
+    wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"ok"), d)).unwrap();
+    fs.fail_syncs_after(Some(0));
+    let m2 = store.next_msg_id();
+    let e = wait(|d| store.publish(m2, &[QueueId(1)], Bytes::from_static(b"lost"), d)).unwrap_err();
+    assert!(matches!(e, StoreError::Poisoned { .. }), "{e}");
+    fs.fail_syncs_after(None);
+    let m3 = store.next_msg_id();
+    let e = wait(|d| store.publish(m3, &[QueueId(1)], Bytes::from_static(b"later"), d)).unwrap_err();
+    assert!(matches!(e, StoreError::Poisoned { .. }), "{e}");
+    assert!(store.stats()[0].poisoned);
+    assert!(store.close().is_err(), "close must report the poisoned group");
+    fs.crash();
+    let (_store, rec) = open(&fs, &cfg);
+    assert_eq!(rec.queues[&QueueId(1)].iter().map(|r| r.msg).collect::<Vec<_>>(), vec![m]);
+}
+
+#[test]
+fn oversized_payload_and_empty_queue_list_are_refused() {
+    let fs = FaultStorage::new(10);
+    let mut cfg = config(1);
+    cfg.payload_bytes_max = 10;
+    let (store, _) = open(&fs, &cfg);
+    let m = store.next_msg_id();
+    assert!(matches!(
+        wait(|d| store.publish(m, &[QueueId(1)], Bytes::from(vec![0; 11]), d)),
+        Err(StoreError::Invalid(_))
+    ));
+    assert!(matches!(wait(|d| store.publish(m, &[], Bytes::new(), d)), Err(StoreError::Invalid(_))));
+}
+
+#[test]
+fn real_files_roundtrip() {
+    let dir = std::env::temp_dir().join(format!("berth-store-test-{}", std::process::id()));
+    let mut cfg = berth_store::StoreConfig::new(&dir);
+    cfg.log_groups = 2;
+    let (store, _) = berth_store::Store::open(cfg.clone()).unwrap();
+    let m = store.next_msg_id();
+    wait(|d| store.publish(m, &[QueueId(3)], Bytes::from_static(b"disk"), d)).unwrap();
+    drop(store);
+    let (store, rec) = berth_store::Store::open(cfg).unwrap();
+    assert_eq!(rec.queues[&QueueId(3)][0].msg, m);
+    assert_eq!(store.read(QueueId(3), m).unwrap(), Bytes::from_static(b"disk"));
+    drop(store);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
