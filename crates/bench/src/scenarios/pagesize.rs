@@ -176,8 +176,10 @@ async fn one_size(
     let mut tasks = Vec::new();
     for ((conn, ch), q) in chans.into_iter().zip(queues.iter().cloned()) {
         let (n, pb) = (cfg.messages, pb.clone());
+        // Ack before the prefetch window fills, or the broker stops sending.
+        let ack_every = u64::from(cfg.prefetch / 2).max(1);
         tasks.push(tokio::spawn(async move {
-            let consumed = drain(&ch, &q, n, &pb).await?;
+            let consumed = drain(&ch, &q, n, ack_every, &pb).await?;
             amqp::close(&conn).await;
             Ok(consumed)
         }));
@@ -200,15 +202,15 @@ async fn one_size(
     Ok(())
 }
 
-/// Consumes `n` messages from `queue`, acking in batches; returns how many
-/// arrived.
+/// Consumes `n` messages from `queue`, acking `multiple` every `ack_every`
+/// deliveries (must be below the prefetch); returns how many arrived.
 pub(crate) async fn drain(
     ch: &lapin::Channel,
     queue: &str,
     n: u64,
+    ack_every: u64,
     pb: &indicatif::ProgressBar,
 ) -> Result<u64, BenchError> {
-    const ACK_EVERY: u64 = 50;
     let tag = format!("drain-{queue}");
     let mut consumer = ch
         .basic_consume(queue.into(), tag.as_str().into(), BasicConsumeOptions::default(), FieldTable::default())
@@ -231,7 +233,7 @@ pub(crate) async fn drain(
         let delivery = delivery.ctx(format!("delivery from {queue}"))?;
         consumed += 1;
         pb.inc(1);
-        if consumed % ACK_EVERY == 0 || consumed == n {
+        if consumed % ack_every == 0 || consumed == n {
             ch.basic_ack(delivery.delivery_tag, BasicAckOptions { multiple: true })
                 .await
                 .ctx("basic.ack")?;

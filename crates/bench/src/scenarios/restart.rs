@@ -33,6 +33,7 @@ use crate::{BenchError, CommonArgs, Metric, Outcome, Scale, Target, Ui};
 
 /// Longest wait for a broker to go down after the kill, or to come back.
 pub const DOWN_TIMEOUT_S: u64 = 30;
+/// Default for `--recovery-timeout` (smoke: 20 s).
 pub const RECOVERY_TIMEOUT_S: u64 = 900;
 /// Poll interval while waiting for recovery: the resolution of the figures.
 const POLL_MS: u64 = 20;
@@ -77,6 +78,10 @@ pub struct Args {
     pub vs_pid_file: Option<PathBuf>,
     #[arg(long, value_name = "CMD")]
     pub vs_kill_cmd: Option<String>,
+    /// Longest wait in seconds for the restarted broker to show every queue
+    /// at full depth [default: 900; smoke: 20].
+    #[arg(long, value_name = "S")]
+    pub recovery_timeout: Option<u64>,
     /// Where a started broker's stdout/stderr go [default: /dev/null].
     #[arg(long, value_name = "FILE")]
     pub broker_log: Option<PathBuf>,
@@ -229,6 +234,7 @@ pub struct Config {
     pub size: usize,
     pub rr_rate: f64,
     pub caches: Vec<Cache>,
+    pub recovery_timeout: Duration,
     /// Control of --uri ("a") and --vs ("b").
     pub control_a: Control,
     pub control_b: Option<Control>,
@@ -276,6 +282,9 @@ impl Config {
             size: a.size.max(8),
             rr_rate: if a.common.scale == Scale::Smoke { 20.0 } else { a.rr_rate.max(0.0) },
             caches,
+            recovery_timeout: Duration::from_secs(a.recovery_timeout.unwrap_or(
+                if a.common.scale == Scale::Smoke { 20 } else { RECOVERY_TIMEOUT_S },
+            )),
             control_a,
             control_b,
         })
@@ -409,7 +418,7 @@ pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome,
         let t0 = Instant::now();
         control.start()?;
         let pb = ui.bar(3, format!("restart {name}"));
-        let times = wait_recovered(&target.uri, &hp, &queues, cfg.messages, &pb).await;
+        let times = wait_recovered(&target.uri, &hp, &queues, cfg.messages, cfg.recovery_timeout, &pb).await;
         pb.finish_and_clear();
         control.forget_if_exited();
         let (listen, connect, depth, first) = times?;
@@ -523,11 +532,12 @@ async fn wait_recovered(
     hp: &str,
     queues: &[String],
     depth: u64,
+    limit: Duration,
     pb: &indicatif::ProgressBar,
 ) -> Result<(Instant, Instant, Instant, Instant), BenchError> {
-    let deadline = Instant::now() + Duration::from_secs(RECOVERY_TIMEOUT_S);
+    let deadline = Instant::now() + limit;
     let poll = Duration::from_millis(POLL_MS);
-    let timeout = |what: &str| BenchError::Timeout(format!("{what} within {RECOVERY_TIMEOUT_S} s of restart"));
+    let timeout = |what: &str| BenchError::Timeout(format!("{what} within {limit:?} of restart"));
     while tokio::net::TcpStream::connect(hp).await.is_err() {
         if Instant::now() > deadline {
             return Err(timeout("broker listening"));
