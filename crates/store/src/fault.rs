@@ -61,6 +61,9 @@ struct State {
     tear_on_crash: bool,
     sync_data_calls: u64,
     sync_latency: std::time::Duration,
+    /// Between `crash` and `power_on`: every call fails, as a machine
+    /// without power runs no code.
+    down: bool,
 }
 
 /// The fault-injecting storage. Cheap to clone; clones share one state.
@@ -105,16 +108,18 @@ impl FaultStorage {
                 tear_on_crash: false,
                 sync_data_calls: 0,
                 sync_latency: std::time::Duration::ZERO,
+                down: false,
             })),
         }
     }
 
     /// Simulates a power loss: every byte and directory entry not covered by
     /// a completed sync is dropped (or torn, see [`Self::set_tear_on_crash`]),
-    /// and all open handles die.
+    /// all open handles die, and every call fails until [`Self::power_on`].
     pub fn crash(&self) {
         let mut st = self.state.lock();
         st.generation += 1;
+        st.down = true;
         let tear = st.tear_on_crash;
         let State { nodes, rng, dirs, .. } = &mut *st;
         for node in nodes.iter_mut() {
@@ -139,6 +144,11 @@ impl FaultStorage {
         for dir in dirs.values_mut() {
             dir.volatile = dir.durable.clone();
         }
+    }
+
+    /// Ends the outage begun by [`Self::crash`]: a new "boot" may open files.
+    pub fn power_on(&self) {
+        self.state.lock().down = false;
     }
 
     /// With `on`, a crash keeps a random prefix of each file's unsynced
@@ -224,6 +234,9 @@ impl FaultStorage {
 impl Storage for FaultStorage {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         let mut st = self.state.lock();
+        if st.down {
+            return Err(power_lost());
+        }
         let mut cur = Some(dir);
         while let Some(d) = cur {
             if d.as_os_str().is_empty() {
@@ -237,6 +250,9 @@ impl Storage for FaultStorage {
 
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
         let st = self.state.lock();
+        if st.down {
+            return Err(power_lost());
+        }
         let d = st.dirs.get(dir).ok_or_else(|| not_found(dir))?;
         Ok(d.volatile.keys().cloned().collect())
     }
@@ -244,6 +260,9 @@ impl Storage for FaultStorage {
     fn create(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
         let (dir, name) = split(path)?;
         let mut st = self.state.lock();
+        if st.down {
+            return Err(power_lost());
+        }
         let generation = st.generation;
         if !st.dirs.contains_key(&dir) {
             return Err(not_found(&dir));
@@ -256,6 +275,9 @@ impl Storage for FaultStorage {
 
     fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
         let st = self.state.lock();
+        if st.down {
+            return Err(power_lost());
+        }
         let id = Self::lookup(&st, path)?;
         Ok(self.handle(id, st.generation))
     }
@@ -264,6 +286,9 @@ impl Storage for FaultStorage {
         let (from_dir, from_name) = split(from)?;
         let (to_dir, to_name) = split(to)?;
         let mut st = self.state.lock();
+        if st.down {
+            return Err(power_lost());
+        }
         let id = st
             .dirs
             .get_mut(&from_dir)
@@ -277,6 +302,9 @@ impl Storage for FaultStorage {
     fn remove(&self, path: &Path) -> io::Result<()> {
         let (dir, name) = split(path)?;
         let mut st = self.state.lock();
+        if st.down {
+            return Err(power_lost());
+        }
         st.dirs
             .get_mut(&dir)
             .and_then(|d| d.volatile.remove(&name))
@@ -286,6 +314,9 @@ impl Storage for FaultStorage {
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let mut st = self.state.lock();
+        if st.down {
+            return Err(power_lost());
+        }
         let d = st.dirs.get_mut(dir).ok_or_else(|| not_found(dir))?;
         d.durable = d.volatile.clone();
         Ok(())
@@ -295,7 +326,7 @@ impl Storage for FaultStorage {
 impl FaultFile {
     fn with<T>(&self, f: impl FnOnce(&mut State, usize) -> io::Result<T>) -> io::Result<T> {
         let mut st = self.state.lock();
-        if st.generation != self.generation {
+        if st.generation != self.generation || st.down {
             return Err(power_lost());
         }
         f(&mut st, self.node)

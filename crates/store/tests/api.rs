@@ -21,6 +21,7 @@ fn published_message_reads_back_and_survives_restart() {
     assert!(matches!(store.read(QueueId(2), m), Err(StoreError::NotFound { .. })));
     drop(store);
     fs.crash(); // nothing unsynced may matter after a clean close
+    fs.power_on();
     let (store, rec) = open(&fs, &cfg);
     assert_eq!(rec.queues[&QueueId(1)].len(), 1);
     assert_eq!(rec.queues[&QueueId(1)][0].msg, m);
@@ -219,6 +220,7 @@ fn failed_fsync_poisons_the_group_and_fails_pending_and_later_writes() {
     assert!(store.stats()[0].poisoned);
     assert!(store.close().is_err(), "close must report the poisoned group");
     fs.crash();
+    fs.power_on();
     let (_store, rec) = open(&fs, &cfg);
     assert_eq!(rec.queues[&QueueId(1)].iter().map(|r| r.msg).collect::<Vec<_>>(), vec![m]);
 }
