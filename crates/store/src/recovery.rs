@@ -600,7 +600,9 @@ pub fn recover_group(
         });
     }
 
-    let next_seq = seqs.last().map_or(1, |s| s + 1).max(replay.seg);
+    // After the segments that survived: a removed torn segment's number is
+    // reused, so numbering stays consecutive.
+    let next_seq = segments.keys().next_back().map_or(1, |s| s + 1).max(replay.seg);
     Ok(GroupRecovery {
         next_lsn: scan.last_lsn + 1,
         index: scan.index,

@@ -173,9 +173,17 @@ fn torn_creation_of_the_newest_segment_is_removed() {
     let ids = populate(&fs, &cfg, 3);
     fs.create(&seg(2)).unwrap();
     fs.put_durable(&seg(2), &encode_header(0, 2)[..10]).unwrap();
-    let (_s, rec) = reopen(&fs, &cfg).unwrap();
+    let (store, rec) = reopen(&fs, &cfg).unwrap();
     assert_eq!(msgs(&rec), ids);
     assert!(!fs.names(&group_dir(0)).contains(&"0000000002.seg".to_string()));
+    // Numbering stays consecutive: the next segment reuses number 2.
+    let m = store.next_msg_id();
+    wait(|d| store.publish(m, &[QueueId(1)], payload(m), d)).unwrap();
+    fs.crash();
+    drop(store);
+    fs.power_on();
+    let (_s, rec) = reopen(&fs, &cfg).unwrap();
+    assert_eq!(msgs(&rec).len(), 4);
 }
 
 #[test]
