@@ -89,7 +89,11 @@ pub fn encode(group: u32, info: CheckpointInfo, index: &Index) -> Vec<u8> {
     debug_assert_eq!(out.len(), CHECKPOINT_HEADER_BYTES);
     for (k, v) in &index.meta {
         out.extend_from_slice(&u32::try_from(k.len()).expect("key fits u32").to_le_bytes());
-        out.extend_from_slice(&u32::try_from(v.len()).expect("value fits u32").to_le_bytes());
+        out.extend_from_slice(
+            &u32::try_from(v.len())
+                .expect("value fits u32")
+                .to_le_bytes(),
+        );
         out.extend_from_slice(k);
         out.extend_from_slice(v);
     }
@@ -128,7 +132,11 @@ impl<'a> Reader<'a> {
 }
 
 /// Parses and verifies a checkpoint of `group`.
-pub fn decode(group: u32, bytes: &[u8], path: &Path) -> Result<(CheckpointInfo, Index), StoreError> {
+pub fn decode(
+    group: u32,
+    bytes: &[u8],
+    path: &Path,
+) -> Result<(CheckpointInfo, Index), StoreError> {
     let corrupt = |offset: usize, reason: &str| StoreError::Corrupt {
         path: path.to_path_buf(),
         offset: offset as u64,
@@ -145,15 +153,25 @@ pub fn decode(group: u32, bytes: &[u8], path: &Path) -> Result<(CheckpointInfo, 
     if bytes[..8] != CHECKPOINT_MAGIC {
         return Err(corrupt(0, "bad magic"));
     }
-    let mut r = Reader { buf: &bytes[..body_end], at: 8 };
+    let mut r = Reader {
+        buf: &bytes[..body_end],
+        at: 8,
+    };
     let bad = |r: &Reader<'_>| corrupt(r.at, "truncated or inconsistent body");
     let version = r.u32().ok_or_else(|| bad(&r))?;
     if version != FORMAT_VERSION {
-        return Err(StoreError::FormatVersion { path: path.to_path_buf(), found: version, expected: FORMAT_VERSION });
+        return Err(StoreError::FormatVersion {
+            path: path.to_path_buf(),
+            found: version,
+            expected: FORMAT_VERSION,
+        });
     }
     let g = r.u32().ok_or_else(|| bad(&r))?;
     if g != group {
-        return Err(corrupt(CK_OFF_GROUP, &format!("checkpoint of group {g} in group {group}'s directory")));
+        return Err(corrupt(
+            CK_OFF_GROUP,
+            &format!("checkpoint of group {g} in group {group}'s directory"),
+        ));
     }
     let lsn = r.u64().ok_or_else(|| bad(&r))?;
     let seg = r.u64().ok_or_else(|| bad(&r))?;
@@ -162,7 +180,8 @@ pub fn decode(group: u32, bytes: &[u8], path: &Path) -> Result<(CheckpointInfo, 
     index.msg_id_hw = r.u64().ok_or_else(|| bad(&r))?;
     let meta_count = r.u64().ok_or_else(|| bad(&r))?;
     let msg_count = r.u64().ok_or_else(|| bad(&r))?;
-    let seg = u32::try_from(seg).map_err(|_| corrupt(CK_OFF_REPLAY_SEG, "segment number out of range"))?;
+    let seg = u32::try_from(seg)
+        .map_err(|_| corrupt(CK_OFF_REPLAY_SEG, "segment number out of range"))?;
     for _ in 0..meta_count {
         let kl = r.u32().ok_or_else(|| bad(&r))? as usize;
         let vl = r.u32().ok_or_else(|| bad(&r))? as usize;
@@ -178,15 +197,25 @@ pub fn decode(group: u32, bytes: &[u8], path: &Path) -> Result<(CheckpointInfo, 
             len: r.u32().ok_or_else(|| bad(&r))?,
         };
         let n = r.u32().ok_or_else(|| bad(&r))? as usize;
-        let raw = r.take(n.checked_mul(8).ok_or_else(|| bad(&r))?).ok_or_else(|| bad(&r))?;
-        let queues: Vec<QueueId> =
-            raw.chunks_exact(8).map(|c| QueueId(u64::from_le_bytes(c.try_into().expect("8 bytes")))).collect();
+        let raw = r
+            .take(n.checked_mul(8).ok_or_else(|| bad(&r))?)
+            .ok_or_else(|| bad(&r))?;
+        let queues: Vec<QueueId> = raw
+            .chunks_exact(8)
+            .map(|c| QueueId(u64::from_le_bytes(c.try_into().expect("8 bytes"))))
+            .collect();
         index.insert(msg, &queues, loc);
     }
     if r.at != body_end {
         return Err(bad(&r));
     }
-    Ok((CheckpointInfo { lsn, replay: ReplayFrom { seg, offset } }, index))
+    Ok((
+        CheckpointInfo {
+            lsn,
+            replay: ReplayFrom { seg, offset },
+        },
+        index,
+    ))
 }
 
 #[cfg(test)]
@@ -198,23 +227,53 @@ mod tests {
     #[test]
     fn checkpoint_roundtrips_and_rejects_any_flip() {
         let mut ix = Index::default();
-        ix.apply(&Record::MetaPut { key: b"k", value: b"v" }, Loc { seg: 1, offset: 32, len: 30 });
         ix.apply(
-            &Record::Publish { msg: MsgId(5), queues: Cow::Borrowed(&[QueueId(1), QueueId(2)]), payload: b"x" },
-            Loc { seg: 1, offset: 62, len: 49 },
+            &Record::MetaPut {
+                key: b"k",
+                value: b"v",
+            },
+            Loc {
+                seg: 1,
+                offset: 32,
+                len: 30,
+            },
         );
-        let info = CheckpointInfo { lsn: 2, replay: ReplayFrom { seg: 1, offset: 111 } };
+        ix.apply(
+            &Record::Publish {
+                msg: MsgId(5),
+                queues: Cow::Borrowed(&[QueueId(1), QueueId(2)]),
+                payload: b"x",
+            },
+            Loc {
+                seg: 1,
+                offset: 62,
+                len: 49,
+            },
+        );
+        let info = CheckpointInfo {
+            lsn: 2,
+            replay: ReplayFrom {
+                seg: 1,
+                offset: 111,
+            },
+        };
         let bytes = encode(0, info, &ix);
         assert_eq!(&bytes[..8], b"BERTHCKP");
         let (i2, ix2) = decode(0, &bytes, Path::new("c")).unwrap();
         assert_eq!(i2, info);
         assert_eq!(ix2.meta, ix.meta);
-        assert_eq!(ix2.iter_live().collect::<Vec<_>>(), ix.iter_live().collect::<Vec<_>>());
+        assert_eq!(
+            ix2.iter_live().collect::<Vec<_>>(),
+            ix.iter_live().collect::<Vec<_>>()
+        );
         assert_eq!(ix2.msg_id_hw, 5);
         for at in 0..bytes.len() {
             let mut b = bytes.clone();
             b[at] ^= 0x10;
-            assert!(decode(0, &b, Path::new("c")).is_err(), "flip at {at} accepted");
+            assert!(
+                decode(0, &b, Path::new("c")).is_err(),
+                "flip at {at} accepted"
+            );
         }
     }
 

@@ -92,7 +92,10 @@ fn split(path: &Path) -> io::Result<(PathBuf, String)> {
 }
 
 fn not_found(path: &Path) -> io::Error {
-    io::Error::new(io::ErrorKind::NotFound, format!("{} not found", path.display()))
+    io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("{} not found", path.display()),
+    )
 }
 
 impl FaultStorage {
@@ -121,7 +124,9 @@ impl FaultStorage {
         st.generation += 1;
         st.down = true;
         let tear = st.tear_on_crash;
-        let State { nodes, rng, dirs, .. } = &mut *st;
+        let State {
+            nodes, rng, dirs, ..
+        } = &mut *st;
         for node in nodes.iter_mut() {
             let mut survived = node.durable.clone();
             if tear && node.volatile.len() > survived.len() && node.dirty_from >= survived.len() {

@@ -154,14 +154,19 @@ impl Index {
             if e.queue == MULTI {
                 self.multi.remove(&msg);
             }
-            let live = self.seg_live.get_mut(&e.loc.seg).expect("live entry's segment is counted");
+            let live = self
+                .seg_live
+                .get_mut(&e.loc.seg)
+                .expect("live entry's segment is counted");
             live.count -= 1;
             live.bytes -= u64::from(e.loc.len);
         }
     }
 
     fn remove_from(&mut self, queue: QueueId, msg: u64) {
-        let Some(e) = self.msgs.get_mut(&msg) else { return };
+        let Some(e) = self.msgs.get_mut(&msg) else {
+            return;
+        };
         if e.queue == MULTI {
             let qs = self.multi.get_mut(&msg).expect("multi entry");
             qs.retain(|q| *q != queue);
@@ -249,11 +254,22 @@ impl Index {
             let c = counted.entry(e.loc.seg).or_default();
             c.count += 1;
             c.bytes += u64::from(e.loc.len);
-            assert_eq!(e.queue == MULTI, self.multi.contains_key(id), "multi side table out of sync for {id}");
+            assert_eq!(
+                e.queue == MULTI,
+                self.multi.contains_key(id),
+                "multi side table out of sync for {id}"
+            );
         }
-        assert_eq!(self.multi.len(), self.msgs.values().filter(|e| e.queue == MULTI).count());
+        assert_eq!(
+            self.multi.len(),
+            self.msgs.values().filter(|e| e.queue == MULTI).count()
+        );
         for (seg, live) in &self.seg_live {
-            assert_eq!(counted.get(seg).copied().unwrap_or_default(), *live, "segment {seg} live count");
+            assert_eq!(
+                counted.get(seg).copied().unwrap_or_default(),
+                *live,
+                "segment {seg} live count"
+            );
         }
     }
 }
@@ -264,16 +280,33 @@ mod tests {
     use std::borrow::Cow;
 
     fn loc(seg: u32, offset: u32) -> Loc {
-        Loc { seg, offset, len: 100 }
+        Loc {
+            seg,
+            offset,
+            len: 100,
+        }
     }
 
     #[test]
     fn message_lives_until_every_queue_removed_it() {
         let mut ix = Index::default();
         let qs = [QueueId(1), QueueId(2)];
-        ix.apply(&Record::Publish { msg: MsgId(7), queues: Cow::Borrowed(&qs), payload: b"" }, loc(1, 32));
+        ix.apply(
+            &Record::Publish {
+                msg: MsgId(7),
+                queues: Cow::Borrowed(&qs),
+                payload: b"",
+            },
+            loc(1, 32),
+        );
         assert_eq!(ix.seg_live(1).count, 1);
-        ix.apply(&Record::Remove { queue: QueueId(1), msgs: Cow::Borrowed(&[MsgId(7)]) }, loc(1, 200));
+        ix.apply(
+            &Record::Remove {
+                queue: QueueId(1),
+                msgs: Cow::Borrowed(&[MsgId(7)]),
+            },
+            loc(1, 200),
+        );
         assert_eq!(ix.locate(QueueId(2), MsgId(7)), Some(loc(1, 32)));
         assert_eq!(ix.locate(QueueId(1), MsgId(7)), None);
         ix.check();
@@ -286,8 +319,22 @@ mod tests {
     #[test]
     fn relocate_moves_the_live_count() {
         let mut ix = Index::default();
-        ix.apply(&Record::Publish { msg: MsgId(1), queues: Cow::Borrowed(&[QueueId(1)]), payload: b"" }, loc(1, 32));
-        ix.apply(&Record::Relocate { msg: MsgId(1), queues: Cow::Borrowed(&[QueueId(1)]), payload: b"" }, loc(3, 32));
+        ix.apply(
+            &Record::Publish {
+                msg: MsgId(1),
+                queues: Cow::Borrowed(&[QueueId(1)]),
+                payload: b"",
+            },
+            loc(1, 32),
+        );
+        ix.apply(
+            &Record::Relocate {
+                msg: MsgId(1),
+                queues: Cow::Borrowed(&[QueueId(1)]),
+                payload: b"",
+            },
+            loc(3, 32),
+        );
         assert_eq!(ix.seg_live(1).count, 0);
         assert_eq!(ix.seg_live(3).count, 1);
         ix.check();

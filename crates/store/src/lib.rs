@@ -14,13 +14,13 @@
 
 pub mod checkpoint;
 pub mod error;
-pub mod index;
-pub mod manifest;
-pub mod segment;
 pub mod fault;
+pub mod index;
 pub mod limits;
+pub mod manifest;
 pub mod record;
 pub mod recovery;
+pub mod segment;
 pub mod storage;
 mod store;
 mod writer;

@@ -128,7 +128,10 @@ impl StoreConfig {
             return bad("data_dirs is empty".into());
         }
         if self.log_groups == 0 || self.log_groups > 4096 {
-            return bad(format!("log_groups = {} (expected 1..=4096)", self.log_groups));
+            return bad(format!(
+                "log_groups = {} (expected 1..=4096)",
+                self.log_groups
+            ));
         }
         if self.commit_delay_us_max > COMMIT_DELAY_US_CEILING {
             return bad(format!(

@@ -53,7 +53,8 @@ impl Manifest {
         b[MAN_OFF_DIR_COUNT..MAN_OFF_DIR_INDEX].copy_from_slice(&self.dir_count.to_le_bytes());
         b[MAN_OFF_DIR_INDEX..MAN_OFF_STORE_ID].copy_from_slice(&self.dir_index.to_le_bytes());
         b[MAN_OFF_STORE_ID..MAN_OFF_PLACEMENT].copy_from_slice(&self.store_id.to_le_bytes());
-        b[MAN_OFF_PLACEMENT..MAN_OFF_RESERVED].copy_from_slice(&PLACEMENT_SPLITMIX_MOD.to_le_bytes());
+        b[MAN_OFF_PLACEMENT..MAN_OFF_RESERVED]
+            .copy_from_slice(&PLACEMENT_SPLITMIX_MOD.to_le_bytes());
         let crc = crc32c::crc32c(&b[..MAN_OFF_CRC]);
         b[MAN_OFF_CRC..].copy_from_slice(&crc.to_le_bytes());
         b
@@ -66,7 +67,10 @@ impl Manifest {
             reason,
         };
         if b.len() != MANIFEST_BYTES {
-            return Err(corrupt(format!("{} bytes, expected {MANIFEST_BYTES}", b.len())));
+            return Err(corrupt(format!(
+                "{} bytes, expected {MANIFEST_BYTES}",
+                b.len()
+            )));
         }
         let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"));
         let stored = u32_at(MAN_OFF_CRC);
@@ -89,33 +93,56 @@ impl Manifest {
             group_count: u32_at(MAN_OFF_GROUP_COUNT),
             dir_count: u32_at(MAN_OFF_DIR_COUNT),
             dir_index: u32_at(MAN_OFF_DIR_INDEX),
-            store_id: u64::from_le_bytes(b[MAN_OFF_STORE_ID..MAN_OFF_PLACEMENT].try_into().expect("8 bytes")),
+            store_id: u64::from_le_bytes(
+                b[MAN_OFF_STORE_ID..MAN_OFF_PLACEMENT]
+                    .try_into()
+                    .expect("8 bytes"),
+            ),
         })
     }
 }
 
 /// Writes `bytes` to `dir/name` atomically and durably: temp file, fsync,
 /// rename, directory fsync.
-pub fn write_atomically(storage: &dyn Storage, dir: &Path, name: &str, bytes: &[u8]) -> Result<(), StoreError> {
+pub fn write_atomically(
+    storage: &dyn Storage,
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+) -> Result<(), StoreError> {
     let tmp = dir.join(format!("{name}.tmp"));
     let dst = dir.join(name);
-    let f = storage.create(&tmp).map_err(|e| StoreError::io("create", &tmp, e))?;
-    f.write_all_at(bytes, 0).map_err(|e| StoreError::io("write", &tmp, e))?;
-    f.sync_data().map_err(|e| StoreError::io("fdatasync", &tmp, e))?;
-    storage.rename(&tmp, &dst).map_err(|e| StoreError::io("rename", &tmp, e))?;
-    storage.sync_dir(dir).map_err(|e| StoreError::io("fsync dir", dir, e))
+    let f = storage
+        .create(&tmp)
+        .map_err(|e| StoreError::io("create", &tmp, e))?;
+    f.write_all_at(bytes, 0)
+        .map_err(|e| StoreError::io("write", &tmp, e))?;
+    f.sync_data()
+        .map_err(|e| StoreError::io("fdatasync", &tmp, e))?;
+    storage
+        .rename(&tmp, &dst)
+        .map_err(|e| StoreError::io("rename", &tmp, e))?;
+    storage
+        .sync_dir(dir)
+        .map_err(|e| StoreError::io("fsync dir", dir, e))
 }
 
 /// Reads a whole small file.
 pub fn read_all(storage: &dyn Storage, path: &Path) -> Result<Vec<u8>, StoreError> {
-    let f = storage.open(path).map_err(|e| StoreError::io("open", path, e))?;
+    let f = storage
+        .open(path)
+        .map_err(|e| StoreError::io("open", path, e))?;
     let len = f.len().map_err(|e| StoreError::io("stat", path, e))?;
-    let mut buf = vec![0u8; usize::try_from(len).map_err(|_| StoreError::Corrupt {
-        path: path.to_path_buf(),
-        offset: 0,
-        reason: format!("file of {len} bytes does not fit in memory"),
-    })?];
-    f.read_exact_at(&mut buf, 0).map_err(|e| StoreError::io("read", path, e))?;
+    let mut buf = vec![
+        0u8;
+        usize::try_from(len).map_err(|_| StoreError::Corrupt {
+            path: path.to_path_buf(),
+            offset: 0,
+            reason: format!("file of {len} bytes does not fit in memory"),
+        })?
+    ];
+    f.read_exact_at(&mut buf, 0)
+        .map_err(|e| StoreError::io("read", path, e))?;
     Ok(buf)
 }
 

@@ -240,7 +240,11 @@ pub enum Decoded<'a> {
     /// The frame is damaged.
     Corrupt(Corruption),
     /// The checksum passes but the body does not parse.
-    Unparseable { lsn: u64, len: usize, reason: String },
+    Unparseable {
+        lsn: u64,
+        len: usize,
+        reason: String,
+    },
 }
 
 /// Checks and parses the record at the start of `buf`.
@@ -265,7 +269,12 @@ pub fn decode(buf: &[u8]) -> Decoded<'_> {
     }
     let lsn = u64_at(buf, OFF_LSN);
     let body = &buf[RECORD_HEADER_BYTES..len];
-    match parse_body(buf[OFF_KIND], &buf[OFF_RESERVED..RECORD_HEADER_BYTES], lsn, body) {
+    match parse_body(
+        buf[OFF_KIND],
+        &buf[OFF_RESERVED..RECORD_HEADER_BYTES],
+        lsn,
+        body,
+    ) {
         Ok(record) => Decoded::Record { lsn, record, len },
         Err(reason) => Decoded::Unparseable { lsn, len, reason },
     }
@@ -284,7 +293,8 @@ fn parse_body<'a>(
     if (kind == Kind::Hole) != (lsn == 0) {
         return Err(format!("{kind:?} record with lsn {lsn}"));
     }
-    let too_short = |what: &str| format!("{kind:?} body of {} bytes too short for {what}", body.len());
+    let too_short =
+        |what: &str| format!("{kind:?} body of {} bytes too short for {what}", body.len());
     Ok(match kind {
         Kind::Publish | Kind::Relocate => {
             if body.len() < PUBLISH_OFF_QUEUES {
@@ -326,9 +336,15 @@ fn parse_body<'a>(
             }
             let queue = QueueId(u64_at(body, REMOVE_OFF_QUEUE));
             let n = u32_at(body, REMOVE_OFF_MSG_COUNT) as usize;
-            if n == 0 || n.checked_mul(8).and_then(|b| b.checked_add(REMOVE_OFF_MSGS)) != Some(body.len())
+            if n == 0
+                || n.checked_mul(8)
+                    .and_then(|b| b.checked_add(REMOVE_OFF_MSGS))
+                    != Some(body.len())
             {
-                return Err(format!("remove of {n} messages in a {}-byte body", body.len()));
+                return Err(format!(
+                    "remove of {n} messages in a {}-byte body",
+                    body.len()
+                ));
             }
             let msgs = body[REMOVE_OFF_MSGS..]
                 .chunks_exact(8)
@@ -400,7 +416,11 @@ mod tests {
         encode(lsn, r, &mut buf);
         assert_eq!(buf.len(), r.encoded_len());
         match decode(&buf) {
-            Decoded::Record { lsn: l, record, len } => {
+            Decoded::Record {
+                lsn: l,
+                record,
+                len,
+            } => {
                 assert_eq!(l, lsn);
                 assert_eq!(&record, r);
                 assert_eq!(len, buf.len());
@@ -435,7 +455,10 @@ mod tests {
         assert_eq!(&buf[4..], &expected[4..]);
         assert_eq!(buf[0..4], crc32c::crc32c(&buf[4..]).to_le_bytes());
         // Pin the checksum itself so an accidental change of coverage shows.
-        assert_eq!(u32::from_le_bytes(buf[0..4].try_into().unwrap()), GOLDEN_PUBLISH_CRC);
+        assert_eq!(
+            u32::from_le_bytes(buf[0..4].try_into().unwrap()),
+            GOLDEN_PUBLISH_CRC
+        );
     }
 
     #[test]
@@ -459,7 +482,14 @@ mod tests {
         assert_eq!(&buf[RECORD_HEADER_BYTES..], &body);
         assert_eq!(buf[OFF_KIND], 2);
         let mut buf = Vec::new();
-        encode(1, &Record::MetaPut { key: b"k", value: b"vv" }, &mut buf);
+        encode(
+            1,
+            &Record::MetaPut {
+                key: b"k",
+                value: b"vv",
+            },
+            &mut buf,
+        );
         assert_eq!(&buf[RECORD_HEADER_BYTES..], &[1, 0, 0, 0, b'k', b'v', b'v']);
         assert_eq!(buf[OFF_KIND], 3);
     }
@@ -467,7 +497,12 @@ mod tests {
     #[test]
     fn every_kind_roundtrips() {
         roundtrip(1, &Record::MetaDelete { key: b"x" });
-        roundtrip(2, &Record::Purge { queue: QueueId(u64::MAX) });
+        roundtrip(
+            2,
+            &Record::Purge {
+                queue: QueueId(u64::MAX),
+            },
+        );
         roundtrip(0, &Record::Hole { body_len: 33 });
         roundtrip(
             3,
@@ -484,7 +519,10 @@ mod tests {
         let mut buf = Vec::new();
         encode(1, &Record::MetaDelete { key: b"abc" }, &mut buf);
         for cut in 0..buf.len() {
-            assert!(matches!(decode(&buf[..cut]), Decoded::Incomplete { .. }), "cut {cut}");
+            assert!(
+                matches!(decode(&buf[..cut]), Decoded::Incomplete { .. }),
+                "cut {cut}"
+            );
         }
     }
 
@@ -514,10 +552,24 @@ mod tests {
                 let payload: &'static [u8] = Box::leak(payload.into_boxed_slice());
                 let key: &'static [u8] = Box::leak(key.into_boxed_slice());
                 let r = match kind {
-                    0 => Record::Publish { msg: MsgId(id), queues: Cow::Owned(queues), payload },
-                    1 => Record::Relocate { msg: MsgId(id), queues: Cow::Owned(queues), payload },
-                    2 => Record::Remove { queue: QueueId(id), msgs: Cow::Owned(msgs) },
-                    3 => Record::MetaPut { key, value: payload },
+                    0 => Record::Publish {
+                        msg: MsgId(id),
+                        queues: Cow::Owned(queues),
+                        payload,
+                    },
+                    1 => Record::Relocate {
+                        msg: MsgId(id),
+                        queues: Cow::Owned(queues),
+                        payload,
+                    },
+                    2 => Record::Remove {
+                        queue: QueueId(id),
+                        msgs: Cow::Owned(msgs),
+                    },
+                    3 => Record::MetaPut {
+                        key,
+                        value: payload,
+                    },
                     4 => Record::MetaDelete { key },
                     _ => Record::Purge { queue: QueueId(id) },
                 };

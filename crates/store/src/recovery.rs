@@ -269,7 +269,12 @@ fn next_valid(buf: &[u8], from: usize, last_lsn: u64) -> Option<usize> {
 
 impl Scan<'_> {
     fn fail(&self, path: &Path, offset: usize, reason: String) -> StoreError {
-        StoreError::Recovery { group: self.group, path: path.to_path_buf(), offset: offset as u64, reason }
+        StoreError::Recovery {
+            group: self.group,
+            path: path.to_path_buf(),
+            offset: offset as u64,
+            reason,
+        }
     }
 
     /// Scans one segment from `start`, applying, truncating or quarantining.
@@ -387,7 +392,8 @@ impl Scan<'_> {
                 messages.push(m);
                 queues.extend(qs);
             }
-            let body_len = u32::from_le_bytes(damaged[o + 4..o + 8].try_into().expect("4 bytes")) as usize;
+            let body_len =
+                u32::from_le_bytes(damaged[o + 4..o + 8].try_into().expect("4 bytes")) as usize;
             o += RECORD_HEADER_BYTES + body_len;
         }
         queues.sort_unstable();
@@ -398,16 +404,23 @@ impl Scan<'_> {
         });
         let qname = format!("quarantine-{seq:010}-{at:010}.bin");
         let qpath = self.dir.join(&qname);
-        let qf = self.storage.create(&qpath).map_err(io_err("create", &qpath))?;
-        qf.write_all_at(damaged, 0).map_err(io_err("write", &qpath))?;
+        let qf = self
+            .storage
+            .create(&qpath)
+            .map_err(io_err("create", &qpath))?;
+        qf.write_all_at(damaged, 0)
+            .map_err(io_err("write", &qpath))?;
         qf.sync_data().map_err(io_err("fdatasync", &qpath))?;
-        self.storage.sync_dir(self.dir).map_err(io_err("fsync dir", self.dir))?;
+        self.storage
+            .sync_dir(self.dir)
+            .map_err(io_err("fsync dir", self.dir))?;
         // Patch the range so the segment reads cleanly from now on.
         if end - at >= RECORD_HEADER_BYTES {
             let mut hole = Vec::with_capacity(end - at);
             let body_len = u32::try_from(end - at - RECORD_HEADER_BYTES).expect("< 4 GiB");
             record::encode(0, &Record::Hole { body_len }, &mut hole);
-            file.write_all_at(&hole, at as u64).map_err(io_err("write", &path))?;
+            file.write_all_at(&hole, at as u64)
+                .map_err(io_err("write", &path))?;
             buf[at..end].copy_from_slice(&hole);
         } else {
             file.set_len(at as u64).map_err(io_err("truncate", &path))?;
@@ -440,11 +453,19 @@ pub fn recover_group(
     dir: &Path,
     progress: &Progress,
 ) -> Result<GroupRecovery, StoreError> {
-    storage.create_dir_all(dir).map_err(io_err("create dir", dir))?;
+    storage
+        .create_dir_all(dir)
+        .map_err(io_err("create dir", dir))?;
     let names = storage.list(dir).map_err(io_err("list", dir))?;
-    let mut seqs: Vec<u32> = names.iter().filter_map(|n| segment::parse_segment_name(n)).collect();
+    let mut seqs: Vec<u32> = names
+        .iter()
+        .filter_map(|n| segment::parse_segment_name(n))
+        .collect();
     seqs.sort_unstable();
-    let mut ckpt_nos: Vec<u64> = names.iter().filter_map(|n| checkpoint::parse_checkpoint_name(n)).collect();
+    let mut ckpt_nos: Vec<u64> = names
+        .iter()
+        .filter_map(|n| checkpoint::parse_checkpoint_name(n))
+        .collect();
     ckpt_nos.sort_unstable();
     if names.iter().any(|n| n == CHECKPOINT_TMP_NAME) {
         let tmp = dir.join(CHECKPOINT_TMP_NAME);
@@ -486,7 +507,14 @@ pub fn recover_group(
                     ),
                 });
             }
-            (ReplayFrom { seg: 1, offset: SEGMENT_HEADER_BYTES as u64 }, Index::default(), 0)
+            (
+                ReplayFrom {
+                    seg: 1,
+                    offset: SEGMENT_HEADER_BYTES as u64,
+                },
+                Index::default(),
+                0,
+            )
         }
     };
     // The replayed segments must be consecutive.
@@ -531,21 +559,39 @@ pub fn recover_group(
         let path = segment::segment_path(dir, s);
         let seg = segments.get(&s).expect("opened above");
         let mut buf = vec![0u8; usize::try_from(seg.len).expect("segment fits memory")];
-        seg.file.read_exact_at(&mut buf, 0).map_err(io_err("read", &path))?;
+        seg.file
+            .read_exact_at(&mut buf, 0)
+            .map_err(io_err("read", &path))?;
         let last = Some(s) == last_seq;
         let header = match segment::check_header(&buf, group, s) {
             HeaderCheck::Ok => Header::Ok,
             HeaderCheck::Torn => Header::Torn,
             HeaderCheck::Foreign(_) => Header::Foreign,
         };
-        let valid_records = header != Header::Ok && next_valid(&buf, SEGMENT_HEADER_BYTES, scan.last_lsn).is_some();
-        let (action, why) = decide_segment(&SegmentCase { header, last_segment: last, valid_records });
+        let valid_records =
+            header != Header::Ok && next_valid(&buf, SEGMENT_HEADER_BYTES, scan.last_lsn).is_some();
+        let (action, why) = decide_segment(&SegmentCase {
+            header,
+            last_segment: last,
+            valid_records,
+        });
         match action {
             Action::Apply => {
-                let start = if s == replay.seg { replay.offset } else { SEGMENT_HEADER_BYTES as u64 };
+                let start = if s == replay.seg {
+                    replay.offset
+                } else {
+                    SEGMENT_HEADER_BYTES as u64
+                };
                 let start = usize::try_from(start).expect("fits");
                 if start > buf.len() {
-                    return Err(scan.fail(&path, start, format!("checkpoint replays from offset {start} beyond the end ({})", buf.len())));
+                    return Err(scan.fail(
+                        &path,
+                        start,
+                        format!(
+                            "checkpoint replays from offset {start} beyond the end ({})",
+                            buf.len()
+                        ),
+                    ));
                 }
                 let file = Arc::clone(&seg.file);
                 let new_len = scan.segment(s, &file, &mut buf, start, last, progress)?;
@@ -567,7 +613,9 @@ pub fn recover_group(
             }
         }
         bytes_scanned += buf.len() as u64;
-        progress.bytes_done.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        progress
+            .bytes_done
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
     }
 
     // Messages whose segment is gone cannot be delivered: report, drop.
@@ -602,7 +650,11 @@ pub fn recover_group(
 
     // After the segments that survived: a removed torn segment's number is
     // reused, so numbering stays consecutive.
-    let next_seq = segments.keys().next_back().map_or(1, |s| s + 1).max(replay.seg);
+    let next_seq = segments
+        .keys()
+        .next_back()
+        .map_or(1, |s| s + 1)
+        .max(replay.seg);
     Ok(GroupRecovery {
         next_lsn: scan.last_lsn + 1,
         index: scan.index,
@@ -618,7 +670,6 @@ pub fn recover_group(
         checkpoints_ignored: ignored,
     })
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -637,8 +688,16 @@ mod tests {
                     for after_damage in [false, true] {
                         for valid_later in [false, true] {
                             for last_segment in [false, true] {
-                                let c = RecordCase { frame, body, order, after_damage, valid_later, last_segment };
-                                let matching = RECORD_TABLE.iter().filter(|r| row_matches(r, &c)).count();
+                                let c = RecordCase {
+                                    frame,
+                                    body,
+                                    order,
+                                    after_damage,
+                                    valid_later,
+                                    last_segment,
+                                };
+                                let matching =
+                                    RECORD_TABLE.iter().filter(|r| row_matches(r, &c)).count();
                                 assert_eq!(matching, 1, "{c:?} matches {matching} rows");
                                 n += 1;
                             }
@@ -651,7 +710,11 @@ mod tests {
         for header in [Header::Ok, Header::Torn, Header::Foreign] {
             for last_segment in [false, true] {
                 for valid_records in [false, true] {
-                    let c = SegmentCase { header, last_segment, valid_records };
+                    let c = SegmentCase {
+                        header,
+                        last_segment,
+                        valid_records,
+                    };
                     let matching = SEGMENT_TABLE
                         .iter()
                         .filter(|r| {
@@ -676,7 +739,17 @@ mod tests {
                         [false, true].iter().any(|&after_damage| {
                             [false, true].iter().any(|&valid_later| {
                                 [false, true].iter().any(|&last_segment| {
-                                    row_matches(row, &RecordCase { frame, body, order, after_damage, valid_later, last_segment })
+                                    row_matches(
+                                        row,
+                                        &RecordCase {
+                                            frame,
+                                            body,
+                                            order,
+                                            after_damage,
+                                            valid_later,
+                                            last_segment,
+                                        },
+                                    )
                                 })
                             })
                         })

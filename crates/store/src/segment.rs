@@ -88,10 +88,16 @@ pub fn check_header(bytes: &[u8], group: u32, seq: u32) -> HeaderCheck {
     }
     let version = u32_at(SEG_OFF_VERSION);
     if version != FORMAT_VERSION {
-        return HeaderCheck::Foreign(format!("format version {version}, expected {FORMAT_VERSION}"));
+        return HeaderCheck::Foreign(format!(
+            "format version {version}, expected {FORMAT_VERSION}"
+        ));
     }
     let g = u32_at(SEG_OFF_GROUP);
-    let s = u64::from_le_bytes(h[SEG_OFF_SEQ..SEG_OFF_RESERVED].try_into().expect("8 bytes"));
+    let s = u64::from_le_bytes(
+        h[SEG_OFF_SEQ..SEG_OFF_RESERVED]
+            .try_into()
+            .expect("8 bytes"),
+    );
     if g != group || s != u64::from(seq) {
         return HeaderCheck::Foreign(format!(
             "header names group {g} segment {s}, file is group {group} segment {seq}"
@@ -108,7 +114,10 @@ mod tests {
     fn golden_bytes_segment_header() {
         let h = encode_header(3, 258);
         assert_eq!(&h[..8], b"BERTHSEG");
-        assert_eq!(&h[8..28], &[1, 0, 0, 0, 3, 0, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(
+            &h[8..28],
+            &[1, 0, 0, 0, 3, 0, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+        );
         assert_eq!(check_header(&h, 3, 258), HeaderCheck::Ok);
         assert!(matches!(check_header(&h, 4, 258), HeaderCheck::Foreign(_)));
         assert_eq!(check_header(&h[..31], 3, 258), HeaderCheck::Torn);

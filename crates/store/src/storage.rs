@@ -37,6 +37,7 @@ pub trait Storage: Send + Sync + 'static {
 }
 
 /// One open file. Positional I/O only: there is no shared cursor.
+#[allow(clippy::len_without_is_empty)] // a file's length is an I/O result, not a container's
 pub trait StorageFile: Send + Sync {
     /// Fills `buf` from `offset`; `UnexpectedEof` if the file is shorter.
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;

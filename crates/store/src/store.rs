@@ -155,7 +155,10 @@ impl Store {
     }
 
     /// Opens the store through `storage` (tests pass a fault-injecting one).
-    pub fn open_with(config: StoreConfig, storage: Arc<dyn Storage>) -> Result<(Store, Recovered), StoreError> {
+    pub fn open_with(
+        config: StoreConfig,
+        storage: Arc<dyn Storage>,
+    ) -> Result<(Store, Recovered), StoreError> {
         config.validate()?;
         let started = Instant::now();
         let group_count = open_manifests(&config, storage.as_ref())?;
@@ -176,7 +179,9 @@ impl Store {
                     let g = u32::try_from(g).expect("validated");
                     std::thread::Builder::new()
                         .name(format!("berth-recover-{g}"))
-                        .spawn_scoped(s, move || recovery::recover_group(storage, g, dir, progress))
+                        .spawn_scoped(s, move || {
+                            recovery::recover_group(storage, g, dir, progress)
+                        })
                         .expect("spawn recovery thread")
                 })
                 .collect();
@@ -189,7 +194,10 @@ impl Store {
                     next_log += interval;
                 }
             }
-            handles.into_iter().map(|h| h.join().expect("recovery thread panicked")).collect()
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("recovery thread panicked"))
+                .collect()
         });
 
         let mut recovered = Recovered::default();
@@ -203,12 +211,21 @@ impl Store {
             let g = u32::try_from(g).expect("validated");
             msg_id_hw = msg_id_hw.max(rec.index.msg_id_hw);
             for (k, v) in &rec.index.meta {
-                recovered.metadata.insert(Bytes::copy_from_slice(k), Bytes::copy_from_slice(v));
+                recovered
+                    .metadata
+                    .insert(Bytes::copy_from_slice(k), Bytes::copy_from_slice(v));
             }
             for m in rec.index.iter_live() {
                 let len = payload_len(m.loc.len, m.queues.len());
                 for q in &m.queues {
-                    recovered.queues.entry(*q).or_default().push(RecoveredMessage { msg: m.msg, payload_len: len });
+                    recovered
+                        .queues
+                        .entry(*q)
+                        .or_default()
+                        .push(RecoveredMessage {
+                            msg: m.msg,
+                            payload_len: len,
+                        });
                 }
             }
             let st = &mut recovered.stats;
@@ -216,35 +233,60 @@ impl Store {
             st.bytes_scanned += rec.bytes_scanned;
             st.truncated_bytes += rec.truncated_bytes;
             st.checkpoints_used += u32::from(rec.checkpoint_used.is_some());
-            st.checkpoints_ignored.extend(rec.checkpoints_ignored.iter().cloned());
+            st.checkpoints_ignored
+                .extend(rec.checkpoints_ignored.iter().cloned());
             recovered.damage.extend(rec.damage.iter().cloned());
             let (tx, rx) = mpsc::sync_channel(config.channel_requests_max);
             let init = WriterInit {
-                files: rec.segments.into_iter().map(|(s, f)| (s, (f.file, f.len))).collect(),
+                files: rec
+                    .segments
+                    .into_iter()
+                    .map(|(s, f)| (s, (f.file, f.len)))
+                    .collect(),
                 index: rec.index,
                 next_seq: rec.next_seq,
                 next_lsn: rec.next_lsn,
                 checkpoints: rec.checkpoints,
                 next_checkpoint_no: rec.next_checkpoint_no,
             };
-            let (writer, shared) = Writer::new(g, dirs[g as usize].clone(), Arc::clone(&storage), config.clone(), rx, init);
+            let (writer, shared) = Writer::new(
+                g,
+                dirs[g as usize].clone(),
+                Arc::clone(&storage),
+                config.clone(),
+                rx,
+                init,
+            );
             let thread = std::thread::Builder::new()
                 .name(format!("berth-group-{g}"))
                 .spawn(move || writer.run())
                 .map_err(|e| StoreError::io("spawn writer thread", &dirs[g as usize], e))?;
-            groups.push(Group { tx, shared, thread: Some(thread) });
+            groups.push(Group {
+                tx,
+                shared,
+                thread: Some(thread),
+            });
         }
         for msgs in recovered.queues.values_mut() {
             msgs.sort_unstable_by_key(|m| m.msg);
         }
         recovered.stats.groups = group_count;
         recovered.stats.duration = started.elapsed();
-        tracing::info!(groups = group_count, records = recovered.stats.records_replayed,
-            bytes = recovered.stats.bytes_scanned, queues = recovered.queues.len(),
-            damaged_ranges = recovered.damage.len(), ms = recovered.stats.duration.as_millis(),
-            "store recovered");
+        tracing::info!(
+            groups = group_count,
+            records = recovered.stats.records_replayed,
+            bytes = recovered.stats.bytes_scanned,
+            queues = recovered.queues.len(),
+            damaged_ranges = recovered.damage.len(),
+            ms = recovered.stats.duration.as_millis(),
+            "store recovered"
+        );
         Ok((
-            Store { groups, next_msg_id: AtomicU64::new(msg_id_hw + 1), payload_bytes_max: config.payload_bytes_max },
+            Store {
+                groups,
+                next_msg_id: AtomicU64::new(msg_id_hw + 1),
+                payload_bytes_max: config.payload_bytes_max,
+            },
             recovered,
         ))
     }
@@ -281,7 +323,9 @@ impl Store {
     /// Blocks while a group's channel is full (back-pressure).
     pub fn publish(&self, msg: MsgId, queues: &[QueueId], payload: Bytes, done: Done) {
         if queues.is_empty() || queues.iter().any(|q| q.0 == u64::MAX) {
-            done(Err(StoreError::Invalid("publish needs queues other than u64::MAX".into())));
+            done(Err(StoreError::Invalid(
+                "publish needs queues other than u64::MAX".into(),
+            )));
             return;
         }
         if payload.len() > self.payload_bytes_max as usize {
@@ -298,7 +342,15 @@ impl Store {
         }
         if by_group.len() == 1 {
             let (g, qs) = by_group.pop_first().expect("one");
-            self.send(g, Op::Publish { msg, queues: qs, payload }, done);
+            self.send(
+                g,
+                Op::Publish {
+                    msg,
+                    queues: qs,
+                    payload,
+                },
+                done,
+            );
             return;
         }
         let join = Arc::new(Join {
@@ -307,14 +359,29 @@ impl Store {
             done: Mutex::new(Some(done)),
         });
         for (g, qs) in by_group {
-            self.send(g, Op::Publish { msg, queues: qs, payload: payload.clone() }, join.part());
+            self.send(
+                g,
+                Op::Publish {
+                    msg,
+                    queues: qs,
+                    payload: payload.clone(),
+                },
+                join.part(),
+            );
         }
     }
 
     /// Removes (acknowledges) `msgs` from `queue`. Removing a message the
     /// queue does not hold is a no-op.
     pub fn remove(&self, queue: QueueId, msgs: &[MsgId], done: Done) {
-        self.send(self.group_of(queue), Op::Remove { queue, msgs: msgs.to_vec() }, done);
+        self.send(
+            self.group_of(queue),
+            Op::Remove {
+                queue,
+                msgs: msgs.to_vec(),
+            },
+            done,
+        );
     }
 
     /// Removes every message `queue` holds (queue.purge, queue.delete).
@@ -354,17 +421,35 @@ impl Store {
         let group = &self.groups[self.group_of(queue) as usize];
         let (file, loc) = {
             let inner = group.shared.inner.lock();
-            let loc = inner.index.locate(queue, msg).ok_or(StoreError::NotFound { queue: queue.0, msg: msg.0 })?;
-            let file = inner.files.get(&loc.seg).cloned().ok_or(StoreError::NotFound { queue: queue.0, msg: msg.0 })?;
+            let loc = inner.index.locate(queue, msg).ok_or(StoreError::NotFound {
+                queue: queue.0,
+                msg: msg.0,
+            })?;
+            let file = inner
+                .files
+                .get(&loc.seg)
+                .cloned()
+                .ok_or(StoreError::NotFound {
+                    queue: queue.0,
+                    msg: msg.0,
+                })?;
             (file, loc)
         };
         let path = crate::segment::segment_path(&group.shared.dir, loc.seg);
         let mut buf = vec![0u8; loc.len as usize];
-        file.read_exact_at(&mut buf, u64::from(loc.offset)).map_err(|e| StoreError::io("read", &path, e))?;
+        file.read_exact_at(&mut buf, u64::from(loc.offset))
+            .map_err(|e| StoreError::io("read", &path, e))?;
         let range = match record::decode(&buf) {
-            Decoded::Record { record: Record::Publish { msg: m, payload, .. } | Record::Relocate { msg: m, payload, .. }, .. }
-                if m == msg =>
-            {
+            Decoded::Record {
+                record:
+                    Record::Publish {
+                        msg: m, payload, ..
+                    }
+                    | Record::Relocate {
+                        msg: m, payload, ..
+                    },
+                ..
+            } if m == msg => {
                 let start = payload.as_ptr() as usize - buf.as_ptr() as usize;
                 start..start + payload.len()
             }
@@ -482,18 +567,33 @@ fn log_progress(p: &Progress, started: Instant, groups: u32) {
     let total = p.bytes_total.load(Ordering::Relaxed).max(1);
     let elapsed = started.elapsed().as_secs_f64();
     #[allow(clippy::cast_precision_loss)]
-    let eta_s = if done == 0 { f64::NAN } else { elapsed * (total - done.min(total)) as f64 / done as f64 };
-    tracing::info!(groups, bytes_done = done, bytes_total = total, records = p.records.load(Ordering::Relaxed),
-        eta_s = format!("{eta_s:.1}"), "recovering store");
+    let eta_s = if done == 0 {
+        f64::NAN
+    } else {
+        elapsed * (total - done.min(total)) as f64 / done as f64
+    };
+    tracing::info!(
+        groups,
+        bytes_done = done,
+        bytes_total = total,
+        records = p.records.load(Ordering::Relaxed),
+        eta_s = format!("{eta_s:.1}"),
+        "recovering store"
+    );
 }
 
 /// Reads or creates the manifests; returns the group count.
 fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<u32, StoreError> {
-    let dir_count = u32::try_from(config.data_dirs.len()).map_err(|_| StoreError::Config("too many data_dirs".into()))?;
+    let dir_count = u32::try_from(config.data_dirs.len())
+        .map_err(|_| StoreError::Config("too many data_dirs".into()))?;
     let mut found: Vec<Option<Manifest>> = Vec::new();
     for dir in &config.data_dirs {
-        storage.create_dir_all(dir).map_err(|e| StoreError::io("create dir", dir, e))?;
-        let names = storage.list(dir).map_err(|e| StoreError::io("list", dir, e))?;
+        storage
+            .create_dir_all(dir)
+            .map_err(|e| StoreError::io("create dir", dir, e))?;
+        let names = storage
+            .list(dir)
+            .map_err(|e| StoreError::io("list", dir, e))?;
         if names.iter().any(|n| n == MANIFEST_NAME) {
             let path = dir.join(MANIFEST_NAME);
             let bytes = manifest::read_all(storage, &path)?;
@@ -514,12 +614,19 @@ fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<u32, St
             };
             manifest::write_atomically(storage, dir, MANIFEST_NAME, &m.encode())?;
         }
-        tracing::info!(groups = config.log_groups, dirs = dir_count, "created new store");
+        tracing::info!(
+            groups = config.log_groups,
+            dirs = dir_count,
+            "created new store"
+        );
         return Ok(config.log_groups);
     };
     for (i, (m, dir)) in found.iter().zip(&config.data_dirs).enumerate() {
         let ok = m.is_some_and(|m| {
-            m.store_id == first.store_id && m.dir_count == dir_count && m.dir_index as usize == i && m.group_count == first.group_count
+            m.store_id == first.store_id
+                && m.dir_count == dir_count
+                && m.dir_index as usize == i
+                && m.group_count == first.group_count
         });
         if !ok {
             return Err(StoreError::Config(format!(

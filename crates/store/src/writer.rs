@@ -42,11 +42,25 @@ pub type Done = Box<dyn FnOnce(Result<(), StoreError>) + Send + 'static>;
 
 /// A request to a group.
 pub(crate) enum Op {
-    Publish { msg: MsgId, queues: Vec<QueueId>, payload: Bytes },
-    Remove { queue: QueueId, msgs: Vec<MsgId> },
-    MetaPut { key: Bytes, value: Bytes },
-    MetaDelete { key: Bytes },
-    Purge { queue: QueueId },
+    Publish {
+        msg: MsgId,
+        queues: Vec<QueueId>,
+        payload: Bytes,
+    },
+    Remove {
+        queue: QueueId,
+        msgs: Vec<MsgId>,
+    },
+    MetaPut {
+        key: Bytes,
+        value: Bytes,
+    },
+    MetaDelete {
+        key: Bytes,
+    },
+    Purge {
+        queue: QueueId,
+    },
     /// Completes once everything before it is fdatasync'ed, in any mode.
     Flush,
 }
@@ -55,13 +69,20 @@ impl Op {
     fn record(&self) -> Option<Record<'_>> {
         Some(match self {
             Op::Publish { queues, .. } if queues.is_empty() => return None,
-            Op::Publish { msg, queues, payload } => Record::Publish {
+            Op::Publish {
+                msg,
+                queues,
+                payload,
+            } => Record::Publish {
                 msg: *msg,
                 queues: queues.as_slice().into(),
                 payload,
             },
             Op::Remove { msgs, .. } if msgs.is_empty() => return None,
-            Op::Remove { queue, msgs } => Record::Remove { queue: *queue, msgs: msgs.as_slice().into() },
+            Op::Remove { queue, msgs } => Record::Remove {
+                queue: *queue,
+                msgs: msgs.as_slice().into(),
+            },
             Op::MetaPut { key, value } => Record::MetaPut { key, value },
             Op::MetaDelete { key } => Record::MetaDelete { key },
             Op::Purge { queue } => Record::Purge { queue: *queue },
@@ -71,7 +92,9 @@ impl Op {
 
     fn size_hint(&self) -> usize {
         match self {
-            Op::Publish { payload, queues, .. } => payload.len() + 8 * queues.len() + 32,
+            Op::Publish {
+                payload, queues, ..
+            } => payload.len() + 8 * queues.len() + 32,
             Op::Remove { msgs, .. } => 8 * msgs.len() + 32,
             Op::MetaPut { key, value } => key.len() + value.len() + 32,
             Op::MetaDelete { key } => key.len() + 32,
@@ -81,11 +104,20 @@ impl Op {
 }
 
 pub(crate) enum Cmd {
-    Write { op: Op, done: Done },
-    Checkpoint { done: Done },
+    Write {
+        op: Op,
+        done: Done,
+    },
+    Checkpoint {
+        done: Done,
+    },
     /// Compacts every eligible segment now, unbounded (tests, operator tool).
-    Compact { done: Done },
-    Shutdown { done: Option<Done> },
+    Compact {
+        done: Done,
+    },
+    Shutdown {
+        done: Option<Done>,
+    },
 }
 
 /// Counters of one group, readable at any time.
@@ -119,10 +151,13 @@ pub(crate) struct GroupShared {
 
 impl GroupShared {
     pub fn poison_error(&self) -> Option<StoreError> {
-        self.poisoned.lock().as_ref().map(|cause| StoreError::Poisoned {
-            group: self.group,
-            cause: Arc::clone(cause),
-        })
+        self.poisoned
+            .lock()
+            .as_ref()
+            .map(|cause| StoreError::Poisoned {
+                group: self.group,
+                cause: Arc::clone(cause),
+            })
     }
 }
 
@@ -184,7 +219,10 @@ impl Writer {
         let shared = Arc::new(GroupShared {
             group,
             dir,
-            inner: Mutex::new(Shared { index: init.index, files }),
+            inner: Mutex::new(Shared {
+                index: init.index,
+                files,
+            }),
             poisoned: Mutex::new(None),
             counters: GroupCounters::default(),
         });
@@ -217,7 +255,11 @@ impl Writer {
         self.shared.group
     }
 
-    fn err(&self, op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> StoreError {
+    fn err(
+        &self,
+        op: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> StoreError {
         let path = path.into();
         move |e| StoreError::io(op, path, e)
     }
@@ -228,7 +270,9 @@ impl Writer {
         loop {
             let first = match self.next_deadline() {
                 None => self.rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-                Some(at) => self.rx.recv_timeout(at.saturating_duration_since(Instant::now())),
+                Some(at) => self
+                    .rx
+                    .recv_timeout(at.saturating_duration_since(Instant::now())),
             };
             let mut disconnected = false;
             match first {
@@ -288,9 +332,13 @@ impl Writer {
     /// batches, wait (at most `commit_delay_us_max`, and at most about one
     /// fsync) for as many as usually come. A lone committer never waits.
     fn gather(&mut self, batch: &mut Vec<Cmd>) {
-        let writes = batch.iter().filter(|c| matches!(c, Cmd::Write { .. })).count();
+        let writes = batch
+            .iter()
+            .filter(|c| matches!(c, Cmd::Write { .. }))
+            .count();
         let expected = self.committers_ewma.round();
-        if self.cfg.sync != SyncMode::Always || self.cfg.commit_delay_us_max == 0 || expected < 2.0 {
+        if self.cfg.sync != SyncMode::Always || self.cfg.commit_delay_us_max == 0 || expected < 2.0
+        {
             return;
         }
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -303,9 +351,15 @@ impl Writer {
         let deadline = Instant::now() + Duration::from_micros(delay_us);
         let mut got = writes;
         let mut bytes: usize = batch.iter().map(cmd_size).sum();
-        self.shared.counters.gather_waits.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .counters
+            .gather_waits
+            .fetch_add(1, Ordering::Relaxed);
         while got < expected && bytes < self.cfg.batch_bytes_max {
-            match self.rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            match self
+                .rx
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
                 Ok(cmd) => {
                     if matches!(cmd, Cmd::Write { .. }) {
                         got += 1;
@@ -367,7 +421,9 @@ impl Writer {
         c.records.fetch_add(placed.len() as u64, Ordering::Relaxed);
         let due = match self.cfg.sync {
             SyncMode::Always => true,
-            SyncMode::Interval => self.last_sync.elapsed() >= Duration::from_millis(self.cfg.sync_interval_ms),
+            SyncMode::Interval => {
+                self.last_sync.elapsed() >= Duration::from_millis(self.cfg.sync_interval_ms)
+            }
             SyncMode::Never => false,
         };
         if due || force_sync {
@@ -392,7 +448,8 @@ impl Writer {
         let a = self.active.as_ref().expect("opened");
         let loc = Loc {
             seg: a.seq,
-            offset: u32::try_from(a.len + self.buf.len() as u64).expect("segment_size_bytes < 4 GiB"),
+            offset: u32::try_from(a.len + self.buf.len() as u64)
+                .expect("segment_size_bytes < 4 GiB"),
             len: u32::try_from(len).expect("record < 4 GiB"),
         };
         let lsn = self.next_lsn;
@@ -404,12 +461,22 @@ impl Writer {
     fn open_segment(&mut self) -> Result<(), StoreError> {
         let seq = self.next_seq;
         let path = segment::segment_path(&self.shared.dir, seq);
-        let file = self.storage.create(&path).map_err(self.err("create", &path))?;
+        let file = self
+            .storage
+            .create(&path)
+            .map_err(self.err("create", &path))?;
         // The entry must be durable before any record in it is completed.
-        self.storage.sync_dir(&self.shared.dir).map_err(self.err("fsync dir", &self.shared.dir))?;
+        self.storage
+            .sync_dir(&self.shared.dir)
+            .map_err(self.err("fsync dir", &self.shared.dir))?;
         self.next_seq += 1;
-        self.buf.extend_from_slice(&segment::encode_header(self.group(), seq));
-        self.shared.inner.lock().files.insert(seq, Arc::clone(&file));
+        self.buf
+            .extend_from_slice(&segment::encode_header(self.group(), seq));
+        self.shared
+            .inner
+            .lock()
+            .files
+            .insert(seq, Arc::clone(&file));
         self.active = Some(Active { seq, file, len: 0 });
         tracing::debug!(group = self.group(), seq, "segment opened");
         Ok(())
@@ -419,12 +486,20 @@ impl Writer {
         if self.buf.is_empty() {
             return Ok(());
         }
-        let a = self.active.as_mut().expect("buffered bytes belong to a segment");
+        let a = self
+            .active
+            .as_mut()
+            .expect("buffered bytes belong to a segment");
         let path = segment::segment_path(&self.shared.dir, a.seq);
-        a.file.write_all_at(&self.buf, a.len).map_err(|e| StoreError::io("write", path, e))?;
+        a.file
+            .write_all_at(&self.buf, a.len)
+            .map_err(|e| StoreError::io("write", path, e))?;
         a.len += self.buf.len() as u64;
         self.journal_bytes_since_checkpoint += self.buf.len() as u64;
-        self.shared.counters.bytes_written.fetch_add(self.buf.len() as u64, Ordering::Relaxed);
+        self.shared
+            .counters
+            .bytes_written
+            .fetch_add(self.buf.len() as u64, Ordering::Relaxed);
         self.buf.clear();
         self.dirty = true;
         self.last_write = Instant::now();
@@ -438,7 +513,9 @@ impl Writer {
         }
         let started = Instant::now();
         let path = segment::segment_path(&self.shared.dir, a.seq);
-        a.file.sync_data().map_err(|e| StoreError::io("fdatasync", path, e))?;
+        a.file
+            .sync_data()
+            .map_err(|e| StoreError::io("fdatasync", path, e))?;
         let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         #[allow(clippy::cast_precision_loss)]
         {
@@ -457,7 +534,12 @@ impl Writer {
         self.write_buf()?;
         self.sync()?;
         if let Some(a) = self.active.take() {
-            tracing::debug!(group = self.group(), seq = a.seq, bytes = a.len, "segment sealed");
+            tracing::debug!(
+                group = self.group(),
+                seq = a.seq,
+                bytes = a.len,
+                "segment sealed"
+            );
             self.sealed.insert(a.seq, a.len);
         }
         Ok(())
@@ -470,7 +552,10 @@ impl Writer {
         *self.shared.poisoned.lock() = Some(Arc::clone(&cause));
         // Nothing buffered may be written after the failure.
         self.buf.clear();
-        StoreError::Poisoned { group: self.group(), cause }
+        StoreError::Poisoned {
+            group: self.group(),
+            cause,
+        }
     }
 
     fn control(&mut self, cmd: Cmd) {
@@ -496,7 +581,11 @@ impl Writer {
         if self.dirty && self.cfg.sync == SyncMode::Interval {
             consider(self.last_sync + Duration::from_millis(self.cfg.sync_interval_ms));
         }
-        if self.active.as_ref().is_some_and(|a| a.len > SEGMENT_HEADER_BYTES as u64) {
+        if self
+            .active
+            .as_ref()
+            .is_some_and(|a| a.len > SEGMENT_HEADER_BYTES as u64)
+        {
             consider(self.last_write + Duration::from_millis(self.cfg.segment_idle_roll_ms));
         }
         if self.checkpoint_wanted() {
@@ -511,15 +600,24 @@ impl Writer {
     /// The replay position a checkpoint taken now would record.
     fn position(&self) -> ReplayFrom {
         match &self.active {
-            Some(a) => ReplayFrom { seg: a.seq, offset: a.len + self.buf.len() as u64 },
-            None => ReplayFrom { seg: self.next_seq, offset: SEGMENT_HEADER_BYTES as u64 },
+            Some(a) => ReplayFrom {
+                seg: a.seq,
+                offset: a.len + self.buf.len() as u64,
+            },
+            None => ReplayFrom {
+                seg: self.next_seq,
+                offset: SEGMENT_HEADER_BYTES as u64,
+            },
         }
     }
 
     /// Whether a checkpoint now would move the oldest retained one forward.
     fn checkpoint_wanted(&self) -> bool {
         self.checkpoints.len() < 2 && self.next_lsn > 1
-            || self.checkpoints.first().is_some_and(|(_, c)| c.replay != self.position())
+            || self
+                .checkpoints
+                .first()
+                .is_some_and(|(_, c)| c.replay != self.position())
     }
 
     fn housekeeping(&mut self) {
@@ -534,7 +632,10 @@ impl Writer {
             {
                 self.sync()?;
             }
-            if self.active.as_ref().is_some_and(|a| a.len > SEGMENT_HEADER_BYTES as u64)
+            if self
+                .active
+                .as_ref()
+                .is_some_and(|a| a.len > SEGMENT_HEADER_BYTES as u64)
                 && now >= self.last_write + Duration::from_millis(self.cfg.segment_idle_roll_ms)
             {
                 self.seal()?;
@@ -547,7 +648,9 @@ impl Writer {
         }
         let ckpt_due = self.journal_bytes_since_checkpoint >= self.cfg.checkpoint_journal_bytes
             || (self.checkpoint_wanted()
-                && now >= self.last_checkpoint + Duration::from_millis(self.cfg.checkpoint_interval_ms));
+                && now
+                    >= self.last_checkpoint
+                        + Duration::from_millis(self.cfg.checkpoint_interval_ms));
         if ckpt_due {
             if let Err(e) = self.checkpoint() {
                 tracing::error!(group = self.group(), error = %e, "checkpoint failed; will retry");
@@ -574,7 +677,10 @@ impl Writer {
         if let Err(e) = self.write_buf().and_then(|()| self.sync()) {
             return Err(self.poison(e));
         }
-        let info = CheckpointInfo { lsn: self.next_lsn - 1, replay: self.position() };
+        let info = CheckpointInfo {
+            lsn: self.next_lsn - 1,
+            replay: self.position(),
+        };
         let bytes = {
             let inner = self.shared.inner.lock();
             checkpoint::encode(self.group(), info, &inner.index)
@@ -583,17 +689,33 @@ impl Writer {
         let tmp = dir.join(CHECKPOINT_TMP_NAME);
         let no = self.next_checkpoint_no;
         let dst = dir.join(checkpoint::checkpoint_name(no));
-        let f = self.storage.create(&tmp).map_err(self.err("create", &tmp))?;
+        let f = self
+            .storage
+            .create(&tmp)
+            .map_err(self.err("create", &tmp))?;
         f.write_all_at(&bytes, 0).map_err(self.err("write", &tmp))?;
         f.sync_data().map_err(self.err("fdatasync", &tmp))?;
-        self.storage.rename(&tmp, &dst).map_err(self.err("rename", &tmp))?;
-        self.storage.sync_dir(&dir).map_err(self.err("fsync dir", &dir))?;
+        self.storage
+            .rename(&tmp, &dst)
+            .map_err(self.err("rename", &tmp))?;
+        self.storage
+            .sync_dir(&dir)
+            .map_err(self.err("fsync dir", &dir))?;
         self.next_checkpoint_no += 1;
         self.checkpoints.push((no, info));
         self.last_checkpoint = Instant::now();
         self.journal_bytes_since_checkpoint = 0;
-        self.shared.counters.checkpoints.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(group = self.group(), no, lsn = info.lsn, bytes = bytes.len(), "checkpoint written");
+        self.shared
+            .counters
+            .checkpoints
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            group = self.group(),
+            no,
+            lsn = info.lsn,
+            bytes = bytes.len(),
+            "checkpoint written"
+        );
         while self.checkpoints.len() > 2 {
             let (old, _) = self.checkpoints.remove(0);
             let path = dir.join(checkpoint::checkpoint_name(old));
@@ -609,10 +731,19 @@ impl Writer {
         if self.checkpoints.len() < 2 {
             return;
         }
-        let horizon = self.checkpoints.iter().map(|(_, c)| c.replay.seg).min().expect("two checkpoints");
+        let horizon = self
+            .checkpoints
+            .iter()
+            .map(|(_, c)| c.replay.seg)
+            .min()
+            .expect("two checkpoints");
         let dead: Vec<u32> = {
             let inner = self.shared.inner.lock();
-            self.sealed.keys().copied().filter(|&s| s < horizon && inner.index.seg_live(s).count == 0).collect()
+            self.sealed
+                .keys()
+                .copied()
+                .filter(|&s| s < horizon && inner.index.seg_live(s).count == 0)
+                .collect()
         };
         for seq in dead {
             let path = segment::segment_path(&self.shared.dir, seq);
@@ -620,10 +751,15 @@ impl Writer {
                 Ok(()) => {
                     self.sealed.remove(&seq);
                     self.shared.inner.lock().files.remove(&seq);
-                    self.shared.counters.segments_deleted.fetch_add(1, Ordering::Relaxed);
+                    self.shared
+                        .counters
+                        .segments_deleted
+                        .fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(group = self.group(), seq, "segment deleted");
                 }
-                Err(e) => tracing::warn!(group = self.group(), file = %path.display(), error = %e, "could not delete dead segment"),
+                Err(e) => {
+                    tracing::warn!(group = self.group(), file = %path.display(), error = %e, "could not delete dead segment")
+                }
             }
         }
     }
@@ -647,10 +783,15 @@ impl Writer {
         if let Some(e) = self.shared.poison_error() {
             return Err(e);
         }
-        let Some(seq) = self.compaction_candidate() else { return Ok(()) };
+        let Some(seq) = self.compaction_candidate() else {
+            return Ok(());
+        };
         let (file, live) = {
             let inner = self.shared.inner.lock();
-            (inner.files.get(&seq).cloned(), inner.index.live_in_segment(seq))
+            (
+                inner.files.get(&seq).cloned(),
+                inner.index.live_in_segment(seq),
+            )
         };
         let Some(file) = file else { return Ok(()) };
         let path = segment::segment_path(&self.shared.dir, seq);
@@ -661,10 +802,19 @@ impl Writer {
                 break;
             }
             let mut rec = vec![0u8; loc.len as usize];
-            file.read_exact_at(&mut rec, u64::from(loc.offset)).map_err(|e| StoreError::io("read", &path, e))?;
+            file.read_exact_at(&mut rec, u64::from(loc.offset))
+                .map_err(|e| StoreError::io("read", &path, e))?;
             let payload = match record::decode(&rec) {
-                Decoded::Record { record: Record::Publish { msg: m, payload, .. } | Record::Relocate { msg: m, payload, .. }, .. }
-                    if m == msg => payload,
+                Decoded::Record {
+                    record:
+                        Record::Publish {
+                            msg: m, payload, ..
+                        }
+                        | Record::Relocate {
+                            msg: m, payload, ..
+                        },
+                    ..
+                } if m == msg => payload,
                 _ => {
                     return Err(StoreError::Corrupt {
                         path,
@@ -674,7 +824,11 @@ impl Writer {
                 }
             };
             let queues = self.shared.inner.lock().index.queues_of(msg);
-            let new_loc = match self.encode(&Record::Relocate { msg, queues: queues.as_slice().into(), payload }) {
+            let new_loc = match self.encode(&Record::Relocate {
+                msg,
+                queues: queues.as_slice().into(),
+                payload,
+            }) {
                 Ok(l) => l,
                 Err(e) => return Err(self.poison(e)),
             };
@@ -686,11 +840,27 @@ impl Writer {
         }
         let mut inner = self.shared.inner.lock();
         for (msg, queues, loc) in &moved {
-            inner.index.apply(&Record::Relocate { msg: *msg, queues: queues.as_slice().into(), payload: &[] }, *loc);
+            inner.index.apply(
+                &Record::Relocate {
+                    msg: *msg,
+                    queues: queues.as_slice().into(),
+                    payload: &[],
+                },
+                *loc,
+            );
         }
         drop(inner);
-        self.shared.counters.bytes_compacted.fetch_add(copied as u64, Ordering::Relaxed);
-        tracing::debug!(group = self.group(), seq, messages = moved.len(), bytes = copied, "compacted");
+        self.shared
+            .counters
+            .bytes_compacted
+            .fetch_add(copied as u64, Ordering::Relaxed);
+        tracing::debug!(
+            group = self.group(),
+            seq,
+            messages = moved.len(),
+            bytes = copied,
+            "compacted"
+        );
         Ok(())
     }
 
@@ -703,7 +873,11 @@ impl Writer {
         if let Err(e) = self.write_buf().and_then(|()| self.sync()) {
             return Err(self.poison(e));
         }
-        if self.checkpoints.last().is_none_or(|(_, c)| c.replay != self.position()) {
+        if self
+            .checkpoints
+            .last()
+            .is_none_or(|(_, c)| c.replay != self.position())
+        {
             self.checkpoint()?;
         }
         Ok(())
@@ -736,7 +910,9 @@ fn net_out(writes: &mut [(Op, Done)], counters: &GroupCounters) {
                 let msgs = msgs.clone();
                 for m in msgs {
                     let netted = published.get(&m.0).is_some_and(|&p| {
-                        let Op::Publish { queues, .. } = &mut writes[p].0 else { unreachable!() };
+                        let Op::Publish { queues, .. } = &mut writes[p].0 else {
+                            unreachable!()
+                        };
                         let before = queues.len();
                         queues.retain(|q| *q != queue);
                         let hit = queues.len() < before;

@@ -17,8 +17,14 @@ fn published_message_reads_back_and_survives_restart() {
     assert!(rec.queues.is_empty());
     let m = store.next_msg_id();
     wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"hello"), d)).unwrap();
-    assert_eq!(store.read(QueueId(1), m).unwrap(), Bytes::from_static(b"hello"));
-    assert!(matches!(store.read(QueueId(2), m), Err(StoreError::NotFound { .. })));
+    assert_eq!(
+        store.read(QueueId(1), m).unwrap(),
+        Bytes::from_static(b"hello")
+    );
+    assert!(matches!(
+        store.read(QueueId(2), m),
+        Err(StoreError::NotFound { .. })
+    ));
     drop(store);
     fs.crash(); // nothing unsynced may matter after a clean close
     fs.power_on();
@@ -26,7 +32,10 @@ fn published_message_reads_back_and_survives_restart() {
     assert_eq!(rec.queues[&QueueId(1)].len(), 1);
     assert_eq!(rec.queues[&QueueId(1)][0].msg, m);
     assert_eq!(rec.queues[&QueueId(1)][0].payload_len, 5);
-    assert_eq!(store.read(QueueId(1), m).unwrap(), Bytes::from_static(b"hello"));
+    assert_eq!(
+        store.read(QueueId(1), m).unwrap(),
+        Bytes::from_static(b"hello")
+    );
     assert!(store.next_msg_id().0 > m.0);
 }
 
@@ -47,7 +56,10 @@ fn acked_message_is_gone_after_restart_and_ids_stay_unique() {
     drop(store);
     let (store, rec) = open(&fs, &cfg);
     assert!(rec.queues.is_empty(), "{:?}", rec.queues);
-    assert!(store.next_msg_id().0 > last.0, "ids must not be reused after all were acked");
+    assert!(
+        store.next_msg_id().0 > last.0,
+        "ids must not be reused after all were acked"
+    );
 }
 
 #[test]
@@ -56,7 +68,8 @@ fn multi_queue_publish_spans_groups_and_is_acked_per_queue() {
     let cfg = config(4);
     let (store, _) = open(&fs, &cfg);
     let queues: Vec<QueueId> = (0..8).map(QueueId).collect();
-    let groups: std::collections::BTreeSet<u32> = queues.iter().map(|q| store.group_of(*q)).collect();
+    let groups: std::collections::BTreeSet<u32> =
+        queues.iter().map(|q| store.group_of(*q)).collect();
     assert!(groups.len() > 1, "test needs queues in several groups");
     let m = store.next_msg_id();
     wait(|d| store.publish(m, &queues, Bytes::from_static(b"fan-out"), d)).unwrap();
@@ -64,12 +77,21 @@ fn multi_queue_publish_spans_groups_and_is_acked_per_queue() {
     assert_eq!(before, groups.len() as u64, "stored once per group");
     wait(|d| store.remove(QueueId(0), &[m], d)).unwrap();
     assert!(store.read(QueueId(0), m).is_err());
-    assert_eq!(store.read(QueueId(1), m).unwrap(), Bytes::from_static(b"fan-out"));
+    assert_eq!(
+        store.read(QueueId(1), m).unwrap(),
+        Bytes::from_static(b"fan-out")
+    );
     drop(store);
     let (_store, rec) = open(&fs, &cfg);
     assert!(!rec.queues.contains_key(&QueueId(0)));
     for q in 1..8 {
-        assert_eq!(rec.queues[&QueueId(q)].iter().map(|r| r.msg).collect::<Vec<_>>(), vec![m]);
+        assert_eq!(
+            rec.queues[&QueueId(q)]
+                .iter()
+                .map(|r| r.msg)
+                .collect::<Vec<_>>(),
+            vec![m]
+        );
     }
 }
 
@@ -86,7 +108,10 @@ fn metadata_last_write_wins_and_deletes_stick() {
     drop(store);
     let (_store, rec) = open(&fs, &cfg);
     assert_eq!(rec.metadata.len(), 1);
-    assert_eq!(rec.metadata[&Bytes::from_static(b"queue/x")], Bytes::from_static(b"c"));
+    assert_eq!(
+        rec.metadata[&Bytes::from_static(b"queue/x")],
+        Bytes::from_static(b"c")
+    );
 }
 
 #[test]
@@ -114,7 +139,8 @@ fn recovered_queue_order_is_publish_order() {
     for i in 0..200u32 {
         let m = store.next_msg_id();
         ids.push(m);
-        wait(|d| store.publish(m, &[QueueId(9)], Bytes::from(i.to_le_bytes().to_vec()), d)).unwrap();
+        wait(|d| store.publish(m, &[QueueId(9)], Bytes::from(i.to_le_bytes().to_vec()), d))
+            .unwrap();
     }
     store.checkpoint().unwrap();
     for &m in &ids[..50] {
@@ -124,7 +150,10 @@ fn recovered_queue_order_is_publish_order() {
     let (store, rec) = open(&fs, &cfg);
     let got: Vec<MsgId> = rec.queues[&QueueId(9)].iter().map(|r| r.msg).collect();
     assert_eq!(got, ids[50..]);
-    assert_eq!(store.read(QueueId(9), ids[199]).unwrap(), Bytes::from(199u32.to_le_bytes().to_vec()));
+    assert_eq!(
+        store.read(QueueId(9), ids[199]).unwrap(),
+        Bytes::from(199u32.to_le_bytes().to_vec())
+    );
 }
 
 #[test]
@@ -178,7 +207,11 @@ fn lone_committer_never_waits_but_concurrent_ones_gather() {
         let m = store.next_msg_id();
         wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"x"), d)).unwrap();
     }
-    assert_eq!(store.stats()[0].gather_waits, 0, "a lone committer must never wait");
+    assert_eq!(
+        store.stats()[0].gather_waits,
+        0,
+        "a lone committer must never wait"
+    );
     let store = std::sync::Arc::new(store);
     let threads: Vec<_> = (0..8)
         .map(|t| {
@@ -195,11 +228,21 @@ fn lone_committer_never_waits_but_concurrent_ones_gather() {
             })
         })
         .collect();
-    let worst = threads.into_iter().map(|t| t.join().unwrap()).max().unwrap();
+    let worst = threads
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .max()
+        .unwrap();
     let st = &store.stats()[0];
-    assert!(st.batches < 30 + 8 * 30, "group commit should batch: {st:?}");
+    assert!(
+        st.batches < 30 + 8 * 30,
+        "group commit should batch: {st:?}"
+    );
     // Loose bound (shared CI cores): a few fsyncs plus the cap, never seconds.
-    assert!(worst < Duration::from_millis(500), "worst commit latency {worst:?}");
+    assert!(
+        worst < Duration::from_millis(500),
+        "worst commit latency {worst:?}"
+    );
 }
 
 #[test]
@@ -215,14 +258,24 @@ fn failed_fsync_poisons_the_group_and_fails_pending_and_later_writes() {
     assert!(matches!(e, StoreError::Poisoned { .. }), "{e}");
     fs.fail_syncs_after(None);
     let m3 = store.next_msg_id();
-    let e = wait(|d| store.publish(m3, &[QueueId(1)], Bytes::from_static(b"later"), d)).unwrap_err();
+    let e =
+        wait(|d| store.publish(m3, &[QueueId(1)], Bytes::from_static(b"later"), d)).unwrap_err();
     assert!(matches!(e, StoreError::Poisoned { .. }), "{e}");
     assert!(store.stats()[0].poisoned);
-    assert!(store.close().is_err(), "close must report the poisoned group");
+    assert!(
+        store.close().is_err(),
+        "close must report the poisoned group"
+    );
     fs.crash();
     fs.power_on();
     let (_store, rec) = open(&fs, &cfg);
-    assert_eq!(rec.queues[&QueueId(1)].iter().map(|r| r.msg).collect::<Vec<_>>(), vec![m]);
+    assert_eq!(
+        rec.queues[&QueueId(1)]
+            .iter()
+            .map(|r| r.msg)
+            .collect::<Vec<_>>(),
+        vec![m]
+    );
 }
 
 #[test]
@@ -236,7 +289,10 @@ fn oversized_payload_and_empty_queue_list_are_refused() {
         wait(|d| store.publish(m, &[QueueId(1)], Bytes::from(vec![0; 11]), d)),
         Err(StoreError::Invalid(_))
     ));
-    assert!(matches!(wait(|d| store.publish(m, &[], Bytes::new(), d)), Err(StoreError::Invalid(_))));
+    assert!(matches!(
+        wait(|d| store.publish(m, &[], Bytes::new(), d)),
+        Err(StoreError::Invalid(_))
+    ));
 }
 
 #[test]
@@ -250,7 +306,10 @@ fn real_files_roundtrip() {
     drop(store);
     let (store, rec) = berth_store::Store::open(cfg).unwrap();
     assert_eq!(rec.queues[&QueueId(3)][0].msg, m);
-    assert_eq!(store.read(QueueId(3), m).unwrap(), Bytes::from_static(b"disk"));
+    assert_eq!(
+        store.read(QueueId(3), m).unwrap(),
+        Bytes::from_static(b"disk")
+    );
     drop(store);
     std::fs::remove_dir_all(&dir).unwrap();
 }

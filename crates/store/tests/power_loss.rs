@@ -45,7 +45,11 @@ fn worker(store: &Store, log: &Mutex<Log>, stop: &AtomicBool, completions: &Atom
             let l = log.lock();
             if rng.random_bool(0.4) && !l.published_ok.is_empty() {
                 let pick = rng.random_range(0..l.published_ok.len());
-                l.published_ok.iter().nth(pick).copied().filter(|k| !l.remove_issued.contains(k))
+                l.published_ok
+                    .iter()
+                    .nth(pick)
+                    .copied()
+                    .filter(|k| !l.remove_issued.contains(k))
             } else {
                 None
             }
@@ -99,9 +103,15 @@ fn power_loss_run(seed: u64, sync: SyncMode, tear: bool) -> Vec<String> {
     let crash_after = rng.random_range(20..300);
     let threads: Vec<_> = (0..4)
         .map(|t| {
-            let (store, log, stop, completions) =
-                (Arc::clone(&store), Arc::clone(&log), Arc::clone(&stop), Arc::clone(&completions));
-            std::thread::spawn(move || worker(&store, &log, &stop, &completions, seed.wrapping_add(t)))
+            let (store, log, stop, completions) = (
+                Arc::clone(&store),
+                Arc::clone(&log),
+                Arc::clone(&stop),
+                Arc::clone(&completions),
+            );
+            std::thread::spawn(move || {
+                worker(&store, &log, &stop, &completions, seed.wrapping_add(t))
+            })
         })
         .collect();
     while completions.load(Ordering::Relaxed) < crash_after {
@@ -117,8 +127,11 @@ fn power_loss_run(seed: u64, sync: SyncMode, tear: bool) -> Vec<String> {
 
     let (store, rec) = open(&fs, &cfg);
     let log = log.lock();
-    let present: BTreeSet<(QueueId, MsgId)> =
-        rec.queues.iter().flat_map(|(q, ms)| ms.iter().map(move |m| (*q, m.msg))).collect();
+    let present: BTreeSet<(QueueId, MsgId)> = rec
+        .queues
+        .iter()
+        .flat_map(|(q, ms)| ms.iter().map(move |m| (*q, m.msg)))
+        .collect();
     let mut violations = Vec::new();
     for k in &log.published_ok {
         if !log.remove_issued.contains(k) && !present.contains(k) {
@@ -142,13 +155,19 @@ fn power_loss_run(seed: u64, sync: SyncMode, tear: bool) -> Vec<String> {
     fs.power_on();
     let (_store, rec2) = open(&fs, &cfg);
     let by_queue = |r: &berth_store::Recovered| -> BTreeMap<QueueId, Vec<MsgId>> {
-        r.queues.iter().map(|(q, ms)| (*q, ms.iter().map(|m| m.msg).collect())).collect()
+        r.queues
+            .iter()
+            .map(|(q, ms)| (*q, ms.iter().map(|m| m.msg).collect()))
+            .collect()
     };
     if by_queue(&rec) != by_queue(&rec2) {
         violations.push("second recovery differs from the first".into());
     }
     if !rec.damage.is_empty() && !tear {
-        violations.push(format!("damage reported after a clean power loss: {:?}", rec.damage));
+        violations.push(format!(
+            "damage reported after a clean power loss: {:?}",
+            rec.damage
+        ));
     }
     violations
 }
@@ -179,6 +198,10 @@ fn confirmed_writes_survive_power_loss_with_torn_writes() {
 #[test]
 fn checker_catches_completion_without_fdatasync() {
     let base = seed(0x5EED_2000);
-    let caught = (0..6).any(|i| !power_loss_run(base.wrapping_add(i), SyncMode::Never, false).is_empty());
-    assert!(caught, "power loss without fdatasync went unnoticed: the power-loss test has no teeth");
+    let caught =
+        (0..6).any(|i| !power_loss_run(base.wrapping_add(i), SyncMode::Never, false).is_empty());
+    assert!(
+        caught,
+        "power loss without fdatasync went unnoticed: the power-loss test has no teeth"
+    );
 }

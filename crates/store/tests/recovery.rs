@@ -43,12 +43,18 @@ fn populate(fs: &FaultStorage, cfg: &StoreConfig, n: usize) -> Vec<MsgId> {
     ids
 }
 
-fn reopen(fs: &FaultStorage, cfg: &StoreConfig) -> Result<(Store, berth_store::Recovered), StoreError> {
+fn reopen(
+    fs: &FaultStorage,
+    cfg: &StoreConfig,
+) -> Result<(Store, berth_store::Recovered), StoreError> {
     Store::open_with(cfg.clone(), Arc::new(fs.clone()))
 }
 
 fn msgs(rec: &berth_store::Recovered) -> Vec<MsgId> {
-    rec.queues.get(&QueueId(1)).map(|v| v.iter().map(|m| m.msg).collect()).unwrap_or_default()
+    rec.queues
+        .get(&QueueId(1))
+        .map(|v| v.iter().map(|m| m.msg).collect())
+        .unwrap_or_default()
 }
 
 #[test]
@@ -58,7 +64,13 @@ fn torn_tail_is_truncated_not_fatal() {
     let ids = populate(&fs, &cfg, 10);
     let mut bytes = fs.contents(&seg(1)).unwrap();
     let mut torn = Vec::new();
-    record::encode(11, &Record::MetaDelete { key: b"half-written" }, &mut torn);
+    record::encode(
+        11,
+        &Record::MetaDelete {
+            key: b"half-written",
+        },
+        &mut torn,
+    );
     bytes.extend_from_slice(&torn[..torn.len() / 2]);
     fs.put_durable(&seg(1), &bytes).unwrap();
     let (store, rec) = reopen(&fs, &cfg).unwrap();
@@ -82,14 +94,22 @@ fn mid_segment_checksum_mismatch_is_quarantined_and_later_records_kept() {
     let (store, rec) = reopen(&fs, &cfg).unwrap();
     let mut expected = ids.clone();
     expected.remove(4);
-    assert_eq!(msgs(&rec), expected, "every valid record after the damage is kept");
+    assert_eq!(
+        msgs(&rec),
+        expected,
+        "every valid record after the damage is kept"
+    );
     assert_eq!(rec.damage.len(), 1);
     let d = &rec.damage[0];
     assert_eq!((d.offset, d.len), (bad as u64, REC as u64));
     assert_eq!(d.records_lost, Some(1));
     assert_eq!(d.messages, vec![ids[4]], "the loss names the message");
     assert_eq!(d.queues, vec![QueueId(1)], "and its queue");
-    assert_eq!(fs.contents(&d.quarantine_file).unwrap().len(), REC, "damaged bytes kept aside");
+    assert_eq!(
+        fs.contents(&d.quarantine_file).unwrap().len(),
+        REC,
+        "damaged bytes kept aside"
+    );
     for &m in &expected {
         assert_eq!(store.read(QueueId(1), m).unwrap(), payload(m));
     }
@@ -115,7 +135,10 @@ fn damage_at_the_end_of_a_sealed_segment_is_quarantined() {
     assert_eq!(msgs(&rec), expected);
     assert_eq!(rec.damage.len(), 1);
     assert_eq!(rec.damage[0].messages, vec![ids[per_seg - 1]]);
-    assert_eq!(rec.damage[0].records_lost, None, "nothing valid followed in that segment");
+    assert_eq!(
+        rec.damage[0].records_lost, None,
+        "nothing valid followed in that segment"
+    );
 }
 
 fn expect_recovery_failure(fs: &FaultStorage, cfg: &StoreConfig, what: &str) {
@@ -175,7 +198,9 @@ fn torn_creation_of_the_newest_segment_is_removed() {
     fs.put_durable(&seg(2), &encode_header(0, 2)[..10]).unwrap();
     let (store, rec) = reopen(&fs, &cfg).unwrap();
     assert_eq!(msgs(&rec), ids);
-    assert!(!fs.names(&group_dir(0)).contains(&"0000000002.seg".to_string()));
+    assert!(!fs
+        .names(&group_dir(0))
+        .contains(&"0000000002.seg".to_string()));
     // Numbering stays consecutive: the next segment reuses number 2.
     let m = store.next_msg_id();
     wait(|d| store.publish(m, &[QueueId(1)], payload(m), d)).unwrap();
@@ -225,7 +250,11 @@ fn corrupt_latest_checkpoint_falls_back_to_the_previous_one() {
     fs.crash();
     drop(store);
     fs.power_on();
-    let ckpts: Vec<String> = fs.names(&group_dir(0)).into_iter().filter(|n| n.starts_with("ckpt-")).collect();
+    let ckpts: Vec<String> = fs
+        .names(&group_dir(0))
+        .into_iter()
+        .filter(|n| n.starts_with("ckpt-"))
+        .collect();
     assert_eq!(ckpts.len(), 2);
     let newest = group_dir(0).join(ckpts.last().unwrap());
     fs.flip_bit(&newest, 20, 2).unwrap();
@@ -249,7 +278,11 @@ fn lost_checkpoints_after_reclaim_fail_recovery_instead_of_resurrecting_acks() {
     store.checkpoint().unwrap();
     assert!(store.stats()[0].segments_deleted > 0);
     drop(store);
-    for name in fs.names(&group_dir(0)).into_iter().filter(|n| n.starts_with("ckpt-")) {
+    for name in fs
+        .names(&group_dir(0))
+        .into_iter()
+        .filter(|n| n.starts_with("ckpt-"))
+    {
         fs.flip_bit(&group_dir(0).join(name), 30, 0).unwrap();
     }
     expect_recovery_failure(&fs, &cfg, "reclaimed");

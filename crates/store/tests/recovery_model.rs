@@ -15,12 +15,25 @@ use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
 enum Step {
-    Publish { queues: Vec<u64>, len: usize },
+    Publish {
+        queues: Vec<u64>,
+        len: usize,
+    },
     /// Remove the `nth` live message of `queue` (if any).
-    Remove { queue: u64, nth: usize },
-    Purge { queue: u64 },
-    MetaPut { key: u8, value: u8 },
-    MetaDelete { key: u8 },
+    Remove {
+        queue: u64,
+        nth: usize,
+    },
+    Purge {
+        queue: u64,
+    },
+    MetaPut {
+        key: u8,
+        value: u8,
+    },
+    MetaDelete {
+        key: u8,
+    },
     Checkpoint,
     Compact,
     Restart,

@@ -32,7 +32,10 @@ pub fn group_dir(g: u32) -> PathBuf {
 /// Seed from `BERTH_TEST_SEED` or the given default, printed so a failure
 /// can be replayed.
 pub fn seed(default: u64) -> u64 {
-    let s = std::env::var("BERTH_TEST_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let s = std::env::var("BERTH_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default);
     eprintln!("seed = {s} (replay with BERTH_TEST_SEED={s})");
     s
 }
