@@ -140,10 +140,10 @@ impl Control {
                 .trim()
                 .parse()
                 .map_err(|_| BenchError::Usage(format!("{}: not a pid: {text:?}", file.display())))?;
-            return sh(&format!("kill -KILL {pid}"));
+            return kill(&pid.to_string());
         }
         if let Some(pid) = self.kill_pid {
-            return sh(&format!("kill -KILL {pid}"));
+            return kill(&pid.to_string());
         }
         if let Some(cmd) = &self.kill_cmd {
             return sh(cmd);
@@ -202,7 +202,24 @@ impl Control {
 }
 
 fn kill_group(pgid: u32) -> Result<(), BenchError> {
-    sh(&format!("kill -KILL -- -{pgid}"))
+    kill(&format!("-{pgid}"))
+}
+
+/// SIGKILL through the kill(1) program (a shell's builtin may not take a
+/// process group).
+fn kill(target: &str) -> Result<(), BenchError> {
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", "--", target])
+        .status()
+        .map_err(|source| BenchError::Io {
+            context: format!("run kill -KILL -- {target}"),
+            source,
+        })?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(BenchError::Usage(format!("kill -KILL -- {target} exited with {status}")))
+    }
 }
 
 fn sh(cmd: &str) -> Result<(), BenchError> {
@@ -335,9 +352,9 @@ pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome,
     }
 
     // Request/reply load while filling.
-    let stop = Arc::new(tokio::sync::Notify::new());
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let rr = (cfg.rr_rate > 0.0).then(|| {
-        tokio::spawn(request_reply(target.uri.clone(), req_q.clone(), rep_q.clone(), cfg.rr_rate, stop.clone()))
+        tokio::spawn(request_reply(target.uri.clone(), req_q.clone(), rep_q.clone(), cfg.rr_rate, stop_rx))
     });
 
     // Fill.
@@ -371,7 +388,8 @@ pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome,
     }
     let filled = join_all(tasks).await;
     pb.finish_and_clear();
-    stop.notify_waiters();
+    // Nobody listening any more only means the load already ended.
+    stop.send(true).ok();
     let rr_result = match rr {
         Some(h) => Some(h.await.map_err(|e| BenchError::Task(e.to_string()))??),
         None => None,
@@ -454,7 +472,7 @@ async fn request_reply(
     req_q: String,
     rep_q: String,
     rate: f64,
-    stop: Arc<tokio::sync::Notify>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(u64, Vec<f64>), BenchError> {
     let (resp_conn, resp_ch) = amqp::connect_channel(&uri, "restart responder", true).await?;
     let mut requests = resp_ch
@@ -480,9 +498,10 @@ async fn request_reply(
         .ctx("consume replies")?;
     let period = Duration::from_secs_f64(1.0 / rate);
     let mut rtt = Vec::new();
-    let stopped = stop.notified();
-    tokio::pin!(stopped);
     'outer: loop {
+        if *stop.borrow() {
+            break;
+        }
         let sent = amqp::now_us();
         let c = amqp::publish(&ch, &req_q, &amqp::body(2048, sent)).await?;
         amqp::confirmed(c).await?;
@@ -490,7 +509,7 @@ async fn request_reply(
         // Wait for this request's reply (replies arrive in order).
         loop {
             tokio::select! {
-                () = &mut stopped => break 'outer,
+                _ = stop.changed() => break 'outer,
                 d = replies.next() => {
                     let Some(d) = d else { break 'outer };
                     let d = d.ctx("reply delivery")?;
@@ -504,7 +523,7 @@ async fn request_reply(
             }
         }
         tokio::select! {
-            () = &mut stopped => break,
+            _ = stop.changed() => break,
             () = tokio::time::sleep_until(next) => {}
         }
     }
