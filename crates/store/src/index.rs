@@ -204,6 +204,16 @@ impl Index {
         }
     }
 
+    /// Estimated heap bytes of the message index: every slot of the hash
+    /// table (key + entry + one control byte) at its current capacity, and
+    /// the side table of multi-queue messages.
+    pub fn heap_bytes(&self) -> usize {
+        let slot = std::mem::size_of::<(u64, Entry)>() + 1;
+        let multi_slot = std::mem::size_of::<(u64, Vec<QueueId>)>() + 1;
+        let multi_heap: usize = self.multi.values().map(|v| v.capacity() * 8).sum();
+        self.msgs.capacity() * slot + self.multi.capacity() * multi_slot + multi_heap
+    }
+
     pub fn live_messages(&self) -> usize {
         self.msgs.len()
     }

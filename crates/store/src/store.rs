@@ -71,6 +71,9 @@ pub struct GroupStats {
     pub group: u32,
     pub poisoned: bool,
     pub live_messages: u64,
+    /// Estimated heap bytes of the group's message index (hash table
+    /// slots at their current capacity plus multi-queue side entries).
+    pub index_bytes: u64,
     pub segments: u64,
     pub batches: u64,
     pub records: u64,
@@ -340,6 +343,10 @@ impl Store {
         for q in queues {
             by_group.entry(self.group_of(*q)).or_default().push(*q);
         }
+        for qs in by_group.values_mut() {
+            qs.sort_unstable();
+            qs.dedup();
+        }
         if by_group.len() == 1 {
             let (g, qs) = by_group.pop_first().expect("one");
             self.send(
@@ -507,6 +514,7 @@ impl Store {
                     group: g.shared.group,
                     poisoned: g.shared.poisoned.lock().is_some(),
                     live_messages: inner.index.live_messages() as u64,
+                    index_bytes: inner.index.heap_bytes() as u64,
                     segments: inner.files.len() as u64,
                     batches: c.batches.load(Ordering::Relaxed),
                     records: c.records.load(Ordering::Relaxed),
