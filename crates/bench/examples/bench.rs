@@ -4,7 +4,10 @@
 use clap::Parser;
 
 #[derive(Parser)]
-#[command(name = "bench", about = "berth bench: the seed experiments against any AMQP 0-9-1 broker")]
+#[command(
+    name = "bench",
+    about = "berth bench: the seed experiments against any AMQP 0-9-1 broker"
+)]
 struct Cli {
     #[command(flatten)]
     bench: berth_bench::BenchArgs,

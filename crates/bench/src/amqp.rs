@@ -146,12 +146,9 @@ pub async fn publish(
 
 /// Waits for a publisher confirm; a nack is an error (the broker refused to
 /// take responsibility for the message).
-pub async fn confirmed(
-    confirm: lapin::PublisherConfirm,
-) -> Result<(), BenchError> {
+pub async fn confirmed(confirm: lapin::PublisherConfirm) -> Result<(), BenchError> {
     match confirm.await.ctx("publisher confirm")? {
-        lapin::Confirmation::Ack(_)
-        | lapin::Confirmation::NotRequested => Ok(()),
+        lapin::Confirmation::Ack(_) | lapin::Confirmation::NotRequested => Ok(()),
         lapin::Confirmation::Nack(_) => {
             Err(BenchError::Accounting("broker nacked a publish".into()))
         }

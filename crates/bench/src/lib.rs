@@ -181,7 +181,8 @@ impl Accounting {
     /// Records a failure unless `got == want`.
     pub fn expect_eq(&mut self, what: &str, got: u64, want: u64) {
         if got != want {
-            self.failures.push(format!("{what}: got {got}, expected {want}"));
+            self.failures
+                .push(format!("{what}: got {got}, expected {want}"));
         }
     }
 
@@ -246,8 +247,10 @@ impl Ui {
         let pb = self.bar(duration.as_secs().max(1), msg);
         if !self.quiet {
             pb.set_style(
-                ProgressStyle::with_template("{msg:32} [{elapsed_precise}] {wide_bar} {pos}/{len} s")
-                    .expect("static template"),
+                ProgressStyle::with_template(
+                    "{msg:32} [{elapsed_precise}] {wide_bar} {pos}/{len} s",
+                )
+                .expect("static template"),
             );
         }
         pb

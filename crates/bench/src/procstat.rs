@@ -86,7 +86,8 @@ mod tests {
 
     #[test]
     fn parses_stat_with_spaces_in_command_name() {
-        let line = "1234 (beam smp) S 42 1234 1234 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 30 0 1 2 3";
+        let line =
+            "1234 (beam smp) S 42 1234 1234 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 30 0 1 2 3";
         assert_eq!(parse_stat(line), Some((42, 300)));
     }
 

@@ -92,49 +92,63 @@ pub fn summary(samples: &[Sample], confidence: Confidence) -> String {
         writeln!(out, "scenario {}", s.scenario).ok();
     }
     for (t, uri) in &targets {
-        let sym = symbol(t);
-        writeln!(out, "{sym} {t} = {uri}").ok();
+        writeln!(out, "{} {t} = {uri}", symbol(t)).ok();
     }
+    let width = metrics
+        .iter()
+        .map(|(m, _)| m.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    writeln!(
+        out,
+        "\n{:width$} {:6}   {:>3} {:>11} {:>11} {:>11} {:>11} {:>11}",
+        "metric", "unit", "N", "Min", "Max", "Median", "Avg", "Stddev"
+    )
+    .ok();
     for (metric, unit) in metrics {
-        writeln!(out, "\n{metric} ({unit})").ok();
-        writeln!(
-            out,
-            "    {:>4} {:>12} {:>12} {:>12} {:>12} {:>12}",
-            "N", "Min", "Max", "Median", "Avg", "Stddev"
-        )
-        .ok();
         let mut rows = Vec::new();
-        for (t, _) in &targets {
+        for (i, (t, _)) in targets.iter().enumerate() {
             let values: Vec<f64> = samples
                 .iter()
                 .filter(|s| s.metric == metric && s.target == *t)
                 .map(|s| s.value)
                 .collect();
-            if let Some(sum) = Summary::of(&values) {
-                writeln!(
-                    out,
-                    "{} {:>4} {:>12} {:>12} {:>12} {:>12} {:>12}",
-                    symbol(t),
-                    sum.n,
-                    g6(sum.min),
-                    g6(sum.max),
-                    g6(sum.median),
-                    g6(sum.mean),
-                    g6(sum.stddev)
-                )
-                .ok();
-                rows.push(sum);
-            }
+            let Some(sum) = Summary::of(&values) else {
+                continue;
+            };
+            let (name, u) = if i == 0 { (metric, unit) } else { ("", "") };
+            writeln!(
+                out,
+                "{name:width$} {u:6} {} {:>3} {:>11} {:>11} {:>11} {:>11} {:>11}",
+                symbol(t),
+                sum.n,
+                g6(sum.min),
+                g6(sum.max),
+                g6(sum.median),
+                g6(sum.mean),
+                g6(sum.stddev)
+            )
+            .ok();
+            rows.push(sum);
         }
         if rows.len() == 2 {
-            match difference(&rows[0], &rows[1], confidence) {
-                Some(d) => writeln!(out, "{d}").ok(),
-                None => writeln!(
-                    out,
-                    "(difference needs at least 2 runs per broker; use --runs)"
-                )
-                .ok(),
+            let verdict = match difference(&rows[0], &rows[1], confidence) {
+                Some(d) if d.proven => format!(
+                    "+ vs x: difference at {}% confidence: {} +/- {} ({}% +/- {}%)",
+                    confidence.label(),
+                    g6(d.delta),
+                    g6(d.half_width),
+                    g6(d.delta_pct),
+                    g6(d.half_width_pct)
+                ),
+                Some(_) => format!(
+                    "+ vs x: no difference proven at {}% confidence",
+                    confidence.label()
+                ),
+                None => "+ vs x: a difference needs at least 2 runs per broker (--runs)".into(),
             };
+            writeln!(out, "{:width$} {verdict}", "").ok();
         }
     }
     out
@@ -173,12 +187,15 @@ mod tests {
             v.push(sample("b", i + 1, x * 2.0));
         }
         let text = summary(&v, Confidence::P99_5);
-        assert!(text.contains("shared.c1.msgs_per_s (msg/s)"), "{text}");
-        assert!(text.contains("Difference at 99.5% confidence"), "{text}");
-        assert!(text.contains("\t100% +/-"), "{text}");
+        assert!(text.contains("shared.c1.msgs_per_s msg/s"), "{text}");
+        assert!(
+            text.contains("+ vs x: difference at 99.5% confidence: 100 +/- "),
+            "{text}"
+        );
+        assert!(text.contains("(100% +/- "), "{text}");
         let single: Vec<Sample> = v.iter().filter(|s| s.target == "a").cloned().collect();
         let text = summary(&single, Confidence::P99_5);
-        assert!(!text.contains("Difference"));
+        assert!(!text.contains("difference"), "{text}");
     }
 
     #[test]

@@ -477,10 +477,16 @@ mod tests {
         let chameleon = [150.0, 400.0, 720.0, 500.0, 930.0];
         let x = Summary::of(&iguana).unwrap();
         let y = Summary::of(&chameleon).unwrap();
-        assert_eq!((x.n, x.min, x.max, x.median, x.mean), (7, 50.0, 750.0, 200.0, 300.0));
+        assert_eq!(
+            (x.n, x.min, x.max, x.median, x.mean),
+            (7, 50.0, 750.0, 200.0, 300.0)
+        );
         assert_eq!(g6(x.stddev), "238.048");
         assert!(close(x.stddev, 238.047_61, 1e-7));
-        assert_eq!((y.n, y.min, y.max, y.median, y.mean), (5, 150.0, 930.0, 500.0, 540.0));
+        assert_eq!(
+            (y.n, y.min, y.max, y.median, y.mean),
+            (5, 150.0, 930.0, 500.0, 540.0)
+        );
         assert!(close(y.stddev, 299.081_93, 1e-7));
         let d = difference(&x, &y, Confidence::P95).unwrap();
         assert!(!d.proven);
@@ -543,7 +549,10 @@ mod tests {
         assert_eq!(lines[0], "Difference at 99.5% confidence");
         assert!(lines[1].starts_with("\t-1939.47 +/- 628.6"), "{text}");
         assert!(lines[2].starts_with("\t-16.4626% +/- 5.33"), "{text}");
-        assert!(lines[3].starts_with("\t(Student's t, pooled s = 1114."), "{text}");
+        assert!(
+            lines[3].starts_with("\t(Student's t, pooled s = 1114."),
+            "{text}"
+        );
     }
 
     /// Reference quantiles (standard tables, 6+ digits).

@@ -167,7 +167,11 @@ fn fanin_smoke_confirms_and_enqueues_every_message() {
     // 2 modes × (1 + 3 producers) × 20 messages.
     assert_eq!(out.accounting.published, 2 * 4 * 20);
     assert_eq!(out.accounting.confirmed, out.accounting.published);
-    assert!(out.accounting.failures.is_empty(), "{:?}", out.accounting.failures);
+    assert!(
+        out.accounting.failures.is_empty(),
+        "{:?}",
+        out.accounting.failures
+    );
     assert!(out.metrics.iter().any(|m| m.name == "shared.c3.msgs_per_s"));
 }
 
@@ -189,12 +193,18 @@ fn pagesize_smoke_produces_then_drains_every_message() {
     assert_eq!(out.accounting.published, total);
     assert_eq!(out.accounting.confirmed, total);
     assert_eq!(out.accounting.consumed, total);
-    assert!(out.accounting.failures.is_empty(), "{:?}", out.accounting.failures);
+    assert!(
+        out.accounting.failures.is_empty(),
+        "{:?}",
+        out.accounting.failures
+    );
 }
 
 #[test]
 fn groupcommit_smoke_commits_what_it_consumes_and_rollbacks_leave_nothing() {
-    let Some(b) = broker("groupcommit") else { return };
+    let Some(b) = broker("groupcommit") else {
+        return;
+    };
     let args = groupcommit::Args {
         common: common(&b.uri),
         clients: 50,
@@ -209,9 +219,19 @@ fn groupcommit_smoke_commits_what_it_consumes_and_rollbacks_leave_nothing() {
     let out = run(&Plan::Groupcommit(cfg), &b.uri);
     assert!(out.accounting.confirmed > 0);
     assert_eq!(out.accounting.consumed, out.accounting.confirmed);
-    assert!(out.accounting.published > out.accounting.confirmed, "rollbacks publish");
-    assert!(out.accounting.failures.is_empty(), "{:?}", out.accounting.failures);
-    assert!(out.metrics.iter().any(|m| m.name == "adverse.good_tx_per_s"));
+    assert!(
+        out.accounting.published > out.accounting.confirmed,
+        "rollbacks publish"
+    );
+    assert!(
+        out.accounting.failures.is_empty(),
+        "{:?}",
+        out.accounting.failures
+    );
+    assert!(out
+        .metrics
+        .iter()
+        .any(|m| m.name == "adverse.good_tx_per_s"));
 }
 
 #[test]
@@ -232,8 +252,15 @@ fn spooler_smoke_delivers_backlog_and_load() {
     let out = run(&plan, &b.uri);
     assert_eq!(out.accounting.published, out.accounting.confirmed);
     assert_eq!(out.accounting.consumed, out.accounting.confirmed);
-    assert!(out.accounting.confirmed > 200, "load adds to the 200 backlog");
-    assert!(out.accounting.failures.is_empty(), "{:?}", out.accounting.failures);
+    assert!(
+        out.accounting.confirmed > 200,
+        "load adds to the 200 backlog"
+    );
+    assert!(
+        out.accounting.failures.is_empty(),
+        "{:?}",
+        out.accounting.failures
+    );
     assert!(out.metrics.iter().any(|m| m.name == "e2e_ms_p99"));
 }
 
@@ -293,6 +320,10 @@ fn restart_smoke_recovers_every_confirmed_message() {
     control.kill_started().expect("stop the restarted berth");
     let out = result.expect("restart smoke run");
     assert_eq!(out.accounting.confirmed, 3 * 50);
-    assert!(out.accounting.failures.is_empty(), "{:?}", out.accounting.failures);
+    assert!(
+        out.accounting.failures.is_empty(),
+        "{:?}",
+        out.accounting.failures
+    );
     assert!(out.metrics.iter().any(|m| m.name == "warm.all_depths_s"));
 }

@@ -121,8 +121,11 @@ pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome,
             }
             let (acc, metrics, msgs) = result?;
             out.accounting.add(&acc);
-            out.accounting
-                .expect_eq(&format!("{phase} depth after publish"), depth_sum, acc.confirmed);
+            out.accounting.expect_eq(
+                &format!("{phase} depth after publish"),
+                depth_sum,
+                acc.confirmed,
+            );
             out.accounting
                 .expect_eq(&format!("{phase} messages deleted"), held, acc.confirmed);
             out.messages += msgs;
@@ -150,7 +153,10 @@ async fn level(
         Some(n) => ui.bar(n * producers as u64, format!("fanin {phase}")),
         None => ui.timed(cfg.duration, format!("fanin {phase}")),
     };
-    let ticker = cfg.messages.is_none().then(|| crate::tick_seconds(&pb, cfg.duration));
+    let ticker = cfg
+        .messages
+        .is_none()
+        .then(|| crate::tick_seconds(&pb, cfg.duration));
     let started = Instant::now();
     let deadline = started + cfg.duration;
     let mut tasks = Vec::with_capacity(producers);

@@ -69,13 +69,19 @@ impl Config {
                 "--rollback-share and --stall-share must be >= 0 and add up to at most 1".into(),
             ));
         }
-        #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        #[allow(
+            clippy::cast_precision_loss,
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss
+        )]
         let share = |s: f64| (s * clients as f64).round() as usize;
         let rollback = share(a.rollback_share);
         let stall_clients = share(a.stall_share).min(clients - rollback);
         let good = clients - rollback - stall_clients;
         if good == 0 {
-            return Err(BenchError::Usage("no well-behaved client left to measure".into()));
+            return Err(BenchError::Usage(
+                "no well-behaved client left to measure".into(),
+            ));
         }
         Ok(Config {
             good,
@@ -115,7 +121,8 @@ struct ClientResult {
 
 pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome, BenchError> {
     let prefix = amqp::unique_prefix("groupcommit");
-    let (admin_conn, admin) = amqp::connect_channel(&target.uri, "groupcommit admin", false).await?;
+    let (admin_conn, admin) =
+        amqp::connect_channel(&target.uri, "groupcommit admin", false).await?;
     let mut out = Outcome::default();
     let phases: [(&str, Vec<Kind>); 2] = [
         ("clean", vec![Kind::Good; cfg.good]),
@@ -128,7 +135,9 @@ pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome,
         ),
     ];
     for (phase, kinds) in phases {
-        let queues: Vec<String> = (0..kinds.len()).map(|i| format!("{prefix}-{phase}-{i}")).collect();
+        let queues: Vec<String> = (0..kinds.len())
+            .map(|i| format!("{prefix}-{phase}-{i}"))
+            .collect();
         for q in &queues {
             amqp::declare_durable(&admin, q).await?;
         }
@@ -149,13 +158,24 @@ pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome,
             .unwrap_or(cfg.duration);
         let mut good_tx = 0;
         let mut rt = Vec::new();
-        for ((r, kind), (q, d)) in results.into_iter().zip(&kinds).zip(queues.iter().zip(depths)) {
+        for ((r, kind), (q, d)) in results
+            .into_iter()
+            .zip(&kinds)
+            .zip(queues.iter().zip(depths))
+        {
             out.accounting.add(&r.acc);
+            out.accounting.expect_eq(
+                &format!("{phase} {kind:?} client confirmed = committed"),
+                r.acc.confirmed,
+                r.acc.published - r.rolled_back,
+            );
+            out.accounting.expect_eq(
+                &format!("{phase} {kind:?} client consumed = committed"),
+                r.acc.consumed,
+                r.acc.confirmed,
+            );
             out.accounting
-                .expect_eq(&format!("{phase} {kind:?} client confirmed = committed"), r.acc.confirmed, r.acc.published - r.rolled_back);
-            out.accounting
-                .expect_eq(&format!("{phase} {kind:?} client consumed = committed"), r.acc.consumed, r.acc.confirmed);
-            out.accounting.expect_eq(&format!("{phase} depth of {q} at end"), d, 0);
+                .expect_eq(&format!("{phase} depth of {q} at end"), d, 0);
             if *kind == Kind::Good {
                 good_tx += r.transactions;
                 rt.extend(r.response_ms);
@@ -168,7 +188,8 @@ pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome,
             "tx/s",
             good_tx as f64 / elapsed.as_secs_f64(),
         ));
-        out.metrics.extend(latency_metrics(&format!("{phase}.good_response"), rt));
+        out.metrics
+            .extend(latency_metrics(&format!("{phase}.good_response"), rt));
     }
     amqp::close(&admin_conn).await;
     Ok(out)
@@ -184,8 +205,12 @@ async fn one_phase(
 ) -> Result<Vec<ClientResult>, BenchError> {
     let mut chans = Vec::new();
     for (i, kind) in kinds.iter().enumerate() {
-        let (conn, ch) =
-            amqp::connect_channel(&target.uri, &format!("groupcommit {phase} {kind:?} {i}"), false).await?;
+        let (conn, ch) = amqp::connect_channel(
+            &target.uri,
+            &format!("groupcommit {phase} {kind:?} {i}"),
+            false,
+        )
+        .await?;
         ch.tx_select().await.ctx("tx.select")?;
         chans.push((conn, ch));
     }
@@ -194,7 +219,10 @@ async fn one_phase(
     let started = Instant::now();
     let deadline = started + cfg.duration;
     let mut tasks = Vec::new();
-    for ((conn, ch), (kind, q)) in chans.into_iter().zip(kinds.iter().copied().zip(queues.iter().cloned())) {
+    for ((conn, ch), (kind, q)) in chans
+        .into_iter()
+        .zip(kinds.iter().copied().zip(queues.iter().cloned()))
+    {
         let (k, stall) = (cfg.k, cfg.stall_for);
         let body = amqp::body(cfg.size, 0);
         tasks.push(tokio::spawn(async move {
@@ -228,7 +256,9 @@ async fn one_phase(
                         .await
                         .ctx(format!("basic.get from {q}"))?
                         .ok_or_else(|| {
-                            BenchError::Accounting(format!("{q}: committed message missing on basic.get"))
+                            BenchError::Accounting(format!(
+                                "{q}: committed message missing on basic.get"
+                            ))
                         })?;
                     ch.basic_ack(msg.delivery.delivery_tag, BasicAckOptions::default())
                         .await

@@ -143,7 +143,9 @@ pub(crate) fn parse_list(s: &str, what: &str) -> Result<Vec<usize>, BenchError> 
                 .parse::<usize>()
                 .ok()
                 .filter(|v| *v > 0)
-                .ok_or_else(|| BenchError::Usage(format!("{what}: {p:?} is not a positive integer")))
+                .ok_or_else(|| {
+                    BenchError::Usage(format!("{what}: {p:?} is not a positive integer"))
+                })
         })
         .collect()
 }
@@ -153,6 +155,8 @@ pub(crate) fn secs(s: f64, what: &str) -> Result<std::time::Duration, BenchError
     if s.is_finite() && s > 0.0 {
         Ok(std::time::Duration::from_secs_f64(s))
     } else {
-        Err(BenchError::Usage(format!("{what} must be a positive number of seconds, not {s}")))
+        Err(BenchError::Usage(format!(
+            "{what} must be a positive number of seconds, not {s}"
+        )))
     }
 }

@@ -80,7 +80,9 @@ pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome,
     let (admin_conn, admin) = amqp::connect_channel(&target.uri, "pagesize admin", false).await?;
     let mut out = Outcome::default();
     for &size in &cfg.sizes {
-        let queues: Vec<String> = (0..cfg.queues).map(|i| format!("{prefix}-s{size}-{i}")).collect();
+        let queues: Vec<String> = (0..cfg.queues)
+            .map(|i| format!("{prefix}-s{size}-{i}"))
+            .collect();
         for q in &queues {
             amqp::declare_durable(&admin, q).await?;
         }
@@ -109,7 +111,9 @@ async fn one_size(
     // Produce.
     let mut chans = Vec::new();
     for i in 0..queues.len() {
-        chans.push(amqp::connect_channel(&target.uri, &format!("pagesize producer {i}"), true).await?);
+        chans.push(
+            amqp::connect_channel(&target.uri, &format!("pagesize producer {i}"), true).await?,
+        );
     }
     let pb = ui.bar(total, format!("pagesize {tag} produce"));
     let started = Instant::now();
@@ -143,21 +147,36 @@ async fn one_size(
     pb.finish_and_clear();
     for acc in produced? {
         out.accounting.add(&acc);
-        out.accounting
-            .expect_eq(&format!("{tag} confirmed per producer"), acc.confirmed, cfg.messages);
+        out.accounting.expect_eq(
+            &format!("{tag} confirmed per producer"),
+            acc.confirmed,
+            cfg.messages,
+        );
     }
     for q in queues {
         let d = amqp::depth(admin, q).await?;
-        out.accounting
-            .expect_eq(&format!("{tag} depth of {q} after produce"), d, cfg.messages);
+        out.accounting.expect_eq(
+            &format!("{tag} depth of {q} after produce"),
+            d,
+            cfg.messages,
+        );
     }
     let mb = (total as f64) * (size as f64) / 1e6;
-    out.metrics.push(Metric::new(format!("{tag}.produce_msgs_per_s"), "msg/s", total as f64 / produce_s));
-    out.metrics.push(Metric::new(format!("{tag}.produce_mb_per_s"), "MB/s", mb / produce_s));
+    out.metrics.push(Metric::new(
+        format!("{tag}.produce_msgs_per_s"),
+        "msg/s",
+        total as f64 / produce_s,
+    ));
+    out.metrics.push(Metric::new(
+        format!("{tag}.produce_mb_per_s"),
+        "MB/s",
+        mb / produce_s,
+    ));
 
     if cfg.drop_caches {
         if let Err(why) = drop_page_cache() {
-            let note = format!("page cache not dropped before drain ({why}): drain rates are warm-cache");
+            let note =
+                format!("page cache not dropped before drain ({why}): drain rates are warm-cache");
             if !out.notes.contains(&note) {
                 out.notes.push(note);
             }
@@ -167,8 +186,11 @@ async fn one_size(
     // Drain.
     let mut chans = Vec::new();
     for i in 0..queues.len() {
-        let (conn, ch) = amqp::connect_channel(&target.uri, &format!("pagesize consumer {i}"), false).await?;
-        ch.basic_qos(cfg.prefetch, BasicQosOptions::default()).await.ctx("basic.qos")?;
+        let (conn, ch) =
+            amqp::connect_channel(&target.uri, &format!("pagesize consumer {i}"), false).await?;
+        ch.basic_qos(cfg.prefetch, BasicQosOptions::default())
+            .await
+            .ctx("basic.qos")?;
         chans.push((conn, ch));
     }
     let pb = ui.bar(total, format!("pagesize {tag} drain"));
@@ -189,15 +211,27 @@ async fn one_size(
     pb.finish_and_clear();
     for consumed in drained? {
         out.accounting.consumed += consumed;
-        out.accounting
-            .expect_eq(&format!("{tag} consumed per consumer"), consumed, cfg.messages);
+        out.accounting.expect_eq(
+            &format!("{tag} consumed per consumer"),
+            consumed,
+            cfg.messages,
+        );
     }
     for q in queues {
         let d = amqp::depth(admin, q).await?;
-        out.accounting.expect_eq(&format!("{tag} depth of {q} after drain"), d, 0);
+        out.accounting
+            .expect_eq(&format!("{tag} depth of {q} after drain"), d, 0);
     }
-    out.metrics.push(Metric::new(format!("{tag}.drain_msgs_per_s"), "msg/s", total as f64 / drain_s));
-    out.metrics.push(Metric::new(format!("{tag}.drain_mb_per_s"), "MB/s", mb / drain_s));
+    out.metrics.push(Metric::new(
+        format!("{tag}.drain_msgs_per_s"),
+        "msg/s",
+        total as f64 / drain_s,
+    ));
+    out.metrics.push(Metric::new(
+        format!("{tag}.drain_mb_per_s"),
+        "MB/s",
+        mb / drain_s,
+    ));
     out.messages += total;
     Ok(())
 }
@@ -213,7 +247,12 @@ pub(crate) async fn drain(
 ) -> Result<u64, BenchError> {
     let tag = format!("drain-{queue}");
     let mut consumer = ch
-        .basic_consume(queue.into(), tag.as_str().into(), BasicConsumeOptions::default(), FieldTable::default())
+        .basic_consume(
+            queue.into(),
+            tag.as_str().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
         .await
         .ctx(format!("consume {queue}"))?;
     let mut consumed = 0;
@@ -247,7 +286,9 @@ pub(crate) async fn drain(
 
 /// `sync`, then drop clean page-cache pages (Linux, root only).
 pub(crate) fn drop_page_cache() -> Result<(), String> {
-    let status = std::process::Command::new("sync").status().map_err(|e| format!("sync: {e}"))?;
+    let status = std::process::Command::new("sync")
+        .status()
+        .map_err(|e| format!("sync: {e}"))?;
     if !status.success() {
         return Err(format!("sync exited with {status}"));
     }

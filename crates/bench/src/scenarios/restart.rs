@@ -110,7 +110,11 @@ impl Control {
     /// Pid of the broker process group this bench started, if any.
     #[must_use]
     pub fn started_pid(&self) -> Option<u32> {
-        self.started.lock().expect("control lock").as_ref().map(Child::id)
+        self.started
+            .lock()
+            .expect("control lock")
+            .as_ref()
+            .map(Child::id)
     }
 
     /// SIGKILLs and reaps the broker this bench started (tests use this to
@@ -136,10 +140,9 @@ impl Control {
                 context: format!("read pid file {}", file.display()),
                 source,
             })?;
-            let pid: u32 = text
-                .trim()
-                .parse()
-                .map_err(|_| BenchError::Usage(format!("{}: not a pid: {text:?}", file.display())))?;
+            let pid: u32 = text.trim().parse().map_err(|_| {
+                BenchError::Usage(format!("{}: not a pid: {text:?}", file.display()))
+            })?;
             return kill(&pid.to_string());
         }
         if let Some(pid) = self.kill_pid {
@@ -218,7 +221,9 @@ fn kill(target: &str) -> Result<(), BenchError> {
     if status.success() {
         Ok(())
     } else {
-        Err(BenchError::Usage(format!("kill -KILL -- {target} exited with {status}")))
+        Err(BenchError::Usage(format!(
+            "kill -KILL -- {target} exited with {status}"
+        )))
     }
 }
 
@@ -263,7 +268,11 @@ impl Config {
             "warm" => vec![Cache::Warm],
             "cold" => vec![Cache::Cold],
             "both" => vec![Cache::Warm, Cache::Cold],
-            other => return Err(BenchError::Usage(format!("--cache warm|cold|both, not {other}"))),
+            other => {
+                return Err(BenchError::Usage(format!(
+                    "--cache warm|cold|both, not {other}"
+                )))
+            }
         };
         let start = a
             .start_cmd
@@ -279,7 +288,9 @@ impl Config {
         let control_b = match (&a.common.vs, &a.vs_start_cmd) {
             (None, _) => None,
             (Some(_), None) => {
-                return Err(BenchError::Usage("restart with --vs needs --vs-start-cmd".into()))
+                return Err(BenchError::Usage(
+                    "restart with --vs needs --vs-start-cmd".into(),
+                ))
             }
             (Some(_), Some(start)) => Some(Control {
                 kill_pid: a.vs_kill_pid.or(a.common.vs_pid),
@@ -297,10 +308,18 @@ impl Config {
                 Scale::Seed => 1_000_000,
             }),
             size: a.size.max(8),
-            rr_rate: if a.common.scale == Scale::Smoke { 20.0 } else { a.rr_rate.max(0.0) },
+            rr_rate: if a.common.scale == Scale::Smoke {
+                20.0
+            } else {
+                a.rr_rate.max(0.0)
+            },
             caches,
             recovery_timeout: Duration::from_secs(a.recovery_timeout.unwrap_or(
-                if a.common.scale == Scale::Smoke { 20 } else { RECOVERY_TIMEOUT_S },
+                if a.common.scale == Scale::Smoke {
+                    20
+                } else {
+                    RECOVERY_TIMEOUT_S
+                },
             )),
             control_a,
             control_b,
@@ -327,13 +346,21 @@ pub fn host_port(uri: &str) -> Result<String, BenchError> {
     let authority = rest.split('/').next().unwrap_or("");
     let hp = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
     if hp.is_empty() {
-        return Err(BenchError::Usage(format!("no host in {}", amqp::redact(uri))));
+        return Err(BenchError::Usage(format!(
+            "no host in {}",
+            amqp::redact(uri)
+        )));
     }
-    Ok(if hp.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
-        hp.to_string()
-    } else {
-        format!("{hp}:5672")
-    })
+    Ok(
+        if hp
+            .rsplit_once(':')
+            .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        {
+            hp.to_string()
+        } else {
+            format!("{hp}:5672")
+        },
+    )
 }
 
 #[allow(clippy::too_many_lines)]
@@ -354,7 +381,13 @@ pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome,
     // Request/reply load while filling.
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let rr = (cfg.rr_rate > 0.0).then(|| {
-        tokio::spawn(request_reply(target.uri.clone(), req_q.clone(), rep_q.clone(), cfg.rr_rate, stop_rx))
+        tokio::spawn(request_reply(
+            target.uri.clone(),
+            req_q.clone(),
+            rep_q.clone(),
+            cfg.rr_rate,
+            stop_rx,
+        ))
     });
 
     // Fill.
@@ -364,7 +397,8 @@ pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome,
     for (i, q) in queues.iter().cloned().enumerate() {
         let (uri, n, size, pb) = (target.uri.clone(), cfg.messages, cfg.size, pb.clone());
         tasks.push(tokio::spawn(async move {
-            let (conn, ch) = amqp::connect_channel(&uri, &format!("restart filler {i}"), true).await?;
+            let (conn, ch) =
+                amqp::connect_channel(&uri, &format!("restart filler {i}"), true).await?;
             let body = amqp::body(size, 0);
             let mut pending = std::collections::VecDeque::new();
             let (mut published, mut confirmed) = (0u64, 0u64);
@@ -398,11 +432,17 @@ pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome,
         out.accounting.published += p;
         out.accounting.confirmed += c;
     }
-    out.accounting.expect_eq("fill confirmed", out.accounting.confirmed, total);
+    out.accounting
+        .expect_eq("fill confirmed", out.accounting.confirmed, total);
     if let Some((round_trips, rtt_ms)) = rr_result {
-        out.metrics.extend(crate::scenarios::latency_metrics("rr_round_trip", rtt_ms).into_iter().filter(|m| m.name.ends_with("median")));
+        out.metrics.extend(
+            crate::scenarios::latency_metrics("rr_round_trip", rtt_ms)
+                .into_iter()
+                .filter(|m| m.name.ends_with("median")),
+        );
         #[allow(clippy::cast_precision_loss)]
-        out.metrics.push(Metric::new("rr_round_trips", "count", round_trips as f64));
+        out.metrics
+            .push(Metric::new("rr_round_trips", "count", round_trips as f64));
     }
 
     // One uncommitted message per queue, left open at the kill.
@@ -415,7 +455,8 @@ pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome,
         let (conn, admin) = amqp::connect_channel(&target.uri, "restart check", false).await?;
         for q in &queues {
             let d = amqp::depth(&admin, q).await?;
-            out.accounting.expect_eq(&format!("depth of {q} before kill"), d, cfg.messages);
+            out.accounting
+                .expect_eq(&format!("depth of {q} before kill"), d, cfg.messages);
         }
         amqp::close(&conn).await;
     }
@@ -430,20 +471,46 @@ pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome,
         wait_down(&hp).await?;
         if cache == Cache::Cold {
             if let Err(why) = drop_page_cache() {
-                out.notes.push(format!("page cache not dropped ({why}): cold restart figures are warm"));
+                out.notes.push(format!(
+                    "page cache not dropped ({why}): cold restart figures are warm"
+                ));
             }
         }
         let t0 = Instant::now();
         control.start()?;
         let pb = ui.bar(3, format!("restart {name}"));
-        let times = wait_recovered(&target.uri, &hp, &queues, cfg.messages, cfg.recovery_timeout, &pb).await;
+        let times = wait_recovered(
+            &target.uri,
+            &hp,
+            &queues,
+            cfg.messages,
+            cfg.recovery_timeout,
+            &pb,
+        )
+        .await;
         pb.finish_and_clear();
         control.forget_if_exited();
         let (listen, connect, depth, first) = times?;
-        out.metrics.push(Metric::new(format!("{name}.listen_s"), "s", (listen - t0).as_secs_f64()));
-        out.metrics.push(Metric::new(format!("{name}.connect_s"), "s", (connect - t0).as_secs_f64()));
-        out.metrics.push(Metric::new(format!("{name}.all_depths_s"), "s", (depth - t0).as_secs_f64()));
-        out.metrics.push(Metric::new(format!("{name}.first_message_s"), "s", (first - t0).as_secs_f64()));
+        out.metrics.push(Metric::new(
+            format!("{name}.listen_s"),
+            "s",
+            (listen - t0).as_secs_f64(),
+        ));
+        out.metrics.push(Metric::new(
+            format!("{name}.connect_s"),
+            "s",
+            (connect - t0).as_secs_f64(),
+        ));
+        out.metrics.push(Metric::new(
+            format!("{name}.all_depths_s"),
+            "s",
+            (depth - t0).as_secs_f64(),
+        ));
+        out.metrics.push(Metric::new(
+            format!("{name}.first_message_s"),
+            "s",
+            (first - t0).as_secs_f64(),
+        ));
     }
     // The uncommitted transaction died with the first broker.
     drop((tx_ch, tx_conn));
@@ -456,7 +523,8 @@ pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome,
     let (conn, admin) = amqp::connect_channel(&target.uri, "restart cleanup", false).await?;
     for q in &queues {
         let d = amqp::delete(&admin, q).await?;
-        out.accounting.expect_eq(&format!("depth of {q} after restarts"), d, cfg.messages);
+        out.accounting
+            .expect_eq(&format!("depth of {q} after restarts"), d, cfg.messages);
     }
     for q in [&req_q, &rep_q] {
         amqp::delete(&admin, q).await?;
@@ -476,16 +544,26 @@ async fn request_reply(
 ) -> Result<(u64, Vec<f64>), BenchError> {
     let (resp_conn, resp_ch) = amqp::connect_channel(&uri, "restart responder", true).await?;
     let mut requests = resp_ch
-        .basic_consume(req_q.as_str().into(), "responder".into(), BasicConsumeOptions::default(), FieldTable::default())
+        .basic_consume(
+            req_q.as_str().into(),
+            "responder".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
         .await
         .ctx("consume requests")?;
     let rep = rep_q.clone();
     let responder = tokio::spawn(async move {
         while let Some(Ok(d)) = requests.next().await {
             // Echo the request (with its send stamp) as the reply.
-            let Ok(c) = amqp::publish(&resp_ch, &rep, &d.data).await else { break };
+            let Ok(c) = amqp::publish(&resp_ch, &rep, &d.data).await else {
+                break;
+            };
             if amqp::confirmed(c).await.is_err()
-                || resp_ch.basic_ack(d.delivery_tag, BasicAckOptions::default()).await.is_err()
+                || resp_ch
+                    .basic_ack(d.delivery_tag, BasicAckOptions::default())
+                    .await
+                    .is_err()
             {
                 break;
             }
@@ -493,7 +571,12 @@ async fn request_reply(
     });
     let (conn, ch) = amqp::connect_channel(&uri, "restart requester", true).await?;
     let mut replies = ch
-        .basic_consume(rep_q.as_str().into(), "requester".into(), BasicConsumeOptions::default(), FieldTable::default())
+        .basic_consume(
+            rep_q.as_str().into(),
+            "requester".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
         .await
         .ctx("consume replies")?;
     let period = Duration::from_secs_f64(1.0 / rate);
@@ -542,7 +625,9 @@ async fn wait_down(hp: &str) -> Result<(), BenchError> {
         }
         tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
     }
-    Err(BenchError::Timeout(format!("broker at {hp} still accepts connections {DOWN_TIMEOUT_S} s after the kill")))
+    Err(BenchError::Timeout(format!(
+        "broker at {hp} still accepts connections {DOWN_TIMEOUT_S} s after the kill"
+    )))
 }
 
 /// Times (listening, AMQP connection, all depths full, first message got).
@@ -611,7 +696,9 @@ async fn wait_recovered(
         tokio::time::sleep(poll).await;
     }
     let first = Instant::now();
-    ch.close(200, "probe done".into()).await.ctx("close probe channel")?;
+    ch.close(200, "probe done".into())
+        .await
+        .ctx("close probe channel")?;
     amqp::close(&conn).await;
     Ok((listen, connect, depths, first))
 }
@@ -622,7 +709,10 @@ mod tests {
 
     #[test]
     fn host_port_of_uris() {
-        assert_eq!(host_port("amqp://guest:guest@127.0.0.1:35672/%2f").unwrap(), "127.0.0.1:35672");
+        assert_eq!(
+            host_port("amqp://guest:guest@127.0.0.1:35672/%2f").unwrap(),
+            "127.0.0.1:35672"
+        );
         assert_eq!(host_port("amqp://localhost").unwrap(), "localhost:5672");
         assert_eq!(host_port("amqp://u:p@h/v").unwrap(), "h:5672");
         assert!(host_port("nope").is_err());

@@ -94,9 +94,16 @@ impl Config {
             backlog: if smoke { 200 } else { a.backlog },
             rate_per_producer: rate,
             size: a.size.max(8),
-            consumer_connections: if smoke { 2 } else { a.consumer_connections.max(1) },
+            consumer_connections: if smoke {
+                2
+            } else {
+                a.consumer_connections.max(1)
+            },
             prefetch: a.prefetch.max(1),
-            status_interval: secs(if smoke { 0.5 } else { a.status_interval }, "--status-interval")?,
+            status_interval: secs(
+                if smoke { 0.5 } else { a.status_interval },
+                "--status-interval",
+            )?,
             duration: secs(
                 a.common.duration.unwrap_or(match scale {
                     Scale::Smoke => 2.0,
@@ -164,7 +171,8 @@ where
 #[allow(clippy::too_many_lines)]
 pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome, BenchError> {
     let prefix = amqp::unique_prefix("spooler");
-    let queues: Arc<Vec<String>> = Arc::new((0..cfg.queues).map(|i| format!("{prefix}-{i}")).collect());
+    let queues: Arc<Vec<String>> =
+        Arc::new((0..cfg.queues).map(|i| format!("{prefix}-{i}")).collect());
     let admin_conn = amqp::connect(&target.uri, "spooler admin").await?;
     let mut admin = Vec::new();
     for _ in 0..8 {
@@ -181,12 +189,18 @@ pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome,
     let result = load(cfg, target, ui, &queues, &admin).await;
 
     let pb = ui.bar(cfg.queues as u64, "spooler delete");
-    let deleted = per_queue(&admin, &queues, &pb, |ch, q| async move { amqp::delete(&ch, &q).await }).await;
+    let deleted = per_queue(&admin, &queues, &pb, |ch, q| async move {
+        amqp::delete(&ch, &q).await
+    })
+    .await;
     pb.finish_and_clear();
     amqp::close(&admin_conn).await;
     let mut out = result?;
-    out.accounting
-        .expect_eq("messages left in queues at delete", deleted?.iter().sum(), 0);
+    out.accounting.expect_eq(
+        "messages left in queues at delete",
+        deleted?.iter().sum(),
+        0,
+    );
     Ok(out)
 }
 
@@ -230,19 +244,37 @@ async fn load(
     }
     let loaded: u64 = join_all(tasks).await?.iter().sum();
     pb.finish_and_clear();
-    out.accounting.expect_eq("backlog confirmed", loaded, cfg.backlog);
+    out.accounting
+        .expect_eq("backlog confirmed", loaded, cfg.backlog);
 
     // Consumers on every queue.
     let consumed = Arc::new(AtomicU64::new(0));
     let latencies: Arc<Mutex<Vec<f64>>> = Arc::new(Mutex::new(Vec::new()));
-    let pb = ui.bar((cfg.consumer_connections + cfg.producers) as u64, "spooler connect");
-    let consumer_conns = connect_many(&target.uri, "spooler consumer", cfg.consumer_connections, false, &pb).await?;
+    let pb = ui.bar(
+        (cfg.consumer_connections + cfg.producers) as u64,
+        "spooler connect",
+    );
+    let consumer_conns = connect_many(
+        &target.uri,
+        "spooler consumer",
+        cfg.consumer_connections,
+        false,
+        &pb,
+    )
+    .await?;
     let mut consumer_tasks = Vec::new();
     for (c, (_, ch)) in consumer_conns.iter().enumerate() {
-        ch.basic_qos(cfg.prefetch, BasicQosOptions::default()).await.ctx("basic.qos")?;
+        ch.basic_qos(cfg.prefetch, BasicQosOptions::default())
+            .await
+            .ctx("basic.qos")?;
         for q in queues.iter().skip(c).step_by(cfg.consumer_connections) {
             let mut consumer = ch
-                .basic_consume(q.as_str().into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
+                .basic_consume(
+                    q.as_str().into(),
+                    "".into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
                 .await
                 .ctx(format!("consume {q}"))?;
             let (ch, consumed, latencies) = (ch.clone(), consumed.clone(), latencies.clone());
@@ -253,7 +285,11 @@ async fn load(
                         let lat_ms = amqp::now_us().saturating_sub(stamp) as f64 / 1e3;
                         latencies.lock().expect("latency lock").push(lat_ms);
                     }
-                    if ch.basic_ack(d.delivery_tag, BasicAckOptions::default()).await.is_err() {
+                    if ch
+                        .basic_ack(d.delivery_tag, BasicAckOptions::default())
+                        .await
+                        .is_err()
+                    {
                         break;
                     }
                     consumed.fetch_add(1, Ordering::Relaxed);
@@ -298,11 +334,16 @@ async fn load(
     // Status queries while under load.
     let mut status_api_ms = Vec::new();
     let mut status_amqp_ms = Vec::new();
-    let mgmt = target.mgmt_url.as_deref().map(crate::http::BaseUrl::parse).transpose()?;
+    let mgmt = target
+        .mgmt_url
+        .as_deref()
+        .map(crate::http::BaseUrl::parse)
+        .transpose()?;
     while Instant::now() + cfg.status_interval < deadline {
         tokio::time::sleep(cfg.status_interval).await;
         if let Some(base) = &mgmt {
-            let (code, _, took) = crate::http::get(base, "/api/queues", Duration::from_secs(60)).await?;
+            let (code, _, took) =
+                crate::http::get(base, "/api/queues", Duration::from_secs(60)).await?;
             if code != 200 {
                 return Err(BenchError::Http(format!("GET /api/queues answered {code}")));
             }
@@ -310,7 +351,10 @@ async fn load(
         }
         let t0 = Instant::now();
         let noop = ui.bar(0, "");
-        per_queue(&admin[..1], queues, &noop, |ch, q| async move { amqp::depth(&ch, &q).await }).await?;
+        per_queue(&admin[..1], queues, &noop, |ch, q| async move {
+            amqp::depth(&ch, &q).await
+        })
+        .await?;
         status_amqp_ms.push(amqp::ms(t0.elapsed()));
     }
     let sent = join_all(tasks).await;
@@ -351,18 +395,34 @@ async fn load(
         t.abort();
     }
     out.accounting.consumed = consumed.load(Ordering::Relaxed);
-    out.accounting.expect_eq("load confirmed", confirmed, published);
-    out.accounting.expect_eq("consumed = backlog + confirmed", out.accounting.consumed, want);
+    out.accounting
+        .expect_eq("load confirmed", confirmed, published);
+    out.accounting.expect_eq(
+        "consumed = backlog + confirmed",
+        out.accounting.consumed,
+        want,
+    );
     let noop = ui.bar(0, "");
-    let depth: u64 = per_queue(admin, queues, &noop, |ch, q| async move { amqp::depth(&ch, &q).await })
-        .await?
-        .iter()
-        .sum();
-    out.accounting.expect_eq("total depth after settle", depth, 0);
+    let depth: u64 = per_queue(admin, queues, &noop, |ch, q| async move {
+        amqp::depth(&ch, &q).await
+    })
+    .await?
+    .iter()
+    .sum();
+    out.accounting
+        .expect_eq("total depth after settle", depth, 0);
     let lat = std::mem::take(&mut *latencies.lock().expect("latency lock"));
-    out.accounting.expect_eq("timed deliveries = confirmed load", lat.len() as u64, confirmed);
+    out.accounting.expect_eq(
+        "timed deliveries = confirmed load",
+        lat.len() as u64,
+        confirmed,
+    );
 
-    out.metrics.push(Metric::new("publish_msgs_per_s", "msg/s", confirmed as f64 / load_s));
+    out.metrics.push(Metric::new(
+        "publish_msgs_per_s",
+        "msg/s",
+        confirmed as f64 / load_s,
+    ));
     out.metrics.push(Metric::new("settle_s", "s", settle_s));
     out.metrics.extend(latency_metrics("e2e", lat));
     out.metrics.extend(
@@ -376,7 +436,8 @@ async fn load(
             .filter(|m| m.name.ends_with("median") || m.name.ends_with("max")),
     );
     if mgmt.is_none() {
-        out.notes.push("no --mgmt-url: management API status latency not measured".into());
+        out.notes
+            .push("no --mgmt-url: management API status latency not measured".into());
     }
     out.messages = want;
     Ok(out)
