@@ -664,18 +664,26 @@ async fn wait_recovered(
     pb.inc(1);
     let mut ch = conn.create_channel().await.ctx("open channel")?;
     let mut next = 0;
+    // What the queue being waited for last showed, for the timeout message.
+    let mut last = String::new();
     while next < queues.len() {
         match amqp::depth(&ch, &queues[next]).await {
             Ok(d) if d >= depth => next += 1,
-            Ok(_) => tokio::time::sleep(poll).await,
-            Err(_) => {
+            Ok(d) => {
+                last = format!("{} at depth {d} of {depth}", queues[next]);
+                tokio::time::sleep(poll).await;
+            }
+            Err(e) => {
                 // 404 while the queue is not recovered yet closes the channel.
+                last = format!("{}: {e}", queues[next]);
                 tokio::time::sleep(poll).await;
                 ch = conn.create_channel().await.ctx("reopen channel")?;
             }
         }
         if Instant::now() > deadline {
-            return Err(timeout("all queues at full depth"));
+            return Err(timeout(&format!(
+                "all queues at full depth (last seen: {last})"
+            )));
         }
     }
     let depths = Instant::now();
