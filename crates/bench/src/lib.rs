@@ -436,3 +436,47 @@ pub async fn measure(
     }
     Ok(outcome)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory as _, Parser};
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    #[test]
+    fn command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn typical_command_lines_parse_into_plans() {
+        let cli = Cli::try_parse_from([
+            "bench",
+            "fanin",
+            "--uri",
+            "amqp://a",
+            "--vs",
+            "amqp://b",
+            "--runs",
+            "3",
+            "--concurrency",
+            "1,2",
+            "--pid",
+            "7",
+        ])
+        .unwrap();
+        let common = cli.bench.scenario.common();
+        assert_eq!((common.runs, common.pid), (3, Some(7)));
+        assert_eq!(common.vs.as_deref(), Some("amqp://b"));
+        let plan = scenarios::Plan::from_args(&cli.bench.scenario).unwrap();
+        assert_eq!(plan.name(), "fanin");
+        let cli = Cli::try_parse_from(["bench", "restart", "--scale", "smoke"]).unwrap();
+        let err = scenarios::Plan::from_args(&cli.bench.scenario).unwrap_err();
+        assert!(err.to_string().contains("--start-cmd"), "{err}");
+    }
+}
