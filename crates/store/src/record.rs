@@ -378,9 +378,14 @@ fn parse_body<'a>(
                 queue: QueueId(u64_at(body, 0)),
             }
         }
-        Kind::Hole => Record::Hole {
-            body_len: u32::try_from(body.len()).expect("bounded by RECORD_BODY_BYTES_MAX"),
-        },
+        Kind::Hole => {
+            if body.iter().any(|&b| b != 0) {
+                return Err("hole body is not all zeros".into());
+            }
+            Record::Hole {
+                body_len: u32::try_from(body.len()).expect("bounded by RECORD_BODY_BYTES_MAX"),
+            }
+        }
     })
 }
 

@@ -41,7 +41,7 @@ pub struct RecoveredMessage {
 }
 
 /// What `Store::open` found on disk.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Recovered {
     /// Every metadata key with its last written value.
     pub metadata: BTreeMap<Bytes, Bytes>,
@@ -52,6 +52,9 @@ pub struct Recovered {
     /// Damage found and quarantined (empty after a clean run).
     pub damage: Vec<DamageReport>,
     pub stats: RecoveryStats,
+    /// Above every message id ever stored: seed for a caller-side id
+    /// allocator ([`Store::next_msg_id`] already starts here).
+    pub next_msg_id: MsgId,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -147,6 +150,13 @@ impl Join {
     }
 }
 
+fn fail(done: Option<Done>, e: StoreError) {
+    match done {
+        Some(done) => done(Err(e)),
+        None => tracing::warn!(error = %e, "store request without a completion failed"),
+    }
+}
+
 fn meta_group(key: &[u8], groups: u32) -> u32 {
     crc32c::crc32c(key) % groups
 }
@@ -203,7 +213,13 @@ impl Store {
                 .collect()
         });
 
-        let mut recovered = Recovered::default();
+        let mut recovered = Recovered {
+            metadata: BTreeMap::new(),
+            queues: BTreeMap::new(),
+            damage: Vec::new(),
+            stats: RecoveryStats::default(),
+            next_msg_id: MsgId(1),
+        };
         let mut groups = Vec::with_capacity(results.len());
         let mut msg_id_hw = 0u64;
         let mut per_group = Vec::new();
@@ -274,6 +290,7 @@ impl Store {
             msgs.sort_unstable_by_key(|m| m.msg);
         }
         recovered.stats.groups = group_count;
+        recovered.next_msg_id = MsgId(msg_id_hw + 1);
         recovered.stats.duration = started.elapsed();
         tracing::info!(
             groups = group_count,
@@ -309,34 +326,48 @@ impl Store {
         MsgId(self.next_msg_id.fetch_add(1, Ordering::Relaxed))
     }
 
-    fn send(&self, group: u32, op: Op, done: Done) {
+    fn send(&self, group: u32, op: Op, done: Option<Done>) {
         let g = &self.groups[group as usize];
         if let Some(e) = g.shared.poison_error() {
-            done(Err(e));
+            fail(done, e);
             return;
         }
         if let Err(mpsc::SendError(Cmd::Write { done, .. })) = g.tx.send(Cmd::Write { op, done }) {
-            done(Err(StoreError::Closed));
+            fail(done, StoreError::Closed);
         }
+    }
+
+    fn joined(&self, parts: usize, done: Option<Done>) -> Option<Arc<Join>> {
+        done.map(|done| {
+            Arc::new(Join {
+                remaining: AtomicUsize::new(parts),
+                first_error: Mutex::new(None),
+                done: Mutex::new(Some(done)),
+            })
+        })
     }
 
     /// Stores `payload` as message `msg` in `queues`. The payload is written
     /// once per group among the queues' groups. `done` runs once every group
     /// completed (see docs/DURABILITY.md for what that means per sync mode).
     /// Blocks while a group's channel is full (back-pressure).
-    pub fn publish(&self, msg: MsgId, queues: &[QueueId], payload: Bytes, done: Done) {
+    pub fn publish(&self, msg: MsgId, queues: &[QueueId], payload: Bytes, done: Option<Done>) {
         if queues.is_empty() || queues.iter().any(|q| q.0 == u64::MAX) {
-            done(Err(StoreError::Invalid(
-                "publish needs queues other than u64::MAX".into(),
-            )));
+            fail(
+                done,
+                StoreError::Invalid("publish needs queues other than u64::MAX".into()),
+            );
             return;
         }
         if payload.len() > self.payload_bytes_max as usize {
-            done(Err(StoreError::Invalid(format!(
-                "payload of {} bytes exceeds payload_bytes_max = {}",
-                payload.len(),
-                self.payload_bytes_max
-            ))));
+            fail(
+                done,
+                StoreError::Invalid(format!(
+                    "payload of {} bytes exceeds payload_bytes_max = {}",
+                    payload.len(),
+                    self.payload_bytes_max
+                )),
+            );
             return;
         }
         let mut by_group: BTreeMap<u32, Vec<QueueId>> = BTreeMap::new();
@@ -360,11 +391,7 @@ impl Store {
             );
             return;
         }
-        let join = Arc::new(Join {
-            remaining: AtomicUsize::new(by_group.len()),
-            first_error: Mutex::new(None),
-            done: Mutex::new(Some(done)),
-        });
+        let join = self.joined(by_group.len(), done);
         for (g, qs) in by_group {
             self.send(
                 g,
@@ -373,14 +400,14 @@ impl Store {
                     queues: qs,
                     payload: payload.clone(),
                 },
-                join.part(),
+                join.as_ref().map(Join::part),
             );
         }
     }
 
     /// Removes (acknowledges) `msgs` from `queue`. Removing a message the
     /// queue does not hold is a no-op.
-    pub fn remove(&self, queue: QueueId, msgs: &[MsgId], done: Done) {
+    pub fn remove(&self, queue: QueueId, msgs: &[MsgId], done: Option<Done>) {
         self.send(
             self.group_of(queue),
             Op::Remove {
@@ -392,18 +419,18 @@ impl Store {
     }
 
     /// Removes every message `queue` holds (queue.purge, queue.delete).
-    pub fn purge(&self, queue: QueueId, done: Done) {
+    pub fn purge(&self, queue: QueueId, done: Option<Done>) {
         self.send(self.group_of(queue), Op::Purge { queue }, done);
     }
 
     /// Sets a metadata key (last write wins).
-    pub fn put_meta(&self, key: Bytes, value: Bytes, done: Done) {
+    pub fn put_meta(&self, key: Bytes, value: Bytes, done: Option<Done>) {
         let g = meta_group(&key, self.group_count());
         self.send(g, Op::MetaPut { key, value }, done);
     }
 
     /// Deletes a metadata key.
-    pub fn delete_meta(&self, key: Bytes, done: Done) {
+    pub fn delete_meta(&self, key: Bytes, done: Option<Done>) {
         let g = meta_group(&key, self.group_count());
         self.send(g, Op::MetaDelete { key }, done);
     }
@@ -411,13 +438,9 @@ impl Store {
     /// Completes once everything requested before is fdatasync'ed in every
     /// group, whatever the sync mode (e.g. for `tx.commit` under `interval`).
     pub fn flush(&self, done: Done) {
-        let join = Arc::new(Join {
-            remaining: AtomicUsize::new(self.groups.len()),
-            first_error: Mutex::new(None),
-            done: Mutex::new(Some(done)),
-        });
+        let join = self.joined(self.groups.len(), Some(done));
         for g in 0..self.group_count() {
-            self.send(g, Op::Flush, join.part());
+            self.send(g, Op::Flush, join.as_ref().map(Join::part));
         }
     }
 

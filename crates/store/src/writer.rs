@@ -106,7 +106,7 @@ impl Op {
 pub(crate) enum Cmd {
     Write {
         op: Op,
-        done: Done,
+        done: Option<Done>,
     },
     Checkpoint {
         done: Done,
@@ -372,12 +372,12 @@ impl Writer {
         }
     }
 
-    fn commit(&mut self, mut writes: Vec<(Op, Done)>) {
+    fn commit(&mut self, mut writes: Vec<(Op, Option<Done>)>) {
         #[allow(clippy::cast_precision_loss)]
         let n = writes.len() as f64;
         self.committers_ewma = 0.75 * self.committers_ewma + 0.25 * n;
         if let Some(e) = self.shared.poison_error() {
-            for (_, done) in writes {
+            for done in writes.into_iter().filter_map(|(_, d)| d) {
                 done(Err(e.clone()));
             }
             return;
@@ -386,13 +386,13 @@ impl Writer {
         let force_sync = writes.iter().any(|(op, _)| matches!(op, Op::Flush));
         match self.append(&writes, force_sync) {
             Ok(()) => {
-                for (_, done) in writes {
+                for done in writes.into_iter().filter_map(|(_, d)| d) {
                     done(Ok(()));
                 }
             }
             Err(e) => {
                 let e = self.poison(e);
-                for (_, done) in writes {
+                for done in writes.into_iter().filter_map(|(_, d)| d) {
                     done(Err(e.clone()));
                 }
             }
@@ -400,7 +400,11 @@ impl Writer {
     }
 
     /// Encodes, writes, applies and (per mode) syncs a batch.
-    fn append(&mut self, writes: &[(Op, Done)], force_sync: bool) -> Result<(), StoreError> {
+    fn append(
+        &mut self,
+        writes: &[(Op, Option<Done>)],
+        force_sync: bool,
+    ) -> Result<(), StoreError> {
         let mut placed: Vec<(usize, Loc)> = Vec::with_capacity(writes.len());
         for (i, (op, _)) in writes.iter().enumerate() {
             if let Some(rec) = op.record() {
@@ -893,7 +897,7 @@ fn cmd_size(cmd: &Cmd) -> usize {
 
 /// A message acked in the same batch that publishes it need not be written:
 /// drop the queue from the publish and the message from the removal.
-fn net_out(writes: &mut [(Op, Done)], counters: &GroupCounters) {
+fn net_out(writes: &mut [(Op, Option<Done>)], counters: &GroupCounters) {
     let has_remove = writes.iter().any(|(op, _)| matches!(op, Op::Remove { .. }));
     if !has_remove {
         return;
@@ -931,5 +935,77 @@ fn net_out(writes: &mut [(Op, Done)], counters: &GroupCounters) {
             }
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn noop() -> Option<Done> {
+        Some(Box::new(|r| r.unwrap()))
+    }
+
+    #[test]
+    fn publish_acked_in_the_same_batch_is_not_written() {
+        let counters = GroupCounters::default();
+        let mut writes = vec![
+            (
+                Op::Publish {
+                    msg: MsgId(1),
+                    queues: vec![QueueId(1), QueueId(2)],
+                    payload: Bytes::from_static(b"x"),
+                },
+                noop(),
+            ),
+            (
+                Op::Publish {
+                    msg: MsgId(2),
+                    queues: vec![QueueId(1)],
+                    payload: Bytes::from_static(b"y"),
+                },
+                noop(),
+            ),
+            (
+                Op::Remove {
+                    queue: QueueId(1),
+                    msgs: vec![MsgId(1), MsgId(2), MsgId(9)],
+                },
+                None,
+            ),
+        ];
+        net_out(&mut writes, &counters);
+        assert!(matches!(&writes[0].0, Op::Publish { queues, .. } if queues == &[QueueId(2)]));
+        assert!(
+            writes[1].0.record().is_none(),
+            "fully acked publish writes nothing"
+        );
+        assert!(matches!(&writes[2].0, Op::Remove { msgs, .. } if msgs == &[MsgId(9)]));
+        assert_eq!(counters.netted_publishes.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn removal_before_its_publish_is_not_netted() {
+        let counters = GroupCounters::default();
+        let mut writes = vec![
+            (
+                Op::Remove {
+                    queue: QueueId(1),
+                    msgs: vec![MsgId(1)],
+                },
+                None,
+            ),
+            (
+                Op::Publish {
+                    msg: MsgId(1),
+                    queues: vec![QueueId(1)],
+                    payload: Bytes::new(),
+                },
+                None,
+            ),
+        ];
+        net_out(&mut writes, &counters);
+        assert!(matches!(&writes[0].0, Op::Remove { msgs, .. } if msgs == &[MsgId(1)]));
+        assert!(writes[1].0.record().is_some());
     }
 }

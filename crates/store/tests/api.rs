@@ -16,7 +16,7 @@ fn published_message_reads_back_and_survives_restart() {
     let (store, rec) = open(&fs, &cfg);
     assert!(rec.queues.is_empty());
     let m = store.next_msg_id();
-    wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"hello"), d)).unwrap();
+    wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"hello"), Some(d))).unwrap();
     assert_eq!(
         store.read(QueueId(1), m).unwrap(),
         Bytes::from_static(b"hello")
@@ -48,8 +48,9 @@ fn acked_message_is_gone_after_restart_and_ids_stay_unique() {
     for i in 0..50u64 {
         let m = store.next_msg_id();
         last = m;
-        wait(|d| store.publish(m, &[QueueId(i % 5)], Bytes::from(vec![7u8; 100]), d)).unwrap();
-        wait(|d| store.remove(QueueId(i % 5), &[m], d)).unwrap();
+        wait(|d| store.publish(m, &[QueueId(i % 5)], Bytes::from(vec![7u8; 100]), Some(d)))
+            .unwrap();
+        wait(|d| store.remove(QueueId(i % 5), &[m], Some(d))).unwrap();
     }
     store.checkpoint().unwrap();
     store.checkpoint().unwrap();
@@ -72,10 +73,10 @@ fn multi_queue_publish_spans_groups_and_is_acked_per_queue() {
         queues.iter().map(|q| store.group_of(*q)).collect();
     assert!(groups.len() > 1, "test needs queues in several groups");
     let m = store.next_msg_id();
-    wait(|d| store.publish(m, &queues, Bytes::from_static(b"fan-out"), d)).unwrap();
+    wait(|d| store.publish(m, &queues, Bytes::from_static(b"fan-out"), Some(d))).unwrap();
     let before: u64 = store.stats().iter().map(|s| s.records).sum();
     assert_eq!(before, groups.len() as u64, "stored once per group");
-    wait(|d| store.remove(QueueId(0), &[m], d)).unwrap();
+    wait(|d| store.remove(QueueId(0), &[m], Some(d))).unwrap();
     assert!(store.read(QueueId(0), m).is_err());
     assert_eq!(
         store.read(QueueId(1), m).unwrap(),
@@ -101,10 +102,17 @@ fn metadata_last_write_wins_and_deletes_stick() {
     let cfg = config(2);
     let (store, _) = open(&fs, &cfg);
     for v in ["a", "b", "c"] {
-        wait(|d| store.put_meta(Bytes::from_static(b"queue/x"), Bytes::from(v), d)).unwrap();
+        wait(|d| store.put_meta(Bytes::from_static(b"queue/x"), Bytes::from(v), Some(d))).unwrap();
     }
-    wait(|d| store.put_meta(Bytes::from_static(b"queue/y"), Bytes::from_static(b"1"), d)).unwrap();
-    wait(|d| store.delete_meta(Bytes::from_static(b"queue/y"), d)).unwrap();
+    wait(|d| {
+        store.put_meta(
+            Bytes::from_static(b"queue/y"),
+            Bytes::from_static(b"1"),
+            Some(d),
+        )
+    })
+    .unwrap();
+    wait(|d| store.delete_meta(Bytes::from_static(b"queue/y"), Some(d))).unwrap();
     drop(store);
     let (_store, rec) = open(&fs, &cfg);
     assert_eq!(rec.metadata.len(), 1);
@@ -121,9 +129,17 @@ fn purge_removes_every_message_of_the_queue_only() {
     let (store, _) = open(&fs, &cfg);
     for _ in 0..10 {
         let m = store.next_msg_id();
-        wait(|d| store.publish(m, &[QueueId(1), QueueId(2)], Bytes::from_static(b"x"), d)).unwrap();
+        wait(|d| {
+            store.publish(
+                m,
+                &[QueueId(1), QueueId(2)],
+                Bytes::from_static(b"x"),
+                Some(d),
+            )
+        })
+        .unwrap();
     }
-    wait(|d| store.purge(QueueId(1), d)).unwrap();
+    wait(|d| store.purge(QueueId(1), Some(d))).unwrap();
     drop(store);
     let (_store, rec) = open(&fs, &cfg);
     assert!(!rec.queues.contains_key(&QueueId(1)));
@@ -139,12 +155,19 @@ fn recovered_queue_order_is_publish_order() {
     for i in 0..200u32 {
         let m = store.next_msg_id();
         ids.push(m);
-        wait(|d| store.publish(m, &[QueueId(9)], Bytes::from(i.to_le_bytes().to_vec()), d))
-            .unwrap();
+        wait(|d| {
+            store.publish(
+                m,
+                &[QueueId(9)],
+                Bytes::from(i.to_le_bytes().to_vec()),
+                Some(d),
+            )
+        })
+        .unwrap();
     }
     store.checkpoint().unwrap();
     for &m in &ids[..50] {
-        wait(|d| store.remove(QueueId(9), &[m], d)).unwrap();
+        wait(|d| store.remove(QueueId(9), &[m], Some(d))).unwrap();
     }
     drop(store);
     let (store, rec) = open(&fs, &cfg);
@@ -167,14 +190,14 @@ fn dead_segments_are_deleted_and_mostly_dead_ones_compacted() {
     for _ in 0..100 {
         let m = store.next_msg_id();
         ids.push(m);
-        wait(|d| store.publish(m, &[QueueId(1)], payload.clone(), d)).unwrap();
+        wait(|d| store.publish(m, &[QueueId(1)], payload.clone(), Some(d))).unwrap();
     }
     let segs_full = store.stats()[0].segments;
     assert!(segs_full >= 12, "{segs_full}");
     // Ack all but every 10th: every segment is mostly dead, none empty.
     for (i, &m) in ids.iter().enumerate() {
         if i % 10 != 0 {
-            wait(|d| store.remove(QueueId(1), &[m], d)).unwrap();
+            wait(|d| store.remove(QueueId(1), &[m], Some(d))).unwrap();
         }
     }
     store.compact().unwrap();
@@ -205,7 +228,7 @@ fn lone_committer_never_waits_but_concurrent_ones_gather() {
     let (store, _) = open(&fs, &cfg);
     for _ in 0..30 {
         let m = store.next_msg_id();
-        wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"x"), d)).unwrap();
+        wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"x"), Some(d))).unwrap();
     }
     assert_eq!(
         store.stats()[0].gather_waits,
@@ -221,7 +244,8 @@ fn lone_committer_never_waits_but_concurrent_ones_gather() {
                 for _ in 0..30 {
                     let m = store.next_msg_id();
                     let started = std::time::Instant::now();
-                    wait(|d| store.publish(m, &[QueueId(t)], Bytes::from_static(b"x"), d)).unwrap();
+                    wait(|d| store.publish(m, &[QueueId(t)], Bytes::from_static(b"x"), Some(d)))
+                        .unwrap();
                     worst = worst.max(started.elapsed());
                 }
                 worst
@@ -251,15 +275,16 @@ fn failed_fsync_poisons_the_group_and_fails_pending_and_later_writes() {
     let cfg = config(1);
     let (store, _) = open(&fs, &cfg);
     let m = store.next_msg_id();
-    wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"ok"), d)).unwrap();
+    wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"ok"), Some(d))).unwrap();
     fs.fail_syncs_after(Some(0));
     let m2 = store.next_msg_id();
-    let e = wait(|d| store.publish(m2, &[QueueId(1)], Bytes::from_static(b"lost"), d)).unwrap_err();
+    let e = wait(|d| store.publish(m2, &[QueueId(1)], Bytes::from_static(b"lost"), Some(d)))
+        .unwrap_err();
     assert!(matches!(e, StoreError::Poisoned { .. }), "{e}");
     fs.fail_syncs_after(None);
     let m3 = store.next_msg_id();
-    let e =
-        wait(|d| store.publish(m3, &[QueueId(1)], Bytes::from_static(b"later"), d)).unwrap_err();
+    let e = wait(|d| store.publish(m3, &[QueueId(1)], Bytes::from_static(b"later"), Some(d)))
+        .unwrap_err();
     assert!(matches!(e, StoreError::Poisoned { .. }), "{e}");
     assert!(store.stats()[0].poisoned);
     assert!(
@@ -286,11 +311,11 @@ fn oversized_payload_and_empty_queue_list_are_refused() {
     let (store, _) = open(&fs, &cfg);
     let m = store.next_msg_id();
     assert!(matches!(
-        wait(|d| store.publish(m, &[QueueId(1)], Bytes::from(vec![0; 11]), d)),
+        wait(|d| store.publish(m, &[QueueId(1)], Bytes::from(vec![0; 11]), Some(d))),
         Err(StoreError::Invalid(_))
     ));
     assert!(matches!(
-        wait(|d| store.publish(m, &[], Bytes::new(), d)),
+        wait(|d| store.publish(m, &[], Bytes::new(), Some(d))),
         Err(StoreError::Invalid(_))
     ));
 }
@@ -302,7 +327,7 @@ fn real_files_roundtrip() {
     cfg.log_groups = 2;
     let (store, _) = berth_store::Store::open(cfg.clone()).unwrap();
     let m = store.next_msg_id();
-    wait(|d| store.publish(m, &[QueueId(3)], Bytes::from_static(b"disk"), d)).unwrap();
+    wait(|d| store.publish(m, &[QueueId(3)], Bytes::from_static(b"disk"), Some(d))).unwrap();
     drop(store);
     let (store, rec) = berth_store::Store::open(cfg).unwrap();
     assert_eq!(rec.queues[&QueueId(3)][0].msg, m);
@@ -322,10 +347,13 @@ fn interval_mode_completes_before_sync_and_syncs_in_the_background() {
     cfg.sync_interval_ms = 20;
     let (store, _) = open(&fs, &cfg);
     let m = store.next_msg_id();
-    wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"x"), d)).unwrap();
+    wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"x"), Some(d))).unwrap();
     let syncs_before = store.stats()[0].syncs;
     std::thread::sleep(Duration::from_millis(150));
-    assert!(store.stats()[0].syncs > syncs_before, "background sync did not run");
+    assert!(
+        store.stats()[0].syncs > syncs_before,
+        "background sync did not run"
+    );
     // Now durable: survives a power loss.
     fs.crash();
     drop(store);
@@ -341,7 +369,7 @@ fn flush_forces_durability_in_never_mode() {
     cfg.sync = berth_store::SyncMode::Never;
     let (store, _) = open(&fs, &cfg);
     let m = store.next_msg_id();
-    wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"x"), d)).unwrap();
+    wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"x"), Some(d))).unwrap();
     wait(|d| store.flush(d)).unwrap();
     fs.crash();
     drop(store);
@@ -358,13 +386,17 @@ fn idle_active_segment_is_rolled_so_its_space_can_be_freed() {
     cfg.checkpoint_interval_ms = 20;
     let (store, _) = open(&fs, &cfg);
     let m = store.next_msg_id();
-    wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"x"), d)).unwrap();
-    wait(|d| store.remove(QueueId(1), &[m], d)).unwrap();
+    wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"x"), Some(d))).unwrap();
+    wait(|d| store.remove(QueueId(1), &[m], Some(d))).unwrap();
     // Idle: the segment is sealed, two background checkpoints pass it, and
     // it is deleted without any further write.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while store.stats()[0].segments_deleted == 0 {
-        assert!(std::time::Instant::now() < deadline, "idle segment never freed: {:?}", store.stats());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "idle segment never freed: {:?}",
+            store.stats()
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(store.stats()[0].segments, 0);
@@ -379,10 +411,15 @@ fn index_ram_per_message_is_small() {
     let n = 100_000u64;
     for _ in 0..n - 1 {
         let m = store.next_msg_id();
-        store.publish(m, &[QueueId(1)], Bytes::from_static(b"x"), Box::new(|r| r.unwrap()));
+        store.publish(
+            m,
+            &[QueueId(1)],
+            Bytes::from_static(b"x"),
+            Some(Box::new(|r| r.unwrap())),
+        );
     }
     let m = store.next_msg_id();
-    wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"x"), d)).unwrap();
+    wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"x"), Some(d))).unwrap();
     let st = &store.stats()[0];
     assert_eq!(st.live_messages, n);
     let per_msg = st.index_bytes as f64 / n as f64;

@@ -56,7 +56,7 @@ fn worker(store: &Store, log: &Mutex<Log>, stop: &AtomicBool, completions: &Atom
         };
         let result = if let Some((q, m)) = ack_candidate {
             log.lock().remove_issued.insert((q, m));
-            let r = wait(|d| store.remove(q, &[m], d));
+            let r = wait(|d| store.remove(q, &[m], Some(d)));
             if r.is_ok() {
                 log.lock().remove_ok.insert((q, m));
             }
@@ -68,7 +68,7 @@ fn worker(store: &Store, log: &Mutex<Log>, stop: &AtomicBool, completions: &Atom
                 qs.push(QueueId(rng.random_range(0..QUEUES)));
                 qs.dedup();
             }
-            let r = wait(|d| store.publish(m, &qs, payload_for(m), d));
+            let r = wait(|d| store.publish(m, &qs, payload_for(m), Some(d)));
             if r.is_ok() {
                 let mut l = log.lock();
                 for q in qs {

@@ -33,7 +33,7 @@ fn populate(fs: &FaultStorage, cfg: &StoreConfig, n: usize) -> Vec<MsgId> {
     let ids: Vec<MsgId> = (0..n)
         .map(|_| {
             let m = store.next_msg_id();
-            wait(|d| store.publish(m, &[QueueId(1)], payload(m), d)).unwrap();
+            wait(|d| store.publish(m, &[QueueId(1)], payload(m), Some(d))).unwrap();
             m
         })
         .collect();
@@ -78,7 +78,7 @@ fn torn_tail_is_truncated_not_fatal() {
     assert_eq!(rec.stats.truncated_bytes, (torn.len() / 2) as u64);
     assert!(rec.damage.is_empty());
     let m = store.next_msg_id();
-    wait(|d| store.publish(m, &[QueueId(1)], payload(m), d)).unwrap();
+    wait(|d| store.publish(m, &[QueueId(1)], payload(m), Some(d))).unwrap();
     drop(store);
     let (_s, rec) = reopen(&fs, &cfg).unwrap();
     assert_eq!(msgs(&rec).len(), 11);
@@ -203,7 +203,7 @@ fn torn_creation_of_the_newest_segment_is_removed() {
         .contains(&"0000000002.seg".to_string()));
     // Numbering stays consecutive: the next segment reuses number 2.
     let m = store.next_msg_id();
-    wait(|d| store.publish(m, &[QueueId(1)], payload(m), d)).unwrap();
+    wait(|d| store.publish(m, &[QueueId(1)], payload(m), Some(d))).unwrap();
     fs.crash();
     drop(store);
     fs.power_on();
@@ -240,7 +240,7 @@ fn corrupt_latest_checkpoint_falls_back_to_the_previous_one() {
     for round in 0..3 {
         for _ in 0..5 {
             let m = store.next_msg_id();
-            wait(|d| store.publish(m, &[QueueId(1)], payload(m), d)).unwrap();
+            wait(|d| store.publish(m, &[QueueId(1)], payload(m), Some(d))).unwrap();
             ids.push(m);
         }
         if round < 2 {
@@ -271,8 +271,8 @@ fn lost_checkpoints_after_reclaim_fail_recovery_instead_of_resurrecting_acks() {
     let (store, _) = open(&fs, &cfg);
     for _ in 0..60 {
         let m = store.next_msg_id();
-        wait(|d| store.publish(m, &[QueueId(1)], payload(m), d)).unwrap();
-        wait(|d| store.remove(QueueId(1), &[m], d)).unwrap();
+        wait(|d| store.publish(m, &[QueueId(1)], payload(m), Some(d))).unwrap();
+        wait(|d| store.remove(QueueId(1), &[m], Some(d))).unwrap();
     }
     store.checkpoint().unwrap();
     store.checkpoint().unwrap();

@@ -91,7 +91,7 @@ proptest! {
                 Step::Publish { queues, len } => {
                     let m = store.next_msg_id();
                     let qs: Vec<QueueId> = queues.into_iter().map(QueueId).collect();
-                    wait(|d| store.publish(m, &qs, payload(m, len), d)).unwrap();
+                    wait(|d| store.publish(m, &qs, payload(m, len), Some(d))).unwrap();
                     for q in qs {
                         model.queues.entry(q).or_default().insert(m);
                     }
@@ -101,24 +101,24 @@ proptest! {
                     let q = QueueId(queue);
                     let Some(set) = model.queues.get_mut(&q) else { continue };
                     let m = *set.iter().nth(nth % set.len()).unwrap();
-                    wait(|d| store.remove(q, &[m], d)).unwrap();
+                    wait(|d| store.remove(q, &[m], Some(d))).unwrap();
                     set.remove(&m);
                     if set.is_empty() {
                         model.queues.remove(&q);
                     }
                 }
                 Step::Purge { queue } => {
-                    wait(|d| store.purge(QueueId(queue), d)).unwrap();
+                    wait(|d| store.purge(QueueId(queue), Some(d))).unwrap();
                     model.queues.remove(&QueueId(queue));
                 }
                 Step::MetaPut { key, value } => {
                     let (k, v) = (Bytes::from(vec![key]), Bytes::from(vec![value]));
-                    wait(|d| store.put_meta(k.clone(), v.clone(), d)).unwrap();
+                    wait(|d| store.put_meta(k.clone(), v.clone(), Some(d))).unwrap();
                     model.meta.insert(k, v);
                 }
                 Step::MetaDelete { key } => {
                     let k = Bytes::from(vec![key]);
-                    wait(|d| store.delete_meta(k.clone(), d)).unwrap();
+                    wait(|d| store.delete_meta(k.clone(), Some(d))).unwrap();
                     model.meta.remove(&k);
                 }
                 Step::Checkpoint => store.checkpoint().unwrap(),
