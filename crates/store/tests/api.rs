@@ -427,3 +427,35 @@ fn index_ram_per_message_is_small() {
     // Hash table at its current load factor: 33 bytes/slot, 50-87.5% full.
     assert!(per_msg <= 80.0, "{per_msg}");
 }
+
+#[test]
+fn groups_spread_over_data_dirs_and_a_misordered_dir_list_is_refused() {
+    let fs = FaultStorage::new(15);
+    let mut cfg = config(4);
+    cfg.data_dirs = vec!["/disk-a".into(), "/disk-b".into()];
+    let (store, _) = open(&fs, &cfg);
+    let m = store.next_msg_id();
+    let all: Vec<QueueId> = (0..16).map(QueueId).collect();
+    wait(|d| store.publish(m, &all, Bytes::from_static(b"x"), Some(d))).unwrap();
+    drop(store);
+    assert_eq!(
+        fs.names(std::path::Path::new("/disk-a")),
+        ["MANIFEST", "group-0000", "group-0002"]
+    );
+    assert_eq!(
+        fs.names(std::path::Path::new("/disk-b")),
+        ["MANIFEST", "group-0001", "group-0003"]
+    );
+    let mut swapped = cfg.clone();
+    swapped.data_dirs.reverse();
+    assert!(matches!(
+        berth_store::Store::open_with(swapped, std::sync::Arc::new(fs.clone())),
+        Err(StoreError::Config(_))
+    ));
+    // The group count is the manifest's, whatever the configuration says.
+    let mut more = cfg.clone();
+    more.log_groups = 7;
+    let (store, rec) = open(&fs, &more);
+    assert_eq!(store.group_count(), 4);
+    assert_eq!(rec.queues.len(), 16);
+}
