@@ -212,10 +212,22 @@ impl FaultStorage {
     /// Names in `dir`, sorted.
     pub fn names(&self, dir: &Path) -> Vec<String> {
         let st = self.state.lock();
-        st.dirs
-            .get(dir)
-            .map(|d| d.volatile.keys().cloned().collect())
-            .unwrap_or_default()
+        let mut names = Self::entries(&st, dir).unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    /// Files and subdirectories of `dir`, as `readdir` would list them.
+    fn entries(st: &State, dir: &Path) -> Option<Vec<String>> {
+        let d = st.dirs.get(dir)?;
+        let mut names: Vec<String> = d.volatile.keys().cloned().collect();
+        names.extend(
+            st.dirs
+                .keys()
+                .filter(|p| p.parent() == Some(dir))
+                .filter_map(|p| p.file_name()?.to_str().map(str::to_owned)),
+        );
+        Some(names)
     }
 
     fn lookup(st: &State, path: &Path) -> io::Result<usize> {
@@ -258,8 +270,7 @@ impl Storage for FaultStorage {
         if st.down {
             return Err(power_lost());
         }
-        let d = st.dirs.get(dir).ok_or_else(|| not_found(dir))?;
-        Ok(d.volatile.keys().cloned().collect())
+        Self::entries(&st, dir).ok_or_else(|| not_found(dir))
     }
 
     fn create(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
