@@ -73,7 +73,7 @@ fn bench(c: &mut Criterion) {
         g.bench_function(name, |b| {
             b.iter(|| {
                 let m = Message::new(ex.into(), key.into(), props.clone(), body.clone()).unwrap();
-                black_box(v.publish(ex, &m, now).unwrap());
+                black_box(v.publish(ex, &m, now, &mut || Box::new(|_| {})).unwrap());
             });
             // Keep queues from growing without bound between benchmarks.
             for i in 0..100 {

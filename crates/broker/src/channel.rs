@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::durable::Done;
 use crate::error::{AmqpError, AmqpResult};
 use crate::message::Message;
 use crate::queue::{Consumer, Queue, QueuedMessage};
@@ -267,7 +268,7 @@ impl Channel {
             if no_ack {
                 return false;
             }
-            queue.requeue(vec![msg], now);
+            queue.requeue(vec![msg], now, None);
             return false;
         }
         let tag = st.next_delivery_tag;
@@ -303,13 +304,15 @@ impl Channel {
     }
 
     /// `basic.publish`: routes now, or buffers it in a transaction (then
-    /// returns `None`).
+    /// returns `None`). `durable` makes the completion that runs once the
+    /// message is stored; it is called only if the message is journaled.
     pub fn publish(
         &self,
         exchange: &str,
         msg: Arc<Message>,
         mandatory: bool,
         now: Instant,
+        durable: &mut dyn FnMut() -> Done,
     ) -> AmqpResult<Option<Published>> {
         {
             let mut st = self.state.lock();
@@ -324,7 +327,7 @@ impl Channel {
                 return Ok(None);
             }
         }
-        let result = self.session.vhost.publish(exchange, &msg, now)?;
+        let result = self.session.vhost.publish(exchange, &msg, now, durable)?;
         Ok(Some(Published {
             msg,
             mandatory,
@@ -342,7 +345,7 @@ impl Channel {
                 return Ok(());
             }
         }
-        self.settle(tag, multiple, Settle::Ack, now)
+        self.settle(tag, multiple, Settle::Ack, now, None)
     }
 
     /// `basic.nack` / `basic.reject`.
@@ -364,7 +367,7 @@ impl Channel {
         } else {
             Settle::Reject
         };
-        self.settle(tag, multiple, how, now)
+        self.settle(tag, multiple, how, now, None)
     }
 
     fn take_unacked(st: &mut ChannelState, tag: u64, multiple: bool) -> Vec<Unacked> {
@@ -389,7 +392,14 @@ impl Channel {
         taken
     }
 
-    fn settle(&self, tag: u64, multiple: bool, how: Settle, now: Instant) -> AmqpResult<()> {
+    fn settle(
+        &self,
+        tag: u64,
+        multiple: bool,
+        how: Settle,
+        now: Instant,
+        mut durable: Option<&mut dyn FnMut() -> Done>,
+    ) -> AmqpResult<()> {
         let (taken, mut kick) = {
             let mut st = self.state.lock();
             // multiple with tag 0 means "everything outstanding"
@@ -414,10 +424,11 @@ impl Channel {
         };
         for (queue, msgs) in group_by_queue(taken) {
             kick.retain(|q| !Arc::ptr_eq(q, &queue));
+            let done = durable.as_mut().map(|f| f());
             match how {
-                Settle::Ack => queue.settle(msgs.len(), now),
-                Settle::Requeue => queue.requeue(msgs, now),
-                Settle::Reject => queue.reject(msgs, now),
+                Settle::Ack => queue.settle(msgs, now, done),
+                Settle::Requeue => queue.requeue(msgs, now, done),
+                Settle::Reject => queue.reject(msgs, now, done),
             }
         }
         for q in kick {
@@ -427,8 +438,14 @@ impl Channel {
     }
 
     /// `tx.commit`: applies buffered publishes and acks, in order. Returns the
-    /// publishes' outcomes (for `basic.return`).
-    pub fn tx_commit(&self, now: Instant) -> AmqpResult<Vec<Published>> {
+    /// publishes' outcomes (for `basic.return`). `durable` makes one
+    /// completion per journal write the commit depends on; `commit-ok` is due
+    /// once all have run.
+    pub fn tx_commit(
+        &self,
+        now: Instant,
+        durable: &mut dyn FnMut() -> Done,
+    ) -> AmqpResult<Vec<Published>> {
         let ops = {
             let mut st = self.state.lock();
             match st.tx.as_mut() {
@@ -448,14 +465,16 @@ impl Channel {
                     msg,
                     mandatory,
                 } => {
-                    let result = self.session.vhost.publish(&exchange, &msg, now)?;
+                    let result = self.session.vhost.publish(&exchange, &msg, now, durable)?;
                     published.push(Published {
                         msg,
                         mandatory,
                         result,
                     });
                 }
-                TxOp::Ack { tag, multiple } => self.settle(tag, multiple, Settle::Ack, now)?,
+                TxOp::Ack { tag, multiple } => {
+                    self.settle(tag, multiple, Settle::Ack, now, Some(durable))?
+                }
                 TxOp::Nack {
                     tag,
                     multiple,
@@ -466,7 +485,7 @@ impl Channel {
                     } else {
                         Settle::Reject
                     };
-                    self.settle(tag, multiple, how, now)?;
+                    self.settle(tag, multiple, how, now, Some(durable))?;
                 }
             }
         }
@@ -501,7 +520,7 @@ impl Channel {
             all.into_values().collect::<Vec<_>>()
         };
         for (queue, msgs) in group_by_queue(taken) {
-            queue.requeue(msgs, now);
+            queue.requeue(msgs, now, None);
         }
     }
 
@@ -550,7 +569,7 @@ impl Channel {
             c.queue.remove_consumer(self, &tag, now);
         }
         for (queue, msgs) in group_by_queue(unacked.into_values().collect()) {
-            queue.requeue(msgs, now);
+            queue.requeue(msgs, now, None);
         }
     }
 }

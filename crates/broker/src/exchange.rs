@@ -137,15 +137,21 @@ impl Exchange {
             .and_then(as_string)
     }
 
-    /// Adds a binding; binding twice is a no-op, as in AMQP.
-    pub fn bind(&self, destination: Destination, routing_key: &str, arguments: &FieldTable) {
+    /// Adds a binding; binding twice is a no-op, as in AMQP. Returns whether
+    /// it was new.
+    pub fn bind(
+        &self,
+        destination: Destination,
+        routing_key: &str,
+        arguments: &FieldTable,
+    ) -> bool {
         let mut b = self.bindings.write();
         if b.list.iter().any(|x| {
             x.destination.same(&destination)
                 && x.routing_key == routing_key
                 && &x.arguments == arguments
         }) {
-            return;
+            return false;
         }
         b.list.push(Binding {
             destination,
@@ -155,6 +161,7 @@ impl Exchange {
         });
         let i = b.list.len() - 1;
         b.by_key.entry(routing_key.to_owned()).or_default().push(i);
+        true
     }
 
     /// Removes a binding; returns whether it existed.
@@ -178,16 +185,23 @@ impl Exchange {
         removed
     }
 
-    /// Removes every binding to `destination`; returns how many were removed.
-    pub fn unbind_all(&self, destination: &Destination) -> usize {
+    /// Removes every binding to `destination`; returns them.
+    pub fn unbind_all(&self, destination: &Destination) -> Vec<Binding> {
         let mut b = self.bindings.write();
-        let before = b.list.len();
-        b.list.retain(|x| !x.destination.same(destination));
-        let removed = before - b.list.len();
-        if removed > 0 {
+        let (gone, kept): (Vec<Binding>, Vec<Binding>) = b
+            .list
+            .drain(..)
+            .partition(|x| x.destination.same(destination));
+        b.list = kept;
+        if !gone.is_empty() {
             b.reindex();
         }
-        removed
+        gone
+    }
+
+    /// Every binding of this exchange.
+    pub fn bindings(&self) -> Vec<Binding> {
+        self.bindings.read().list.clone()
     }
 
     pub fn has_bindings(&self) -> bool {

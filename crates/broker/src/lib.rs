@@ -8,6 +8,7 @@
 
 pub mod args;
 pub mod channel;
+pub mod durable;
 pub mod error;
 pub mod exchange;
 pub mod message;
@@ -15,11 +16,62 @@ pub mod queue;
 pub mod vhost;
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Instant;
 
+use durable::{Journal, NoJournal};
 pub use error::{AmqpError, AmqpResult};
-use vhost::{Timers, VHost};
+use message::Message;
+use vhost::{Durability, Timers, VHost};
+
+/// What a journal gave back after a restart.
+#[derive(Default)]
+pub struct Recovered {
+    /// Stored definitions (key, value).
+    pub meta: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Per durable queue id, its messages (journal id, payload) in order.
+    pub messages: HashMap<u64, Vec<(u64, bytes::Bytes)>>,
+}
+
+impl Recovered {
+    /// (next message id, next queue id): one past the largest recovered.
+    pub fn next_ids(&self) -> (u64, u64) {
+        let msg = self
+            .messages
+            .values()
+            .flatten()
+            .map(|(m, _)| *m)
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let queue = self
+            .meta
+            .iter()
+            .filter(|(k, _)| k.first() == Some(&b'q'))
+            .filter_map(|(_, v)| durable::read_table(v))
+            .filter_map(|t| t.inner().get("id").and_then(args::as_i128))
+            .filter_map(|i| u64::try_from(i).ok())
+            .max()
+            .unwrap_or(0)
+            + 1;
+        (
+            msg,
+            queue.max(self.messages.keys().max().map_or(1, |m| m + 1)),
+        )
+    }
+}
+
+/// What [`Broker::restore`] rebuilt.
+#[derive(Debug, Default)]
+pub struct RestoreReport {
+    pub exchanges: usize,
+    pub queues: usize,
+    pub bindings: usize,
+    pub messages: usize,
+    /// Entries that could not be restored, and why.
+    pub skipped: Vec<String>,
+}
 
 /// The whole broker: the vhosts and the timer service they share.
 pub struct Broker {
@@ -28,14 +80,101 @@ pub struct Broker {
 }
 
 impl Broker {
-    /// A broker with the given vhosts (at least `/` in the default setup).
+    /// A broker with the given vhosts (at least `/` in the default setup)
+    /// that keeps everything in memory.
     pub fn new<'a>(vhosts: impl IntoIterator<Item = &'a str>) -> Arc<Self> {
+        Self::with_journal(vhosts, Arc::new(NoJournal), 1, 1)
+    }
+
+    /// A broker whose durable entities and persistent messages go to
+    /// `journal`; ids continue from the given values (one past the largest
+    /// recovered).
+    pub fn with_journal<'a>(
+        vhosts: impl IntoIterator<Item = &'a str>,
+        journal: Arc<dyn Journal>,
+        next_msg_id: u64,
+        next_queue_id: u64,
+    ) -> Arc<Self> {
         let timers = Arc::new(Timers::default());
+        let dur = Arc::new(Durability {
+            journal,
+            next_msg_id: AtomicU64::new(next_msg_id),
+            next_queue_id: AtomicU64::new(next_queue_id),
+        });
         let vhosts = vhosts
             .into_iter()
-            .map(|n| (n.to_owned(), VHost::new(n, Arc::clone(&timers))))
+            .map(|n| {
+                (
+                    n.to_owned(),
+                    VHost::new(n, Arc::clone(&timers), Arc::clone(&dur)),
+                )
+            })
             .collect();
         Arc::new(Self { vhosts, timers })
+    }
+
+    /// Rebuilds durable exchanges, queues, bindings and their messages from
+    /// what the journal gave back. Entries that cannot be used are kept in
+    /// the journal and reported, never silently dropped.
+    pub fn restore(&self, recovered: Recovered, now: Instant) -> RestoreReport {
+        let mut report = RestoreReport::default();
+        let mut messages = recovered.messages;
+        let entries: Vec<(Vec<String>, Vec<u8>)> = recovered
+            .meta
+            .into_iter()
+            .map(|(k, v)| (durable::split_key(&k), v))
+            .collect();
+        // Exchanges, then queues, then bindings: each needs the former.
+        for pass in ["x", "q", "b"] {
+            for (parts, value) in entries
+                .iter()
+                .filter(|(p, _)| p.first().map(String::as_str) == Some(pass))
+            {
+                let Some(vhost) = parts.get(1).and_then(|v| self.vhost(v)) else {
+                    report.skipped.push(format!(
+                        "{parts:?}: vhost is not configured (add it to auth.vhosts)"
+                    ));
+                    continue;
+                };
+                let outcome = match (pass, parts.len()) {
+                    ("x", 3) => vhost
+                        .restore_exchange(&parts[2], value)
+                        .map(|()| report.exchanges += 1),
+                    ("q", 3) => vhost.restore_queue(&parts[2], value, now).map(|(q, id)| {
+                        report.queues += 1;
+                        for (mid, payload) in messages.remove(&id).unwrap_or_default() {
+                            match durable::decode_message(&payload).and_then(
+                                |(ex, rk, props, body)| Message::new(ex, rk, props, body).ok(),
+                            ) {
+                                Some(m) => {
+                                    q.restore(m, mid, now);
+                                    report.messages += 1;
+                                }
+                                None => report.skipped.push(format!(
+                                    "message {mid} of queue '{}': payload does not decode",
+                                    q.name
+                                )),
+                            }
+                        }
+                    }),
+                    ("b", 7) => vhost
+                        .restore_binding(&parts[2], parts[3] == "q", &parts[4], &parts[5], value)
+                        .map(|()| report.bindings += 1),
+                    _ => Err("malformed key".to_owned()),
+                };
+                if let Err(why) = outcome {
+                    report.skipped.push(format!("{parts:?}: {why}"));
+                }
+            }
+        }
+        for (qid, msgs) in messages {
+            if !msgs.is_empty() {
+                report
+                    .skipped
+                    .push(format!("{} messages of unknown queue id {qid}", msgs.len()));
+            }
+        }
+        report
     }
 
     pub fn vhost(&self, name: &str) -> Option<Arc<VHost>> {

@@ -23,6 +23,7 @@ use parking_lot::Mutex;
 
 use crate::args::{Overflow, QueueArgs};
 use crate::channel::Channel;
+use crate::durable::Done;
 use crate::message::Message;
 use crate::vhost::VHost;
 
@@ -59,6 +60,9 @@ pub struct QueuedMessage {
     pub redelivered: bool,
     /// When it expires (queue TTL or per-message expiration).
     pub expires_at: Option<Instant>,
+    /// Its id in the journal, if it is stored there (persistent message in
+    /// a durable queue); its removal must then be journaled too.
+    pub stored: Option<u64>,
 }
 
 /// A consumer attached to a queue.
@@ -85,6 +89,10 @@ pub struct DeadLetter {
 #[derive(Default)]
 pub struct Effects {
     pub dead: Vec<DeadLetter>,
+    /// Stored messages that left the queue: journal their removal.
+    pub removed: Vec<u64>,
+    /// Completion to run once the removals are durable (transactions).
+    pub done: Option<Done>,
     /// The queue should be deleted (auto-delete or x-expires).
     pub delete: bool,
     pub timer_at: Option<Instant>,
@@ -189,6 +197,9 @@ pub struct Queue {
     pub auto_delete: bool,
     /// Connection that owns an exclusive queue.
     pub exclusive_owner: Option<u64>,
+    /// Its id in the journal if it is durable (persistent messages to it
+    /// are stored).
+    pub store_id: Option<u64>,
     /// Arguments as declared, for equivalence checks.
     pub arguments: FieldTable,
     pub args: QueueArgs,
@@ -207,6 +218,7 @@ impl Queue {
         durable: bool,
         auto_delete: bool,
         exclusive_owner: Option<u64>,
+        store_id: Option<u64>,
         arguments: FieldTable,
         args: QueueArgs,
         now: Instant,
@@ -229,6 +241,7 @@ impl Queue {
             durable,
             auto_delete,
             exclusive_owner,
+            store_id,
             arguments,
             args,
             bound_from: Mutex::new(Vec::new()),
@@ -274,6 +287,14 @@ impl Queue {
         };
         if let Some(at) = fx.timer_at {
             vhost.timers.schedule(at, Arc::downgrade(self));
+        }
+        match (self.store_id, fx.removed.is_empty()) {
+            (Some(qid), false) => vhost.journal().remove(qid, &fx.removed, fx.done),
+            _ => {
+                if let Some(d) = fx.done {
+                    d(Ok(()));
+                }
+            }
         }
         for d in fx.dead {
             vhost.dead_letter(self, d);
@@ -331,30 +352,47 @@ impl Queue {
             match m.expires_at {
                 Some(t) if t < now => {
                     let m = s.ready.pop_front().expect("front exists");
-                    self.dead_letter(m.msg, DeathReason::Expired, fx);
+                    self.drop_message(m, Some(DeathReason::Expired), fx);
                 }
                 _ => break,
             }
         }
     }
 
-    fn dead_letter(&self, msg: Arc<Message>, reason: DeathReason, fx: &mut Effects) {
-        if self.args.dead_letter_exchange.is_some() {
-            fx.dead.push(DeadLetter { msg, reason });
+    /// A message leaves the queue for good: its removal is journaled if it
+    /// was stored, and it is dead-lettered if a reason is given and the
+    /// queue has a dead-letter exchange.
+    fn drop_message(&self, m: QueuedMessage, reason: Option<DeathReason>, fx: &mut Effects) {
+        if let Some(id) = m.stored {
+            fx.removed.push(id);
+        }
+        if let Some(reason) = reason {
+            if self.args.dead_letter_exchange.is_some() {
+                fx.dead.push(DeadLetter { msg: m.msg, reason });
+            }
         }
     }
 
-    /// Enqueues a published message. Returns `false` if the queue refused it
+    /// Enqueues a published message (`stored`: its journal id, already
+    /// journaled for this queue). Returns `false` if the queue refused it
     /// (`x-overflow = reject-publish`).
-    pub fn enqueue(self: &Arc<Self>, msg: Arc<Message>, now: Instant) -> bool {
+    pub fn enqueue(self: &Arc<Self>, msg: Arc<Message>, stored: Option<u64>, now: Instant) -> bool {
         self.with_state(now, |q, s, fx| {
             if s.deleted {
                 return true;
             }
             if q.args.overflow != Overflow::DropHead && q.would_overflow(s, &msg) {
-                if q.args.overflow == Overflow::RejectPublishDlx {
-                    q.dead_letter(msg, DeathReason::MaxLen, fx);
-                }
+                let reason =
+                    (q.args.overflow == Overflow::RejectPublishDlx).then_some(DeathReason::MaxLen);
+                let refused = QueuedMessage {
+                    msg,
+                    seq: 0,
+                    returns: 0,
+                    redelivered: false,
+                    expires_at: None,
+                    stored,
+                };
+                q.drop_message(refused, reason, fx);
                 return false;
             }
             let ttl = match (q.args.message_ttl_ms, msg.expiration_ms) {
@@ -369,6 +407,7 @@ impl Queue {
                 returns: 0,
                 redelivered: false,
                 expires_at: ttl.map(|ms| now + Duration::from_millis(ms)),
+                stored,
             });
             q.dispatch(s, now, fx);
             // A TTL of 0 means "deliver now or never".
@@ -383,7 +422,7 @@ impl Queue {
             match m.expires_at {
                 Some(t) if t <= now => {
                     let m = s.ready.pop_front().expect("front exists");
-                    self.dead_letter(m.msg, DeathReason::Expired, fx);
+                    self.drop_message(m, Some(DeathReason::Expired), fx);
                 }
                 _ => break,
             }
@@ -414,7 +453,7 @@ impl Queue {
                 break;
             }
             match s.ready.pop_front() {
-                Some(m) => self.dead_letter(m.msg, DeathReason::MaxLen, fx),
+                Some(m) => self.drop_message(m, Some(DeathReason::MaxLen), fx),
                 None => break,
             }
         }
@@ -436,10 +475,14 @@ impl Queue {
                 let idx = (s.next_consumer + i) % n;
                 let c = Arc::clone(&s.consumers[idx]);
                 let candidate = m.take().expect("message present until delivered");
+                let stored = candidate.stored;
                 match c.channel.try_deliver(&c, self, candidate, now) {
                     Ok(()) => {
                         s.next_consumer = (idx + 1) % n;
-                        if !c.no_ack {
+                        if c.no_ack {
+                            // Delivered without ack: it is gone for good.
+                            fx.removed.extend(stored);
+                        } else {
                             s.unacked += 1;
                         }
                         break;
@@ -470,17 +513,24 @@ impl Queue {
             s.last_used = now;
             q.expire_head(s, now, fx);
             let m = s.ready.pop_front()?;
-            if !no_ack {
+            if no_ack {
+                fx.removed.extend(m.stored);
+            } else {
                 s.unacked += 1;
             }
             Some((m, s.ready.len))
         })
     }
 
-    /// Acked messages leave for good; frees their credit.
-    pub fn settle(self: &Arc<Self>, count: usize, now: Instant) {
+    /// Acked messages leave for good; frees their credit. `done` runs once
+    /// their removal is durable.
+    pub fn settle(self: &Arc<Self>, msgs: Vec<QueuedMessage>, now: Instant, done: Option<Done>) {
         self.with_state(now, |q, s, fx| {
-            s.unacked = s.unacked.saturating_sub(count);
+            s.unacked = s.unacked.saturating_sub(msgs.len());
+            fx.done = done;
+            for m in msgs {
+                q.drop_message(m, None, fx);
+            }
             if !s.deleted {
                 q.dispatch(s, now, fx);
             }
@@ -490,9 +540,10 @@ impl Queue {
     /// Messages that came back unacked (nack/reject with requeue, channel
     /// closed): back to their place, flagged redelivered, unless they hit
     /// the delivery limit.
-    pub fn requeue(self: &Arc<Self>, msgs: Vec<QueuedMessage>, now: Instant) {
+    pub fn requeue(self: &Arc<Self>, msgs: Vec<QueuedMessage>, now: Instant, done: Option<Done>) {
         self.with_state(now, |q, s, fx| {
             s.unacked = s.unacked.saturating_sub(msgs.len());
+            fx.done = done;
             if s.deleted {
                 return;
             }
@@ -503,7 +554,7 @@ impl Queue {
                     .delivery_limit
                     .is_some_and(|l| u64::from(m.returns) > l)
                 {
-                    q.dead_letter(m.msg, DeathReason::DeliveryLimit, fx);
+                    q.drop_message(m, Some(DeathReason::DeliveryLimit), fx);
                 } else {
                     s.ready.insert_by_seq(m);
                 }
@@ -513,11 +564,12 @@ impl Queue {
     }
 
     /// Messages rejected without requeue: dead-lettered or dropped.
-    pub fn reject(self: &Arc<Self>, msgs: Vec<QueuedMessage>, now: Instant) {
+    pub fn reject(self: &Arc<Self>, msgs: Vec<QueuedMessage>, now: Instant, done: Option<Done>) {
         self.with_state(now, |q, s, fx| {
             s.unacked = s.unacked.saturating_sub(msgs.len());
+            fx.done = done;
             for m in msgs {
-                q.dead_letter(m.msg, DeathReason::Rejected, fx);
+                q.drop_message(m, Some(DeathReason::Rejected), fx);
             }
             if !s.deleted {
                 q.dispatch(s, now, fx);
@@ -578,7 +630,32 @@ impl Queue {
 
     /// Drops every ready message; returns how many.
     pub fn purge(self: &Arc<Self>, now: Instant) -> usize {
-        self.with_state(now, |_, s, _| s.ready.drain().len())
+        self.with_state(now, |q, s, fx| {
+            let all = s.ready.drain();
+            let n = all.len();
+            for m in all {
+                q.drop_message(m, None, fx);
+            }
+            n
+        })
+    }
+
+    /// Puts back a message recovered from the journal (flagged redelivered:
+    /// it may have been delivered before the restart).
+    pub fn restore(self: &Arc<Self>, msg: Arc<Message>, stored: u64, now: Instant) {
+        self.with_state(now, |q, s, _fx| {
+            let ttl = q.args.message_ttl_ms.or(msg.expiration_ms);
+            let seq = s.next_seq;
+            s.next_seq += 1;
+            s.ready.push_back(QueuedMessage {
+                msg,
+                seq,
+                returns: 0,
+                redelivered: true,
+                expires_at: ttl.map(|ms| now + Duration::from_millis(ms)),
+                stored: Some(stored),
+            });
+        });
     }
 
     /// Marks the queue deleted; returns its ready count and its consumers

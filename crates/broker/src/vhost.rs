@@ -9,6 +9,7 @@
 //!   from the map and from every exchange's bindings.
 
 use std::collections::{BinaryHeap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -17,6 +18,7 @@ use parking_lot::{Mutex, RwLock};
 use rand::Rng;
 
 use crate::args::{as_string, check_equivalent, QueueArgs, QueueType};
+use crate::durable::{self, Done, Journal};
 use crate::error::{AmqpError, AmqpResult};
 use crate::exchange::{Destination, Exchange, ExchangeKind};
 use crate::message::Message;
@@ -29,6 +31,8 @@ pub struct PublishResult {
     pub queues: usize,
     /// Some queue refused it (`x-overflow = reject-publish`).
     pub rejected: bool,
+    /// It was journaled: the completion made for it runs once it is stored.
+    pub durable: bool,
 }
 
 impl PublishResult {
@@ -94,12 +98,26 @@ impl Timers {
     }
 }
 
+/// The journal and the id counters every vhost shares.
+pub struct Durability {
+    pub journal: Arc<dyn Journal>,
+    /// Next journal message id (never reused: restored from the journal).
+    pub next_msg_id: AtomicU64,
+    /// Next durable queue id.
+    pub next_queue_id: AtomicU64,
+}
+
 /// A virtual host.
 pub struct VHost {
     pub name: String,
     exchanges: RwLock<HashMap<String, Arc<Exchange>>>,
     queues: RwLock<HashMap<String, Arc<Queue>>>,
     pub timers: Arc<Timers>,
+    dur: Arc<Durability>,
+    /// Serialises declare/delete of queues, so a definition is journaled
+    /// (which waits for the disk) without holding the maps' write locks that
+    /// publishers read.
+    definitions: Mutex<()>,
     me: Weak<VHost>,
 }
 
@@ -134,12 +152,14 @@ pub struct ExchangeDeclare {
 }
 
 impl VHost {
-    pub fn new(name: &str, timers: Arc<Timers>) -> Arc<Self> {
+    pub fn new(name: &str, timers: Arc<Timers>, dur: Arc<Durability>) -> Arc<Self> {
         let v = Arc::new_cyclic(|me| Self {
             name: name.to_owned(),
             exchanges: RwLock::new(HashMap::new()),
             queues: RwLock::new(HashMap::new()),
             timers,
+            dur,
+            definitions: Mutex::new(()),
             me: me.clone(),
         });
         {
@@ -159,6 +179,48 @@ impl VHost {
             }
         }
         v
+    }
+
+    pub(crate) fn journal(&self) -> &dyn Journal {
+        self.dur.journal.as_ref()
+    }
+
+    fn meta_put(&self, key: &[u8], value: &[u8]) -> AmqpResult<()> {
+        self.journal().put_meta(key, value).map_err(|e| {
+            AmqpError::internal(format!("could not store the definition durably: {e}"))
+        })
+    }
+
+    fn meta_delete(&self, key: &[u8]) {
+        if let Err(e) = self.journal().delete_meta(key) {
+            tracing::error!(error = %e, "could not journal the removal of a definition");
+        }
+    }
+
+    /// A binding is stored when both its ends are.
+    fn binding_is_durable(&self, source: &Exchange, dest: &Destination) -> bool {
+        source.durable
+            && match dest {
+                Destination::Queue(q) => q.store_id.is_some(),
+                Destination::Exchange(name) => self.exchange(name).is_ok_and(|e| e.durable),
+            }
+    }
+
+    fn binding_key(
+        &self,
+        source: &str,
+        dest: &Destination,
+        routing_key: &str,
+        args: &FieldTable,
+    ) -> Vec<u8> {
+        match dest {
+            Destination::Queue(q) => {
+                durable::binding_key(&self.name, source, true, &q.name, routing_key, args)
+            }
+            Destination::Exchange(x) => {
+                durable::binding_key(&self.name, source, false, x, routing_key, args)
+            }
+        }
     }
 
     fn no_exchange(&self, name: &str) -> AmqpError {
@@ -219,6 +281,7 @@ impl VHost {
 
     /// `exchange.declare`.
     pub fn declare_exchange(&self, name: &str, d: &ExchangeDeclare) -> AmqpResult<()> {
+        let _definitions = self.definitions.lock();
         if d.passive {
             if name.is_empty() {
                 return Ok(());
@@ -244,6 +307,14 @@ impl VHost {
                     self.name
                 )));
             }
+        }
+        let existing = self.exchanges.read().get(name).cloned();
+        if existing.is_none() && d.durable {
+            // Durable before it exists: a declare-ok survives a crash.
+            self.meta_put(
+                &durable::exchange_key(&self.name, name),
+                &durable::exchange_value(kind.as_str(), d.auto_delete, d.internal, &d.arguments),
+            )?;
         }
         let mut ex = self.exchanges.write();
         if let Some(e) = ex.get(name) {
@@ -287,6 +358,7 @@ impl VHost {
 
     /// `exchange.delete`. Deleting a missing exchange is not an error.
     pub fn delete_exchange(&self, name: &str, if_unused: bool) -> AmqpResult<()> {
+        let _definitions = self.definitions.lock();
         if name.is_empty() || name.starts_with("amq.") {
             return Err(AmqpError::access_refused(format!(
                 "operation not permitted on the {} exchange",
@@ -310,17 +382,47 @@ impl VHost {
                 Some(_) => ex.remove(name),
             }
         };
-        if removed.is_some() {
-            // Bindings where it was the destination go too.
-            let dest = Destination::Exchange(name.to_owned());
-            let sources: Vec<Arc<Exchange>> = self.exchanges.read().values().cloned().collect();
-            for s in sources {
-                if s.unbind_all(&dest) > 0 {
-                    self.maybe_auto_delete_exchange(&s);
+        if let Some(gone) = removed {
+            if gone.durable {
+                for b in gone.bindings() {
+                    if self.binding_is_durable(&gone, &b.destination) {
+                        self.meta_delete(&self.binding_key(
+                            name,
+                            &b.destination,
+                            &b.routing_key,
+                            &b.arguments,
+                        ));
+                    }
                 }
+                self.meta_delete(&durable::exchange_key(&self.name, name));
             }
+            // Bindings where it was the destination go too.
+            self.unbind_everywhere(&Destination::Exchange(name.to_owned()), gone.durable);
         }
         Ok(())
+    }
+
+    /// Removes every binding to `dest` from every exchange (and their stored
+    /// definitions), auto-deleting sources left without bindings.
+    fn unbind_everywhere(&self, dest: &Destination, dest_durable: bool) {
+        let sources: Vec<Arc<Exchange>> = self.exchanges.read().values().cloned().collect();
+        for s in sources {
+            let gone = s.unbind_all(dest);
+            if gone.is_empty() {
+                continue;
+            }
+            if s.durable && dest_durable {
+                for b in &gone {
+                    self.meta_delete(&self.binding_key(
+                        &s.name,
+                        dest,
+                        &b.routing_key,
+                        &b.arguments,
+                    ));
+                }
+            }
+            self.maybe_auto_delete_exchange(&s);
+        }
     }
 
     fn maybe_auto_delete_exchange(&self, e: &Arc<Exchange>) {
@@ -328,6 +430,10 @@ impl VHost {
             let mut ex = self.exchanges.write();
             if ex.get(&e.name).is_some_and(|x| Arc::ptr_eq(x, e)) && !e.has_bindings() {
                 ex.remove(&e.name);
+                drop(ex);
+                if e.durable {
+                    self.meta_delete(&durable::exchange_key(&self.name, &e.name));
+                }
             }
         }
     }
@@ -353,7 +459,14 @@ impl VHost {
     ) -> AmqpResult<()> {
         let q = self.queue(connection, queue)?;
         let e = self.check_bind_source(exchange)?;
-        e.bind(Destination::Queue(Arc::clone(&q)), routing_key, arguments);
+        let dest = Destination::Queue(Arc::clone(&q));
+        if self.binding_is_durable(&e, &dest) {
+            self.meta_put(
+                &self.binding_key(exchange, &dest, routing_key, arguments),
+                &durable::binding_value(arguments),
+            )?;
+        }
+        e.bind(dest, routing_key, arguments);
         let mut b = q.bound_from.lock();
         let key = (
             exchange.to_owned(),
@@ -377,7 +490,11 @@ impl VHost {
     ) -> AmqpResult<()> {
         let q = self.queue(connection, queue)?;
         let e = self.check_bind_source(exchange)?;
-        if e.unbind(&Destination::Queue(Arc::clone(&q)), routing_key, arguments) {
+        let dest = Destination::Queue(Arc::clone(&q));
+        if e.unbind(&dest, routing_key, arguments) {
+            if self.binding_is_durable(&e, &dest) {
+                self.meta_delete(&self.binding_key(exchange, &dest, routing_key, arguments));
+            }
             q.bound_from
                 .lock()
                 .retain(|(x, k, a)| !(x == exchange && k == routing_key && a == arguments));
@@ -402,11 +519,14 @@ impl VHost {
                 .expect("default exchange refused"));
         }
         self.exchange(destination)?;
-        s.bind(
-            Destination::Exchange(destination.to_owned()),
-            routing_key,
-            arguments,
-        );
+        let dest = Destination::Exchange(destination.to_owned());
+        if self.binding_is_durable(&s, &dest) {
+            self.meta_put(
+                &self.binding_key(source, &dest, routing_key, arguments),
+                &durable::binding_value(arguments),
+            )?;
+        }
+        s.bind(dest, routing_key, arguments);
         Ok(())
     }
 
@@ -420,11 +540,11 @@ impl VHost {
     ) -> AmqpResult<()> {
         let s = self.check_bind_source(source)?;
         self.exchange(destination)?;
-        if s.unbind(
-            &Destination::Exchange(destination.to_owned()),
-            routing_key,
-            arguments,
-        ) {
+        let dest = Destination::Exchange(destination.to_owned());
+        if s.unbind(&dest, routing_key, arguments) {
+            if self.binding_is_durable(&s, &dest) {
+                self.meta_delete(&self.binding_key(source, &dest, routing_key, arguments));
+            }
             self.maybe_auto_delete_exchange(&s);
         }
         Ok(())
@@ -462,8 +582,9 @@ impl VHost {
                 self.name
             )));
         }
-        let mut queues = self.queues.write();
-        if let Some(q) = queues.get(&name) {
+        let guard = self.definitions.lock();
+        let existing = self.queues.read().get(&name).cloned();
+        if let Some(q) = existing.as_ref() {
             if q.exclusive_owner.is_some_and(|o| o != connection)
                 || (q.exclusive_owner.is_none() && d.exclusive)
             {
@@ -483,10 +604,19 @@ impl VHost {
             }
             check_equivalent(&name, &self.name, &q.arguments, &d.arguments)?;
             let q = Arc::clone(q);
-            drop(queues);
+            drop(guard);
             q.touch(now);
             let s = q.stats();
             return Ok((name, s.ready, s.consumers));
+        }
+        // Exclusive queues die with their connection, so they are never stored.
+        let store_id = (d.durable && !d.exclusive)
+            .then(|| self.dur.next_queue_id.fetch_add(1, Ordering::Relaxed));
+        if let Some(id) = store_id {
+            self.meta_put(
+                &durable::queue_key(&self.name, &name),
+                &durable::queue_value(id, d.auto_delete, &d.arguments),
+            )?;
         }
         let q = Arc::new(Queue::new(
             name.clone(),
@@ -495,12 +625,13 @@ impl VHost {
             d.durable,
             d.auto_delete,
             d.exclusive.then_some(connection),
+            store_id,
             d.arguments.clone(),
             args,
             now,
         ));
-        queues.insert(name.clone(), Arc::clone(&q));
-        drop(queues);
+        self.queues.write().insert(name.clone(), Arc::clone(&q));
+        drop(guard);
         // Start the x-expires clock.
         q.touch(now);
         Ok((name, 0, 0))
@@ -542,22 +673,21 @@ impl VHost {
     /// Deletes a queue: consumers are told, bindings removed. Returns the
     /// number of ready messages it held.
     pub(crate) fn remove_queue(&self, name: &str) -> usize {
+        let guard = self.definitions.lock();
         let Some(q) = self.queues.write().remove(name) else {
             return 0;
         };
         let (count, consumers) = q.mark_deleted();
+        if let Some(id) = q.store_id {
+            self.journal().purge(id, None);
+            self.meta_delete(&durable::queue_key(&self.name, name));
+        }
+        drop(guard);
         for c in consumers {
             c.channel.consumer_gone(&c.tag);
         }
-        let bindings = std::mem::take(&mut *q.bound_from.lock());
-        let dest = Destination::Queue(Arc::clone(&q));
-        for (exchange, _, _) in bindings {
-            if let Ok(e) = self.exchange(&exchange) {
-                if e.unbind_all(&dest) > 0 {
-                    self.maybe_auto_delete_exchange(&e);
-                }
-            }
-        }
+        q.bound_from.lock().clear();
+        self.unbind_everywhere(&Destination::Queue(Arc::clone(&q)), q.store_id.is_some());
         count
     }
 
@@ -573,6 +703,104 @@ impl VHost {
         for n in mine {
             self.remove_queue(&n);
         }
+    }
+
+    /// Re-creates a stored exchange after a restart.
+    pub fn restore_exchange(&self, name: &str, value: &[u8]) -> Result<(), String> {
+        let t = durable::read_table(value).ok_or("definition does not parse")?;
+        let get = |k: &str| t.inner().get(k);
+        let kind = get("type").and_then(as_string).ok_or("no type")?;
+        let kind = ExchangeKind::parse(&kind).map_err(|e| e.text)?;
+        let flag = |k: &str| matches!(get(k), Some(AMQPValue::Boolean(true)));
+        let arguments = match get("arguments") {
+            Some(AMQPValue::FieldTable(a)) => a.clone(),
+            _ => FieldTable::default(),
+        };
+        self.exchanges.write().insert(
+            name.to_owned(),
+            Arc::new(Exchange::new(
+                name.to_owned(),
+                kind,
+                true,
+                flag("auto_delete"),
+                flag("internal"),
+                arguments,
+            )),
+        );
+        Ok(())
+    }
+
+    /// Re-creates a stored queue after a restart; returns it and its id.
+    pub fn restore_queue(
+        &self,
+        name: &str,
+        value: &[u8],
+        now: Instant,
+    ) -> Result<(Arc<Queue>, u64), String> {
+        let t = durable::read_table(value).ok_or("definition does not parse")?;
+        let id = t
+            .inner()
+            .get("id")
+            .and_then(crate::args::as_i128)
+            .and_then(|i| u64::try_from(i).ok())
+            .ok_or("no id")?;
+        let auto_delete = matches!(t.inner().get("auto_delete"), Some(AMQPValue::Boolean(true)));
+        let arguments = match t.inner().get("arguments") {
+            Some(AMQPValue::FieldTable(a)) => a.clone(),
+            _ => FieldTable::default(),
+        };
+        let args = QueueArgs::parse(name, &self.name, &arguments).map_err(|e| e.text)?;
+        let q = Arc::new(Queue::new(
+            name.to_owned(),
+            self.me.clone(),
+            self.name.clone(),
+            true,
+            auto_delete,
+            None,
+            Some(id),
+            arguments,
+            args,
+            now,
+        ));
+        self.queues.write().insert(name.to_owned(), Arc::clone(&q));
+        Ok((q, id))
+    }
+
+    /// Re-creates a stored binding after a restart.
+    pub fn restore_binding(
+        &self,
+        source: &str,
+        to_queue: bool,
+        destination: &str,
+        routing_key: &str,
+        value: &[u8],
+    ) -> Result<(), String> {
+        let t = durable::read_table(value).ok_or("definition does not parse")?;
+        let arguments = match t.inner().get("arguments") {
+            Some(AMQPValue::FieldTable(a)) => a.clone(),
+            _ => FieldTable::default(),
+        };
+        let src = self.exchange(source).map_err(|e| e.text)?;
+        if to_queue {
+            let q = self
+                .queues
+                .read()
+                .get(destination)
+                .cloned()
+                .ok_or_else(|| format!("no queue '{destination}'"))?;
+            src.bind(Destination::Queue(Arc::clone(&q)), routing_key, &arguments);
+            q.bound_from
+                .lock()
+                .push((source.to_owned(), routing_key.to_owned(), arguments));
+        } else {
+            self.exchange(destination).map_err(|e| e.text)?;
+            src.bind(
+                Destination::Exchange(destination.to_owned()),
+                routing_key,
+                &arguments,
+            );
+        }
+        Ok(())
     }
 
     /// Checks that a publish to `exchange` is allowed (exists, not internal).
@@ -591,15 +819,19 @@ impl VHost {
     }
 
     /// Routes and enqueues a message.
+    /// Routes and enqueues a message. A persistent message reaching durable
+    /// queues is journaled first; `durable` then makes the completion that
+    /// runs once it is stored (and `PublishResult::durable` says so).
     pub fn publish(
         &self,
         exchange: &str,
         msg: &Arc<Message>,
         now: Instant,
+        durable: &mut dyn FnMut() -> Done,
     ) -> AmqpResult<PublishResult> {
         let start = self.check_publish_target(exchange)?;
         let targets = self.resolve(start, msg);
-        Ok(self.deliver_to(&targets, msg, now))
+        Ok(self.deliver_to(&targets, msg, now, Some(durable)))
     }
 
     fn deliver_to(
@@ -607,10 +839,30 @@ impl VHost {
         targets: &[Arc<Queue>],
         msg: &Arc<Message>,
         now: Instant,
+        durable: Option<&mut dyn FnMut() -> Done>,
     ) -> PublishResult {
         let mut r = PublishResult::default();
+        let stored_in: Vec<u64> = if msg.persistent {
+            targets.iter().filter_map(|q| q.store_id).collect()
+        } else {
+            Vec::new()
+        };
+        let stored = (!stored_in.is_empty()).then(|| {
+            let id = self.dur.next_msg_id.fetch_add(1, Ordering::Relaxed);
+            let payload = durable::encode_message(
+                &msg.exchange,
+                &msg.routing_key,
+                &msg.properties,
+                &msg.body,
+            );
+            let done = durable.map(|f| f());
+            r.durable = done.is_some();
+            self.journal().publish(id, &stored_in, payload, done);
+            id
+        });
         for q in targets {
-            if q.enqueue(Arc::clone(msg), now) {
+            let id = stored.filter(|_| q.store_id.is_some());
+            if q.enqueue(Arc::clone(msg), id, now) {
                 r.queues += 1;
             } else {
                 r.rejected = true;
@@ -715,7 +967,7 @@ impl VHost {
             targets.retain(|q| !died_in(&msg, &q.name) || any_rejection(&msg));
         }
         let now = Instant::now();
-        self.deliver_to(&targets, &msg, now);
+        self.deliver_to(&targets, &msg, now, None);
     }
 }
 

@@ -115,6 +115,10 @@ fn table(entries: &[(&str, AMQPValue)]) -> FieldTable {
     t
 }
 
+fn no_wait() -> berth_broker::durable::Done {
+    Box::new(|r| r.unwrap())
+}
+
 fn msg(exchange: &str, key: &str, body: &str, props: AMQPProperties) -> Arc<Message> {
     Message::new(
         exchange.into(),
@@ -149,7 +153,7 @@ impl World {
         props: AMQPProperties,
     ) -> berth_broker::vhost::PublishResult {
         self.vhost
-            .publish("", &msg("", queue, body, props), self.t0)
+            .publish("", &msg("", queue, body, props), self.t0, &mut no_wait)
             .unwrap()
     }
     fn consume(&self, queue: &str, tag: &str, no_ack: bool) {
@@ -385,14 +389,14 @@ fn tx_rollback_discards_publishes_and_commit_applies_them() {
     let m = msg("", "q", "m0", AMQPProperties::default());
     assert!(w
         .ch
-        .publish("", Arc::clone(&m), false, w.t0)
+        .publish("", Arc::clone(&m), false, w.t0, &mut no_wait)
         .unwrap()
         .is_none());
     w.ch.tx_rollback().unwrap();
-    w.ch.tx_commit(w.t0).unwrap();
+    w.ch.tx_commit(w.t0, &mut no_wait).unwrap();
     assert_eq!(w.ready("q"), 0);
-    w.ch.publish("", m, false, w.t0).unwrap();
-    w.ch.tx_commit(w.t0).unwrap();
+    w.ch.publish("", m, false, w.t0, &mut no_wait).unwrap();
+    w.ch.tx_commit(w.t0, &mut no_wait).unwrap();
     assert_eq!(w.ready("q"), 1);
 }
 
@@ -447,6 +451,7 @@ fn topic_and_exchange_to_exchange_bindings_route() {
             "src",
             &msg("src", "a.b.c", "x", AMQPProperties::default()),
             w.t0,
+            &mut no_wait,
         )
         .unwrap();
     assert_eq!(r.queues, 1);
@@ -456,6 +461,7 @@ fn topic_and_exchange_to_exchange_bindings_route() {
             "src",
             &msg("src", "b.c", "x", AMQPProperties::default()),
             w.t0,
+            &mut no_wait,
         )
         .unwrap();
     assert!(r.unroutable());

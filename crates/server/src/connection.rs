@@ -11,7 +11,7 @@
 //! - When the connection ends, for any reason, its channels are closed
 //!   (unacked messages requeued) and its exclusive queues deleted.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -108,13 +108,67 @@ enum Content {
 }
 
 /// Publisher confirm bookkeeping for a channel in confirm mode.
+///
+/// A publish is confirmed once it is routed and, if it was journaled, once
+/// the journal says it is stored. Acks go out as `basic.ack multiple` up to
+/// the first publish still waiting for the journal.
 #[derive(Default)]
 struct Confirms {
     /// Sequence number of the last publish.
     last_seq: u64,
-    /// Highest sequence number confirmed to the client.
+    /// Highest sequence number confirmed (acked or nacked) to the client.
     acked_upto: u64,
+    /// Publishes waiting for the journal.
+    waiting: BTreeSet<u64>,
+    /// Publishes already nacked individually (refused, or the store failed).
+    nacked: BTreeSet<u64>,
 }
+
+impl Confirms {
+    /// Frames confirming everything that can be confirmed now.
+    fn flush(&mut self, channel: u16, out: &mut BytesMut) {
+        let frontier = self.waiting.first().map_or(self.last_seq, |w| w - 1);
+        if frontier <= self.acked_upto {
+            return;
+        }
+        let nacked_in_range = self
+            .nacked
+            .range(self.acked_upto + 1..=frontier)
+            .next()
+            .is_some();
+        if nacked_in_range {
+            // Rare (a refusal or a store failure): ack one by one around the nacks.
+            for seq in self.acked_upto + 1..=frontier {
+                if !self.nacked.contains(&seq) {
+                    codec::encode_ack(out, channel, seq, false);
+                }
+            }
+            self.nacked = self.nacked.split_off(&(frontier + 1));
+        } else {
+            codec::encode_ack(out, channel, frontier, frontier > self.acked_upto + 1);
+        }
+        self.acked_upto = frontier;
+    }
+}
+
+/// A journal completion, sent from a store thread to the connection task.
+enum Stored {
+    /// A publish in confirm mode.
+    Confirm {
+        channel: u16,
+        seq: u64,
+        result: Result<(), String>,
+    },
+    /// One of the writes a `tx.commit` waits for.
+    Tx {
+        channel: u16,
+        result: Result<(), String>,
+    },
+}
+
+/// Publishes waiting for the journal, per connection, before the broker
+/// stops reading from it (back-pressure instead of unbounded bookkeeping).
+const UNCONFIRMED_PER_CONNECTION_MAX: usize = 65_536;
 
 enum ChanState {
     Open,
@@ -129,6 +183,10 @@ struct Slot {
     confirms: Option<Confirms>,
     /// The last queue declared on this channel, for empty queue names.
     last_queue: Option<String>,
+    /// Journal writes the pending `tx.commit` still waits for.
+    tx_waiting: usize,
+    /// A `tx.commit-ok` is due once `tx_waiting` reaches zero.
+    tx_commit_pending: bool,
 }
 
 struct Conn {
@@ -153,6 +211,11 @@ struct Conn {
     blocked: bool,
     /// The client understands `connection.blocked`.
     blocked_notify: bool,
+    /// Journal completions for this connection arrive here.
+    stored_tx: tokio::sync::mpsc::UnboundedSender<Stored>,
+    stored_rx: tokio::sync::mpsc::UnboundedReceiver<Stored>,
+    /// Confirm-mode publishes waiting for the journal, all channels.
+    unconfirmed: usize,
     memory_high_watermark: u64,
 }
 
@@ -175,6 +238,7 @@ pub async fn serve(
         limits.frame_size_bytes_max,
     );
     let writer = tokio::spawn(write_loop(wr, Arc::clone(&out)));
+    let (stored_tx, stored_rx) = tokio::sync::mpsc::unbounded_channel();
     let mut c = Conn {
         frame_max: limits.frame_size_bytes_max,
         channel_max: limits.channels_per_connection_max,
@@ -193,6 +257,9 @@ pub async fn serve(
         has_published: false,
         blocked: false,
         blocked_notify: false,
+        stored_tx,
+        stored_rx,
+        unconfirmed: 0,
         memory_high_watermark: limits.memory_high_watermark(),
     };
     let end = match c.handshake().await {
@@ -254,16 +321,7 @@ impl Conn {
     }
 
     async fn read_more(&mut self) -> Result<(), End> {
-        if self.rbuf.capacity() - self.rbuf.len() < 4096 {
-            self.rbuf.reserve(READ_CHUNK_BYTES);
-        }
-        let n = self.rd.read_buf(&mut self.rbuf).await?;
-        if n == 0 {
-            return Err(End::Io(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "peer closed the connection",
-            )));
-        }
+        read_into(&mut self.rd, &mut self.rbuf).await?;
         self.last_read = Instant::now();
         Ok(())
     }
@@ -512,9 +570,18 @@ impl Conn {
                 self.update_blocked();
             }
             let out = Arc::clone(&self.out);
-            let reading = !self.blocked;
+            let reading = !self.blocked && self.unconfirmed < UNCONFIRMED_PER_CONNECTION_MAX;
             tokio::select! {
-                r = self.read_more(), if reading => if let Err(e) = r { return e; },
+                r = read_into(&mut self.rd, &mut self.rbuf), if reading => {
+                    if let Err(e) = r { return e; }
+                    self.last_read = Instant::now();
+                }
+                Some(done) = self.stored_rx.recv() => {
+                    if let Err(e) = self.on_stored(done) { return e; }
+                    while let Ok(more) = self.stored_rx.try_recv() {
+                        if let Err(e) = self.on_stored(more) { return e; }
+                    }
+                }
                 _ = tick.tick() => {
                     if let Err(e) = self.on_tick() { return e; }
                 }
@@ -661,6 +728,8 @@ impl Conn {
                                 content: Content::Idle,
                                 confirms: None,
                                 last_queue: None,
+                                tx_waiting: 0,
+                                tx_commit_pending: false,
                             },
                         );
                         self.send_method(
@@ -1060,14 +1129,31 @@ impl Conn {
                 );
             }
             AMQPClass::Tx(tx::AMQPMethod::Commit(_)) => {
-                let published = ch.tx_commit(now)?;
+                let sender = self.stored_tx.clone();
+                let mut waits = 0usize;
+                let published = ch.tx_commit(now, &mut || {
+                    waits += 1;
+                    let sender = sender.clone();
+                    Box::new(move |r| {
+                        let _connection_may_be_gone = sender.send(Stored::Tx {
+                            channel,
+                            result: r.map_err(|e| e.to_string()),
+                        });
+                    })
+                })?;
                 for p in published {
-                    self.after_publish(channel, &p);
+                    self.after_publish(channel, &p, None);
                 }
-                self.send_method(
-                    channel,
-                    &AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {})),
-                );
+                let slot = self.slot(channel);
+                slot.tx_waiting += waits;
+                if slot.tx_waiting == 0 {
+                    self.send_method(
+                        channel,
+                        &AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {})),
+                    );
+                } else {
+                    slot.tx_commit_pending = true;
+                }
             }
             AMQPClass::Tx(tx::AMQPMethod::Rollback(_)) => {
                 ch.tx_rollback()?;
@@ -1210,15 +1296,32 @@ impl Conn {
         if !self.has_published {
             self.has_published = true;
         }
-        let ch = Arc::clone(&self.slot(channel).ch);
+        let slot = self.slot(channel);
+        let ch = Arc::clone(&slot.ch);
+        let seq = slot.confirms.as_ref().map(|c| c.last_seq + 1);
+        let sender = self.stored_tx.clone();
+        let mut make_done = || -> berth_broker::durable::Done {
+            let sender = sender.clone();
+            Box::new(move |r: Result<(), berth_broker::durable::JournalError>| {
+                if let Some(seq) = seq {
+                    let _connection_may_be_gone = sender.send(Stored::Confirm {
+                        channel,
+                        seq,
+                        result: r.map_err(|e| e.to_string()),
+                    });
+                } else if let Err(e) = r {
+                    tracing::error!(error = %e, "a persistent message could not be stored");
+                }
+            })
+        };
         let result = Message::new(p.exchange.clone(), p.routing_key, properties, body)
-            .and_then(|msg| ch.publish(&p.exchange, msg, p.mandatory, now));
+            .and_then(|msg| ch.publish(&p.exchange, msg, p.mandatory, now, &mut make_done));
         match result {
             Ok(Some(published)) => {
                 if let Some(c) = self.slot(channel).confirms.as_mut() {
                     c.last_seq += 1;
                 }
-                self.after_publish(channel, &published);
+                self.after_publish(channel, &published, seq);
             }
             Ok(None) => {}
             Err(e) => self.channel_exception(channel, e.during(60, 40)),
@@ -1227,7 +1330,7 @@ impl Conn {
 
     /// `basic.return` for unroutable mandatory messages; nacks for refused
     /// ones (acks are batched in `flush_confirms`).
-    fn after_publish(&mut self, channel: u16, p: &Published) {
+    fn after_publish(&mut self, channel: u16, p: &Published, seq: Option<u64>) {
         if p.mandatory && p.result.unroutable() {
             let frame_max = self.frame_max;
             let msg = Arc::clone(&p.msg);
@@ -1243,32 +1346,84 @@ impl Conn {
                 codec::encode_content(b, channel, &msg.properties, &msg.body, frame_max);
             });
         }
-        if p.result.rejected {
-            let out = Arc::clone(&self.out);
-            if let Some(c) = self.slot(channel).confirms.as_mut() {
-                let seq = c.last_seq;
-                let upto = c.acked_upto;
-                out.push(|b| {
-                    if seq > upto + 1 {
-                        codec::encode_ack(b, channel, seq - 1, seq - 1 > upto + 1);
+        let Some(seq) = seq else { return };
+        let out = Arc::clone(&self.out);
+        let mut waiting = false;
+        if let Some(c) = self.slot(channel).confirms.as_mut() {
+            if p.result.durable {
+                c.waiting.insert(seq);
+                waiting = true;
+            }
+            if p.result.rejected {
+                c.nacked.insert(seq);
+                out.push(|b| codec::encode_nack(b, channel, seq, false));
+            }
+        }
+        if waiting {
+            self.unconfirmed += 1;
+        }
+    }
+
+    /// A journal write finished.
+    fn on_stored(&mut self, s: Stored) -> Result<(), End> {
+        match s {
+            Stored::Confirm {
+                channel,
+                seq,
+                result,
+            } => {
+                let out = Arc::clone(&self.out);
+                let Some(c) = self
+                    .channels
+                    .get_mut(&channel)
+                    .and_then(|s| s.confirms.as_mut())
+                else {
+                    return Ok(());
+                };
+                if c.waiting.remove(&seq) {
+                    self.unconfirmed = self.unconfirmed.saturating_sub(1);
+                }
+                if let Err(e) = result {
+                    tracing::error!(peer = %self.peer, channel, seq, error = %e, "persistent message not stored; publisher gets basic.nack");
+                    if c.nacked.insert(seq) {
+                        out.push(|b| codec::encode_nack(b, channel, seq, false));
                     }
-                    codec::encode_nack(b, channel, seq, false);
-                });
-                c.acked_upto = seq;
+                }
+                Ok(())
+            }
+            Stored::Tx { channel, result } => {
+                if let Err(e) = result {
+                    return Err(AmqpError::internal(format!(
+                        "transaction on channel {channel} could not be stored: {e}"
+                    ))
+                    .during(90, 20)
+                    .into());
+                }
+                let Some(slot) = self.channels.get_mut(&channel) else {
+                    return Ok(());
+                };
+                slot.tx_waiting = slot.tx_waiting.saturating_sub(1);
+                if slot.tx_waiting == 0 && slot.tx_commit_pending {
+                    slot.tx_commit_pending = false;
+                    self.send_method(
+                        channel,
+                        &AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {})),
+                    );
+                }
+                Ok(())
             }
         }
     }
 
-    /// Confirms everything published so far, one `basic.ack multiple` per
-    /// channel per read batch.
+    /// Confirms everything that can be confirmed, one `basic.ack multiple`
+    /// per channel per read batch.
     fn flush_confirms(&mut self) {
+        let out = Arc::clone(&self.out);
         for (id, slot) in &mut self.channels {
             if let Some(c) = slot.confirms.as_mut() {
-                if c.last_seq > c.acked_upto {
-                    let (seq, multiple) = (c.last_seq, c.last_seq > c.acked_upto + 1);
-                    let id = *id;
-                    self.out.push(|b| codec::encode_ack(b, id, seq, multiple));
-                    c.acked_upto = seq;
+                let frontier = c.waiting.first().map_or(c.last_seq, |w| w - 1);
+                if frontier > c.acked_upto {
+                    out.push(|b| c.flush(*id, b));
                 }
             }
         }
@@ -1324,6 +1479,21 @@ impl Conn {
             s.vhost.connection_closed(self.id);
         }
     }
+}
+
+/// Reads more bytes from the socket; EOF is an error (the peer went away).
+async fn read_into(rd: &mut OwnedReadHalf, rbuf: &mut BytesMut) -> Result<(), End> {
+    if rbuf.capacity() - rbuf.len() < 4096 {
+        rbuf.reserve(READ_CHUNK_BYTES);
+    }
+    let n = rd.read_buf(rbuf).await?;
+    if n == 0 {
+        return Err(End::Io(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "peer closed the connection",
+        )));
+    }
+    Ok(())
 }
 
 fn is_mapped_loopback(peer: SocketAddr) -> bool {

@@ -1,0 +1,305 @@
+//! What the broker asks of durable storage, and how it encodes what it
+//! stores there.
+//!
+//! The broker persists: durable exchanges, durable queues, bindings whose
+//! both ends are durable (as metadata), and persistent messages routed to
+//! durable queues (as journal records). [`Journal`] is the seam: the server
+//! implements it over `berth-store`; tests use [`MemoryJournal`].
+//!
+//! Invariants:
+//! - A message's publish record is handed to the journal before the message
+//!   is enqueued, so its removal (ack) can never be journaled before it.
+//! - Metadata calls return only once the change is durable, so a
+//!   `declare-ok` means the definition survives a crash.
+
+use std::collections::BTreeMap;
+
+use berth_protocol::codec::{decode_field_table, encode_field_table};
+use berth_protocol::{AMQPValue, FieldTable, LongString};
+use bytes::{BufMut, Bytes, BytesMut};
+use parking_lot::Mutex;
+
+/// A journal failure (I/O error, failed fsync, poisoned group), as text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalError(pub String);
+
+impl std::fmt::Display for JournalError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for JournalError {}
+
+/// Called once a journal write is durable (per the store's sync mode), or
+/// failed. Runs on a store thread: keep it short.
+pub type Done = Box<dyn FnOnce(Result<(), JournalError>) + Send + 'static>;
+
+/// Durable storage as the broker needs it.
+pub trait Journal: Send + Sync {
+    /// Stores a persistent message for these durable queues.
+    fn publish(&self, msg: u64, queues: &[u64], payload: Bytes, done: Option<Done>);
+    /// These messages left the queue for good (ack, drop, expiry, dead-letter).
+    fn remove(&self, queue: u64, msgs: &[u64], done: Option<Done>);
+    /// Every message of the queue left it (purge, delete).
+    fn purge(&self, queue: u64, done: Option<Done>);
+    /// Stores a definition; returns once it is durable.
+    fn put_meta(&self, key: &[u8], value: &[u8]) -> Result<(), JournalError>;
+    /// Removes a definition; returns once that is durable.
+    fn delete_meta(&self, key: &[u8]) -> Result<(), JournalError>;
+}
+
+/// A journal that keeps nothing (the broker without a store).
+pub struct NoJournal;
+
+impl Journal for NoJournal {
+    fn publish(&self, _msg: u64, _queues: &[u64], _payload: Bytes, done: Option<Done>) {
+        if let Some(d) = done {
+            d(Ok(()));
+        }
+    }
+    fn remove(&self, _queue: u64, _msgs: &[u64], done: Option<Done>) {
+        if let Some(d) = done {
+            d(Ok(()));
+        }
+    }
+    fn purge(&self, _queue: u64, done: Option<Done>) {
+        if let Some(d) = done {
+            d(Ok(()));
+        }
+    }
+    fn put_meta(&self, _key: &[u8], _value: &[u8]) -> Result<(), JournalError> {
+        Ok(())
+    }
+    fn delete_meta(&self, _key: &[u8]) -> Result<(), JournalError> {
+        Ok(())
+    }
+}
+
+/// An in-memory journal that records what it was told, for tests: what it
+/// holds is exactly what a perfect store would give back after a restart.
+#[derive(Default)]
+pub struct MemoryJournal {
+    pub meta: Mutex<BTreeMap<Vec<u8>, Vec<u8>>>,
+    /// queue → (msg → payload), in publish order.
+    pub messages: Mutex<BTreeMap<u64, BTreeMap<u64, Bytes>>>,
+}
+
+impl Journal for MemoryJournal {
+    fn publish(&self, msg: u64, queues: &[u64], payload: Bytes, done: Option<Done>) {
+        let mut m = self.messages.lock();
+        for q in queues {
+            m.entry(*q).or_default().insert(msg, payload.clone());
+        }
+        drop(m);
+        if let Some(d) = done {
+            d(Ok(()));
+        }
+    }
+    fn remove(&self, queue: u64, msgs: &[u64], done: Option<Done>) {
+        if let Some(q) = self.messages.lock().get_mut(&queue) {
+            for id in msgs {
+                q.remove(id);
+            }
+        }
+        if let Some(d) = done {
+            d(Ok(()));
+        }
+    }
+    fn purge(&self, queue: u64, done: Option<Done>) {
+        self.messages.lock().remove(&queue);
+        if let Some(d) = done {
+            d(Ok(()));
+        }
+    }
+    fn put_meta(&self, key: &[u8], value: &[u8]) -> Result<(), JournalError> {
+        self.meta.lock().insert(key.to_vec(), value.to_vec());
+        Ok(())
+    }
+    fn delete_meta(&self, key: &[u8]) -> Result<(), JournalError> {
+        self.meta.lock().remove(key);
+        Ok(())
+    }
+}
+
+// --- Encodings -------------------------------------------------------------
+//
+// Metadata keys: `q\0VHOST\0NAME`, `x\0VHOST\0NAME`,
+// `b\0VHOST\0SOURCE\0q|x\0DESTINATION\0ROUTING_KEY\0ARGS-HEX`; values are
+// AMQP field tables (the codec berth already has, self-describing and
+// extensible). Message payload: u8 exchange length, exchange, u8 routing key
+// length, routing key, u32 BE properties length, properties, body.
+
+/// Key of a queue definition.
+pub fn queue_key(vhost: &str, name: &str) -> Vec<u8> {
+    join(&[b"q", vhost.as_bytes(), name.as_bytes()])
+}
+
+/// Key of an exchange definition.
+pub fn exchange_key(vhost: &str, name: &str) -> Vec<u8> {
+    join(&[b"x", vhost.as_bytes(), name.as_bytes()])
+}
+
+/// Key of a binding definition.
+pub fn binding_key(
+    vhost: &str,
+    source: &str,
+    to_queue: bool,
+    destination: &str,
+    routing_key: &str,
+    args: &FieldTable,
+) -> Vec<u8> {
+    let args_hex: String = encode_field_table(args)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    join(&[
+        b"b",
+        vhost.as_bytes(),
+        source.as_bytes(),
+        if to_queue { b"q" } else { b"x" },
+        destination.as_bytes(),
+        routing_key.as_bytes(),
+        args_hex.as_bytes(),
+    ])
+}
+
+fn join(parts: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            out.push(0);
+        }
+        out.extend_from_slice(p);
+    }
+    out
+}
+
+/// Splits a metadata key into its parts.
+pub fn split_key(key: &[u8]) -> Vec<String> {
+    key.split(|b| *b == 0)
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect()
+}
+
+fn s(v: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(v.as_bytes().to_vec()))
+}
+
+/// A stored table value as bytes.
+pub fn table_bytes(entries: &[(&str, AMQPValue)]) -> Vec<u8> {
+    let mut t = FieldTable::default();
+    for (k, v) in entries {
+        t.insert((*k).into(), v.clone());
+    }
+    encode_field_table(&t)
+}
+
+/// Reads a stored table value.
+pub fn read_table(bytes: &[u8]) -> Option<FieldTable> {
+    decode_field_table(bytes)
+}
+
+/// A queue definition's value.
+pub fn queue_value(id: u64, auto_delete: bool, arguments: &FieldTable) -> Vec<u8> {
+    table_bytes(&[
+        (
+            "id",
+            AMQPValue::LongLongInt(i64::try_from(id).unwrap_or(i64::MAX)),
+        ),
+        ("auto_delete", AMQPValue::Boolean(auto_delete)),
+        ("arguments", AMQPValue::FieldTable(arguments.clone())),
+    ])
+}
+
+/// An exchange definition's value.
+pub fn exchange_value(
+    kind: &str,
+    auto_delete: bool,
+    internal: bool,
+    arguments: &FieldTable,
+) -> Vec<u8> {
+    table_bytes(&[
+        ("type", s(kind)),
+        ("auto_delete", AMQPValue::Boolean(auto_delete)),
+        ("internal", AMQPValue::Boolean(internal)),
+        ("arguments", AMQPValue::FieldTable(arguments.clone())),
+    ])
+}
+
+/// A binding definition's value (its arguments).
+pub fn binding_value(arguments: &FieldTable) -> Vec<u8> {
+    table_bytes(&[("arguments", AMQPValue::FieldTable(arguments.clone()))])
+}
+
+/// Encodes a message for the journal.
+pub fn encode_message(exchange: &str, routing_key: &str, properties: &[u8], body: &[u8]) -> Bytes {
+    let ex = &exchange.as_bytes()[..exchange.len().min(255)];
+    let rk = &routing_key.as_bytes()[..routing_key.len().min(255)];
+    let mut b =
+        BytesMut::with_capacity(2 + ex.len() + rk.len() + 4 + properties.len() + body.len());
+    b.put_u8(ex.len() as u8);
+    b.extend_from_slice(ex);
+    b.put_u8(rk.len() as u8);
+    b.extend_from_slice(rk);
+    b.put_u32(properties.len() as u32);
+    b.extend_from_slice(properties);
+    b.extend_from_slice(body);
+    b.freeze()
+}
+
+/// A decoded journal message: (exchange, routing key, properties, body).
+pub type StoredMessage = (String, String, Bytes, Bytes);
+
+/// Decodes a message written by [`encode_message`]; `None` if it is not
+/// well formed (the caller reports it with the queue and message id).
+pub fn decode_message(p: &Bytes) -> Option<StoredMessage> {
+    let mut at = 0usize;
+    let mut take = |n: usize| -> Option<Bytes> {
+        let end = at.checked_add(n)?;
+        if end > p.len() {
+            return None;
+        }
+        let out = p.slice(at..end);
+        at = end;
+        Some(out)
+    };
+    let exl = take(1)?[0] as usize;
+    let exchange = String::from_utf8(take(exl)?.to_vec()).ok()?;
+    let rkl = take(1)?[0] as usize;
+    let routing_key = String::from_utf8(take(rkl)?.to_vec()).ok()?;
+    let pl = u32::from_be_bytes(take(4)?[..].try_into().ok()?) as usize;
+    let properties = take(pl)?;
+    let body = p.slice(at..);
+    Some((exchange, routing_key, properties, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_encoding_roundtrips() {
+        let b = encode_message("ex", "a.b", b"\x10\x00\x02", b"hello");
+        let (e, k, p, body) = decode_message(&b).unwrap();
+        assert_eq!(
+            (e.as_str(), k.as_str(), &p[..], &body[..]),
+            ("ex", "a.b", &b"\x10\x00\x02"[..], &b"hello"[..])
+        );
+    }
+
+    #[test]
+    fn truncated_message_is_refused_not_misread() {
+        let b = encode_message("ex", "a.b", b"\x10\x00\x02", b"");
+        for cut in 0..b.len() - 1 {
+            assert!(decode_message(&b.slice(..cut)).is_none(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn keys_split_back_into_their_parts() {
+        let k = binding_key("/", "src", true, "q1", "a.#", &FieldTable::default());
+        let parts = split_key(&k);
+        assert_eq!(&parts[..6], ["b", "/", "src", "q", "q1", "a.#"]);
+    }
+}
