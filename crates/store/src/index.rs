@@ -69,7 +69,7 @@ pub struct SegLive {
     pub bytes: u64,
 }
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Index {
     msgs: IdMap<Entry>,
     multi: IdMap<Vec<QueueId>>,

@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -194,6 +194,41 @@ pub(crate) struct Writer {
     /// Smoothed fdatasync duration.
     sync_us_ewma: f64,
     last_compaction: Instant,
+    /// A checkpoint being written by its helper thread.
+    checkpoint_in_flight: Option<(u64, CheckpointInfo, CheckpointResult)>,
+}
+
+/// Where a background checkpoint reports its outcome.
+type CheckpointResult = Receiver<Result<(), StoreError>>;
+
+/// How often the writer looks for a finished background checkpoint.
+const CHECKPOINT_POLL_MS: u64 = 2;
+
+/// Writes checkpoint `no` durably: temp file, fdatasync, rename, dir fsync.
+fn write_checkpoint(
+    storage: &dyn Storage,
+    dir: &std::path::Path,
+    group: u32,
+    no: u64,
+    info: CheckpointInfo,
+    index: &Index,
+) -> Result<(), StoreError> {
+    let bytes = checkpoint::encode(group, info, index);
+    let tmp = dir.join(CHECKPOINT_TMP_NAME);
+    let dst = dir.join(checkpoint::checkpoint_name(no));
+    let f = storage
+        .create(&tmp)
+        .map_err(|e| StoreError::io("create", &tmp, e))?;
+    f.write_all_at(&bytes, 0)
+        .map_err(|e| StoreError::io("write", &tmp, e))?;
+    f.sync_data()
+        .map_err(|e| StoreError::io("fdatasync", &tmp, e))?;
+    storage
+        .rename(&tmp, &dst)
+        .map_err(|e| StoreError::io("rename", &tmp, e))?;
+    storage
+        .sync_dir(dir)
+        .map_err(|e| StoreError::io("fsync dir", dir, e))
 }
 
 pub(crate) struct WriterInit {
@@ -247,6 +282,7 @@ impl Writer {
             committers_ewma: 1.0,
             sync_us_ewma: 0.0,
             last_compaction: now,
+            checkpoint_in_flight: None,
         };
         (w, shared)
     }
@@ -592,7 +628,9 @@ impl Writer {
         {
             consider(self.last_write + Duration::from_millis(self.cfg.segment_idle_roll_ms));
         }
-        if self.checkpoint_wanted() {
+        if self.checkpoint_in_flight.is_some() {
+            consider(Instant::now() + Duration::from_millis(CHECKPOINT_POLL_MS));
+        } else if self.checkpoint_wanted() {
             consider(self.last_checkpoint + Duration::from_millis(self.cfg.checkpoint_interval_ms));
         }
         if self.compaction_candidate().is_some() {
@@ -655,8 +693,11 @@ impl Writer {
                 && now
                     >= self.last_checkpoint
                         + Duration::from_millis(self.cfg.checkpoint_interval_ms));
-        if ckpt_due {
-            if let Err(e) = self.checkpoint() {
+        if let Err(e) = self.finish_checkpoint(false) {
+            tracing::error!(group = self.group(), error = %e, "checkpoint failed; will retry");
+        }
+        if ckpt_due && self.checkpoint_in_flight.is_none() {
+            if let Err(e) = self.start_checkpoint() {
                 tracing::error!(group = self.group(), error = %e, "checkpoint failed; will retry");
                 self.last_checkpoint = now;
             }
@@ -671,11 +712,15 @@ impl Writer {
         }
     }
 
-    /// Writes a checkpoint of the whole index at the current position, then
-    /// deletes what it makes unnecessary.
-    fn checkpoint(&mut self) -> Result<(), StoreError> {
+    /// Starts a checkpoint of the whole index at the current position. The
+    /// journal is synced and the index snapshotted here; encoding, writing
+    /// and fsyncing happen on a helper thread so commits are not held up.
+    fn start_checkpoint(&mut self) -> Result<(), StoreError> {
         if let Some(e) = self.shared.poison_error() {
             return Err(e);
+        }
+        if self.checkpoint_in_flight.is_some() {
+            return Ok(());
         }
         // The journal the checkpoint points into must be durable first.
         if let Err(e) = self.write_buf().and_then(|()| self.sync()) {
@@ -685,30 +730,48 @@ impl Writer {
             lsn: self.next_lsn - 1,
             replay: self.position(),
         };
-        let bytes = {
-            let inner = self.shared.inner.lock();
-            checkpoint::encode(self.group(), info, &inner.index)
-        };
-        let dir = self.shared.dir.clone();
-        let tmp = dir.join(CHECKPOINT_TMP_NAME);
+        let snapshot = self.shared.inner.lock().index.clone();
         let no = self.next_checkpoint_no;
-        let dst = dir.join(checkpoint::checkpoint_name(no));
-        let f = self
-            .storage
-            .create(&tmp)
-            .map_err(self.err("create", &tmp))?;
-        f.write_all_at(&bytes, 0).map_err(self.err("write", &tmp))?;
-        f.sync_data().map_err(self.err("fdatasync", &tmp))?;
-        self.storage
-            .rename(&tmp, &dst)
-            .map_err(self.err("rename", &tmp))?;
-        self.storage
-            .sync_dir(&dir)
-            .map_err(self.err("fsync dir", &dir))?;
         self.next_checkpoint_no += 1;
-        self.checkpoints.push((no, info));
+        let (tx, rx) = mpsc::sync_channel(1);
+        let storage = Arc::clone(&self.storage);
+        let dir = self.shared.dir.clone();
+        let group = self.group();
+        std::thread::Builder::new()
+            .name(format!("berth-ckpt-{group}"))
+            .spawn(move || {
+                let result = write_checkpoint(storage.as_ref(), &dir, group, no, info, &snapshot);
+                if tx.send(result).is_err() {
+                    tracing::debug!(group, no, "checkpoint finished after its writer stopped");
+                }
+            })
+            .map_err(|e| StoreError::io("spawn checkpoint thread", &self.shared.dir, e))?;
+        self.checkpoint_in_flight = Some((no, info, rx));
         self.last_checkpoint = Instant::now();
         self.journal_bytes_since_checkpoint = 0;
+        Ok(())
+    }
+
+    /// Collects the checkpoint in flight, if it finished (or waiting for it
+    /// with `block`): keeps it, drops the oldest beyond two, and deletes the
+    /// segments that are no longer needed.
+    fn finish_checkpoint(&mut self, block: bool) -> Result<(), StoreError> {
+        let Some((no, info, rx)) = &self.checkpoint_in_flight else {
+            return Ok(());
+        };
+        let result = if block {
+            rx.recv().unwrap_or(Err(StoreError::Closed))
+        } else {
+            match rx.try_recv() {
+                Ok(r) => r,
+                Err(TryRecvError::Empty) => return Ok(()),
+                Err(TryRecvError::Disconnected) => Err(StoreError::Closed),
+            }
+        };
+        let (no, info) = (*no, *info);
+        self.checkpoint_in_flight = None;
+        result?;
+        self.checkpoints.push((no, info));
         self.shared
             .counters
             .checkpoints
@@ -717,18 +780,26 @@ impl Writer {
             group = self.group(),
             no,
             lsn = info.lsn,
-            bytes = bytes.len(),
             "checkpoint written"
         );
         while self.checkpoints.len() > 2 {
             let (old, _) = self.checkpoints.remove(0);
-            let path = dir.join(checkpoint::checkpoint_name(old));
+            let path = self.shared.dir.join(checkpoint::checkpoint_name(old));
             if let Err(e) = self.storage.remove(&path) {
                 tracing::warn!(group = self.group(), file = %path.display(), error = %e, "could not remove old checkpoint");
             }
         }
         self.delete_dead_segments();
         Ok(())
+    }
+
+    /// A checkpoint, start to finish (explicit requests and shutdown).
+    fn checkpoint(&mut self) -> Result<(), StoreError> {
+        if let Err(e) = self.finish_checkpoint(true) {
+            tracing::error!(group = self.group(), error = %e, "background checkpoint failed");
+        }
+        self.start_checkpoint()?;
+        self.finish_checkpoint(true)
     }
 
     fn delete_dead_segments(&mut self) {
