@@ -180,8 +180,12 @@ pub fn decode(
     index.msg_id_hw = r.u64().ok_or_else(|| bad(&r))?;
     let meta_count = r.u64().ok_or_else(|| bad(&r))?;
     let msg_count = r.u64().ok_or_else(|| bad(&r))?;
-    let seg = u32::try_from(seg)
-        .map_err(|_| corrupt(CK_OFF_REPLAY_SEG, "segment number out of range"))?;
+    let seg = u32::try_from(seg).map_err(|e| {
+        corrupt(
+            CK_OFF_REPLAY_SEG,
+            &format!("segment number {seg} out of range: {e}"),
+        )
+    })?;
     for _ in 0..meta_count {
         let kl = r.u32().ok_or_else(|| bad(&r))? as usize;
         let vl = r.u32().ok_or_else(|| bad(&r))? as usize;

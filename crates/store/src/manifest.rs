@@ -135,10 +135,10 @@ pub fn read_all(storage: &dyn Storage, path: &Path) -> Result<Vec<u8>, StoreErro
     let len = f.len().map_err(|e| StoreError::io("stat", path, e))?;
     let mut buf = vec![
         0u8;
-        usize::try_from(len).map_err(|_| StoreError::Corrupt {
+        usize::try_from(len).map_err(|e| StoreError::Corrupt {
             path: path.to_path_buf(),
             offset: 0,
-            reason: format!("file of {len} bytes does not fit in memory"),
+            reason: format!("file of {len} bytes does not fit in memory: {e}"),
         })?
     ];
     f.read_exact_at(&mut buf, 0)

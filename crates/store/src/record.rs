@@ -623,7 +623,7 @@ mod tests {
 
         #[test]
         fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
-            let _ = decode(&bytes);
+            let _decoded = decode(&bytes);
         }
     }
 }

@@ -616,7 +616,7 @@ fn log_progress(p: &Progress, started: Instant, groups: u32) {
 /// Reads or creates the manifests; returns the group count.
 fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<u32, StoreError> {
     let dir_count = u32::try_from(config.data_dirs.len())
-        .map_err(|_| StoreError::Config("too many data_dirs".into()))?;
+        .map_err(|e| StoreError::Config(format!("too many data_dirs: {e}")))?;
     let mut found: Vec<Option<Manifest>> = Vec::new();
     for dir in &config.data_dirs {
         storage

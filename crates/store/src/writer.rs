@@ -305,7 +305,10 @@ impl Writer {
         let mut batch: Vec<Cmd> = Vec::new();
         loop {
             let first = match self.next_deadline() {
-                None => self.rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                None => self
+                    .rx
+                    .recv()
+                    .map_err(|mpsc::RecvError| RecvTimeoutError::Disconnected),
                 Some(at) => self
                     .rx
                     .recv_timeout(at.saturating_duration_since(Instant::now())),
