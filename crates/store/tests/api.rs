@@ -459,3 +459,59 @@ fn groups_spread_over_data_dirs_and_a_misordered_dir_list_is_refused() {
     assert_eq!(store.group_count(), 4);
     assert_eq!(rec.queues.len(), 16);
 }
+
+/// Space amplification stays bounded under steady publish/ack churn:
+/// segment bytes on disk never exceed 2 × live bytes (compaction
+/// threshold) + the journal since the older kept checkpoint
+/// (2 × checkpoint_journal_bytes) + two segments of slack.
+#[test]
+fn space_amplification_stays_bounded_under_churn() {
+    let fs = FaultStorage::new(16);
+    let mut cfg = config(1);
+    cfg.segment_size_bytes = 8 * 1024;
+    cfg.checkpoint_journal_bytes = 32 * 1024;
+    cfg.compaction_pause_ms = 0;
+    let (store, _) = open(&fs, &cfg);
+    let payload = Bytes::from(vec![3u8; 500]);
+    let mut live = std::collections::VecDeque::new();
+    let mut rng = 0x1234_5678_u64;
+    let mut worst = 0u64;
+    for i in 0..3000u32 {
+        let m = store.next_msg_id();
+        wait(|d| store.publish(m, &[QueueId(1)], payload.clone(), Some(d))).unwrap();
+        live.push_back(m);
+        // Mostly FIFO, sometimes a straggler stays behind for a long time.
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        if live.len() > 20 {
+            let idx = if rng % 10 == 0 { live.len() - 1 } else { 0 };
+            let old = if rng % 50 == 0 {
+                live.pop_back()
+            } else {
+                live.remove(idx)
+            };
+            if let Some(old) = old {
+                wait(|d| store.remove(QueueId(1), &[old], Some(d))).unwrap();
+            }
+        }
+        if i % 50 == 0 {
+            let dir = common::group_dir(0);
+            let disk: u64 = fs
+                .names(&dir)
+                .iter()
+                .filter(|n| n.ends_with(".seg"))
+                .map(|n| fs.contents(&dir.join(n)).unwrap().len() as u64)
+                .sum();
+            worst = worst.max(disk);
+        }
+    }
+    let live_bytes = 21 * (500 + 40);
+    let bound = 2 * live_bytes + 2 * cfg.checkpoint_journal_bytes + 2 * cfg.segment_size_bytes;
+    eprintln!("worst segment bytes {worst}, bound {bound}, live {live_bytes}");
+    assert!(
+        worst <= bound,
+        "segments hold {worst} bytes, bound {bound}: {:?}",
+        store.stats()
+    );
+}
