@@ -5,7 +5,8 @@
 //! any batching comes from group commit alone.
 //!
 //! Run: `cargo bench -p berth-store --bench append`
-//! (`BERTH_BENCH_DIR` picks the data directory; default: the system temp dir).
+//! (`BERTH_BENCH_DIR` picks the data directory; default: the system temp dir;
+//! `BERTH_BENCH_COMMIT_DELAY_US` overrides `commit_delay_us_max`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -57,6 +58,12 @@ fn append(c: &mut Criterion) {
                 let dir = bench_dir(&format!("{size}-{groups}-{appenders}"));
                 let mut cfg = StoreConfig::new(&dir);
                 cfg.log_groups = groups;
+                if let Some(us) = std::env::var("BERTH_BENCH_COMMIT_DELAY_US")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                {
+                    cfg.commit_delay_us_max = us;
+                }
                 let (store, _) = Store::open(cfg).expect("open");
                 let store = Arc::new(store);
                 g.throughput(Throughput::Elements(appenders));
