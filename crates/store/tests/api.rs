@@ -485,8 +485,12 @@ fn space_amplification_stays_bounded_under_churn() {
         rng ^= rng >> 7;
         rng ^= rng << 17;
         if live.len() > 20 {
-            let idx = if rng % 10 == 0 { live.len() - 1 } else { 0 };
-            let old = if rng % 50 == 0 {
+            let idx = if rng.is_multiple_of(10) {
+                live.len() - 1
+            } else {
+                0
+            };
+            let old = if rng.is_multiple_of(50) {
                 live.pop_back()
             } else {
                 live.remove(idx)
