@@ -71,6 +71,9 @@ pub struct RestoreReport {
     pub messages: usize,
     /// Entries that could not be restored, and why.
     pub skipped: Vec<String>,
+    /// Queue ids with stored messages but no definition (the queue was
+    /// deleted and the crash came before its purge was durable).
+    pub orphaned_queues: Vec<u64>,
 }
 
 /// The whole broker: the vhosts and the timer service they share.

@@ -44,6 +44,24 @@ struct ServeArgs {
     /// store.data_dirs: data directory (repeatable).
     #[arg(long = "data-dir", value_name = "DIR")]
     data_dir: Vec<PathBuf>,
+    /// store.log_groups: independent journals, used when a store is created
+    /// (0 = one per core, 2..16).
+    #[arg(long, value_name = "N")]
+    log_groups: Option<u32>,
+    /// store.sync: always (confirm after fdatasync), interval (after write;
+    /// fdatasync every sync_interval_ms), never (fdatasync on segment seal
+    /// and shutdown). See docs/DURABILITY.md.
+    #[arg(long, value_name = "MODE", value_parser = ["always", "interval", "never"])]
+    sync: Option<String>,
+    /// store.sync_interval_ms: fdatasync period with --sync interval.
+    #[arg(long, value_name = "MS")]
+    sync_interval_ms: Option<u64>,
+    /// store.commit_delay_us_max: cap on group commit's gathering pause.
+    #[arg(long, value_name = "US")]
+    commit_delay_us_max: Option<u64>,
+    /// store.segment_size_bytes: journal segment size.
+    #[arg(long, value_name = "BYTES")]
+    segment_size_bytes: Option<u64>,
     /// limits.frame_size_bytes_max: largest frame accepted and proposed.
     #[arg(long, value_name = "BYTES")]
     frame_size_bytes_max: Option<u32>,
@@ -93,6 +111,18 @@ impl ServeArgs {
         set(&mut c.net.heartbeat_s, self.heartbeat_s);
         set(&mut c.net.handshake_timeout_ms, self.handshake_timeout_ms);
         set_list(&mut c.store.data_dirs, self.data_dir);
+        set(&mut c.store.log_groups, self.log_groups);
+        set(
+            &mut c.store.sync,
+            self.sync.map(|s| match s.as_str() {
+                "interval" => berth_server::config::Sync::Interval,
+                "never" => berth_server::config::Sync::Never,
+                _ => berth_server::config::Sync::Always,
+            }),
+        );
+        set(&mut c.store.sync_interval_ms, self.sync_interval_ms);
+        set(&mut c.store.commit_delay_us_max, self.commit_delay_us_max);
+        set(&mut c.store.segment_size_bytes, self.segment_size_bytes);
         set(
             &mut c.limits.frame_size_bytes_max,
             self.frame_size_bytes_max,

@@ -40,11 +40,37 @@ pub struct Net {
     pub handshake_timeout_ms: u64,
 }
 
-/// `[store]`: where data lives.
+/// When the store calls `fdatasync` (see docs/DURABILITY.md).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Sync {
+    /// Confirm after fdatasync (survives power loss). The default.
+    Always,
+    /// Confirm after write; fdatasync every `sync_interval_ms` (survives a
+    /// process crash, not power loss).
+    Interval,
+    /// Confirm after write; fdatasync only when a segment is sealed and at
+    /// shutdown.
+    Never,
+}
+
+/// `[store]`: where and how data is kept.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Store {
     pub data_dirs: Vec<PathBuf>,
+    /// Independent journals (each with its own files, writer and fsync).
+    /// Only used when a store is created; an existing store keeps its count.
+    /// 0 = one per core, between 2 and 16.
+    pub log_groups: u32,
+    pub sync: Sync,
+    /// fdatasync period in `sync = "interval"`.
+    pub sync_interval_ms: u64,
+    /// Cap on the extra gathering pause of group commit (taken only when
+    /// several committers are active; a lone committer never waits).
+    pub commit_delay_us_max: u64,
+    /// Size at which a journal segment is sealed and a new one started.
+    pub segment_size_bytes: u64,
 }
 
 /// `[limits]`: every bound the broker enforces, with units in the names.
@@ -110,6 +136,11 @@ impl Default for Store {
     fn default() -> Self {
         Self {
             data_dirs: vec![PathBuf::from("./berth-data")],
+            log_groups: 0,
+            sync: Sync::Always,
+            sync_interval_ms: 200,
+            commit_delay_us_max: 500,
+            segment_size_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -192,6 +223,24 @@ impl Limits {
 }
 
 impl Config {
+    /// The store's configuration from the `[store]` section.
+    pub fn store_config(&self) -> berth_store::StoreConfig {
+        let mut c = berth_store::StoreConfig::new(self.store.data_dirs[0].clone());
+        c.data_dirs.clone_from(&self.store.data_dirs);
+        if self.store.log_groups > 0 {
+            c.log_groups = self.store.log_groups;
+        }
+        c.sync = match self.store.sync {
+            Sync::Always => berth_store::SyncMode::Always,
+            Sync::Interval => berth_store::SyncMode::Interval,
+            Sync::Never => berth_store::SyncMode::Never,
+        };
+        c.sync_interval_ms = self.store.sync_interval_ms;
+        c.commit_delay_us_max = self.store.commit_delay_us_max;
+        c.segment_size_bytes = self.store.segment_size_bytes;
+        c
+    }
+
     /// Reads a `berth.toml`; keys it omits keep their defaults.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {

@@ -10,6 +10,7 @@
 pub mod config;
 pub mod connection;
 pub mod http;
+pub mod journal;
 pub mod outbound;
 
 use std::fs::File;
@@ -19,7 +20,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use berth_broker::Broker;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -48,6 +48,13 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{0}")]
+    Startup(String),
+    #[error("cannot open the store: {source}")]
+    Store {
+        #[source]
+        source: berth_store::StoreError,
+    },
     #[error("data directory {path} is in use by another berth process (lock file {path}/berth.lock); stop it or choose another --data-dir")]
     DataDirLocked { path: PathBuf },
 }
@@ -56,6 +63,7 @@ pub enum ServerError {
 pub struct Running {
     pub amqp_addrs: Vec<SocketAddr>,
     pub http_addrs: Vec<SocketAddr>,
+    journal: Arc<journal::StoreJournal>,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
     _locks: Vec<File>,
@@ -71,6 +79,14 @@ impl Running {
             .is_err()
         {
             tracing::warn!("shutdown grace period ran out; exiting with connections still open");
+        }
+        // Everything written reaches the disk before we exit.
+        let (done, ticket) = berth_store::Ticket::new();
+        self.journal.store.flush(done);
+        match tokio::task::spawn_blocking(move || ticket.wait()).await {
+            Ok(Ok(())) => tracing::info!("store flushed"),
+            Ok(Err(e)) => tracing::error!(error = %e, "final store flush failed"),
+            Err(e) => tracing::error!(error = %e, "final store flush did not run"),
         }
     }
 }
@@ -166,7 +182,12 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         .iter()
         .filter_map(|l| l.local_addr().ok())
         .collect();
-    let broker = Broker::new(config.auth.vhosts.iter().map(String::as_str));
+    let (broker, journal) = {
+        let config = config.clone();
+        tokio::task::spawn_blocking(move || journal::open_broker(&config))
+            .await
+            .map_err(|e| ServerError::Startup(format!("store recovery did not finish: {e}")))??
+    };
     let shared = Arc::new(Shared {
         broker: Arc::clone(&broker),
         config: Arc::new(config),
@@ -201,6 +222,7 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
     Ok(Running {
         amqp_addrs,
         http_addrs,
+        journal,
         shutdown: tx,
         task,
         _locks: locks,

@@ -1,0 +1,137 @@
+//! The broker's journal seam implemented over `berth-store`, and the
+//! startup path that opens the store and rebuilds the broker from it.
+//!
+//! Invariants:
+//! - Metadata calls block (off the async reactor, via `block_in_place`)
+//!   until the store reports the write durable: a `declare-ok` is only sent
+//!   for a definition that survives a crash.
+//! - Nothing the store reports is dropped: completion errors reach the
+//!   broker's completions (publisher nacks, connection errors), recovery
+//!   damage and skipped entries are logged.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use berth_broker::durable::{Done, Journal, JournalError};
+use berth_broker::{Broker, Recovered as BrokerRecovered};
+use berth_store::{MsgId, QueueId, StoreError};
+use berth_store::{Store, Ticket};
+use bytes::Bytes;
+
+/// `berth-store` as the broker's journal.
+pub struct StoreJournal {
+    pub store: Store,
+}
+
+fn adapt(done: Option<Done>) -> Option<berth_store::Done> {
+    done.map(|d| -> berth_store::Done {
+        Box::new(move |r: Result<(), StoreError>| d(r.map_err(|e| JournalError(e.to_string()))))
+    })
+}
+
+fn wait_durable(f: impl FnOnce(berth_store::Done)) -> Result<(), JournalError> {
+    let (done, ticket) = Ticket::new();
+    f(done);
+    let wait = || ticket.wait().map_err(|e| JournalError(e.to_string()));
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(wait)
+        }
+        _ => wait(),
+    }
+}
+
+impl Journal for StoreJournal {
+    fn publish(&self, msg: u64, queues: &[u64], payload: Bytes, done: Option<Done>) {
+        let queues: Vec<QueueId> = queues.iter().map(|q| QueueId(*q)).collect();
+        self.store
+            .publish(MsgId(msg), &queues, payload, adapt(done));
+    }
+
+    fn remove(&self, queue: u64, msgs: &[u64], done: Option<Done>) {
+        let msgs: Vec<MsgId> = msgs.iter().map(|m| MsgId(*m)).collect();
+        self.store.remove(QueueId(queue), &msgs, adapt(done));
+    }
+
+    fn purge(&self, queue: u64, done: Option<Done>) {
+        self.store.purge(QueueId(queue), adapt(done));
+    }
+
+    fn put_meta(&self, key: &[u8], value: &[u8]) -> Result<(), JournalError> {
+        wait_durable(|d| {
+            self.store.put_meta(
+                Bytes::copy_from_slice(key),
+                Bytes::copy_from_slice(value),
+                Some(d),
+            )
+        })
+    }
+
+    fn delete_meta(&self, key: &[u8]) -> Result<(), JournalError> {
+        wait_durable(|d| self.store.delete_meta(Bytes::copy_from_slice(key), Some(d)))
+    }
+}
+
+/// Opens the store and builds the broker from what it holds.
+pub fn open_broker(
+    config: &crate::Config,
+) -> Result<(Arc<Broker>, Arc<StoreJournal>), crate::ServerError> {
+    let started = Instant::now();
+    let sc = config.store_config();
+    let (store, recovered) =
+        Store::open(sc).map_err(|source| crate::ServerError::Store { source })?;
+    for d in &recovered.damage {
+        tracing::error!(damage = ?d, "store damage found during recovery and quarantined");
+    }
+    let mut messages = std::collections::HashMap::new();
+    let mut unreadable = 0usize;
+    for (qid, msgs) in &recovered.queues {
+        let mut list = Vec::with_capacity(msgs.len());
+        for m in msgs {
+            match store.read(*qid, m.msg) {
+                Ok(p) => list.push((m.msg.0, p)),
+                Err(e) => {
+                    unreadable += 1;
+                    tracing::error!(queue = %qid, msg = %m.msg, error = %e, "stored message cannot be read; it stays in the store");
+                }
+            }
+        }
+        messages.insert(qid.0, list);
+    }
+    let br = BrokerRecovered {
+        meta: recovered
+            .metadata
+            .iter()
+            .map(|(k, v)| (k.to_vec(), v.to_vec()))
+            .collect(),
+        messages,
+    };
+    let (_, next_queue) = br.next_ids();
+    let next_msg = recovered.next_msg_id.0.max(br.next_ids().0);
+    let journal = Arc::new(StoreJournal { store });
+    let broker = Broker::with_journal(
+        config.auth.vhosts.iter().map(String::as_str),
+        Arc::clone(&journal) as Arc<dyn Journal>,
+        next_msg,
+        next_queue,
+    );
+    let report = broker.restore(br, Instant::now());
+    for s in &report.skipped {
+        tracing::warn!("not restored: {s}");
+    }
+    for q in &report.orphaned_queues {
+        journal.purge(*q, None);
+    }
+    tracing::info!(
+        exchanges = report.exchanges,
+        queues = report.queues,
+        bindings = report.bindings,
+        messages = report.messages,
+        unreadable,
+        groups = recovered.stats.groups,
+        records_replayed = recovered.stats.records_replayed,
+        elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        "recovered from the store"
+    );
+    Ok((broker, journal))
+}
