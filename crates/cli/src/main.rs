@@ -18,6 +18,9 @@ enum Command {
     /// Run the broker. With no options it uses the embedded defaults
     /// (AMQP on port 5672, data in ./berth-data, guest/guest from localhost).
     Serve(ServeArgs),
+    /// Rerun the seed experiments against berth or any AMQP 0-9-1 broker,
+    /// optionally side by side with another (--vs), with statistics.
+    Bench(berth_bench::BenchArgs),
 }
 
 /// Every flag overrides the `berth.toml` key of the same name
@@ -223,5 +226,12 @@ async fn wait_for_signal() {
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Serve(args) => serve(args),
+        Command::Bench(args) => match berth_bench::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("berth bench: {e}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
