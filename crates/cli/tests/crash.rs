@@ -1,0 +1,268 @@
+//! Crash test: SIGKILL the real binary while publishers with confirms and a
+//! transactional consumer work, restart it, and check the two promises:
+//! every confirmed message is delivered again unless its ack got
+//! `tx.commit-ok`, and no message whose ack got `tx.commit-ok` comes back.
+//!
+//! SIGKILL keeps the page cache, so this cannot catch a missing fsync; the
+//! store's power-loss tests (crates/store) do that through the storage seam.
+//! Seeded: the seed is printed, and `BERTH_TEST_SEED=N` replays it.
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lapin::options::{
+    BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
+    QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::Confirmation;
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+use rand::{Rng, SeedableRng};
+
+const ITERATIONS: usize = 4;
+const PUBLISHERS: usize = 2;
+
+struct Broker {
+    child: Child,
+    uri: String,
+}
+
+impl Broker {
+    fn start(data: &Path) -> Broker {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(["serve", "--amqp-listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start berth");
+        let stderr = child.stderr.take().expect("stderr piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = line
+                    .split("amqp=")
+                    .nth(1)
+                    .filter(|_| line.contains("berth ready"))
+                {
+                    let addr = addr.split([',', ' ']).next().unwrap_or_default().to_owned();
+                    if let Some(tx) = tx.take() {
+                        let _receiver_may_have_given_up = tx.send(addr);
+                    }
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("berth did not report ready within 30 s");
+        Broker {
+            child,
+            uri: format!("amqp://guest:guest@{addr}/%2f"),
+        }
+    }
+
+    fn kill9(&mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap");
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _already_dead_is_fine = self.child.kill();
+            let _reap_errors_do_not_matter_on_drop = self.child.wait();
+        }
+    }
+}
+
+async fn connect(uri: &str) -> Connection {
+    Connection::connect(uri, ConnectionProperties::default())
+        .await
+        .expect("connect")
+}
+
+fn temp_dir(seed: u64) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("berth-crash-{}-{seed}", std::process::id()));
+    let _may_not_exist = std::fs::remove_dir_all(&d);
+    d
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirmed_messages_survive_sigkill_and_committed_acks_stay_acked() {
+    let seed: u64 = std::env::var("BERTH_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("crash test seed {seed} (replay with BERTH_TEST_SEED={seed})");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let dir = temp_dir(seed);
+    for iteration in 0..ITERATIONS {
+        let mut broker = Broker::start(&dir);
+        let queue = format!("crash-{iteration}");
+        let conn = connect(&broker.uri).await;
+        let setup = conn.create_channel().await.expect("channel");
+        setup
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare");
+
+        let confirmed = Arc::new(Mutex::new(HashSet::new()));
+        let committed = Arc::new(Mutex::new(HashSet::new()));
+        // Acked in a transaction whose commit was sent but not answered when
+        // the broker died: either outcome is allowed (they were delivered).
+        let committing = Arc::new(Mutex::new(HashSet::new()));
+        let mut tasks = Vec::new();
+        for p in 0..PUBLISHERS {
+            let (uri, queue, confirmed) =
+                (broker.uri.clone(), queue.clone(), Arc::clone(&confirmed));
+            tasks.push(tokio::spawn(async move {
+                let conn = connect(&uri).await;
+                let ch = conn.create_channel().await.expect("channel");
+                ch.confirm_select(ConfirmSelectOptions::default())
+                    .await
+                    .expect("confirm.select");
+                for seq in 0u64.. {
+                    let id = format!("i{iteration}-p{p}-{seq}");
+                    let props = BasicProperties::default().with_delivery_mode(2);
+                    let Ok(pending) = ch
+                        .basic_publish(
+                            "".into(),
+                            queue.as_str().into(),
+                            BasicPublishOptions::default(),
+                            id.as_bytes(),
+                            props,
+                        )
+                        .await
+                    else {
+                        return;
+                    };
+                    match pending.await {
+                        Ok(Confirmation::Ack(_)) => {
+                            confirmed.lock().unwrap().insert(id);
+                        }
+                        _ => return,
+                    }
+                }
+            }));
+        }
+        {
+            let (uri, queue, committed, committing) = (
+                broker.uri.clone(),
+                queue.clone(),
+                Arc::clone(&committed),
+                Arc::clone(&committing),
+            );
+            let batch = rng.random_range(1..8usize);
+            tasks.push(tokio::spawn(async move {
+                let conn = connect(&uri).await;
+                let ch = conn.create_channel().await.expect("channel");
+                ch.tx_select().await.expect("tx.select");
+                let mut pending = Vec::new();
+                loop {
+                    match ch
+                        .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: false })
+                        .await
+                    {
+                        Ok(Some(m)) => {
+                            pending.push(String::from_utf8_lossy(&m.delivery.data).into_owned());
+                            if ch
+                                .basic_ack(m.delivery.delivery_tag, BasicAckOptions::default())
+                                .await
+                                .is_err()
+                            {
+                                return;
+                            }
+                        }
+                        Ok(None) => tokio::time::sleep(Duration::from_millis(5)).await,
+                        Err(_) => return,
+                    }
+                    if pending.len() >= batch {
+                        committing.lock().unwrap().extend(pending.iter().cloned());
+                        if ch.tx_commit().await.is_err() {
+                            return;
+                        }
+                        let mut in_doubt = committing.lock().unwrap();
+                        for id in pending.drain(..) {
+                            in_doubt.remove(&id);
+                            committed.lock().unwrap().insert(id);
+                        }
+                    }
+                }
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(300..1200))).await;
+        broker.kill9();
+        for t in tasks {
+            let _clients_end_with_the_broker =
+                tokio::time::timeout(Duration::from_secs(10), t).await;
+        }
+        drop(conn);
+
+        let broker = Broker::start(&dir);
+        let conn = connect(&broker.uri).await;
+        let ch = conn.create_channel().await.expect("channel");
+        let mut after = Vec::new();
+        while let Some(m) = ch
+            .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .expect("get")
+        {
+            after.push((
+                String::from_utf8_lossy(&m.delivery.data).into_owned(),
+                m.delivery.redelivered,
+            ));
+        }
+        let after_ids: HashSet<&str> = after.iter().map(|(id, _)| id.as_str()).collect();
+        let confirmed = confirmed.lock().unwrap();
+        let committed = committed.lock().unwrap();
+        let committing = committing.lock().unwrap();
+        assert!(
+            !confirmed.is_empty(),
+            "seed {seed}: nothing was confirmed in iteration {iteration}; the test proves nothing"
+        );
+        let lost: Vec<&String> = confirmed
+            .iter()
+            .filter(|id| {
+                !committed.contains(*id)
+                    && !committing.contains(*id)
+                    && !after_ids.contains(id.as_str())
+            })
+            .collect();
+        assert!(
+            lost.is_empty(),
+            "seed {seed}, iteration {iteration}: {} confirmed messages lost, e.g. {:?}",
+            lost.len(),
+            &lost[..lost.len().min(5)]
+        );
+        let back: Vec<&String> = committed
+            .iter()
+            .filter(|id| after_ids.contains(id.as_str()))
+            .collect();
+        assert!(back.is_empty(), "seed {seed}, iteration {iteration}: {} messages acked with tx.commit-ok came back, e.g. {:?}", back.len(), &back[..back.len().min(5)]);
+        assert!(
+            after.iter().all(|(_, redelivered)| *redelivered),
+            "seed {seed}: recovered messages must be flagged redelivered"
+        );
+        eprintln!(
+            "iteration {iteration}: {} confirmed, {} acked in committed transactions, {} recovered",
+            confirmed.len(),
+            committed.len(),
+            after.len()
+        );
+        drop(conn);
+    }
+    let _best_effort_cleanup = std::fs::remove_dir_all(&dir);
+}
