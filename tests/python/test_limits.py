@@ -5,11 +5,10 @@ import hashlib
 import os
 import time
 
-import pika
 import pytest
 
 import amqp_wire as w
-from helpers import channel_error, unique, wait_until
+from helpers import channel_error, wait_until
 
 
 @pytest.mark.parametrize("size", [131072 - 8, 131072, 1 << 20, 10 << 20])

@@ -1,9 +1,9 @@
 """Routing through the default exchange, amq.direct, amq.fanout, amq.topic,
 amq.headers, amq.match and user-declared exchanges of each type."""
 
+import pika
 import pytest
 
-import pika
 from helpers import drain, publish_confirmed, unique
 
 
