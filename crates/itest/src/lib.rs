@@ -777,7 +777,7 @@ pub async fn wait_for_message_count(ch: &Channel, queue: &str, count: u32) -> u3
 #[derive(Debug)]
 pub enum ConsumerEvent {
     /// A `basic.deliver`.
-    Delivery(Delivery),
+    Delivery(Box<Delivery>),
     /// The consumer was cancelled (by `basic.cancel` from the broker, or
     /// because the channel closed).
     Cancelled,
@@ -804,7 +804,7 @@ impl ConsumerDelegate for Forwarder {
         delivery: DeliveryResult,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         let event = match delivery {
-            Ok(Some(d)) => ConsumerEvent::Delivery(d),
+            Ok(Some(d)) => ConsumerEvent::Delivery(Box::new(d)),
             Ok(None) => ConsumerEvent::Cancelled,
             Err(e) => ConsumerEvent::Error(e),
         };
@@ -856,11 +856,11 @@ impl Deliveries {
 
     /// The next delivery; fails the test if none comes within [`EVENT_TIMEOUT`].
     #[track_caller]
-    pub fn next(&mut self) -> impl Future<Output = Delivery> + '_ {
+    pub fn recv(&mut self) -> impl Future<Output = Delivery> + '_ {
         let caller = std::panic::Location::caller();
         async move {
             match self.next_event(EVENT_TIMEOUT).await {
-                Some(ConsumerEvent::Delivery(d)) => d,
+                Some(ConsumerEvent::Delivery(d)) => *d,
                 other => panic!("expected a delivery (at {caller}), got {other:?}"),
             }
         }
@@ -870,7 +870,7 @@ impl Deliveries {
     pub async fn take(&mut self, n: usize) -> Vec<Delivery> {
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
-            out.push(self.next().await);
+            out.push(self.recv().await);
         }
         out
     }

@@ -321,7 +321,7 @@ async fn cancel_stops_deliveries_and_unacked_messages_stay_with_the_channel() {
         let q = declare_queue(&ch, "q-cancel", FieldTable::default()).await;
         let mut c = consume(&ch, &q).await;
         publish(&ch, "", &q, b"m0").await;
-        let held = c.next().await;
+        let held = c.recv().await;
         bounded(
             "basic.cancel",
             ch.basic_cancel(c.tag.as_str().into(), BasicCancelOptions::default()),
@@ -421,7 +421,7 @@ async fn per_consumer_prefetch_limits_unacked_deliveries() {
             .ack(BasicAckOptions::default())
             .await
             .expect("ack");
-        let third = c.next().await;
+        let third = c.recv().await;
         assert_eq!(body(&third), "m2");
         c.expect_quiet().await;
         // A multiple ack frees both slots.
@@ -471,8 +471,8 @@ async fn global_prefetch_is_shared_by_the_channels_consumers() {
         let mut got = Vec::new();
         while got.len() < 3 {
             tokio::select! {
-                d = a.next() => got.push(d),
-                d = b.next() => got.push(d),
+                d = a.recv() => got.push(d),
+                d = b.recv() => got.push(d),
             }
         }
         a.expect_quiet().await;
@@ -483,8 +483,8 @@ async fn global_prefetch_is_shared_by_the_channels_consumers() {
             .await
             .expect("ack");
         tokio::select! {
-            d = a.next() => got.push(d),
-            d = b.next() => got.push(d),
+            d = a.recv() => got.push(d),
+            d = b.recv() => got.push(d),
         }
         a.expect_quiet().await;
         b.expect_quiet().await;
@@ -508,7 +508,7 @@ async fn per_consumer_and_global_prefetch_both_apply() {
         let ds = a.take(2).await;
         a.expect_quiet().await; // per-consumer limit 2
         let mut b = consume(&ch, &q2).await;
-        let _one = b.next().await;
+        let _one = b.recv().await;
         b.expect_quiet().await; // channel limit 3 in all
         ds[0]
             .acker
@@ -517,8 +517,8 @@ async fn per_consumer_and_global_prefetch_both_apply() {
             .expect("ack");
         // The freed slot goes to one consumer, whichever; then the channel is full again.
         tokio::select! {
-            _d = a.next() => {}
-            _d = b.next() => {}
+            _d = a.recv() => {}
+            _d = b.recv() => {}
         }
         a.expect_quiet().await;
         b.expect_quiet().await;

@@ -91,7 +91,7 @@ async fn declare_reports_message_and_consumer_counts() {
             .await
             .expect("qos");
         let mut c = consume(&consumer_ch, &name).await;
-        let _first = c.next().await;
+        let _first = c.recv().await;
         // Redeclaring (actively or passively) reports ready messages only,
         // and the consumer.
         let q = declare(
