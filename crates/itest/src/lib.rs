@@ -37,6 +37,10 @@ pub const TEST_URI_ENV: &str = "BERTH_TEST_URI";
 /// Environment variable overriding the path of the berth binary.
 pub const BIN_ENV: &str = "BERTH_BIN";
 
+/// When set, every checked reply code and text is printed (run with
+/// `--nocapture` to list what a broker answers).
+pub const SHOW_REPLIES_ENV: &str = "ITEST_SHOW_REPLIES";
+
 /// Upper bound on one whole test; nothing in the suite may hang past it.
 pub const TEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a test waits for something that should happen (a delivery, a
@@ -421,6 +425,9 @@ pub fn assert_reply(err: &lapin::Error, code: u16, fragments: &[&str]) -> String
             reply_name(code)
         ),
     };
+    if std::env::var_os(SHOW_REPLIES_ENV).is_some() {
+        eprintln!("reply {code} {text:?}");
+    }
     let prefix = format!("{} - ", reply_name(code));
     assert!(
         text.starts_with(&prefix),
@@ -1073,5 +1080,53 @@ impl RawConnection {
             other => panic!("expected connection.open-ok, got {other:?}"),
         }
         RawHandshake { start, tune }
+    }
+}
+
+/// A `connection.close` the broker sent: reply code, text, and the class and
+/// method ids of the offending command.
+#[derive(Debug)]
+pub struct RawClose {
+    /// Reply code.
+    pub reply_code: u16,
+    /// Reply text.
+    pub reply_text: String,
+    /// Class id of the method that caused the close (0 if none).
+    pub class_id: u16,
+    /// Method id of the method that caused the close (0 if none).
+    pub method_id: u16,
+}
+
+impl RawConnection {
+    /// Reads frames (skipping heartbeats and others) until the broker's
+    /// `connection.close`, answers it with close-ok, and returns it. Fails
+    /// the test if the socket closes first.
+    pub async fn expect_connection_close(&mut self) -> RawClose {
+        loop {
+            let Some(frame) = self.read_frame().await else {
+                panic!("broker closed the socket without connection.close");
+            };
+            if frame.frame_type != 1 || frame.channel != 0 {
+                continue;
+            }
+            if let lapin::protocol::AMQPClass::Connection(
+                lapin::protocol::connection::AMQPMethod::Close(close),
+            ) = parse_method(&frame.payload)
+            {
+                if std::env::var_os(SHOW_REPLIES_ENV).is_some() {
+                    eprintln!(
+                        "connection.close {} {:?} {}/{}",
+                        close.reply_code, close.reply_text, close.class_id, close.method_id
+                    );
+                }
+                self.send(&method_frame(0, 10, 51, &[])).await;
+                return RawClose {
+                    reply_code: close.reply_code,
+                    reply_text: close.reply_text.to_string(),
+                    class_id: close.class_id,
+                    method_id: close.method_id,
+                };
+            }
+        }
     }
 }

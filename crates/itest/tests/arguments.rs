@@ -78,11 +78,11 @@ async fn x_message_ttl_expires_messages_left_in_the_queue() {
     within(async {
         let broker = Broker::start();
         let (_conn, ch) = broker.channel().await;
-        let q = declare_queue(&ch, "q-ttl", table(&[("x-message-ttl", int(150))])).await;
+        let q = declare_queue(&ch, "q-ttl", table(&[("x-message-ttl", int(600))])).await;
         publish(&ch, "", &q, b"fresh").await;
         assert_eq!(drain_strings(&ch, &q).await, ["fresh"], "not expired yet");
         publish(&ch, "", &q, b"stale").await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(1000)).await;
         assert!(
             get(&ch, &q).await.is_none(),
             "message outlived x-message-ttl"
@@ -129,7 +129,7 @@ async fn per_message_expiration_expires_the_message() {
             BasicProperties::default().with_expiration("60000".into()),
         )
         .await;
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
         let bodies = drain_strings(&ch, &q).await;
         assert_eq!(bodies, ["long"]);
     })
@@ -150,7 +150,7 @@ async fn the_shorter_of_queue_ttl_and_message_expiration_wins() {
             BasicProperties::default().with_expiration("60000".into()),
         )
         .await;
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
         assert!(
             get(&ch, &q).await.is_none(),
             "queue TTL should cap the message's expiration"

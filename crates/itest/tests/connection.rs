@@ -422,3 +422,21 @@ async fn message_over_configured_maximum_is_refused_with_406() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn update_secret_is_acknowledged_and_the_connection_carries_on() {
+    within(async {
+        let broker = Broker::start();
+        let (conn, ch) = broker.channel().await;
+        bounded(
+            "connection.update-secret",
+            conn.update_secret("guest".into(), "rotation".into()),
+        )
+        .await
+        .expect("connection.update-secret-ok");
+        let q = declare_queue(&ch, "after-update-secret", FieldTable::default()).await;
+        publish(&ch, "", &q, b"x").await;
+        assert_eq!(drain_strings(&ch, &q).await, ["x"]);
+    })
+    .await;
+}
