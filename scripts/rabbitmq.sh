@@ -2,8 +2,16 @@
 # Run Debian's rabbitmq-server as a private process of our own (never the
 # system service): own ports, own data directory, stopped by its own command.
 #
-#   scripts/rabbitmq.sh start DIR AMQP_PORT HTTP_PORT   # prints nothing on success
+#   scripts/rabbitmq.sh start DIR AMQP_PORT HTTP_PORT [DIST_PORT EPMD_PORT]
 #   scripts/rabbitmq.sh stop DIR
+#
+# start prints nothing on success and returns once the AMQP and HTTP ports
+# accept connections (polled with bash's /dev/tcp, not rabbitmqctl: a CLI
+# call boots an Erlang VM, which would compete for CPU with a broker that
+# is recovering). DIST_PORT and EPMD_PORT default to AMQP_PORT+2 and +3;
+# pass free ones when those may be taken. The node's OS pid is in
+# DIR/rabbit.pid once it has booted (the launcher script's in
+# DIR/launcher.pid).
 #
 # Installs rabbitmq-server if it is missing (idempotent).
 set -euo pipefail
@@ -29,9 +37,10 @@ env_for() {
 case "$cmd" in
 start)
   amqp=${3:?AMQP_PORT}; http=${4:?HTTP_PORT}
-  echo $((amqp + 3)) >"$dir/epmd_port"
+  dist=${5:-$((amqp + 2))}; epmd_port=${6:-$((amqp + 3))}
+  echo "$epmd_port" >"$dir/epmd_port"
   env_for
-  export RABBITMQ_NODE_PORT=$amqp RABBITMQ_DIST_PORT=$((amqp + 2))
+  export RABBITMQ_NODE_PORT=$amqp RABBITMQ_DIST_PORT=$dist
   echo '[rabbitmq_management].' >"$RABBITMQ_ENABLED_PLUGINS_FILE"
   cat >"$dir/rabbitmq.conf" <<CONF
 listeners.tcp.1 = 127.0.0.1:$amqp
@@ -42,12 +51,14 @@ CONF
   mkdir -p "$RABBITMQ_LOG_BASE"
   nohup /usr/lib/rabbitmq/bin/rabbitmq-server >"$dir/server.out" 2>&1 &
   echo $! >"$dir/launcher.pid"
-  for _ in $(seq 1 120); do
-    if /usr/lib/rabbitmq/bin/rabbitmqctl -q status >/dev/null 2>&1 \
-      && /usr/lib/rabbitmq/bin/rabbitmqctl -q await_startup >/dev/null 2>&1; then
+  launcher=$!
+  listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+  for _ in $(seq 1 1200); do
+    if listening "$amqp" && listening "$http"; then
       exit 0
     fi
-    sleep 1
+    kill -0 "$launcher" 2>/dev/null || break
+    sleep 0.1
   done
   echo "rabbitmq did not start; see $dir/server.out and $dir/log" >&2
   exit 1
@@ -55,6 +66,15 @@ CONF
 stop)
   env_for
   /usr/lib/rabbitmq/bin/rabbitmqctl -q stop >/dev/null 2>&1 || true
+  # A node that did not answer (still booting, or wedged) is killed by pid.
+  for f in rabbit.pid launcher.pid; do
+    pid=$(cat "$dir/$f" 2>/dev/null || true)
+    [ -n "$pid" ] || continue
+    # a stale file may name a pid that now belongs to someone else
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "$dir" || continue
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+  done
   epmd -port "$ERL_EPMD_PORT" -kill >/dev/null 2>&1 || true
   ;;
 *) echo "unknown command $cmd" >&2; exit 2 ;;
