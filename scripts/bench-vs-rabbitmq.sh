@@ -5,7 +5,7 @@
 #
 #   scripts/bench-vs-rabbitmq.sh [--quick] [--runs N] [--out DIR]
 #                                [--scenarios "fanin pagesize ..."] [--no-build]
-#                                [--no-drop-cache]
+#                                [--no-drop-cache] [--set SCENARIO "BENCH ARGS"]
 #
 # Default sizes fit a 2-core machine: a full run takes ~20 minutes; --quick
 # (~5 minutes) runs 2 repetitions of smaller sizes and keeps the page cache
@@ -13,13 +13,15 @@
 # (commands, machine, timings). OUT defaults to
 # bench-results/vs-rabbitmq-YYYYmmdd-HHMMSS. Broker data lives in a
 # temporary directory removed at exit; both brokers are stopped on exit,
-# whatever happens.
+# whatever happens. --set replaces this script's size arguments for one
+# scenario (e.g. --set restart "--messages 50000 --cache warm"); repeatable.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
 quick=0 runs="" out="" build=1 drop_cache=1
 scenarios="fanin pagesize groupcommit spooler restart"
+declare -A custom=()
 while [ $# -gt 0 ]; do
   case "$1" in
   --quick) quick=1 ;;
@@ -28,7 +30,8 @@ while [ $# -gt 0 ]; do
   --scenarios) scenarios=${2:?--scenarios LIST}; shift ;;
   --no-build) build=0 ;;
   --no-drop-cache) drop_cache=0 ;;
-  -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
+  --set) custom[${2:?--set SCENARIO ARGS}]=${3?--set SCENARIO ARGS}; shift 2 ;;
+  -h | --help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
   *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -130,6 +133,7 @@ mgmt_r="http://guest:guest@127.0.0.1:$r_http"
 
 # Sizes per scenario (full / quick). Full: ~20 min in all on 2 cores.
 sizes() {
+  if [ -n "${custom[$1]+set}" ]; then echo "${custom[$1]}"; return; fi
   case "$1:$quick" in
   fanin:0) echo "--duration 3" ;;
   fanin:1) echo "--duration 2 --concurrency 1,10" ;;

@@ -30,7 +30,7 @@ while [ $# -gt 0 ]; do
   --out) out=${2:?}; shift ;;
   --no-build) build=0 ;;
   --) shift; extra=("$@"); break ;;
-  -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
+  -h | --help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
   *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
