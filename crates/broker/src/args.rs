@@ -192,14 +192,22 @@ impl QueueArgs {
             }
             Some(p) => Some(p as u8),
         };
+        let dead_letter_exchange = string("x-dead-letter-exchange")?;
+        let dead_letter_routing_key = string("x-dead-letter-routing-key")?;
+        if dead_letter_routing_key.is_some() && dead_letter_exchange.is_none() {
+            return Err(invalid(
+                "x-dead-letter-routing-key",
+                "routing_key_but_no_dlx_defined; set x-dead-letter-exchange too".to_owned(),
+            ));
+        }
         Ok(Self {
             message_ttl_ms: int("x-message-ttl", 0)?,
             expires_ms: int("x-expires", 1)?,
             max_length: int("x-max-length", 0)?,
             max_length_bytes: int("x-max-length-bytes", 0)?,
             overflow,
-            dead_letter_exchange: string("x-dead-letter-exchange")?,
-            dead_letter_routing_key: string("x-dead-letter-routing-key")?,
+            dead_letter_exchange,
+            dead_letter_routing_key,
             delivery_limit: int("x-delivery-limit", 0)?,
             consumer_timeout_ms: int("x-consumer-timeout", 0)?,
             max_priority: max_priority.filter(|p| *p > 0),

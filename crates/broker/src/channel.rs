@@ -186,7 +186,10 @@ impl Channel {
             if global {
                 st.channel_prefetch = prefetch_count;
             } else {
+                // RabbitMQ 3.10 (rabbit_limiter:unlimit_prefetch): a
+                // per-consumer qos also lifts the channel-wide limit.
                 st.consumer_prefetch = prefetch_count;
+                st.channel_prefetch = 0;
             }
             consumer_queues(&st)
         };

@@ -157,7 +157,7 @@ impl Exchange {
             destination,
             routing_key: routing_key.to_owned(),
             arguments: arguments.clone(),
-            words: routing_key.split('.').map(str::to_owned).collect(),
+            words: topic_words(routing_key).map(str::to_owned).collect(),
         });
         let i = b.list.len() - 1;
         b.by_key.entry(routing_key.to_owned()).or_default().push(i);
@@ -224,7 +224,7 @@ impl Exchange {
             }
             ExchangeKind::Fanout => out.extend(b.list.iter().map(|x| x.destination.clone())),
             ExchangeKind::Topic => {
-                let key: Vec<&str> = msg.routing_key.split('.').collect();
+                let key: Vec<&str> = topic_words(&msg.routing_key).collect();
                 out.extend(
                     b.list
                         .iter()
@@ -240,6 +240,17 @@ impl Exchange {
             ),
         }
     }
+}
+
+/// The dot-separated words of a routing or binding key. The empty key has
+/// no words (so `*` does not match it and `#` does), but empty words inside
+/// a key count: `a..b` has three, as in RabbitMQ.
+pub fn topic_words(key: &str) -> impl Iterator<Item = &str> {
+    let mut words = key.split('.');
+    if key.is_empty() {
+        words.next();
+    }
+    words
 }
 
 /// Topic matching: `*` is exactly one word, `#` zero or more.
@@ -297,8 +308,8 @@ mod tests {
     use super::*;
 
     fn t(p: &str, k: &str) -> bool {
-        let p: Vec<&str> = p.split('.').collect();
-        let k: Vec<&str> = k.split('.').collect();
+        let p: Vec<&str> = topic_words(p).collect();
+        let k: Vec<&str> = topic_words(k).collect();
         topic_matches(&p, &k)
     }
 
@@ -307,6 +318,17 @@ mod tests {
         assert!(t("a.*.c", "a.b.c"));
         assert!(!t("a.*.c", "a.c"));
         assert!(!t("a.*", "a.b.c"));
+    }
+
+    #[test]
+    fn empty_key_has_no_words_but_empty_words_count() {
+        assert!(!t("*", ""));
+        assert!(t("#", ""));
+        assert!(t("", ""));
+        assert!(!t("", "a"));
+        assert!(t("*.*", ".b"));
+        assert!(t("a.*.c", "a..c"));
+        assert!(!t("*", "."));
     }
 
     #[test]

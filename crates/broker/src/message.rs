@@ -56,6 +56,28 @@ impl Message {
         Self::from_props(exchange, routing_key, &props, properties, body)
     }
 
+    /// [`Message::new`] for a client's publish: a `user_id` property must
+    /// name the authenticated user, as RabbitMQ validates it.
+    pub fn published(
+        exchange: String,
+        routing_key: String,
+        properties: Bytes,
+        body: Bytes,
+        user: &str,
+    ) -> AmqpResult<Arc<Self>> {
+        let props = decode_properties(&properties)
+            .map_err(|e| AmqpError::new(berth_protocol::reply::SYNTAX_ERROR, e.to_string()))?;
+        if let Some(claimed) = props.user_id() {
+            if claimed.as_str() != user {
+                return Err(AmqpError::precondition_failed(format!(
+                    "user_id property set to '{}' but authenticated user was '{user}'",
+                    claimed.as_str()
+                )));
+            }
+        }
+        Self::from_props(exchange, routing_key, &props, properties, body)
+    }
+
     fn from_props(
         exchange: String,
         routing_key: String,
@@ -89,6 +111,13 @@ impl Message {
     #[must_use]
     pub fn size_bytes(&self) -> u64 {
         (self.body.len() + self.properties.len()) as u64
+    }
+
+    /// Body bytes: what `x-max-length-bytes` and RabbitMQ's
+    /// `message_bytes` count (properties are not included).
+    #[must_use]
+    pub fn body_bytes(&self) -> u64 {
+        self.body.len() as u64
     }
 
     /// A copy with rewritten properties (dead-lettering adds `x-death`), a new

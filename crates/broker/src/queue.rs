@@ -123,7 +123,7 @@ impl Ready {
     fn push_back(&mut self, m: QueuedMessage) {
         let l = self.level_of(&m.msg);
         self.len += 1;
-        self.bytes += m.msg.size_bytes();
+        self.bytes += m.msg.body_bytes();
         self.levels[l].push_back(m);
     }
 
@@ -133,14 +133,14 @@ impl Ready {
         let q = &mut self.levels[l];
         let at = q.partition_point(|x| x.seq < m.seq);
         self.len += 1;
-        self.bytes += m.msg.size_bytes();
+        self.bytes += m.msg.body_bytes();
         q.insert(at, m);
     }
 
     fn push_front(&mut self, m: QueuedMessage) {
         let l = self.level_of(&m.msg);
         self.len += 1;
-        self.bytes += m.msg.size_bytes();
+        self.bytes += m.msg.body_bytes();
         self.levels[l].push_front(m);
     }
 
@@ -151,7 +151,7 @@ impl Ready {
     fn pop_front(&mut self) -> Option<QueuedMessage> {
         let m = self.levels.iter_mut().rev().find_map(VecDeque::pop_front)?;
         self.len -= 1;
-        self.bytes -= m.msg.size_bytes();
+        self.bytes -= m.msg.body_bytes();
         Some(m)
     }
 
@@ -436,7 +436,7 @@ impl Queue {
             || self
                 .args
                 .max_length_bytes
-                .is_some_and(|max| s.ready.bytes + msg.size_bytes() > max)
+                .is_some_and(|max| s.ready.bytes + msg.body_bytes() > max)
     }
 
     fn trim_to_limits(&self, s: &mut QueueState, fx: &mut Effects) {

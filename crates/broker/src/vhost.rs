@@ -294,7 +294,9 @@ impl VHost {
                 self.name
             )));
         }
-        if name.starts_with("amq.") {
+        // Redeclaring an existing `amq.*` exchange with its own properties
+        // is fine (clients do it); creating a new one is not.
+        if name.starts_with("amq.") && !self.exchanges.read().contains_key(name) {
             return Err(AmqpError::access_refused(format!(
                 "exchange name '{name}' contains reserved prefix 'amq.*'"
             )));
@@ -360,14 +362,17 @@ impl VHost {
     pub fn delete_exchange(&self, name: &str, if_unused: bool) -> AmqpResult<()> {
         let _definitions = self.definitions.lock();
         if name.is_empty() || name.starts_with("amq.") {
-            return Err(AmqpError::access_refused(format!(
-                "operation not permitted on the {} exchange",
-                if name.is_empty() {
-                    "default".to_owned()
-                } else {
-                    format!("system exchange '{name}'")
-                }
-            )));
+            return Err(AmqpError::access_refused(if name.is_empty() {
+                format!(
+                    "operation not permitted on the default exchange in vhost '{}'",
+                    self.name
+                )
+            } else {
+                format!(
+                    "deletion of system exchange '{name}' in vhost '{}' not allowed",
+                    self.name
+                )
+            }));
         }
         let removed = {
             let mut ex = self.exchanges.write();
@@ -663,7 +668,7 @@ impl VHost {
         }
         if if_empty && s.ready > 0 {
             return Err(AmqpError::precondition_failed(format!(
-                "queue '{name}' in vhost '{}' is not empty",
+                "queue '{name}' in vhost '{}' not empty",
                 self.name
             )));
         }

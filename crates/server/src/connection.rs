@@ -429,7 +429,6 @@ impl Conn {
                 "Login was refused using authentication mechanism {}. For details see the broker logfile.",
                 start_ok.mechanism
             ))
-            .during(10, 11)
             .into());
         }
 
@@ -652,13 +651,21 @@ impl Conn {
     fn handle_frame(&mut self, f: Frame) -> Result<(), End> {
         if f.channel > self.channel_max {
             return Err(AmqpError::not_allowed(format!(
-                "channel {} > channel max {}",
+                "channel {} is above the negotiated channel_max ({})",
                 f.channel, self.channel_max
             ))
             .into());
         }
         match f.kind {
-            FRAME_HEARTBEAT => Ok(()),
+            FRAME_HEARTBEAT if f.channel == 0 => Ok(()),
+            FRAME_HEARTBEAT => Err(AmqpError::new(
+                UNEXPECTED_FRAME,
+                format!(
+                    "type 8, all octets = <<>>: heartbeat frames belong on channel 0, not channel {}",
+                    f.channel
+                ),
+            )
+            .into()),
             FRAME_METHOD if f.channel == 0 => self.connection_method(&f.payload),
             FRAME_METHOD => self.channel_frame_method(f.channel, &f.payload),
             FRAME_HEADER | FRAME_BODY if f.channel == 0 => {
@@ -718,6 +725,14 @@ impl Conn {
                 // Only channel.open is valid on an unopened channel.
                 return match decoded {
                     Ok(Method::Other(AMQPClass::Channel(chan::AMQPMethod::Open(_)))) => {
+                        if self.channels.len() >= usize::from(self.channel_max) {
+                            return Err(AmqpError::not_allowed(format!(
+                                "number of channels opened ({}) has reached the negotiated channel_max ({})",
+                                self.channels.len(),
+                                self.channel_max
+                            ))
+                            .into());
+                        }
                         let session =
                             Arc::clone(self.session.as_ref().expect("open after handshake"));
                         self.channels.insert(
@@ -741,11 +756,9 @@ impl Conn {
                     Err(e) => Err(decode_error(&e).into()),
                     Ok(_) => {
                         let (c, m) = codec::method_ids(payload).unwrap_or((0, 0));
-                        Err(AmqpError::channel_error(format!(
-                            "expected 'channel.open' on channel {channel}"
-                        ))
-                        .during(c, m)
-                        .into())
+                        Err(AmqpError::channel_error("expected 'channel.open'")
+                            .during(c, m)
+                            .into())
                     }
                 };
             }
@@ -772,6 +785,7 @@ impl Conn {
                         UNEXPECTED_FRAME,
                         format!("expected content header or body on channel {channel}, got a method frame"),
                     )
+                    .during(60, 40)
                     .into());
                 }
             }
@@ -1141,11 +1155,17 @@ impl Conn {
                         });
                     })
                 })?;
+                let partial = published.iter().any(|p| p.result.rejected);
                 for p in published {
                     self.after_publish(channel, &p, None);
                 }
                 let slot = self.slot(channel);
                 slot.tx_waiting += waits;
+                if partial {
+                    // What fitted stays enqueued, as in RabbitMQ; the
+                    // client learns that the rest was refused.
+                    return Err(AmqpError::precondition_failed("partial tx completion"));
+                }
                 if slot.tx_waiting == 0 {
                     self.send_method(
                         channel,
@@ -1314,8 +1334,14 @@ impl Conn {
                 }
             })
         };
-        let result = Message::new(p.exchange.clone(), p.routing_key, properties, body)
-            .and_then(|msg| ch.publish(&p.exchange, msg, p.mandatory, now, &mut make_done));
+        let result = Message::published(
+            p.exchange.clone(),
+            p.routing_key,
+            properties,
+            body,
+            &self.user,
+        )
+        .and_then(|msg| ch.publish(&p.exchange, msg, p.mandatory, now, &mut make_done));
         match result {
             Ok(Some(published)) => {
                 if let Some(c) = self.slot(channel).confirms.as_mut() {
