@@ -47,6 +47,19 @@ pub trait Journal: Send + Sync {
     fn put_meta(&self, key: &[u8], value: &[u8]) -> Result<(), JournalError>;
     /// Removes a definition; returns once that is durable.
     fn delete_meta(&self, key: &[u8]) -> Result<(), JournalError>;
+    /// Reads a stored message of a queue back (the payload given to
+    /// `publish`). Valid once [`Journal::written`] says so.
+    fn read(&self, queue: u64, msg: u64) -> Result<Bytes, JournalError> {
+        let _ = (queue, msg);
+        Err(JournalError("this journal keeps no messages".to_owned()))
+    }
+    /// For each message: is it written, so that [`Journal::read`] finds it
+    /// and its body need not stay in memory? A journal that cannot read
+    /// messages back says no.
+    fn written(&self, queue: u64, msgs: &[u64]) -> Vec<bool> {
+        let _ = queue;
+        vec![false; msgs.len()]
+    }
 }
 
 /// A journal that keeps nothing (the broker without a store).
@@ -119,6 +132,21 @@ impl Journal for MemoryJournal {
     fn delete_meta(&self, key: &[u8]) -> Result<(), JournalError> {
         self.meta.lock().remove(key);
         Ok(())
+    }
+    fn read(&self, queue: u64, msg: u64) -> Result<Bytes, JournalError> {
+        self.messages
+            .lock()
+            .get(&queue)
+            .and_then(|q| q.get(&msg))
+            .cloned()
+            .ok_or_else(|| JournalError(format!("message {msg} of queue {queue} is not stored")))
+    }
+    fn written(&self, queue: u64, msgs: &[u64]) -> Vec<bool> {
+        let m = self.messages.lock();
+        let q = m.get(&queue);
+        msgs.iter()
+            .map(|id| q.is_some_and(|q| q.contains_key(id)))
+            .collect()
     }
 }
 

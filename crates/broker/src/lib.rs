@@ -3,8 +3,9 @@
 //! implements them, and does no networking: the server feeds it decoded
 //! methods and gives it an [`channel::Outlet`] to write deliveries to.
 //!
-//! Messages are kept in memory in this version; queues hold shared message
-//! references so the durable store can take their place underneath.
+//! Persistent messages in durable queues go to a [`durable::Journal`]; a
+//! deep queue keeps only compact entries for them and reads bodies back
+//! from the journal when it delivers them.
 
 pub mod args;
 pub mod channel;
@@ -16,7 +17,7 @@ pub mod queue;
 pub mod vhost;
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -30,8 +31,17 @@ use vhost::{Durability, Timers, VHost};
 pub struct Recovered {
     /// Stored definitions (key, value).
     pub meta: Vec<(Vec<u8>, Vec<u8>)>,
-    /// Per durable queue id, its messages (journal id, payload) in order.
-    pub messages: HashMap<u64, Vec<(u64, bytes::Bytes)>>,
+    /// Per durable queue id, its messages (journal id, body) in order.
+    pub messages: HashMap<u64, Vec<(u64, StoredBody)>>,
+}
+
+/// A recovered message as the journal gives it back.
+pub enum StoredBody {
+    /// The stored payload, already read.
+    Payload(bytes::Bytes),
+    /// Still only on disk, `len` bytes: read back (with
+    /// [`Journal::read`]) when it is delivered.
+    OnDisk { len: u32 },
 }
 
 impl Recovered {
@@ -80,6 +90,7 @@ pub struct RestoreReport {
 pub struct Broker {
     vhosts: HashMap<String, Arc<VHost>>,
     timers: Arc<Timers>,
+    dur: Arc<Durability>,
 }
 
 impl Broker {
@@ -103,6 +114,7 @@ impl Broker {
             journal,
             next_msg_id: AtomicU64::new(next_msg_id),
             next_queue_id: AtomicU64::new(next_queue_id),
+            resident_messages_max: AtomicUsize::new(vhost::RESIDENT_MESSAGES_MAX_DEFAULT),
         });
         let vhosts = vhosts
             .into_iter()
@@ -113,7 +125,11 @@ impl Broker {
                 )
             })
             .collect();
-        Arc::new(Self { vhosts, timers })
+        Arc::new(Self {
+            vhosts,
+            timers,
+            dur,
+        })
     }
 
     /// Rebuilds durable exchanges, queues, bindings and their messages from
@@ -145,8 +161,19 @@ impl Broker {
                         .map(|()| report.exchanges += 1),
                     ("q", 3) => vhost.restore_queue(&parts[2], value, now).map(|(q, id)| {
                         report.queues += 1;
-                        for (mid, payload) in messages.remove(&id).unwrap_or_default() {
-                            match durable::decode_message(&payload).and_then(
+                        for (mid, body) in messages.remove(&id).unwrap_or_default() {
+                            // A priority queue needs each message's priority
+                            // now; other queues read bodies on delivery.
+                            let body = match body {
+                                StoredBody::OnDisk { len } if q.args.max_priority.is_none() => {
+                                    q.restore_paged(mid, len, 0, now);
+                                    report.messages += 1;
+                                    continue;
+                                }
+                                StoredBody::OnDisk { .. } => vhost.journal().read(id, mid),
+                                StoredBody::Payload(p) => Ok(p),
+                            };
+                            match body.ok().as_ref().and_then(durable::decode_message).and_then(
                                 |(ex, rk, props, body)| Message::new(ex, rk, props, body).ok(),
                             ) {
                                 Some(m) => {
@@ -154,7 +181,7 @@ impl Broker {
                                     report.messages += 1;
                                 }
                                 None => report.skipped.push(format!(
-                                    "message {mid} of queue '{}': payload does not decode",
+                                    "message {mid} of queue '{}': payload cannot be read or does not decode",
                                     q.name
                                 )),
                             }
@@ -178,6 +205,12 @@ impl Broker {
             }
         }
         report
+    }
+
+    /// Ready messages per queue kept in memory; bodies of stored messages
+    /// beyond it are read back from the journal when needed.
+    pub fn set_resident_messages_max(&self, n: usize) {
+        self.dur.resident_messages_max.store(n, Ordering::Relaxed);
     }
 
     pub fn vhost(&self, name: &str) -> Option<Arc<VHost>> {

@@ -65,6 +65,75 @@ pub struct QueuedMessage {
     pub stored: Option<u64>,
 }
 
+/// What a ready entry holds of its message.
+#[derive(Debug, Clone)]
+enum Body {
+    Resident(Arc<Message>),
+    /// Only in the journal (under the entry's `stored` id): read back when
+    /// it is delivered, fetched or dead-lettered.
+    Paged {
+        /// Body bytes (for restored messages: the stored payload's length).
+        bytes: u32,
+        priority: u8,
+        /// Restored at startup without being read: its `expiration` is
+        /// checked when it is read, counted from the restart.
+        restored: bool,
+    },
+}
+
+/// A ready message: its body (in memory or only in the journal) and this
+/// queue's bookkeeping. Kept small: a deep queue holds millions of these.
+#[derive(Debug, Clone)]
+struct Entry {
+    body: Body,
+    seq: u64,
+    returns: u32,
+    redelivered: bool,
+    expires_at: Option<Instant>,
+    stored: Option<u64>,
+}
+
+impl Entry {
+    fn resident(m: QueuedMessage) -> Self {
+        Self {
+            body: Body::Resident(m.msg),
+            seq: m.seq,
+            returns: m.returns,
+            redelivered: m.redelivered,
+            expires_at: m.expires_at,
+            stored: m.stored,
+        }
+    }
+
+    fn priority(&self) -> u8 {
+        match &self.body {
+            Body::Resident(m) => m.priority,
+            Body::Paged { priority, .. } => *priority,
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        match &self.body {
+            Body::Resident(m) => m.body_bytes(),
+            Body::Paged { bytes, .. } => u64::from(*bytes),
+        }
+    }
+
+    fn with_message(self, msg: Arc<Message>) -> QueuedMessage {
+        QueuedMessage {
+            msg,
+            seq: self.seq,
+            returns: self.returns,
+            redelivered: self.redelivered,
+            expires_at: self.expires_at,
+            stored: self.stored,
+        }
+    }
+}
+
+/// Enqueues between two paging scans of a queue past its resident window.
+const PAGE_SCAN_EVERY: u64 = 64;
+
 /// A consumer attached to a queue.
 pub struct Consumer {
     pub tag: String,
@@ -101,9 +170,11 @@ pub struct Effects {
 /// Ready messages, one FIFO per priority level (one level without
 /// `x-max-priority`).
 struct Ready {
-    levels: Vec<VecDeque<QueuedMessage>>,
+    levels: Vec<VecDeque<Entry>>,
     len: usize,
     bytes: u64,
+    /// Entries whose body is in memory.
+    resident: usize,
 }
 
 impl Ready {
@@ -113,51 +184,65 @@ impl Ready {
             levels: (0..n).map(|_| VecDeque::new()).collect(),
             len: 0,
             bytes: 0,
+            resident: 0,
         }
     }
 
-    fn level_of(&self, m: &Message) -> usize {
-        usize::from(m.priority).min(self.levels.len() - 1)
+    fn level_of(&self, e: &Entry) -> usize {
+        usize::from(e.priority()).min(self.levels.len() - 1)
     }
 
-    fn push_back(&mut self, m: QueuedMessage) {
-        let l = self.level_of(&m.msg);
+    fn count_in(&mut self, e: &Entry) {
         self.len += 1;
-        self.bytes += m.msg.body_bytes();
-        self.levels[l].push_back(m);
+        self.bytes += e.bytes();
+        if matches!(e.body, Body::Resident(_)) {
+            self.resident += 1;
+        }
+    }
+
+    fn count_out(&mut self, e: &Entry) {
+        self.len -= 1;
+        self.bytes -= e.bytes();
+        if matches!(e.body, Body::Resident(_)) {
+            self.resident -= 1;
+        }
+    }
+
+    fn push_back(&mut self, e: Entry) {
+        let l = self.level_of(&e);
+        self.count_in(&e);
+        self.levels[l].push_back(e);
     }
 
     /// Puts a message back at its publish-order position.
-    fn insert_by_seq(&mut self, m: QueuedMessage) {
-        let l = self.level_of(&m.msg);
+    fn insert_by_seq(&mut self, e: Entry) {
+        let l = self.level_of(&e);
+        self.count_in(&e);
         let q = &mut self.levels[l];
-        let at = q.partition_point(|x| x.seq < m.seq);
-        self.len += 1;
-        self.bytes += m.msg.body_bytes();
-        q.insert(at, m);
+        let at = q.partition_point(|x| x.seq < e.seq);
+        q.insert(at, e);
     }
 
-    fn push_front(&mut self, m: QueuedMessage) {
-        let l = self.level_of(&m.msg);
-        self.len += 1;
-        self.bytes += m.msg.body_bytes();
-        self.levels[l].push_front(m);
+    fn push_front(&mut self, e: Entry) {
+        let l = self.level_of(&e);
+        self.count_in(&e);
+        self.levels[l].push_front(e);
     }
 
-    fn front(&self) -> Option<&QueuedMessage> {
+    fn front(&self) -> Option<&Entry> {
         self.levels.iter().rev().find_map(|q| q.front())
     }
 
-    fn pop_front(&mut self) -> Option<QueuedMessage> {
-        let m = self.levels.iter_mut().rev().find_map(VecDeque::pop_front)?;
-        self.len -= 1;
-        self.bytes -= m.msg.body_bytes();
-        Some(m)
+    fn pop_front(&mut self) -> Option<Entry> {
+        let e = self.levels.iter_mut().rev().find_map(VecDeque::pop_front)?;
+        self.count_out(&e);
+        Some(e)
     }
 
-    fn drain(&mut self) -> Vec<QueuedMessage> {
+    fn drain(&mut self) -> Vec<Entry> {
         self.len = 0;
         self.bytes = 0;
+        self.resident = 0;
         self.levels.iter_mut().flat_map(|q| q.drain(..)).collect()
     }
 }
@@ -177,6 +262,11 @@ struct QueueState {
     last_used: Instant,
     /// Deadline already registered with the timer service.
     timer_at: Option<Instant>,
+    /// Entries with `seq` up to this were already considered for paging.
+    page_mark: u64,
+    /// When messages were restored from the journal (their per-message
+    /// `expiration` counts from here).
+    restored_at: Option<Instant>,
 }
 
 /// Counters for the management view and tests.
@@ -184,6 +274,8 @@ struct QueueState {
 pub struct QueueStats {
     pub ready: usize,
     pub ready_bytes: u64,
+    /// Ready messages whose bodies are only on disk.
+    pub paged_out: usize,
     pub unacked: usize,
     pub consumers: usize,
 }
@@ -234,6 +326,8 @@ impl Queue {
                 had_consumer: false,
                 last_used: now,
                 timer_at: None,
+                page_mark: 0,
+                restored_at: None,
             }),
             name,
             vhost,
@@ -253,6 +347,7 @@ impl Queue {
         QueueStats {
             ready: s.ready.len,
             ready_bytes: s.ready.bytes,
+            paged_out: s.ready.len - s.ready.resident,
             unacked: s.unacked,
             consumers: s.consumers.len(),
         }
@@ -351,8 +446,8 @@ impl Queue {
         while let Some(m) = s.ready.front() {
             match m.expires_at {
                 Some(t) if t < now => {
-                    let m = s.ready.pop_front().expect("front exists");
-                    self.drop_message(m, Some(DeathReason::Expired), fx);
+                    let e = s.ready.pop_front().expect("front exists");
+                    self.drop_entry(s, e, Some(DeathReason::Expired), now, fx);
                 }
                 _ => break,
             }
@@ -371,6 +466,139 @@ impl Queue {
                 fx.dead.push(DeadLetter { msg: m.msg, reason });
             }
         }
+    }
+
+    /// [`Queue::drop_message`] for a ready entry: its body is read back
+    /// only if it is to be dead-lettered.
+    fn drop_entry(
+        &self,
+        s: &QueueState,
+        e: Entry,
+        reason: Option<DeathReason>,
+        now: Instant,
+        fx: &mut Effects,
+    ) {
+        let dead_letter = reason.is_some() && self.args.dead_letter_exchange.is_some();
+        if dead_letter || matches!(e.body, Body::Resident(_)) {
+            if let Some(m) = self.load(s, e, now, fx) {
+                self.drop_message(m, reason, fx);
+            }
+        } else if let Some(id) = e.stored {
+            fx.removed.push(id);
+        }
+    }
+
+    /// The entry with its message in memory, read back from the journal if
+    /// it was paged out. `None` if it expired meanwhile (then it was
+    /// dropped) or cannot be read (then it stays in the journal, and is
+    /// logged: a restart brings it back).
+    fn load(
+        &self,
+        s: &QueueState,
+        e: Entry,
+        now: Instant,
+        fx: &mut Effects,
+    ) -> Option<QueuedMessage> {
+        let restored = match e.body {
+            Body::Resident(ref m) => {
+                let m = Arc::clone(m);
+                return Some(e.with_message(m));
+            }
+            Body::Paged { restored, .. } => restored,
+        };
+        let (Some(qid), Some(id), Some(vhost)) = (self.store_id, e.stored, self.vhost.upgrade())
+        else {
+            tracing::error!(queue = %self.name, "a paged-out message has no journal id; dropped from memory");
+            return None;
+        };
+        let msg = vhost
+            .journal()
+            .read(qid, id)
+            .map_err(|err| err.to_string())
+            .and_then(|p| {
+                crate::durable::decode_message(&p)
+                    .ok_or_else(|| "stored payload does not decode".to_owned())
+            })
+            .and_then(|(ex, rk, props, body)| {
+                Message::new(ex, rk, props, body).map_err(|err| err.reply_text())
+            });
+        let msg = match msg {
+            Ok(m) => m,
+            Err(why) => {
+                tracing::error!(queue = %self.name, vhost = %self.vhost_name, msg = id, "stored message cannot be read back ({why}); it stays in the journal and returns after a restart");
+                return None;
+            }
+        };
+        let m = e.with_message(msg);
+        if restored {
+            let expired = match (m.msg.expiration_ms, s.restored_at) {
+                (Some(ms), Some(at)) => at + Duration::from_millis(ms) <= now,
+                _ => false,
+            };
+            if expired {
+                self.drop_message(m, Some(DeathReason::Expired), fx);
+                return None;
+            }
+        }
+        Some(m)
+    }
+
+    /// Moves bodies of stored, already written messages beyond the
+    /// resident window out of memory; they are read back when needed.
+    /// Scans only entries newer than the last scan (plus those not yet
+    /// written then), so its cost is proportional to what was published.
+    fn page_out(&self, s: &mut QueueState) {
+        let Some(qid) = self.store_id else {
+            return;
+        };
+        let Some(vhost) = self.vhost.upgrade() else {
+            return;
+        };
+        let window = vhost.resident_messages_max();
+        if s.ready.resident <= window {
+            return;
+        }
+        let mark = s.page_mark;
+        let mut candidates: Vec<(usize, usize, u64)> = Vec::new();
+        let mut newest = mark;
+        for (l, level) in s.ready.levels.iter().enumerate() {
+            for (i, e) in level.iter().enumerate().rev() {
+                if i < window || e.seq <= mark {
+                    break;
+                }
+                newest = newest.max(e.seq);
+                if let (Body::Resident(_), Some(id)) = (&e.body, e.stored) {
+                    candidates.push((l, i, id));
+                }
+            }
+        }
+        if candidates.is_empty() {
+            s.page_mark = newest;
+            return;
+        }
+        let ids: Vec<u64> = candidates.iter().map(|c| c.2).collect();
+        let written = vhost.journal().written(qid, &ids);
+        let mut oldest_unwritten: Option<u64> = None;
+        for ((l, i, _), ok) in candidates.into_iter().zip(written) {
+            let e = &mut s.ready.levels[l][i];
+            if !ok {
+                oldest_unwritten = Some(oldest_unwritten.map_or(e.seq, |o| o.min(e.seq)));
+                continue;
+            }
+            let Body::Resident(m) = &e.body else {
+                continue;
+            };
+            e.body = Body::Paged {
+                bytes: u32::try_from(m.body_bytes()).unwrap_or(u32::MAX),
+                priority: m.priority,
+                restored: false,
+            };
+            s.ready.resident -= 1;
+        }
+        s.page_mark = match oldest_unwritten {
+            Some(seq) => seq.saturating_sub(1).max(mark),
+            None => newest,
+        };
     }
 
     /// Enqueues a published message (`stored`: its journal id, already
@@ -401,8 +629,8 @@ impl Queue {
             };
             let seq = s.next_seq;
             s.next_seq += 1;
-            s.ready.push_back(QueuedMessage {
-                msg,
+            s.ready.push_back(Entry {
+                body: Body::Resident(msg),
                 seq,
                 returns: 0,
                 redelivered: false,
@@ -412,7 +640,10 @@ impl Queue {
             q.dispatch(s, now, fx);
             // A TTL of 0 means "deliver now or never".
             q.expire_zero_ttl(s, now, fx);
-            q.trim_to_limits(s, fx);
+            q.trim_to_limits(s, now, fx);
+            if seq % PAGE_SCAN_EVERY == 0 {
+                q.page_out(s);
+            }
             true
         })
     }
@@ -421,8 +652,8 @@ impl Queue {
         while let Some(m) = s.ready.front() {
             match m.expires_at {
                 Some(t) if t <= now => {
-                    let m = s.ready.pop_front().expect("front exists");
-                    self.drop_message(m, Some(DeathReason::Expired), fx);
+                    let e = s.ready.pop_front().expect("front exists");
+                    self.drop_entry(s, e, Some(DeathReason::Expired), now, fx);
                 }
                 _ => break,
             }
@@ -439,7 +670,7 @@ impl Queue {
                 .is_some_and(|max| s.ready.bytes + msg.body_bytes() > max)
     }
 
-    fn trim_to_limits(&self, s: &mut QueueState, fx: &mut Effects) {
+    fn trim_to_limits(&self, s: &mut QueueState, now: Instant, fx: &mut Effects) {
         loop {
             let over = self
                 .args
@@ -453,7 +684,7 @@ impl Queue {
                 break;
             }
             match s.ready.pop_front() {
-                Some(m) => self.drop_message(m, Some(DeathReason::MaxLen), fx),
+                Some(e) => self.drop_entry(s, e, Some(DeathReason::MaxLen), now, fx),
                 None => break,
             }
         }
@@ -468,6 +699,9 @@ impl Queue {
             self.expire_head(s, now, fx);
             let Some(first) = s.ready.pop_front() else {
                 return;
+            };
+            let Some(first) = self.load(s, first, now, fx) else {
+                continue;
             };
             let mut m = Some(first);
             let n = s.consumers.len();
@@ -492,7 +726,7 @@ impl Queue {
             }
             if let Some(back) = m {
                 // Every consumer refused: keep it at the head and stop.
-                s.ready.push_front(back);
+                s.ready.push_front(Entry::resident(back));
                 return;
             }
         }
@@ -512,7 +746,12 @@ impl Queue {
         self.with_state(now, |q, s, fx| {
             s.last_used = now;
             q.expire_head(s, now, fx);
-            let m = s.ready.pop_front()?;
+            let m = loop {
+                let e = s.ready.pop_front()?;
+                if let Some(m) = q.load(s, e, now, fx) {
+                    break m;
+                }
+            };
             if no_ack {
                 fx.removed.extend(m.stored);
             } else {
@@ -556,7 +795,7 @@ impl Queue {
                 {
                     q.drop_message(m, Some(DeathReason::DeliveryLimit), fx);
                 } else {
-                    s.ready.insert_by_seq(m);
+                    s.ready.insert_by_seq(Entry::resident(m));
                 }
             }
             q.dispatch(s, now, fx);
@@ -633,8 +872,8 @@ impl Queue {
         self.with_state(now, |q, s, fx| {
             let all = s.ready.drain();
             let n = all.len();
-            for m in all {
-                q.drop_message(m, None, fx);
+            for e in all {
+                q.drop_entry(s, e, None, now, fx);
             }
             n
         })
@@ -647,12 +886,40 @@ impl Queue {
             let ttl = q.args.message_ttl_ms.or(msg.expiration_ms);
             let seq = s.next_seq;
             s.next_seq += 1;
-            s.ready.push_back(QueuedMessage {
-                msg,
+            s.ready.push_back(Entry {
+                body: Body::Resident(msg),
                 seq,
                 returns: 0,
                 redelivered: true,
                 expires_at: ttl.map(|ms| now + Duration::from_millis(ms)),
+                stored: Some(stored),
+            });
+            q.page_out(s);
+        });
+    }
+
+    /// Puts back a message recovered from the journal without reading it:
+    /// its body stays on disk until it is delivered. `bytes` is its stored
+    /// size; `priority` matters only with `x-max-priority`.
+    pub fn restore_paged(self: &Arc<Self>, stored: u64, bytes: u32, priority: u8, now: Instant) {
+        self.with_state(now, |q, s, _fx| {
+            s.restored_at.get_or_insert(now);
+            let seq = s.next_seq;
+            s.next_seq += 1;
+            s.page_mark = seq;
+            s.ready.push_back(Entry {
+                body: Body::Paged {
+                    bytes,
+                    priority,
+                    restored: true,
+                },
+                seq,
+                returns: 0,
+                redelivered: true,
+                expires_at: q
+                    .args
+                    .message_ttl_ms
+                    .map(|ms| now + Duration::from_millis(ms)),
                 stored: Some(stored),
             });
         });

@@ -9,7 +9,7 @@
 //!   from the map and from every exchange's bindings.
 
 use std::collections::{BinaryHeap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -105,7 +105,13 @@ pub struct Durability {
     pub next_msg_id: AtomicU64,
     /// Next durable queue id.
     pub next_queue_id: AtomicU64,
+    /// Ready messages per queue whose bodies stay in memory; beyond it,
+    /// bodies already written to the journal are read back when needed.
+    pub resident_messages_max: AtomicUsize,
 }
+
+/// Default of [`Durability::resident_messages_max`].
+pub const RESIDENT_MESSAGES_MAX_DEFAULT: usize = 4096;
 
 /// A virtual host.
 pub struct VHost {
@@ -183,6 +189,10 @@ impl VHost {
 
     pub(crate) fn journal(&self) -> &dyn Journal {
         self.dur.journal.as_ref()
+    }
+
+    pub(crate) fn resident_messages_max(&self) -> usize {
+        self.dur.resident_messages_max.load(Ordering::Relaxed)
     }
 
     fn meta_put(&self, key: &[u8], value: &[u8]) -> AmqpResult<()> {

@@ -2,6 +2,7 @@
 //! journal that stands for a perfect store: whatever it holds is what a
 //! restart gets back.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -9,7 +10,7 @@ use berth_broker::channel::{Channel, Outlet, Session};
 use berth_broker::durable::{Done, MemoryJournal};
 use berth_broker::message::Message;
 use berth_broker::vhost::{ExchangeDeclare, QueueDeclare};
-use berth_broker::{Broker, Recovered};
+use berth_broker::{Broker, Recovered, StoredBody};
 use berth_protocol::codec::encode_properties;
 use berth_protocol::{AMQPProperties, FieldTable};
 use bytes::Bytes;
@@ -69,7 +70,13 @@ fn recovered(j: &MemoryJournal) -> Recovered {
             .messages
             .lock()
             .iter()
-            .map(|(q, m)| (*q, m.iter().map(|(id, p)| (*id, p.clone())).collect()))
+            .map(|(q, m)| {
+                let list = m
+                    .iter()
+                    .map(|(id, p)| (*id, StoredBody::Payload(p.clone())))
+                    .collect();
+                (*q, list)
+            })
             .collect(),
     }
 }
@@ -274,4 +281,147 @@ fn tx_commit_waits_for_the_removal_of_acked_stored_messages() {
             .sum::<usize>(),
         0
     );
+}
+
+/// What a restart of the real store gives: ids and sizes, bodies on disk.
+fn recovered_lazily(j: &MemoryJournal) -> Recovered {
+    let mut r = recovered(j);
+    for list in r.messages.values_mut() {
+        for (_, body) in list.iter_mut() {
+            if let StoredBody::Payload(p) = body {
+                *body = StoredBody::OnDisk {
+                    len: u32::try_from(p.len()).unwrap(),
+                };
+            }
+        }
+    }
+    r
+}
+
+fn durable_queue(v: &berth_broker::vhost::VHost, name: &str, arguments: FieldTable, t0: Instant) {
+    v.declare_queue(
+        1,
+        name,
+        &QueueDeclare {
+            durable: true,
+            arguments,
+            ..Default::default()
+        },
+        t0,
+    )
+    .unwrap();
+    v.bind_queue(1, name, "amq.direct", name, &FieldTable::default())
+        .unwrap();
+}
+
+fn drain(broker: &Broker, queue: &str, now: Instant) -> Vec<(bool, Vec<u8>)> {
+    let out = Arc::new(Sink::default());
+    let ch = session(broker, &out);
+    let q = broker.vhost("/").unwrap().queue(1, queue).unwrap();
+    while ch.get(&q, true, now) {}
+    let got = out
+        .0
+        .lock()
+        .iter()
+        .map(|(_, r, b)| (*r, b.clone()))
+        .collect();
+    got
+}
+
+#[test]
+fn a_deep_queue_keeps_bodies_on_disk_and_delivers_them_in_order() {
+    let journal = Arc::new(MemoryJournal::default());
+    let t0 = Instant::now();
+    let broker = Broker::with_journal(["/"], journal.clone(), 1, 1);
+    broker.set_resident_messages_max(10);
+    let v = broker.vhost("/").unwrap();
+    durable_queue(&v, "deep", FieldTable::default(), t0);
+    let mut expected = Vec::new();
+    for i in 0..1000 {
+        // Every tenth message is transient: it cannot be paged out.
+        let persistent = i % 10 != 0;
+        let body = format!("m{i}");
+        v.publish(
+            "amq.direct",
+            &msg("deep", &body, persistent),
+            t0,
+            &mut || Box::new(|r| r.unwrap()),
+        )
+        .unwrap();
+        expected.push((false, body.into_bytes()));
+    }
+    let stats = v.queue(1, "deep").unwrap().stats();
+    assert_eq!(stats.ready, 1000);
+    assert!(
+        stats.paged_out >= 800,
+        "persistent messages past the window leave memory: {stats:?}"
+    );
+    assert!(stats.paged_out <= 900, "transient ones stay: {stats:?}");
+    assert_eq!(drain(&broker, "deep", t0), expected);
+    assert!(
+        journal.messages.lock().values().all(BTreeMap::is_empty),
+        "delivered without ack: every removal was journaled"
+    );
+}
+
+#[test]
+fn a_restart_reads_no_bodies_until_delivery_and_keeps_priorities() {
+    let journal = Arc::new(MemoryJournal::default());
+    let t0 = Instant::now();
+    let broker = Broker::with_journal(["/"], journal.clone(), 1, 1);
+    let v = broker.vhost("/").unwrap();
+    durable_queue(&v, "plain", FieldTable::default(), t0);
+    let mut prio_args = FieldTable::default();
+    prio_args.insert(
+        "x-max-priority".into(),
+        berth_protocol::AMQPValue::ShortShortUInt(9),
+    );
+    durable_queue(&v, "prio", prio_args, t0);
+    let publish = |queue: &str, body: &str, props: AMQPProperties| {
+        let m = Message::new(
+            String::new(),
+            queue.into(),
+            encode_properties(&props.with_delivery_mode(2)),
+            Bytes::from(body.to_owned()),
+        )
+        .unwrap();
+        v.publish("amq.direct", &m, t0, &mut || Box::new(|r| r.unwrap()))
+            .unwrap();
+    };
+    for i in 0..50 {
+        publish("plain", &format!("p{i}"), AMQPProperties::default());
+    }
+    publish("prio", "low", AMQPProperties::default().with_priority(1));
+    publish("prio", "high", AMQPProperties::default().with_priority(8));
+    publish(
+        "plain",
+        "short-lived",
+        AMQPProperties::default().with_expiration("5".into()),
+    );
+
+    // Restart: the journal gives back ids and sizes only.
+    let r = recovered_lazily(&journal);
+    let (next_msg, next_queue) = r.next_ids();
+    let broker2 = Broker::with_journal(["/"], journal.clone(), next_msg, next_queue);
+    let report = broker2.restore(r, t0);
+    assert!(report.skipped.is_empty(), "{:?}", report.skipped);
+    assert_eq!(report.messages, 53);
+    let v2 = broker2.vhost("/").unwrap();
+    assert_eq!(v2.queue(1, "plain").unwrap().stats().paged_out, 51);
+
+    let prio = drain(&broker2, "prio", t0);
+    assert_eq!(
+        prio,
+        [(true, b"high".to_vec()), (true, b"low".to_vec())],
+        "priorities survive a lazy restore"
+    );
+    // Read 10 ms after the restart: the 5 ms expiration (counted from
+    // the restart) has passed, so that one is dropped, the rest delivered.
+    let later = t0 + std::time::Duration::from_millis(10);
+    let plain = drain(&broker2, "plain", later);
+    let expected: Vec<(bool, Vec<u8>)> = (0..50)
+        .map(|i| (true, format!("p{i}").into_bytes()))
+        .collect();
+    assert_eq!(plain, expected);
+    assert!(journal.messages.lock().values().all(BTreeMap::is_empty));
 }

@@ -65,6 +65,10 @@ struct ServeArgs {
     /// store.segment_size_bytes: journal segment size.
     #[arg(long, value_name = "BYTES")]
     segment_size_bytes: Option<u64>,
+    /// store.queue_resident_messages_max: ready messages per queue kept in
+    /// memory; bodies of persistent messages beyond it are read from disk.
+    #[arg(long, value_name = "N")]
+    queue_resident_messages_max: Option<usize>,
     /// limits.frame_size_bytes_max: largest frame accepted and proposed.
     #[arg(long, value_name = "BYTES")]
     frame_size_bytes_max: Option<u32>,
@@ -126,6 +130,10 @@ impl ServeArgs {
         set(&mut c.store.sync_interval_ms, self.sync_interval_ms);
         set(&mut c.store.commit_delay_us_max, self.commit_delay_us_max);
         set(&mut c.store.segment_size_bytes, self.segment_size_bytes);
+        set(
+            &mut c.store.queue_resident_messages_max,
+            self.queue_resident_messages_max,
+        );
         set(
             &mut c.limits.frame_size_bytes_max,
             self.frame_size_bytes_max,

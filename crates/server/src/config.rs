@@ -71,6 +71,9 @@ pub struct Store {
     pub commit_delay_us_max: u64,
     /// Size at which a journal segment is sealed and a new one started.
     pub segment_size_bytes: u64,
+    /// Ready messages per queue whose bodies stay in memory; bodies of
+    /// persistent messages beyond it are read back from disk on delivery.
+    pub queue_resident_messages_max: usize,
 }
 
 /// `[limits]`: every bound the broker enforces, with units in the names.
@@ -141,6 +144,7 @@ impl Default for Store {
             sync_interval_ms: 200,
             commit_delay_us_max: 500,
             segment_size_bytes: 64 * 1024 * 1024,
+            queue_resident_messages_max: 4096,
         }
     }
 }

@@ -128,6 +128,8 @@ fn queue_json(q: &Queue) -> Value {
         "messages_ready": s.ready,
         "messages_unacknowledged": s.unacked,
         "message_bytes_ready": s.ready_bytes,
+        "messages_paged_out": s.paged_out,
+        "messages_ram": s.ready - s.paged_out + s.unacked,
         "consumers": s.consumers,
         "state": "running",
     })

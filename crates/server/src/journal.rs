@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use berth_broker::durable::{Done, Journal, JournalError};
-use berth_broker::{Broker, Recovered as BrokerRecovered};
+use berth_broker::{Broker, Recovered as BrokerRecovered, StoredBody};
 use berth_store::{MsgId, QueueId, StoreError};
 use berth_store::{Store, Ticket};
 use bytes::Bytes;
@@ -70,6 +70,17 @@ impl Journal for StoreJournal {
     fn delete_meta(&self, key: &[u8]) -> Result<(), JournalError> {
         wait_durable(|d| self.store.delete_meta(Bytes::copy_from_slice(key), Some(d)))
     }
+
+    fn read(&self, queue: u64, msg: u64) -> Result<Bytes, JournalError> {
+        self.store
+            .read(QueueId(queue), MsgId(msg))
+            .map_err(|e| JournalError(e.to_string()))
+    }
+
+    fn written(&self, queue: u64, msgs: &[u64]) -> Vec<bool> {
+        let msgs: Vec<MsgId> = msgs.iter().map(|m| MsgId(*m)).collect();
+        self.store.written(QueueId(queue), &msgs)
+    }
 }
 
 /// Opens the store and builds the broker from what it holds.
@@ -83,21 +94,19 @@ pub fn open_broker(
     for d in &recovered.damage {
         tracing::error!(damage = ?d, "store damage found during recovery and quarantined");
     }
-    let mut messages = std::collections::HashMap::new();
-    let mut unreadable = 0usize;
-    for (qid, msgs) in &recovered.queues {
-        let mut list = Vec::with_capacity(msgs.len());
-        for m in msgs {
-            match store.read(*qid, m.msg) {
-                Ok(p) => list.push((m.msg.0, p)),
-                Err(e) => {
-                    unreadable += 1;
-                    tracing::error!(queue = %qid, msg = %m.msg, error = %e, "stored message cannot be read; it stays in the store");
-                }
-            }
-        }
-        messages.insert(qid.0, list);
-    }
+    // Bodies stay on disk: queues read them back when they deliver them,
+    // so restart time follows the index, not the bytes stored.
+    let messages = recovered
+        .queues
+        .iter()
+        .map(|(qid, msgs)| {
+            let list = msgs
+                .iter()
+                .map(|m| (m.msg.0, StoredBody::OnDisk { len: m.payload_len }))
+                .collect();
+            (qid.0, list)
+        })
+        .collect();
     let br = BrokerRecovered {
         meta: recovered
             .metadata
@@ -115,6 +124,7 @@ pub fn open_broker(
         next_msg,
         next_queue,
     );
+    broker.set_resident_messages_max(config.store.queue_resident_messages_max);
     let report = broker.restore(br, Instant::now());
     for s in &report.skipped {
         tracing::warn!("not restored: {s}");
@@ -127,7 +137,6 @@ pub fn open_broker(
         queues = report.queues,
         bindings = report.bindings,
         messages = report.messages,
-        unreadable,
         groups = recovered.stats.groups,
         records_replayed = recovered.stats.records_replayed,
         elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),

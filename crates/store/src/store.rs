@@ -444,6 +444,16 @@ impl Store {
         }
     }
 
+    /// For each message of `queue`: is its publish written (so [`Store::read`]
+    /// finds it)? One lock of the queue's group for the whole batch.
+    pub fn written(&self, queue: QueueId, msgs: &[MsgId]) -> Vec<bool> {
+        let group = &self.groups[self.group_of(queue) as usize];
+        let inner = group.shared.inner.lock();
+        msgs.iter()
+            .map(|m| inner.index.locate(queue, *m).is_some())
+            .collect()
+    }
+
     /// Reads message `msg` of `queue` back from disk (pread; the page cache
     /// does the caching). Valid once the publish was written (its
     /// completion ran).
