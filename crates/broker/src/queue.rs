@@ -934,3 +934,18 @@ impl Queue {
         (n, std::mem::take(&mut s.consumers))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ready_entry_stays_compact() {
+        // A deep queue holds millions of these: keep them within 64 bytes.
+        assert!(
+            std::mem::size_of::<Entry>() <= 64,
+            "Entry is {} bytes",
+            std::mem::size_of::<Entry>()
+        );
+    }
+}
