@@ -268,7 +268,6 @@ fn spooler_smoke_delivers_backlog_and_load() {
 /// Against the berth binary (not BERTH_TEST_URI, which the bench may not
 /// kill) on a port picked free and kept across the restart.
 #[test]
-#[ignore = "berth keeps messages in memory only until its store lands; run with --ignored"]
 fn restart_smoke_recovers_every_confirmed_message() {
     if std::env::var("BERTH_TEST_URI").is_ok() {
         eprintln!("restart: skipped: never kill a broker given by BERTH_TEST_URI");
@@ -299,7 +298,7 @@ fn restart_smoke_recovers_every_confirmed_message() {
         rr_rate: 20.0,
         cache: "warm".into(),
         start_cmd: Some(format!(
-            "exec {} serve --amqp-listen {listen} --data-dir {}",
+            "exec {} serve --amqp-listen {listen} --data-dir {} --queue-resident-messages-max 10",
             bin.display(),
             dir.display()
         )),
