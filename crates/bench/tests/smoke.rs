@@ -297,6 +297,7 @@ fn restart_smoke_recovers_every_confirmed_message() {
         size: 2048,
         rr_rate: 20.0,
         cache: "warm".into(),
+        keep_queues: false,
         start_cmd: Some(format!(
             "exec {} serve --amqp-listen {listen} --data-dir {} --queue-resident-messages-max 10",
             bin.display(),

@@ -942,6 +942,7 @@ mod tests {
     #[test]
     fn a_ready_entry_stays_compact() {
         // A deep queue holds millions of these: keep them within 64 bytes.
+        eprintln!("Entry: {} bytes", std::mem::size_of::<Entry>());
         assert!(
             std::mem::size_of::<Entry>() <= 64,
             "Entry is {} bytes",

@@ -57,6 +57,10 @@ pub struct Args {
     /// Page cache state at restart: warm, cold or both.
     #[arg(long, default_value = "both")]
     pub cache: String,
+    /// Leave the filled queues on the restarted broker (to inspect its
+    /// memory or restart it again) instead of deleting them at the end.
+    #[arg(long)]
+    pub keep_queues: bool,
     /// Command that starts the broker of --uri (run with sh -c).
     #[arg(long, value_name = "CMD")]
     pub start_cmd: Option<String>,
@@ -257,6 +261,7 @@ pub struct Config {
     pub rr_rate: f64,
     pub caches: Vec<Cache>,
     pub recovery_timeout: Duration,
+    pub keep_queues: bool,
     /// Control of --uri ("a") and --vs ("b").
     pub control_a: Control,
     pub control_b: Option<Control>,
@@ -321,6 +326,7 @@ impl Config {
                     RECOVERY_TIMEOUT_S
                 },
             )),
+            keep_queues: a.keep_queues,
             control_a,
             control_b,
         })
@@ -522,7 +528,11 @@ pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome,
     // Final check and clean-up on the restarted broker.
     let (conn, admin) = amqp::connect_channel(&target.uri, "restart cleanup", false).await?;
     for q in &queues {
-        let d = amqp::delete(&admin, q).await?;
+        let d = if cfg.keep_queues {
+            amqp::depth(&admin, q).await?
+        } else {
+            amqp::delete(&admin, q).await?
+        };
         out.accounting
             .expect_eq(&format!("depth of {q} after restarts"), d, cfg.messages);
     }
