@@ -53,6 +53,12 @@ pub trait Journal: Send + Sync {
         let _ = (queue, msg);
         Err(JournalError("this journal keeps no messages".to_owned()))
     }
+    /// [`Journal::read`] for several messages of a queue at once (the
+    /// journal may read neighbouring records together): one result per
+    /// message, in order.
+    fn read_many(&self, queue: u64, msgs: &[u64]) -> Vec<Result<Bytes, JournalError>> {
+        msgs.iter().map(|m| self.read(queue, *m)).collect()
+    }
     /// For each message: is it written, so that [`Journal::read`] finds it
     /// and its body need not stay in memory? A journal that cannot read
     /// messages back says no.

@@ -134,6 +134,26 @@ impl Entry {
 /// Enqueues between two paging scans of a queue past its resident window.
 const PAGE_SCAN_EVERY: u64 = 64;
 
+/// Paged-out messages read back together when a queue needs one.
+const READ_AHEAD: usize = 64;
+
+/// A restored message's expiry: its `expiration` counts from the restart
+/// (the earlier of that and `current`, the queue TTL's deadline).
+fn restored_expiry(
+    current: Option<Instant>,
+    msg: &Message,
+    restored_at: Option<Instant>,
+) -> Option<Instant> {
+    let own = msg
+        .expiration_ms
+        .zip(restored_at)
+        .map(|(ms, at)| at + Duration::from_millis(ms));
+    match (current, own) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// A consumer attached to a queue.
 pub struct Consumer {
     pub tag: String,
@@ -472,7 +492,7 @@ impl Queue {
     /// only if it is to be dead-lettered.
     fn drop_entry(
         &self,
-        s: &QueueState,
+        s: &mut QueueState,
         e: Entry,
         reason: Option<DeathReason>,
         now: Instant,
@@ -489,12 +509,13 @@ impl Queue {
     }
 
     /// The entry with its message in memory, read back from the journal if
-    /// it was paged out. `None` if it expired meanwhile (then it was
-    /// dropped) or cannot be read (then it stays in the journal, and is
-    /// logged: a restart brings it back).
+    /// it was paged out (with read-ahead: the paged entries right behind it
+    /// are read in the same call and become resident). `None` if it expired
+    /// meanwhile (then it was dropped) or cannot be read (then it stays in
+    /// the journal, and is logged: a restart brings it back).
     fn load(
         &self,
-        s: &QueueState,
+        s: &mut QueueState,
         e: Entry,
         now: Instant,
         fx: &mut Effects,
@@ -511,18 +532,44 @@ impl Queue {
             tracing::error!(queue = %self.name, "a paged-out message has no journal id; dropped from memory");
             return None;
         };
-        let msg = vhost
-            .journal()
-            .read(qid, id)
-            .map_err(|err| err.to_string())
-            .and_then(|p| {
-                crate::durable::decode_message(&p)
-                    .ok_or_else(|| "stored payload does not decode".to_owned())
+        let level = s.ready.level_of(&e);
+        let ahead: Vec<u64> = s.ready.levels[level]
+            .iter()
+            .take(READ_AHEAD - 1)
+            .map_while(|x| match (&x.body, x.stored) {
+                (Body::Paged { .. }, Some(id)) => Some(id),
+                _ => None,
             })
-            .and_then(|(ex, rk, props, body)| {
-                Message::new(ex, rk, props, body).map_err(|err| err.reply_text())
-            });
-        let msg = match msg {
+            .collect();
+        let mut ids = Vec::with_capacity(ahead.len() + 1);
+        ids.push(id);
+        ids.extend(&ahead);
+        let mut read = vhost.journal().read_many(qid, &ids).into_iter();
+        let decode = |r: Option<Result<bytes::Bytes, crate::durable::JournalError>>| {
+            r.unwrap_or_else(|| Err(crate::durable::JournalError("no result".into())))
+                .map_err(|err| err.to_string())
+                .and_then(|p| {
+                    crate::durable::decode_message(&p)
+                        .ok_or_else(|| "stored payload does not decode".to_owned())
+                })
+                .and_then(|(ex, rk, props, body)| {
+                    Message::new(ex, rk, props, body).map_err(|err| err.reply_text())
+                })
+        };
+        let first = decode(read.next());
+        // The read-ahead entries become resident; one that fails stays
+        // paged and reports its error when its turn comes.
+        for (x, r) in s.ready.levels[level].iter_mut().zip(read) {
+            let Ok(msg) = decode(Some(r)) else {
+                continue;
+            };
+            if let Body::Paged { restored: true, .. } = x.body {
+                x.expires_at = restored_expiry(x.expires_at, &msg, s.restored_at);
+            }
+            x.body = Body::Resident(msg);
+            s.ready.resident += 1;
+        }
+        let msg = match first {
             Ok(m) => m,
             Err(why) => {
                 tracing::error!(queue = %self.name, vhost = %self.vhost_name, msg = id, "stored message cannot be read back ({why}); it stays in the journal and returns after a restart");
@@ -531,13 +578,11 @@ impl Queue {
         };
         let m = e.with_message(msg);
         if restored {
-            let expired = match (m.msg.expiration_ms, s.restored_at) {
-                (Some(ms), Some(at)) => at + Duration::from_millis(ms) <= now,
-                _ => false,
-            };
-            if expired {
-                self.drop_message(m, Some(DeathReason::Expired), fx);
-                return None;
+            if let Some(t) = restored_expiry(None, &m.msg, s.restored_at) {
+                if t <= now {
+                    self.drop_message(m, Some(DeathReason::Expired), fx);
+                    return None;
+                }
             }
         }
         Some(m)
@@ -942,7 +987,6 @@ mod tests {
     #[test]
     fn a_ready_entry_stays_compact() {
         // A deep queue holds millions of these: keep them within 64 bytes.
-        eprintln!("Entry: {} bytes", std::mem::size_of::<Entry>());
         assert!(
             std::mem::size_of::<Entry>() <= 64,
             "Entry is {} bytes",

@@ -77,6 +77,15 @@ impl Journal for StoreJournal {
             .map_err(|e| JournalError(e.to_string()))
     }
 
+    fn read_many(&self, queue: u64, msgs: &[u64]) -> Vec<Result<Bytes, JournalError>> {
+        let msgs: Vec<MsgId> = msgs.iter().map(|m| MsgId(*m)).collect();
+        self.store
+            .read_many(QueueId(queue), &msgs)
+            .into_iter()
+            .map(|r| r.map_err(|e| JournalError(e.to_string())))
+            .collect()
+    }
+
     fn written(&self, queue: u64, msgs: &[u64]) -> Vec<bool> {
         let msgs: Vec<MsgId> = msgs.iter().map(|m| MsgId(*m)).collect();
         self.store.written(QueueId(queue), &msgs)

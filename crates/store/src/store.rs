@@ -12,7 +12,7 @@
 //!   across restarts.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, SyncSender};
 use std::sync::Arc;
@@ -24,11 +24,11 @@ use parking_lot::Mutex;
 use rand::Rng;
 
 use crate::error::StoreError;
-use crate::index::payload_len;
+use crate::index::{payload_len, Loc};
 use crate::manifest::{self, Manifest, MANIFEST_NAME};
 use crate::record::{self, Decoded, Record};
 use crate::recovery::{self, DamageReport, GroupRecovery, Progress};
-use crate::storage::{OsStorage, Storage};
+use crate::storage::{OsStorage, Storage, StorageFile};
 use crate::writer::{Cmd, Done, GroupShared, Op, Writer, WriterInit};
 use crate::{group_of, MsgId, QueueId, StoreConfig};
 
@@ -458,50 +458,88 @@ impl Store {
     /// does the caching). Valid once the publish was written (its
     /// completion ran).
     pub fn read(&self, queue: QueueId, msg: MsgId) -> Result<Bytes, StoreError> {
+        self.read_many(queue, &[msg])
+            .pop()
+            .expect("one result per message")
+    }
+
+    /// Reads several messages of `queue` (read-ahead for a queue's next
+    /// deliveries): records close to each other in one segment are read
+    /// with one `pread` and each is checked against its CRC. One result per
+    /// message, in the order asked.
+    pub fn read_many(&self, queue: QueueId, msgs: &[MsgId]) -> Vec<Result<Bytes, StoreError>> {
+        /// Largest gap between two records still read as one range.
+        const GAP_BYTES_MAX: u64 = 64 * 1024;
+        /// Largest single read.
+        const SPAN_BYTES_MAX: u64 = 4 * 1024 * 1024;
         let group = &self.groups[self.group_of(queue) as usize];
-        let (file, loc) = {
+        let located: Vec<Option<(Arc<dyn StorageFile>, Loc)>> = {
             let inner = group.shared.inner.lock();
-            let loc = inner.index.locate(queue, msg).ok_or(StoreError::NotFound {
-                queue: queue.0,
-                msg: msg.0,
-            })?;
-            let file = inner
-                .files
-                .get(&loc.seg)
-                .cloned()
-                .ok_or(StoreError::NotFound {
-                    queue: queue.0,
-                    msg: msg.0,
-                })?;
-            (file, loc)
-        };
-        let path = crate::segment::segment_path(&group.shared.dir, loc.seg);
-        let mut buf = vec![0u8; loc.len as usize];
-        file.read_exact_at(&mut buf, u64::from(loc.offset))
-            .map_err(|e| StoreError::io("read", &path, e))?;
-        let range = match record::decode(&buf) {
-            Decoded::Record {
-                record:
-                    Record::Publish {
-                        msg: m, payload, ..
-                    }
-                    | Record::Relocate {
-                        msg: m, payload, ..
-                    },
-                ..
-            } if m == msg => {
-                let start = payload.as_ptr() as usize - buf.as_ptr() as usize;
-                start..start + payload.len()
-            }
-            other => {
-                return Err(StoreError::Corrupt {
-                    path,
-                    offset: u64::from(loc.offset),
-                    reason: format!("record of {msg} does not verify: {other:?}"),
+            msgs.iter()
+                .map(|m| {
+                    let loc = inner.index.locate(queue, *m)?;
+                    let file = inner.files.get(&loc.seg)?;
+                    Some((Arc::clone(file), loc))
                 })
-            }
+                .collect()
         };
-        Ok(Bytes::from(buf).slice(range))
+        let mut out: Vec<Option<Result<Bytes, StoreError>>> = msgs
+            .iter()
+            .zip(&located)
+            .map(|(m, l)| {
+                l.is_none().then(|| {
+                    Err(StoreError::NotFound {
+                        queue: queue.0,
+                        msg: m.0,
+                    })
+                })
+            })
+            .collect();
+        let mut order: Vec<usize> = (0..msgs.len()).filter(|&i| located[i].is_some()).collect();
+        order.sort_by_key(|&i| located[i].as_ref().map(|(_, l)| (l.seg, l.offset)));
+        let mut at = 0;
+        while at < order.len() {
+            let (file, first) = located[order[at]].clone().expect("located");
+            let start = u64::from(first.offset);
+            let mut end = start + u64::from(first.len);
+            let mut run_end = at + 1;
+            while let Some(&j) = order.get(run_end) {
+                let (_, l) = located[j].as_ref().expect("located");
+                let (lo, hi) = (u64::from(l.offset), u64::from(l.offset) + u64::from(l.len));
+                if l.seg != first.seg || lo > end + GAP_BYTES_MAX || hi - start > SPAN_BYTES_MAX {
+                    break;
+                }
+                end = end.max(hi);
+                run_end += 1;
+            }
+            let path = crate::segment::segment_path(&group.shared.dir, first.seg);
+            let mut buf = vec![0u8; usize::try_from(end - start).unwrap_or(usize::MAX)];
+            let read = file.read_exact_at(&mut buf, start);
+            let buf = Bytes::from(buf);
+            for &i in &order[at..run_end] {
+                let (_, l) = located[i].as_ref().expect("located");
+                out[i] = Some(match &read {
+                    Err(e) => Err(StoreError::io(
+                        "read",
+                        &path,
+                        std::io::Error::new(e.kind(), e.to_string()),
+                    )),
+                    Ok(()) => {
+                        let from = (u64::from(l.offset) - start) as usize;
+                        payload_of(
+                            &buf.slice(from..from + l.len as usize),
+                            msgs[i],
+                            &path,
+                            l.offset,
+                        )
+                    }
+                });
+            }
+            at = run_end;
+        }
+        out.into_iter()
+            .map(|r| r.expect("every message has a result"))
+            .collect()
     }
 
     fn all_groups(&self, make: impl Fn(Done) -> Cmd) -> Result<(), StoreError> {
@@ -681,4 +719,32 @@ fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<u32, St
             "log_groups differs from the store's manifest; keeping the manifest's (queue placement depends on it)");
     }
     Ok(first.group_count)
+}
+
+/// The payload of `msg` in `record` (its bytes as stored), after checking
+/// the record's CRC and that it is the message's publish or relocation.
+fn payload_of(record: &Bytes, msg: MsgId, path: &Path, offset: u32) -> Result<Bytes, StoreError> {
+    let range = match record::decode(record) {
+        Decoded::Record {
+            record:
+                Record::Publish {
+                    msg: m, payload, ..
+                }
+                | Record::Relocate {
+                    msg: m, payload, ..
+                },
+            ..
+        } if m == msg => {
+            let start = payload.as_ptr() as usize - record.as_ptr() as usize;
+            start..start + payload.len()
+        }
+        other => {
+            return Err(StoreError::Corrupt {
+                path: path.to_path_buf(),
+                offset: u64::from(offset),
+                reason: format!("record of {msg} does not verify: {other:?}"),
+            })
+        }
+    };
+    Ok(record.slice(range))
 }

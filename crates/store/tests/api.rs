@@ -519,3 +519,75 @@ fn space_amplification_stays_bounded_under_churn() {
         store.stats()
     );
 }
+
+#[test]
+fn read_many_reads_neighbours_together_and_checks_each_record() {
+    let fs = FaultStorage::new(7);
+    let cfg = config(1); // one group: the two queues' records interleave
+    let (store, _) = open(&fs, &cfg);
+    let mut mine = Vec::new();
+    let mut theirs = Vec::new();
+    for i in 0..120u32 {
+        let m = store.next_msg_id();
+        let (q, list) = if i % 3 == 0 {
+            (QueueId(2), &mut theirs)
+        } else {
+            (QueueId(1), &mut mine)
+        };
+        let body = Bytes::from(format!(
+            "payload-{i:04}-{}",
+            "x".repeat((i % 7) as usize * 300)
+        ));
+        wait(|d| store.publish(m, &[q], body.clone(), Some(d))).unwrap();
+        list.push((m, body));
+    }
+    // Asked out of order, with another queue's message and an unknown id.
+    let mut ask: Vec<MsgId> = mine.iter().rev().map(|(m, _)| *m).collect();
+    ask.push(theirs[0].0);
+    ask.push(MsgId(999_999));
+    let got = store.read_many(QueueId(1), &ask);
+    assert_eq!(got.len(), ask.len());
+    for (i, (m, body)) in mine.iter().rev().enumerate() {
+        assert_eq!(got[i].as_ref().unwrap(), body, "message {m:?}");
+    }
+    assert!(matches!(
+        got[ask.len() - 2],
+        Err(StoreError::NotFound { .. })
+    ));
+    assert!(matches!(
+        got[ask.len() - 1],
+        Err(StoreError::NotFound { .. })
+    ));
+
+    // A flipped bit fails that record's CRC only; its neighbours still read.
+    let (victim, body) = &mine[10];
+    let seg = common::group_dir(0).join(format!("{:010}.seg", 0));
+    let segs = fs.names(&common::group_dir(0));
+    let seg = segs
+        .iter()
+        .map(|n| common::group_dir(0).join(n))
+        .find(|p| {
+            fs.contents(p)
+                .is_ok_and(|c| c.windows(body.len()).any(|w| w == &body[..]))
+        })
+        .unwrap_or(seg);
+    let bytes = fs.contents(&seg).unwrap();
+    let at = bytes
+        .windows(body.len())
+        .position(|w| w == &body[..])
+        .unwrap();
+    fs.flip_bit(&seg, at as u64 + 3, 2).unwrap();
+    let ids: Vec<MsgId> = mine[8..13].iter().map(|(m, _)| *m).collect();
+    let got = store.read_many(QueueId(1), &ids);
+    for (k, (m, b)) in mine[8..13].iter().enumerate() {
+        if m == victim {
+            assert!(
+                matches!(got[k], Err(StoreError::Corrupt { .. })),
+                "{:?}",
+                got[k]
+            );
+        } else {
+            assert_eq!(got[k].as_ref().unwrap(), b);
+        }
+    }
+}
