@@ -14,7 +14,7 @@
 //!   another queue.
 
 use std::collections::VecDeque;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -133,6 +133,16 @@ impl Entry {
 
 /// Enqueues between two paging scans of a queue past its resident window.
 const PAGE_SCAN_EVERY: u64 = 64;
+
+/// Ready messages above which a queue whose consumers are busy counts as
+/// backlogged: they are not keeping up, and publishers to it are slowed
+/// down (flow control) so the backlog, and the latency it adds, stays
+/// bounded. A queue whose consumers deliver nothing (all stuck at their
+/// prefetch limit) is not backlogged: it grows, as in RabbitMQ.
+pub const FLOW_READY_MAX: usize = 256;
+
+/// A queue whose last delivery is older than this has no busy consumers.
+const FLOW_ACTIVE: Duration = Duration::from_millis(100);
 
 /// Paged-out messages read back together when a queue needs one.
 const READ_AHEAD: usize = 64;
@@ -284,6 +294,8 @@ struct QueueState {
     timer_at: Option<Instant>,
     /// Entries with `seq` up to this were already considered for paging.
     page_mark: u64,
+    /// Last delivery to a consumer (flow control: are consumers busy?).
+    last_delivery: Option<Instant>,
     /// When messages were restored from the journal (their per-message
     /// `expiration` counts from here).
     restored_at: Option<Instant>,
@@ -316,6 +328,9 @@ pub struct Queue {
     pub arguments: FieldTable,
     pub args: QueueArgs,
     state: Mutex<QueueState>,
+    /// See [`FLOW_READY_MAX`]; updated after every operation, read without
+    /// the lock on publish.
+    backlogged: AtomicBool,
     /// Bindings where this queue is the destination: (exchange, key, args),
     /// so deleting the queue can remove them.
     pub(crate) bound_from: Mutex<Vec<(String, String, FieldTable)>>,
@@ -347,6 +362,7 @@ impl Queue {
                 last_used: now,
                 timer_at: None,
                 page_mark: 0,
+                last_delivery: None,
                 restored_at: None,
             }),
             name,
@@ -359,7 +375,27 @@ impl Queue {
             arguments,
             args,
             bound_from: Mutex::new(Vec::new()),
+            backlogged: AtomicBool::new(false),
         }
+    }
+
+    /// Its consumers are busy but not keeping up: publishers should wait.
+    pub fn is_backlogged(&self) -> bool {
+        self.backlogged.load(Ordering::Relaxed)
+    }
+
+    /// Publishers may go on: the backlog is down to half of
+    /// [`FLOW_READY_MAX`] (so flow control does not flap), or the queue has
+    /// no busy consumers any more.
+    pub fn caught_up(&self, now: Instant) -> bool {
+        let s = self.state.lock();
+        s.deleted || s.ready.len <= FLOW_READY_MAX / 2 || !Self::busy(&s, now)
+    }
+
+    fn busy(s: &QueueState, now: Instant) -> bool {
+        !s.consumers.is_empty()
+            && s.last_delivery
+                .is_some_and(|t| now.saturating_duration_since(t) < FLOW_ACTIVE)
     }
 
     pub fn stats(&self) -> QueueStats {
@@ -389,6 +425,10 @@ impl Queue {
             let r = f(self, &mut s, &mut fx);
             if !s.deleted {
                 fx.timer_at = self.schedule(&mut s, now);
+            }
+            let backlogged = s.ready.len > FLOW_READY_MAX && Self::busy(&s, now);
+            if backlogged != self.backlogged.load(Ordering::Relaxed) {
+                self.backlogged.store(backlogged, Ordering::Relaxed);
             }
             r
         };
@@ -758,6 +798,7 @@ impl Queue {
                 match c.channel.try_deliver(&c, self, candidate, now) {
                     Ok(()) => {
                         s.next_consumer = (idx + 1) % n;
+                        s.last_delivery = Some(now);
                         if c.no_ack {
                             // Delivered without ack: it is gone for good.
                             fx.removed.extend(stored);

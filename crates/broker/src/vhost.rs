@@ -25,7 +25,7 @@ use crate::message::Message;
 use crate::queue::{DeadLetter, DeathReason, Queue};
 
 /// Where a published message went.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Clone, Default)]
 pub struct PublishResult {
     /// Queues that accepted it.
     pub queues: usize,
@@ -33,6 +33,9 @@ pub struct PublishResult {
     pub rejected: bool,
     /// It was journaled: the completion made for it runs once it is stored.
     pub durable: bool,
+    /// It went to a queue whose consumers are busy but not keeping up: the
+    /// publisher should wait until they catch up (flow control).
+    pub backlogged: Option<Arc<Queue>>,
 }
 
 impl PublishResult {
@@ -881,6 +884,9 @@ impl VHost {
                 r.queues += 1;
             } else {
                 r.rejected = true;
+            }
+            if r.backlogged.is_none() && q.is_backlogged() {
+                r.backlogged = Some(Arc::clone(q));
             }
         }
         r

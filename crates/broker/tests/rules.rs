@@ -476,3 +476,50 @@ fn x_expires_deletes_an_unused_queue() {
     w.broker.run_timers(w.t0 + Duration::from_millis(150));
     assert_eq!(w.vhost.queue_count(), 0);
 }
+
+#[test]
+fn publishers_wait_for_busy_consumers_but_not_for_stuck_ones() {
+    use berth_broker::queue::FLOW_READY_MAX;
+    let w = world();
+    w.declare("q", FieldTable::default());
+    w.ch.qos(10, false, w.t0);
+    w.consume("q", "c1", false);
+    let publish = |at: Instant, body: &str| {
+        w.vhost
+            .publish(
+                "",
+                &msg("", "q", body, AMQPProperties::default()),
+                at,
+                &mut no_wait,
+            )
+            .unwrap()
+    };
+    // The consumer takes 10; the rest pile up behind it.
+    for i in 0..FLOW_READY_MAX + 10 {
+        let r = publish(w.t0, &format!("m{i}"));
+        assert!(r.backlogged.is_none(), "message {i}: not over the mark yet");
+    }
+    let r = publish(w.t0, "over");
+    let q = r.backlogged.expect("busy consumer, backlog over the mark");
+    assert!(!q.caught_up(w.t0));
+    // Consuming brings it down to half the mark: publishers go on.
+    let later = w.t0 + std::time::Duration::from_millis(10);
+    let mut tag = 0;
+    while !q.caught_up(later) {
+        tag += 10;
+        w.ch.ack(tag, true, later).unwrap();
+        assert!(tag < 10 * FLOW_READY_MAX as u64, "never caught up");
+    }
+    assert!(w.ready("q") <= FLOW_READY_MAX / 2);
+
+    // A consumer that stops acking is stuck, not busy: once it has not
+    // been delivered to for a while, the queue grows without slowing
+    // anyone (as in RabbitMQ).
+    for i in 0..FLOW_READY_MAX {
+        publish(later, &format!("n{i}"));
+    }
+    assert!(publish(later, "still busy").backlogged.is_some());
+    let idle = later + std::time::Duration::from_secs(1);
+    assert!(q.caught_up(idle));
+    assert!(publish(idle, "stuck").backlogged.is_none());
+}

@@ -170,6 +170,14 @@ enum Stored {
 /// stops reading from it (back-pressure instead of unbounded bookkeeping).
 const UNCONFIRMED_PER_CONNECTION_MAX: usize = 65_536;
 
+/// Flow control, like RabbitMQ's credit flow: after a publish to a queue
+/// whose consumers are busy but not keeping up, the connection stops
+/// reading until they have caught up (checked every `FLOW_CHECK`), so the
+/// backlog and the latency it adds stay bounded. It reads again after
+/// `FLOW_PAUSE_MAX` in any case, so acks on the same connection get in.
+const FLOW_CHECK: Duration = Duration::from_millis(1);
+const FLOW_PAUSE_MAX: Duration = Duration::from_millis(100);
+
 enum ChanState {
     Open,
     /// We sent `channel.close`; waiting for `close-ok`, ignoring the rest.
@@ -209,6 +217,9 @@ struct Conn {
     has_published: bool,
     /// We stopped reading because of the memory alarm.
     blocked: bool,
+    /// Flow control: not reading until this queue has caught up, or until
+    /// the deadline (see [`FLOW_PAUSE_MAX`]).
+    flow: Option<(Arc<berth_broker::queue::Queue>, Instant)>,
     /// The client understands `connection.blocked`.
     blocked_notify: bool,
     /// Journal completions for this connection arrive here.
@@ -256,6 +267,7 @@ pub async fn serve(
         user: String::new(),
         has_published: false,
         blocked: false,
+        flow: None,
         blocked_notify: false,
         stored_tx,
         stored_rx,
@@ -569,8 +581,17 @@ impl Conn {
                 self.update_blocked();
             }
             let out = Arc::clone(&self.out);
-            let reading = !self.blocked && self.unconfirmed < UNCONFIRMED_PER_CONNECTION_MAX;
+            if let Some((q, until)) = &self.flow {
+                let now = Instant::now();
+                if now >= *until || q.caught_up(now) {
+                    self.flow = None;
+                }
+            }
+            let paused = self.flow.is_some();
+            let reading =
+                !self.blocked && !paused && self.unconfirmed < UNCONFIRMED_PER_CONNECTION_MAX;
             tokio::select! {
+                () = tokio::time::sleep(FLOW_CHECK), if paused => {}
                 r = read_into(&mut self.rd, &mut self.rbuf), if reading => {
                     if let Err(e) = r { return e; }
                     self.last_read = Instant::now();
@@ -1357,6 +1378,9 @@ impl Conn {
     /// `basic.return` for unroutable mandatory messages; nacks for refused
     /// ones (acks are batched in `flush_confirms`).
     fn after_publish(&mut self, channel: u16, p: &Published, seq: Option<u64>) {
+        if let (None, Some(q)) = (&self.flow, &p.result.backlogged) {
+            self.flow = Some((Arc::clone(q), Instant::now() + FLOW_PAUSE_MAX));
+        }
         if p.mandatory && p.result.unroutable() {
             let frame_max = self.frame_max;
             let msg = Arc::clone(&p.msg);
