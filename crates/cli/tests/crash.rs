@@ -36,6 +36,9 @@ impl Broker {
         let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
             .args(["serve", "--amqp-listen", "127.0.0.1:0", "--data-dir"])
             .arg(data)
+            // A small resident window: most queued bodies are paged out and
+            // read back from the store (with read-ahead) when delivered.
+            .args(["--queue-resident-messages-max", "16"])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
