@@ -59,6 +59,11 @@ pub trait Journal: Send + Sync {
     fn read_many(&self, queue: u64, msgs: &[u64]) -> Vec<Result<Bytes, JournalError>> {
         msgs.iter().map(|m| self.read(queue, *m)).collect()
     }
+    /// Can messages be written for paging and read back? (A journal that
+    /// keeps nothing says no, and queues keep every body in memory.)
+    fn pages(&self) -> bool {
+        false
+    }
     /// For each message: is it written, so that [`Journal::read`] finds it
     /// and its body need not stay in memory? A journal that cannot read
     /// messages back says no.
@@ -67,6 +72,12 @@ pub trait Journal: Send + Sync {
         vec![false; msgs.len()]
     }
 }
+
+/// Marks a journal queue id, or a queued message's journal id, as a
+/// paging copy: a body written only to leave memory (a transient message,
+/// or any message of a non-durable queue). Such copies never survive a
+/// restart: the journal's queues with this bit are purged at startup.
+pub const PAGING_BIT: u64 = 1 << 63;
 
 /// A journal that keeps nothing (the broker without a store).
 pub struct NoJournal;
@@ -146,6 +157,9 @@ impl Journal for MemoryJournal {
             .and_then(|q| q.get(&msg))
             .cloned()
             .ok_or_else(|| JournalError(format!("message {msg} of queue {queue} is not stored")))
+    }
+    fn pages(&self) -> bool {
+        true
     }
     fn written(&self, queue: u64, msgs: &[u64]) -> Vec<bool> {
         let m = self.messages.lock();

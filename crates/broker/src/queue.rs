@@ -23,7 +23,7 @@ use parking_lot::Mutex;
 
 use crate::args::{Overflow, QueueArgs};
 use crate::channel::Channel;
-use crate::durable::Done;
+use crate::durable::{Done, PAGING_BIT};
 use crate::message::Message;
 use crate::vhost::VHost;
 
@@ -194,6 +194,8 @@ pub struct Effects {
     pub done: Option<Done>,
     /// The queue should be deleted (auto-delete or x-expires).
     pub delete: bool,
+    /// The queue's paging id, for removals of paging copies.
+    pub paging_id: Option<u64>,
     pub timer_at: Option<Instant>,
 }
 
@@ -294,6 +296,9 @@ struct QueueState {
     timer_at: Option<Instant>,
     /// Entries with `seq` up to this were already considered for paging.
     page_mark: u64,
+    /// Journal queue id (with [`PAGING_BIT`]) under which paging copies of
+    /// this queue's messages are written; allocated on first use.
+    paging_id: Option<u64>,
     /// Last delivery to a consumer (flow control: are consumers busy?).
     last_delivery: Option<Instant>,
     /// When messages were restored from the journal (their per-message
@@ -362,6 +367,7 @@ impl Queue {
                 last_used: now,
                 timer_at: None,
                 page_mark: 0,
+                paging_id: None,
                 last_delivery: None,
                 restored_at: None,
             }),
@@ -426,6 +432,7 @@ impl Queue {
             if !s.deleted {
                 fx.timer_at = self.schedule(&mut s, now);
             }
+            fx.paging_id = s.paging_id;
             let backlogged = s.ready.len > FLOW_READY_MAX && Self::busy(&s, now);
             if backlogged != self.backlogged.load(Ordering::Relaxed) {
                 self.backlogged.store(backlogged, Ordering::Relaxed);
@@ -443,8 +450,16 @@ impl Queue {
         if let Some(at) = fx.timer_at {
             vhost.timers.schedule(at, Arc::downgrade(self));
         }
-        match (self.store_id, fx.removed.is_empty()) {
-            (Some(qid), false) => vhost.journal().remove(qid, &fx.removed, fx.done),
+        // Paging copies (PAGING_BIT) go to the queue's paging id; their
+        // removal is never waited for.
+        let (paging, removed): (Vec<u64>, Vec<u64>) =
+            fx.removed.iter().partition(|id| *id & PAGING_BIT != 0);
+        if let (Some(pid), false) = (fx.paging_id, paging.is_empty()) {
+            let ids: Vec<u64> = paging.iter().map(|id| id & !PAGING_BIT).collect();
+            vhost.journal().remove(pid, &ids, None);
+        }
+        match (self.store_id, removed.is_empty()) {
+            (Some(qid), false) => vhost.journal().remove(qid, &removed, fx.done),
             _ => {
                 if let Some(d) = fx.done {
                     d(Ok(()));
@@ -567,8 +582,15 @@ impl Queue {
             }
             Body::Paged { restored, .. } => restored,
         };
-        let (Some(qid), Some(id), Some(vhost)) = (self.store_id, e.stored, self.vhost.upgrade())
-        else {
+        // A paging copy is read from the queue's paging id, a stored
+        // message from its durable id; read-ahead takes neighbours of the
+        // same kind.
+        let kind = e.stored.map(|id| id & PAGING_BIT);
+        let qid = match kind {
+            Some(0) => self.store_id,
+            _ => s.paging_id,
+        };
+        let (Some(qid), Some(id), Some(vhost)) = (qid, e.stored, self.vhost.upgrade()) else {
             tracing::error!(queue = %self.name, "a paged-out message has no journal id; dropped from memory");
             return None;
         };
@@ -577,13 +599,16 @@ impl Queue {
             .iter()
             .take(READ_AHEAD - 1)
             .map_while(|x| match (&x.body, x.stored) {
-                (Body::Paged { .. }, Some(id)) => Some(id),
+                (Body::Paged { .. }, Some(id)) if Some(id & PAGING_BIT) == kind => Some(id),
                 _ => None,
             })
             .collect();
         let mut ids = Vec::with_capacity(ahead.len() + 1);
         ids.push(id);
         ids.extend(&ahead);
+        for id in &mut ids {
+            *id &= !PAGING_BIT;
+        }
         let mut read = vhost.journal().read_many(qid, &ids).into_iter();
         let decode = |r: Option<Result<bytes::Bytes, crate::durable::JournalError>>| {
             r.unwrap_or_else(|| Err(crate::durable::JournalError("no result".into())))
@@ -628,23 +653,25 @@ impl Queue {
         Some(m)
     }
 
-    /// Moves bodies of stored, already written messages beyond the
-    /// resident window out of memory; they are read back when needed.
+    /// Moves bodies beyond the resident window out of memory; they are read
+    /// back when needed. A stored message (persistent, durable queue)
+    /// leaves once the journal has written it. Any other message is first
+    /// written as a paging copy (under the queue's paging id, not waited
+    /// for, never recovered) and leaves on a later scan, once written.
     /// Scans only entries newer than the last scan (plus those not yet
     /// written then), so its cost is proportional to what was published.
     fn page_out(&self, s: &mut QueueState) {
-        let Some(qid) = self.store_id else {
-            return;
-        };
         let Some(vhost) = self.vhost.upgrade() else {
             return;
         };
         let window = vhost.resident_messages_max();
-        if s.ready.resident <= window {
+        if s.ready.resident <= window || !vhost.journal().pages() {
             return;
         }
         let mark = s.page_mark;
+        // (level, index, journal id); a paging copy's id carries PAGING_BIT.
         let mut candidates: Vec<(usize, usize, u64)> = Vec::new();
+        let mut to_copy: Vec<(usize, usize)> = Vec::new();
         let mut newest = mark;
         for (l, level) in s.ready.levels.iter().enumerate() {
             for (i, e) in level.iter().enumerate().rev() {
@@ -652,17 +679,54 @@ impl Queue {
                     break;
                 }
                 newest = newest.max(e.seq);
-                if let (Body::Resident(_), Some(id)) = (&e.body, e.stored) {
-                    candidates.push((l, i, id));
+                match (&e.body, e.stored) {
+                    (Body::Resident(_), Some(id)) => candidates.push((l, i, id)),
+                    (Body::Resident(_), None) => to_copy.push((l, i)),
+                    (Body::Paged { .. }, _) => {}
                 }
+            }
+        }
+        if !to_copy.is_empty() {
+            let pid = *s.paging_id.get_or_insert_with(|| vhost.new_paging_id());
+            for (l, i) in to_copy {
+                let e = &mut s.ready.levels[l][i];
+                let Body::Resident(m) = &e.body else {
+                    continue;
+                };
+                let id = vhost.new_message_id();
+                let payload = crate::durable::encode_message(
+                    &m.exchange,
+                    &m.routing_key,
+                    &m.properties,
+                    &m.body,
+                );
+                vhost.journal().publish(id, &[pid], payload, None);
+                e.stored = Some(id | PAGING_BIT);
+                candidates.push((l, i, id | PAGING_BIT));
             }
         }
         if candidates.is_empty() {
             s.page_mark = newest;
             return;
         }
-        let ids: Vec<u64> = candidates.iter().map(|c| c.2).collect();
-        let written = vhost.journal().written(qid, &ids);
+        let mut written = vec![false; candidates.len()];
+        for (qid, bit) in [(self.store_id, 0), (s.paging_id, PAGING_BIT)] {
+            let Some(qid) = qid else {
+                continue;
+            };
+            let (at, ids): (Vec<usize>, Vec<u64>) = candidates
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.2 & PAGING_BIT == bit)
+                .map(|(k, c)| (k, c.2 & !PAGING_BIT))
+                .unzip();
+            if ids.is_empty() {
+                continue;
+            }
+            for (k, ok) in at.into_iter().zip(vhost.journal().written(qid, &ids)) {
+                written[k] = ok;
+            }
+        }
         let mut oldest_unwritten: Option<u64> = None;
         for ((l, i, _), ok) in candidates.into_iter().zip(written) {
             let e = &mut s.ready.levels[l][i];
@@ -1013,11 +1077,11 @@ impl Queue {
 
     /// Marks the queue deleted; returns its ready count and its consumers
     /// (to be told of the cancellation).
-    pub(crate) fn mark_deleted(&self) -> (usize, Vec<Arc<Consumer>>) {
+    pub(crate) fn mark_deleted(&self) -> (usize, Vec<Arc<Consumer>>, Option<u64>) {
         let mut s = self.state.lock();
         s.deleted = true;
         let n = s.ready.drain().len();
-        (n, std::mem::take(&mut s.consumers))
+        (n, std::mem::take(&mut s.consumers), s.paging_id)
     }
 }
 

@@ -194,6 +194,16 @@ impl VHost {
         self.dur.journal.as_ref()
     }
 
+    /// A fresh journal queue id for a queue's paging copies.
+    pub(crate) fn new_paging_id(&self) -> u64 {
+        self.dur.next_queue_id.fetch_add(1, Ordering::Relaxed) | durable::PAGING_BIT
+    }
+
+    /// A fresh journal message id.
+    pub(crate) fn new_message_id(&self) -> u64 {
+        self.dur.next_msg_id.fetch_add(1, Ordering::Relaxed)
+    }
+
     pub(crate) fn resident_messages_max(&self) -> usize {
         self.dur.resident_messages_max.load(Ordering::Relaxed)
     }
@@ -695,7 +705,10 @@ impl VHost {
         let Some(q) = self.queues.write().remove(name) else {
             return 0;
         };
-        let (count, consumers) = q.mark_deleted();
+        let (count, consumers, paging_id) = q.mark_deleted();
+        if let Some(id) = paging_id {
+            self.journal().purge(id, None);
+        }
         if let Some(id) = q.store_id {
             self.journal().purge(id, None);
             self.meta_delete(&durable::queue_key(&self.name, name));

@@ -269,3 +269,64 @@ async fn confirmed_messages_survive_sigkill_and_committed_acks_stay_acked() {
     }
     let _best_effort_cleanup = std::fs::remove_dir_all(&dir);
 }
+
+/// Transient messages paged out of a deep queue are written to the store
+/// only to leave memory: after a kill they must not come back, while the
+/// persistent messages of the same queue all do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paged_out_transient_messages_do_not_survive_a_restart() {
+    let dir = temp_dir(u64::from(std::process::id()) << 8 | 0x7a);
+    let mut broker = Broker::start(&dir);
+    let conn = connect(&broker.uri).await;
+    let ch = conn.create_channel().await.expect("channel");
+    ch.queue_declare(
+        "paging".into(),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .expect("declare");
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    let mut confirms = Vec::new();
+    for i in 0..400u32 {
+        let persistent = i % 100 == 99;
+        let props = BasicProperties::default().with_delivery_mode(if persistent { 2 } else { 1 });
+        let body = format!("{}-{i}", if persistent { "p" } else { "t" });
+        confirms.push(
+            ch.basic_publish(
+                "".into(),
+                "paging".into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                props,
+            )
+            .await
+            .expect("publish"),
+        );
+    }
+    for c in confirms {
+        assert!(matches!(c.await.expect("confirm"), Confirmation::Ack(_)));
+    }
+    broker.kill9();
+    drop(conn);
+
+    let broker = Broker::start(&dir);
+    let conn = connect(&broker.uri).await;
+    let ch = conn.create_channel().await.expect("channel");
+    let mut bodies = Vec::new();
+    while let Some(m) = ch
+        .basic_get("paging".into(), BasicGetOptions { no_ack: true })
+        .await
+        .expect("get")
+    {
+        bodies.push(String::from_utf8_lossy(&m.delivery.data).into_owned());
+    }
+    assert_eq!(bodies, ["p-99", "p-199", "p-299", "p-399"]);
+    drop(broker);
+    let _cleanup_is_best_effort = std::fs::remove_dir_all(&dir);
+}

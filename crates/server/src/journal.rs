@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use berth_broker::durable::{Done, Journal, JournalError};
+use berth_broker::durable::{Done, Journal, JournalError, PAGING_BIT};
 use berth_broker::{Broker, Recovered as BrokerRecovered, StoredBody};
 use berth_store::{MsgId, QueueId, StoreError};
 use berth_store::{Store, Ticket};
@@ -86,6 +86,10 @@ impl Journal for StoreJournal {
             .collect()
     }
 
+    fn pages(&self) -> bool {
+        true
+    }
+
     fn written(&self, queue: u64, msgs: &[u64]) -> Vec<bool> {
         let msgs: Vec<MsgId> = msgs.iter().map(|m| MsgId(*m)).collect();
         self.store.written(QueueId(queue), &msgs)
@@ -105,9 +109,18 @@ pub fn open_broker(
     }
     // Bodies stay on disk: queues read them back when they deliver them,
     // so restart time follows the index, not the bytes stored.
+    // Paging copies (transient bodies written only to leave memory) never
+    // outlive the process that wrote them.
+    let paging: Vec<QueueId> = recovered
+        .queues
+        .keys()
+        .filter(|q| q.0 & PAGING_BIT != 0)
+        .copied()
+        .collect();
     let messages = recovered
         .queues
         .iter()
+        .filter(|(qid, _)| qid.0 & PAGING_BIT == 0)
         .map(|(qid, msgs)| {
             let list = msgs
                 .iter()
@@ -127,6 +140,15 @@ pub fn open_broker(
     let (_, next_queue) = br.next_ids();
     let next_msg = recovered.next_msg_id.0.max(br.next_ids().0);
     let journal = Arc::new(StoreJournal { store });
+    for q in &paging {
+        journal.store.purge(*q, None);
+    }
+    if !paging.is_empty() {
+        tracing::info!(
+            queues = paging.len(),
+            "dropped paging copies of transient messages from before the restart"
+        );
+    }
     let broker = Broker::with_journal(
         config.auth.vhosts.iter().map(String::as_str),
         Arc::clone(&journal) as Arc<dyn Journal>,
