@@ -29,16 +29,21 @@ fn adapt(done: Option<Done>) -> Option<berth_store::Done> {
     })
 }
 
+/// Runs blocking work (a wait for fsync, a disk read) so that, on a tokio
+/// worker, the worker's other tasks move to another thread meanwhile.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
 fn wait_durable(f: impl FnOnce(berth_store::Done)) -> Result<(), JournalError> {
     let (done, ticket) = Ticket::new();
     f(done);
-    let wait = || ticket.wait().map_err(|e| JournalError(e.to_string()));
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(wait)
-        }
-        _ => wait(),
-    }
+    blocking(|| ticket.wait().map_err(|e| JournalError(e.to_string())))
 }
 
 impl Journal for StoreJournal {
@@ -79,8 +84,8 @@ impl Journal for StoreJournal {
 
     fn read_many(&self, queue: u64, msgs: &[u64]) -> Vec<Result<Bytes, JournalError>> {
         let msgs: Vec<MsgId> = msgs.iter().map(|m| MsgId(*m)).collect();
-        self.store
-            .read_many(QueueId(queue), &msgs)
+        // A cold read can wait for the disk: keep other connections going.
+        blocking(|| self.store.read_many(QueueId(queue), &msgs))
             .into_iter()
             .map(|r| r.map_err(|e| JournalError(e.to_string())))
             .collect()
