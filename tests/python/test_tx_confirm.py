@@ -1,5 +1,7 @@
 """tx.* (select/commit/rollback) and confirm.select (publisher confirms)."""
 
+import struct
+
 import pika
 import pika.exceptions
 import pytest
@@ -187,3 +189,34 @@ def test_persistent_message_to_durable_queue_is_confirmed(conn, names):
     ch.confirm_delivery()
     ch.basic_publish("", q, b"durable", pika.BasicProperties(delivery_mode=2))
     assert ch.queue_declare(q, passive=True).method.message_count == 1
+
+
+def test_closing_a_channel_with_confirms_in_flight_never_stalls_the_connection(broker):
+    # Publishes and channel.close go out in one write, so the channel is
+    # gone before the store confirms its messages. Those late completions
+    # must not count against the connection for ever: 70 rounds of 1,000
+    # pass its limit of 65,536 publishes waiting for the store, after which
+    # a leaking broker stops reading the connection.
+    q = unique("close-in-flight")
+    persistent = b"\x10\x00\x02"  # property flags: delivery-mode; mode 2
+    with w.RawConnection(broker.host, broker.port, timeout_s=30) as c:
+        c.handshake()
+        c.channel_open(1)
+        c.send(w.method_frame(1, w.QUEUE_DECLARE, struct.pack(">H", 0) + w.shortstr(q)
+                              + bytes([0b10]) + w.table({})))  # durable
+        c.expect(w.QUEUE_DECLARE_OK)
+        publish = (w.method_frame(1, w.BASIC_PUBLISH, struct.pack(">H", 0) + w.shortstr("")
+                                  + w.shortstr(q) + b"\x00")
+                   + w.content_frames(1, b"x", c.frame_max, properties=persistent))
+        for _ in range(70):
+            c.confirm_select(1)
+            c.send(publish * 1000 + w.method_frame(1, w.CHANNEL_CLOSE, struct.pack(">H", 200)
+                                                   + w.shortstr("done") + struct.pack(">HH", 0, 0)))
+            while c.recv_method(timeout_s=10).method_ids != w.CHANNEL_CLOSE_OK:
+                pass  # confirms that made it before the close
+            c.channel_open(1)
+        c.confirm_select(1)
+        c.send(publish)
+        c.expect(w.BASIC_ACK, timeout_s=10)
+        c.send(w.method_frame(1, (50, 40), struct.pack(">H", 0) + w.shortstr(q) + b"\x00"))
+        c.expect((50, 41))

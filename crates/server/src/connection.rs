@@ -152,16 +152,21 @@ impl Confirms {
 }
 
 /// A journal completion, sent from a store thread to the connection task.
+/// `generation` names the channel's life it belongs to: a channel number
+/// can be closed and opened again before the completions of its first life
+/// arrive, and those must not confirm or commit anything of the second.
 enum Stored {
     /// A publish in confirm mode.
     Confirm {
         channel: u16,
+        generation: u64,
         seq: u64,
         result: Result<(), String>,
     },
     /// One of the writes a `tx.commit` waits for.
     Tx {
         channel: u16,
+        generation: u64,
         result: Result<(), String>,
     },
 }
@@ -195,6 +200,8 @@ struct Slot {
     tx_waiting: usize,
     /// A `tx.commit-ok` is due once `tx_waiting` reaches zero.
     tx_commit_pending: bool,
+    /// Which life of this channel number this is (see [`Stored`]).
+    generation: u64,
 }
 
 struct Conn {
@@ -227,6 +234,8 @@ struct Conn {
     stored_rx: tokio::sync::mpsc::UnboundedReceiver<Stored>,
     /// Confirm-mode publishes waiting for the journal, all channels.
     unconfirmed: usize,
+    /// Channels opened so far: the next slot's generation.
+    generations: u64,
     memory_high_watermark: u64,
 }
 
@@ -272,6 +281,7 @@ pub async fn serve(
         stored_tx,
         stored_rx,
         unconfirmed: 0,
+        generations: 0,
         memory_high_watermark: limits.memory_high_watermark(),
     };
     let end = match c.handshake().await {
@@ -766,6 +776,10 @@ impl Conn {
                                 last_queue: None,
                                 tx_waiting: 0,
                                 tx_commit_pending: false,
+                                generation: {
+                                    self.generations += 1;
+                                    self.generations
+                                },
                             },
                         );
                         self.send_method(
@@ -1165,6 +1179,7 @@ impl Conn {
             }
             AMQPClass::Tx(tx::AMQPMethod::Commit(_)) => {
                 let sender = self.stored_tx.clone();
+                let generation = self.slot(channel).generation;
                 let mut waits = 0usize;
                 let published = ch.tx_commit(now, &mut || {
                     waits += 1;
@@ -1172,6 +1187,7 @@ impl Conn {
                     Box::new(move |r| {
                         let _connection_may_be_gone = sender.send(Stored::Tx {
                             channel,
+                            generation,
                             result: r.map_err(|e| e.to_string()),
                         });
                     })
@@ -1340,6 +1356,7 @@ impl Conn {
         let slot = self.slot(channel);
         let ch = Arc::clone(&slot.ch);
         let seq = slot.confirms.as_ref().map(|c| c.last_seq + 1);
+        let generation = slot.generation;
         let sender = self.stored_tx.clone();
         let mut make_done = || -> berth_broker::durable::Done {
             let sender = sender.clone();
@@ -1347,6 +1364,7 @@ impl Conn {
                 if let Some(seq) = seq {
                     let _connection_may_be_gone = sender.send(Stored::Confirm {
                         channel,
+                        generation,
                         seq,
                         result: r.map_err(|e| e.to_string()),
                     });
@@ -1419,20 +1437,23 @@ impl Conn {
         match s {
             Stored::Confirm {
                 channel,
+                generation,
                 seq,
                 result,
             } => {
+                // Counted when published, whatever became of the channel
+                // since: a closed channel's completions must not leak.
+                self.unconfirmed = self.unconfirmed.saturating_sub(1);
                 let out = Arc::clone(&self.out);
                 let Some(c) = self
                     .channels
                     .get_mut(&channel)
+                    .filter(|s| s.generation == generation)
                     .and_then(|s| s.confirms.as_mut())
                 else {
                     return Ok(());
                 };
-                if c.waiting.remove(&seq) {
-                    self.unconfirmed = self.unconfirmed.saturating_sub(1);
-                }
+                c.waiting.remove(&seq);
                 if let Err(e) = result {
                     tracing::error!(peer = %self.peer, channel, seq, error = %e, "persistent message not stored; publisher gets basic.nack");
                     if c.nacked.insert(seq) {
@@ -1441,7 +1462,11 @@ impl Conn {
                 }
                 Ok(())
             }
-            Stored::Tx { channel, result } => {
+            Stored::Tx {
+                channel,
+                generation,
+                result,
+            } => {
                 if let Err(e) = result {
                     return Err(AmqpError::internal(format!(
                         "transaction on channel {channel} could not be stored: {e}"
@@ -1449,7 +1474,11 @@ impl Conn {
                     .during(90, 20)
                     .into());
                 }
-                let Some(slot) = self.channels.get_mut(&channel) else {
+                let Some(slot) = self
+                    .channels
+                    .get_mut(&channel)
+                    .filter(|s| s.generation == generation)
+                else {
                     return Ok(());
                 };
                 slot.tx_waiting = slot.tx_waiting.saturating_sub(1);
