@@ -66,7 +66,7 @@ struct ServeArgs {
     #[arg(long, value_name = "BYTES")]
     segment_size_bytes: Option<u64>,
     /// store.queue_resident_messages_max: ready messages per queue kept in
-    /// memory; bodies of persistent messages beyond it are read from disk.
+    /// memory; bodies beyond it are written to disk and read back on delivery.
     #[arg(long, value_name = "N")]
     queue_resident_messages_max: Option<usize>,
     /// limits.frame_size_bytes_max: largest frame accepted and proposed.

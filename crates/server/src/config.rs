@@ -71,8 +71,9 @@ pub struct Store {
     pub commit_delay_us_max: u64,
     /// Size at which a journal segment is sealed and a new one started.
     pub segment_size_bytes: u64,
-    /// Ready messages per queue whose bodies stay in memory; bodies of
-    /// persistent messages beyond it are read back from disk on delivery.
+    /// Ready messages per queue whose bodies stay in memory; bodies beyond
+    /// it leave memory once written to the store (transient ones as paging
+    /// copies, dropped at restart) and are read back on delivery.
     pub queue_resident_messages_max: usize,
 }
 
