@@ -247,6 +247,25 @@ pub enum Decoded<'a> {
     },
 }
 
+/// The payload of message `msg` from the record at the start of `buf`, if
+/// that record checks out and is `msg`'s Publish or Relocate; otherwise
+/// what was found there instead.
+pub fn message_payload(buf: &[u8], msg: MsgId) -> Result<&[u8], Decoded<'_>> {
+    match decode(buf) {
+        Decoded::Record {
+            record:
+                Record::Publish {
+                    msg: m, payload, ..
+                }
+                | Record::Relocate {
+                    msg: m, payload, ..
+                },
+            ..
+        } if m == msg => Ok(payload),
+        other => Err(other),
+    }
+}
+
 /// Checks and parses the record at the start of `buf`.
 pub fn decode(buf: &[u8]) -> Decoded<'_> {
     if buf.len() < RECORD_HEADER_BYTES {

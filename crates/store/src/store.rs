@@ -26,7 +26,7 @@ use rand::Rng;
 use crate::error::StoreError;
 use crate::index::{payload_len, Loc};
 use crate::manifest::{self, Manifest, MANIFEST_NAME};
-use crate::record::{self, Decoded, Record};
+use crate::record;
 use crate::recovery::{self, DamageReport, GroupRecovery, Progress};
 use crate::storage::{OsStorage, Storage, StorageFile};
 use crate::writer::{Cmd, Done, GroupShared, Op, Writer, WriterInit};
@@ -724,27 +724,12 @@ fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<u32, St
 /// The payload of `msg` in `record` (its bytes as stored), after checking
 /// the record's CRC and that it is the message's publish or relocation.
 fn payload_of(record: &Bytes, msg: MsgId, path: &Path, offset: u32) -> Result<Bytes, StoreError> {
-    let range = match record::decode(record) {
-        Decoded::Record {
-            record:
-                Record::Publish {
-                    msg: m, payload, ..
-                }
-                | Record::Relocate {
-                    msg: m, payload, ..
-                },
-            ..
-        } if m == msg => {
-            let start = payload.as_ptr() as usize - record.as_ptr() as usize;
-            start..start + payload.len()
-        }
-        other => {
-            return Err(StoreError::Corrupt {
-                path: path.to_path_buf(),
-                offset: u64::from(offset),
-                reason: format!("record of {msg} does not verify: {other:?}"),
-            })
-        }
-    };
-    Ok(record.slice(range))
+    match record::message_payload(record, msg) {
+        Ok(payload) => Ok(record.slice_ref(payload)),
+        Err(other) => Err(StoreError::Corrupt {
+            path: path.to_path_buf(),
+            offset: u64::from(offset),
+            reason: format!("record of {msg} does not verify: {other:?}"),
+        }),
+    }
 }

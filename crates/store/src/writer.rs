@@ -31,7 +31,7 @@ use crate::checkpoint::{self, CheckpointInfo, ReplayFrom, CHECKPOINT_TMP_NAME};
 use crate::error::StoreError;
 use crate::index::{Index, Loc};
 use crate::limits::{StoreConfig, SyncMode};
-use crate::record::{self, Decoded, Record};
+use crate::record::{self, Record};
 use crate::segment::{self, SEGMENT_HEADER_BYTES};
 use crate::storage::{Storage, StorageFile};
 use crate::{MsgId, QueueId};
@@ -882,18 +882,9 @@ impl Writer {
             let mut rec = vec![0u8; loc.len as usize];
             file.read_exact_at(&mut rec, u64::from(loc.offset))
                 .map_err(|e| StoreError::io("read", &path, e))?;
-            let payload = match record::decode(&rec) {
-                Decoded::Record {
-                    record:
-                        Record::Publish {
-                            msg: m, payload, ..
-                        }
-                        | Record::Relocate {
-                            msg: m, payload, ..
-                        },
-                    ..
-                } if m == msg => payload,
-                _ => {
+            let payload = match record::message_payload(&rec, msg) {
+                Ok(payload) => payload,
+                Err(_) => {
                     return Err(StoreError::Corrupt {
                         path,
                         offset: u64::from(loc.offset),
