@@ -173,17 +173,17 @@ impl Broker {
                                 StoredBody::OnDisk { .. } => vhost.journal().read(id, mid),
                                 StoredBody::Payload(p) => Ok(p),
                             };
-                            match body.ok().as_ref().and_then(durable::decode_message).and_then(
-                                |(ex, rk, props, body)| Message::new(ex, rk, props, body).ok(),
-                            ) {
-                                Some(m) => {
+                            match body
+                                .map_err(|e| e.to_string())
+                                .and_then(|p| Message::from_stored(&p))
+                            {
+                                Ok(m) => {
                                     q.restore(m, mid, now);
                                     report.messages += 1;
                                 }
-                                None => report.skipped.push(format!(
-                                    "message {mid} of queue '{}': payload cannot be read or does not decode",
-                                    q.name
-                                )),
+                                Err(why) => report
+                                    .skipped
+                                    .push(format!("message {mid} of queue '{}': {why}", q.name)),
                             }
                         }
                     }),

@@ -56,6 +56,14 @@ impl Message {
         Self::from_props(exchange, routing_key, &props, properties, body)
     }
 
+    /// A message as [`crate::durable::encode_message`] stored it, or why it
+    /// cannot be rebuilt.
+    pub fn from_stored(payload: &Bytes) -> Result<Arc<Self>, String> {
+        let (exchange, routing_key, properties, body) = crate::durable::decode_message(payload)
+            .ok_or_else(|| "stored payload does not decode".to_owned())?;
+        Self::new(exchange, routing_key, properties, body).map_err(|e| e.reply_text())
+    }
+
     /// [`Message::new`] for a client's publish: a `user_id` property must
     /// name the authenticated user, as RabbitMQ validates it.
     pub fn published(

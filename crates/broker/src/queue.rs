@@ -518,9 +518,21 @@ impl Queue {
 
     /// Drops expired messages at the head, dead-lettering them.
     fn expire_head(&self, s: &mut QueueState, now: Instant, fx: &mut Effects) {
+        self.drop_expired(s, now, false, fx);
+    }
+
+    /// Drops messages at the head that expired before `now` (or at it, with
+    /// `including_now`: a TTL of 0 means "deliver now or never").
+    fn drop_expired(
+        &self,
+        s: &mut QueueState,
+        now: Instant,
+        including_now: bool,
+        fx: &mut Effects,
+    ) {
         while let Some(m) = s.ready.front() {
             match m.expires_at {
-                Some(t) if t < now => {
+                Some(t) if t < now || (including_now && t == now) => {
                     let e = s.ready.pop_front().expect("front exists");
                     self.drop_entry(s, e, Some(DeathReason::Expired), now, fx);
                 }
@@ -595,31 +607,22 @@ impl Queue {
             return None;
         };
         let level = s.ready.level_of(&e);
-        let ahead: Vec<u64> = s.ready.levels[level]
+        let ahead = s.ready.levels[level]
             .iter()
             .take(READ_AHEAD - 1)
             .map_while(|x| match (&x.body, x.stored) {
                 (Body::Paged { .. }, Some(id)) if Some(id & PAGING_BIT) == kind => Some(id),
                 _ => None,
-            })
+            });
+        let ids: Vec<u64> = std::iter::once(id)
+            .chain(ahead)
+            .map(|id| id & !PAGING_BIT)
             .collect();
-        let mut ids = Vec::with_capacity(ahead.len() + 1);
-        ids.push(id);
-        ids.extend(&ahead);
-        for id in &mut ids {
-            *id &= !PAGING_BIT;
-        }
         let mut read = vhost.journal().read_many(qid, &ids).into_iter();
         let decode = |r: Option<Result<bytes::Bytes, crate::durable::JournalError>>| {
             r.unwrap_or_else(|| Err(crate::durable::JournalError("no result".into())))
                 .map_err(|err| err.to_string())
-                .and_then(|p| {
-                    crate::durable::decode_message(&p)
-                        .ok_or_else(|| "stored payload does not decode".to_owned())
-                })
-                .and_then(|(ex, rk, props, body)| {
-                    Message::new(ex, rk, props, body).map_err(|err| err.reply_text())
-                })
+                .and_then(|p| Message::from_stored(&p))
         };
         let first = decode(read.next());
         // The read-ahead entries become resident; one that fails stays
@@ -788,25 +791,13 @@ impl Queue {
             });
             q.dispatch(s, now, fx);
             // A TTL of 0 means "deliver now or never".
-            q.expire_zero_ttl(s, now, fx);
+            q.drop_expired(s, now, true, fx);
             q.trim_to_limits(s, now, fx);
             if seq % PAGE_SCAN_EVERY == 0 {
                 q.page_out(s);
             }
             true
         })
-    }
-
-    fn expire_zero_ttl(&self, s: &mut QueueState, now: Instant, fx: &mut Effects) {
-        while let Some(m) = s.ready.front() {
-            match m.expires_at {
-                Some(t) if t <= now => {
-                    let e = s.ready.pop_front().expect("front exists");
-                    self.drop_entry(s, e, Some(DeathReason::Expired), now, fx);
-                }
-                _ => break,
-            }
-        }
     }
 
     fn would_overflow(&self, s: &QueueState, msg: &Message) -> bool {

@@ -879,7 +879,7 @@ impl VHost {
             Vec::new()
         };
         let stored = (!stored_in.is_empty()).then(|| {
-            let id = self.dur.next_msg_id.fetch_add(1, Ordering::Relaxed);
+            let id = self.new_message_id();
             let payload = durable::encode_message(
                 &msg.exchange,
                 &msg.routing_key,
