@@ -18,6 +18,17 @@ use parking_lot::Mutex;
 
 #[derive(Default)]
 struct Sink(Mutex<Vec<(u64, bool, Vec<u8>)>>);
+
+impl Sink {
+    /// (redelivered, body) of everything delivered so far.
+    fn got(&self) -> Vec<(bool, Vec<u8>)> {
+        self.0
+            .lock()
+            .iter()
+            .map(|(_, r, b)| (*r, b.clone()))
+            .collect()
+    }
+}
 impl Outlet for Sink {
     fn deliver(&self, _: u16, _: &str, tag: u64, redelivered: bool, m: &Message) {
         self.0.lock().push((tag, redelivered, m.body.to_vec()));
@@ -58,6 +69,19 @@ fn msg(key: &str, body: &str, persistent: bool) -> Arc<Message> {
     .unwrap()
 }
 
+/// A broker over a fresh in-memory journal, its vhost `/` and a start time.
+fn journaled_broker() -> (
+    Arc<MemoryJournal>,
+    Arc<Broker>,
+    Arc<berth_broker::vhost::VHost>,
+    Instant,
+) {
+    let journal = Arc::new(MemoryJournal::default());
+    let broker = Broker::with_journal(["/"], journal.clone(), 1, 1);
+    let v = broker.vhost("/").unwrap();
+    (journal, broker, v, Instant::now())
+}
+
 fn recovered(j: &MemoryJournal) -> Recovered {
     Recovered {
         meta: j
@@ -83,10 +107,7 @@ fn recovered(j: &MemoryJournal) -> Recovered {
 
 #[test]
 fn persistent_messages_in_durable_queues_survive_a_restart_and_acked_ones_do_not() {
-    let journal = Arc::new(MemoryJournal::default());
-    let t0 = Instant::now();
-    let broker = Broker::with_journal(["/"], journal.clone(), 1, 1);
-    let v = broker.vhost("/").unwrap();
+    let (journal, broker, v, t0) = journaled_broker();
     v.declare_exchange(
         "ex",
         &ExchangeDeclare {
@@ -160,12 +181,7 @@ fn persistent_messages_in_durable_queues_survive_a_restart_and_acked_ones_do_not
     let ch2 = session(&broker2, &out2);
     let q2 = v2.queue(1, "dq").unwrap();
     while ch2.get(&q2, true, t0) {}
-    let got: Vec<(bool, Vec<u8>)> = out2
-        .0
-        .lock()
-        .iter()
-        .map(|(_, r, b)| (*r, b.clone()))
-        .collect();
+    let got: Vec<(bool, Vec<u8>)> = out2.got();
     assert_eq!(
         got,
         [(true, b"p2".to_vec()), (true, b"p3".to_vec())],
@@ -187,10 +203,7 @@ fn persistent_messages_in_durable_queues_survive_a_restart_and_acked_ones_do_not
 
 #[test]
 fn deleting_a_durable_queue_removes_its_definition_bindings_and_messages() {
-    let journal = Arc::new(MemoryJournal::default());
-    let t0 = Instant::now();
-    let broker = Broker::with_journal(["/"], journal.clone(), 1, 1);
-    let v = broker.vhost("/").unwrap();
+    let (journal, _broker, v, t0) = journaled_broker();
     v.declare_queue(
         1,
         "dq",
@@ -223,10 +236,7 @@ fn deleting_a_durable_queue_removes_its_definition_bindings_and_messages() {
 
 #[test]
 fn tx_commit_waits_for_the_removal_of_acked_stored_messages() {
-    let journal = Arc::new(MemoryJournal::default());
-    let t0 = Instant::now();
-    let broker = Broker::with_journal(["/"], journal.clone(), 1, 1);
-    let v = broker.vhost("/").unwrap();
+    let (journal, broker, v, t0) = journaled_broker();
     v.declare_queue(
         1,
         "dq",
@@ -319,22 +329,13 @@ fn drain(broker: &Broker, queue: &str, now: Instant) -> Vec<(bool, Vec<u8>)> {
     let ch = session(broker, &out);
     let q = broker.vhost("/").unwrap().queue(1, queue).unwrap();
     while ch.get(&q, true, now) {}
-    let got = out
-        .0
-        .lock()
-        .iter()
-        .map(|(_, r, b)| (*r, b.clone()))
-        .collect();
-    got
+    out.got()
 }
 
 #[test]
 fn a_deep_queue_keeps_bodies_on_disk_and_delivers_them_in_order() {
-    let journal = Arc::new(MemoryJournal::default());
-    let t0 = Instant::now();
-    let broker = Broker::with_journal(["/"], journal.clone(), 1, 1);
+    let (journal, broker, v, t0) = journaled_broker();
     broker.set_resident_messages_max(10);
-    let v = broker.vhost("/").unwrap();
     durable_queue(&v, "deep", FieldTable::default(), t0);
     let mut expected = Vec::new();
     for i in 0..1000 {
@@ -376,11 +377,8 @@ fn a_deep_queue_keeps_bodies_on_disk_and_delivers_them_in_order() {
 
 #[test]
 fn a_deep_non_durable_queue_pages_out_through_paging_copies() {
-    let journal = Arc::new(MemoryJournal::default());
-    let t0 = Instant::now();
-    let broker = Broker::with_journal(["/"], journal.clone(), 1, 1);
+    let (journal, broker, v, t0) = journaled_broker();
     broker.set_resident_messages_max(10);
-    let v = broker.vhost("/").unwrap();
     v.declare_queue(1, "mem", &QueueDeclare::default(), t0)
         .unwrap();
     v.bind_queue(1, "mem", "amq.direct", "mem", &FieldTable::default())
@@ -427,10 +425,7 @@ fn a_deep_non_durable_queue_pages_out_through_paging_copies() {
 
 #[test]
 fn a_restart_reads_no_bodies_until_delivery_and_keeps_priorities() {
-    let journal = Arc::new(MemoryJournal::default());
-    let t0 = Instant::now();
-    let broker = Broker::with_journal(["/"], journal.clone(), 1, 1);
-    let v = broker.vhost("/").unwrap();
+    let (journal, _broker, v, t0) = journaled_broker();
     durable_queue(&v, "plain", FieldTable::default(), t0);
     let mut prio_args = FieldTable::default();
     prio_args.insert(
@@ -485,12 +480,7 @@ fn a_restart_reads_no_bodies_until_delivery_and_keeps_priorities() {
     assert!(session(&broker2, &out).get(&q, true, later));
     let stats = q.stats();
     assert_eq!((stats.ready, stats.paged_out), (50, 0), "{stats:?}");
-    let mut plain: Vec<(bool, Vec<u8>)> = out
-        .0
-        .lock()
-        .iter()
-        .map(|(_, r, b)| (*r, b.clone()))
-        .collect();
+    let mut plain: Vec<(bool, Vec<u8>)> = out.got();
     plain.extend(drain(&broker2, "plain", later));
     let expected: Vec<(bool, Vec<u8>)> = (0..50)
         .map(|i| (true, format!("p{i}").into_bytes()))

@@ -90,6 +90,19 @@ async fn connect(uri: &str) -> Connection {
         .expect("connect")
 }
 
+async fn declare_durable(ch: &lapin::Channel, queue: &str) {
+    ch.queue_declare(
+        queue.into(),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .expect("declare");
+}
+
 fn temp_dir(seed: u64) -> PathBuf {
     let d = std::env::temp_dir().join(format!("berth-crash-{}-{seed}", std::process::id()));
     let _may_not_exist = std::fs::remove_dir_all(&d);
@@ -110,17 +123,7 @@ async fn confirmed_messages_survive_sigkill_and_committed_acks_stay_acked() {
         let queue = format!("crash-{iteration}");
         let conn = connect(&broker.uri).await;
         let setup = conn.create_channel().await.expect("channel");
-        setup
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .expect("declare");
+        declare_durable(&setup, &queue).await;
 
         let confirmed = Arc::new(Mutex::new(HashSet::new()));
         let committed = Arc::new(Mutex::new(HashSet::new()));
@@ -279,16 +282,7 @@ async fn paged_out_transient_messages_do_not_survive_a_restart() {
     let mut broker = Broker::start(&dir);
     let conn = connect(&broker.uri).await;
     let ch = conn.create_channel().await.expect("channel");
-    ch.queue_declare(
-        "paging".into(),
-        QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .expect("declare");
+    declare_durable(&ch, "paging").await;
     ch.confirm_select(ConfirmSelectOptions::default())
         .await
         .expect("confirm.select");
