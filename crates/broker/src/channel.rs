@@ -19,8 +19,9 @@ use parking_lot::Mutex;
 use crate::durable::Done;
 use crate::error::{AmqpError, AmqpResult};
 use crate::message::Message;
-use crate::queue::{Consumer, Queue, QueuedMessage};
-use crate::vhost::{PublishResult, VHost};
+use crate::queue::{Consumer, ConsumerChannel, Queue, QueuedMessage};
+use crate::routing::PublishResult;
+use crate::vhost::VHost;
 
 /// Where a connection's outgoing deliveries go. Implemented by the server;
 /// every call appends whole frames to the connection's output.
@@ -131,54 +132,6 @@ impl Channel {
         })
     }
 
-    /// Called by a queue (holding its own lock) to hand a message to one of
-    /// this channel's consumers. Gives the message back if the consumer or
-    /// channel has no credit or the connection is congested.
-    pub(crate) fn try_deliver(
-        &self,
-        consumer: &Arc<Consumer>,
-        queue: &Arc<Queue>,
-        msg: QueuedMessage,
-        now: Instant,
-    ) -> Result<(), QueuedMessage> {
-        let mut st = self.state.lock();
-        if st.closed || self.session.outlet.is_congested() {
-            return Err(msg);
-        }
-        if !consumer.no_ack {
-            let in_flight = consumer.in_flight.load(Ordering::Relaxed);
-            if consumer.prefetch > 0 && in_flight >= u32::from(consumer.prefetch) {
-                return Err(msg);
-            }
-            if st.channel_prefetch > 0 && st.channel_in_flight >= u32::from(st.channel_prefetch) {
-                return Err(msg);
-            }
-        }
-        let tag = st.next_delivery_tag;
-        st.next_delivery_tag += 1;
-        self.session
-            .outlet
-            .deliver(self.id, &consumer.tag, tag, msg.redelivered, &msg.msg);
-        if !consumer.no_ack {
-            consumer.in_flight.fetch_add(1, Ordering::Relaxed);
-            st.channel_in_flight += 1;
-            let timeout = queue
-                .args
-                .consumer_timeout_ms
-                .or(self.session.consumer_timeout_ms);
-            st.unacked.insert(
-                tag,
-                Unacked {
-                    queue: Arc::clone(queue),
-                    msg,
-                    consumer: Some(Arc::clone(consumer)),
-                    deadline: timeout.map(|ms| (now + Duration::from_millis(ms), ms)),
-                },
-            );
-        }
-        Ok(())
-    }
-
     /// `basic.qos`.
     pub fn qos(&self, prefetch_count: u16, global: bool, now: Instant) {
         let queues = {
@@ -223,7 +176,7 @@ impl Channel {
             }
             let c = Arc::new(Consumer {
                 tag: tag.clone(),
-                channel: Arc::clone(self),
+                channel: Arc::clone(self) as Arc<dyn ConsumerChannel>,
                 queue: Arc::clone(&queue),
                 no_ack,
                 exclusive,
@@ -248,15 +201,7 @@ impl Channel {
     pub fn cancel(self: &Arc<Self>, tag: &str, now: Instant) {
         let c = self.state.lock().consumers.remove(tag);
         if let Some(c) = c {
-            c.queue.remove_consumer(self, tag, now);
-        }
-    }
-
-    /// The queue deleted this consumer; tell the client if it listens.
-    pub(crate) fn consumer_gone(&self, tag: &str) {
-        let removed = self.state.lock().consumers.remove(tag).is_some();
-        if removed && self.session.cancel_notify {
-            self.session.outlet.consumer_cancelled(self.id, tag);
+            c.queue.remove_consumer(&c, now);
         }
     }
 
@@ -568,11 +513,65 @@ impl Channel {
                 std::mem::take(&mut st.unacked),
             )
         };
-        for (tag, c) in consumers {
-            c.queue.remove_consumer(self, &tag, now);
+        for c in consumers.into_values() {
+            c.queue.remove_consumer(&c, now);
         }
         for (queue, msgs) in group_by_queue(unacked.into_values().collect()) {
             queue.requeue(msgs, now, None);
+        }
+    }
+}
+
+impl ConsumerChannel for Channel {
+    fn try_deliver(
+        &self,
+        consumer: &Arc<Consumer>,
+        queue: &Arc<Queue>,
+        msg: QueuedMessage,
+        now: Instant,
+    ) -> Result<(), QueuedMessage> {
+        let mut st = self.state.lock();
+        if st.closed || self.session.outlet.is_congested() {
+            return Err(msg);
+        }
+        if !consumer.no_ack {
+            let in_flight = consumer.in_flight.load(Ordering::Relaxed);
+            if consumer.prefetch > 0 && in_flight >= u32::from(consumer.prefetch) {
+                return Err(msg);
+            }
+            if st.channel_prefetch > 0 && st.channel_in_flight >= u32::from(st.channel_prefetch) {
+                return Err(msg);
+            }
+        }
+        let tag = st.next_delivery_tag;
+        st.next_delivery_tag += 1;
+        self.session
+            .outlet
+            .deliver(self.id, &consumer.tag, tag, msg.redelivered, &msg.msg);
+        if !consumer.no_ack {
+            consumer.in_flight.fetch_add(1, Ordering::Relaxed);
+            st.channel_in_flight += 1;
+            let timeout = queue
+                .args
+                .consumer_timeout_ms
+                .or(self.session.consumer_timeout_ms);
+            st.unacked.insert(
+                tag,
+                Unacked {
+                    queue: Arc::clone(queue),
+                    msg,
+                    consumer: Some(Arc::clone(consumer)),
+                    deadline: timeout.map(|ms| (now + Duration::from_millis(ms), ms)),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    fn consumer_gone(&self, tag: &str) {
+        let removed = self.state.lock().consumers.remove(tag).is_some();
+        if removed && self.session.cancel_notify {
+            self.session.outlet.consumer_cancelled(self.id, tag);
         }
     }
 }

@@ -13,23 +13,60 @@
 //!   `declare-ok` means the definition survives a crash.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use berth_protocol::codec::{decode_field_table, encode_field_table};
 use berth_protocol::{AMQPValue, FieldTable, LongString};
 use bytes::{BufMut, Bytes, BytesMut};
 use parking_lot::Mutex;
 
-/// A journal failure (I/O error, failed fsync, poisoned group), as text.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JournalError(pub String);
+/// A journal failure (I/O error, failed fsync, poisoned group): what the
+/// broker was doing, and the store's error as its cause.
+#[derive(Debug, Clone)]
+pub struct JournalError {
+    what: String,
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
 
-impl std::fmt::Display for JournalError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+impl JournalError {
+    /// A failure with no underlying error (e.g. "not stored").
+    pub fn new(what: impl Into<String>) -> Self {
+        Self {
+            what: what.into(),
+            source: None,
+        }
+    }
+
+    /// A failure caused by `source` (the store's error), kept as the cause.
+    pub fn caused_by(
+        what: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            what: what.into(),
+            source: Some(Arc::new(source)),
+        }
     }
 }
 
-impl std::error::Error for JournalError {}
+impl std::fmt::Display for JournalError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.source {
+            // Operators read this in one log line: say the cause too.
+            Some(s) => write!(f, "{}: {s}", self.what),
+            None => f.write_str(&self.what),
+        }
+    }
+}
+
+impl std::error::Error for JournalError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn std::error::Error + 'static))
+    }
+}
 
 /// Called once a journal write is durable (per the store's sync mode), or
 /// failed. Runs on a store thread: keep it short.
@@ -51,7 +88,7 @@ pub trait Journal: Send + Sync {
     /// `publish`). Valid once [`Journal::written`] says so.
     fn read(&self, queue: u64, msg: u64) -> Result<Bytes, JournalError> {
         let _ = (queue, msg);
-        Err(JournalError("this journal keeps no messages".to_owned()))
+        Err(JournalError::new("this journal keeps no messages"))
     }
     /// [`Journal::read`] for several messages of a queue at once (the
     /// journal may read neighbouring records together): one result per
@@ -78,6 +115,57 @@ pub trait Journal: Send + Sync {
 /// or any message of a non-durable queue). Such copies never survive a
 /// restart: the journal's queues with this bit are purged at startup.
 pub const PAGING_BIT: u64 = 1 << 63;
+
+/// The journal and the id counters every vhost and queue shares.
+pub struct Durability {
+    pub journal: Arc<dyn Journal>,
+    /// Next journal message id (never reused: restored from the journal).
+    next_msg_id: AtomicU64,
+    /// Next journal queue id (durable queues and paging ids).
+    next_queue_id: AtomicU64,
+    /// Ready messages per queue whose bodies stay in memory; beyond it,
+    /// bodies already written to the journal are read back when needed.
+    resident_messages_max: AtomicUsize,
+}
+
+impl Durability {
+    /// Ids continue from the given values (one past the largest recovered).
+    pub fn new(journal: Arc<dyn Journal>, next_msg_id: u64, next_queue_id: u64) -> Self {
+        Self {
+            journal,
+            next_msg_id: AtomicU64::new(next_msg_id),
+            next_queue_id: AtomicU64::new(next_queue_id),
+            resident_messages_max: AtomicUsize::new(crate::limits::RESIDENT_MESSAGES_MAX_DEFAULT),
+        }
+    }
+
+    pub fn journal(&self) -> &dyn Journal {
+        self.journal.as_ref()
+    }
+
+    /// A fresh journal message id.
+    pub fn new_message_id(&self) -> u64 {
+        self.next_msg_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A fresh journal queue id for a durable queue.
+    pub fn new_queue_id(&self) -> u64 {
+        self.next_queue_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A fresh journal queue id for a queue's paging copies.
+    pub fn new_paging_id(&self) -> u64 {
+        self.new_queue_id() | PAGING_BIT
+    }
+
+    pub fn resident_messages_max(&self) -> usize {
+        self.resident_messages_max.load(Ordering::Relaxed)
+    }
+
+    pub fn set_resident_messages_max(&self, n: usize) {
+        self.resident_messages_max.store(n, Ordering::Relaxed);
+    }
+}
 
 /// A journal that keeps nothing (the broker without a store).
 pub struct NoJournal;
@@ -156,7 +244,9 @@ impl Journal for MemoryJournal {
             .get(&queue)
             .and_then(|q| q.get(&msg))
             .cloned()
-            .ok_or_else(|| JournalError(format!("message {msg} of queue {queue} is not stored")))
+            .ok_or_else(|| {
+                JournalError::new(format!("message {msg} of queue {queue} is not stored"))
+            })
     }
     fn pages(&self) -> bool {
         true

@@ -13,7 +13,6 @@
 //!   after it is released, so a queue never holds its lock while publishing to
 //!   another queue.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -22,152 +21,57 @@ use berth_protocol::FieldTable;
 use parking_lot::Mutex;
 
 use crate::args::{Overflow, QueueArgs};
-use crate::channel::Channel;
-use crate::durable::{Done, PAGING_BIT};
+use crate::dead_letter::{DeadLetter, DeathReason};
+use crate::durable::{Done, Durability, PAGING_BIT};
+use crate::limits::{FLOW_ACTIVE_MS, FLOW_READY_MAX, PAGE_SCAN_EVERY_MESSAGES};
 use crate::message::Message;
-use crate::vhost::VHost;
+use crate::paging::{Loaded, Pager, QueueRef};
+pub use crate::ready::QueuedMessage;
+use crate::ready::{Body, Entry, Ready};
+use crate::timers::{TimerTarget, Timers};
 
-/// Why a message was dead-lettered (the `reason` of `x-death`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeathReason {
-    Rejected,
-    Expired,
-    MaxLen,
-    DeliveryLimit,
+/// Where a queue's consumer gets its deliveries: implemented by the
+/// channel the consumer was created on.
+pub trait ConsumerChannel: Send + Sync {
+    /// Called by a queue (holding its own lock) to hand a message to one of
+    /// this channel's consumers. Gives the message back if the consumer or
+    /// channel has no credit or the connection is congested.
+    fn try_deliver(
+        &self,
+        consumer: &Arc<Consumer>,
+        queue: &Arc<Queue>,
+        msg: QueuedMessage,
+        now: Instant,
+    ) -> Result<(), QueuedMessage>;
+    /// The queue went away: the consumer is cancelled (tell the client if
+    /// it listens for that).
+    fn consumer_gone(&self, tag: &str);
 }
 
-impl DeathReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Rejected => "rejected",
-            Self::Expired => "expired",
-            Self::MaxLen => "maxlen",
-            Self::DeliveryLimit => "delivery_limit",
-        }
-    }
+/// What a queue hands back to the vhost that holds it.
+pub trait QueueOwner: Send + Sync {
+    /// Republishes messages that left `from` with a reason, through its
+    /// dead-letter exchange.
+    fn dead_letter(&self, from: &Queue, letters: Vec<DeadLetter>, now: Instant);
+    /// The queue deleted itself (auto-delete, `x-expires`): remove it.
+    fn delete_queue(&self, name: &str);
 }
 
-/// A message in a queue: the shared message plus this queue's bookkeeping.
-#[derive(Debug, Clone)]
-pub struct QueuedMessage {
-    pub msg: Arc<Message>,
-    /// Position in publish order, for requeueing to the original place.
-    pub seq: u64,
-    /// Times it came back unacknowledged (nack/reject with requeue, channel
-    /// closed); drives `redelivered` and `x-delivery-limit`.
-    pub returns: u32,
-    /// Delivered at least once before.
-    pub redelivered: bool,
-    /// When it expires (queue TTL or per-message expiration).
-    pub expires_at: Option<Instant>,
-    /// Its id in the journal, if it is stored there (persistent message in
-    /// a durable queue); its removal must then be journaled too.
-    pub stored: Option<u64>,
-}
-
-/// What a ready entry holds of its message.
-#[derive(Debug, Clone)]
-enum Body {
-    Resident(Arc<Message>),
-    /// Only in the journal (under the entry's `stored` id): read back when
-    /// it is delivered, fetched or dead-lettered.
-    Paged {
-        /// Body bytes (for restored messages: the stored payload's length).
-        bytes: u32,
-        priority: u8,
-        /// Restored at startup without being read: its `expiration` is
-        /// checked when it is read, counted from the restart.
-        restored: bool,
-    },
-}
-
-/// A ready message: its body (in memory or only in the journal) and this
-/// queue's bookkeeping. Kept small: a deep queue holds millions of these.
-#[derive(Debug, Clone)]
-struct Entry {
-    body: Body,
-    seq: u64,
-    returns: u32,
-    redelivered: bool,
-    expires_at: Option<Instant>,
-    stored: Option<u64>,
-}
-
-impl Entry {
-    fn resident(m: QueuedMessage) -> Self {
-        Self {
-            body: Body::Resident(m.msg),
-            seq: m.seq,
-            returns: m.returns,
-            redelivered: m.redelivered,
-            expires_at: m.expires_at,
-            stored: m.stored,
-        }
-    }
-
-    fn priority(&self) -> u8 {
-        match &self.body {
-            Body::Resident(m) => m.priority,
-            Body::Paged { priority, .. } => *priority,
-        }
-    }
-
-    fn bytes(&self) -> u64 {
-        match &self.body {
-            Body::Resident(m) => m.body_bytes(),
-            Body::Paged { bytes, .. } => u64::from(*bytes),
-        }
-    }
-
-    fn with_message(self, msg: Arc<Message>) -> QueuedMessage {
-        QueuedMessage {
-            msg,
-            seq: self.seq,
-            returns: self.returns,
-            redelivered: self.redelivered,
-            expires_at: self.expires_at,
-            stored: self.stored,
-        }
-    }
-}
-
-/// Enqueues between two paging scans of a queue past its resident window.
-const PAGE_SCAN_EVERY: u64 = 64;
-
-/// Ready messages above which a queue whose consumers are busy counts as
-/// backlogged: they are not keeping up, and publishers to it are slowed
-/// down (flow control) so the backlog, and the latency it adds, stays
-/// bounded. A queue whose consumers deliver nothing (all stuck at their
-/// prefetch limit) is not backlogged: it grows, as in RabbitMQ.
-pub const FLOW_READY_MAX: usize = 256;
-
-/// A queue whose last delivery is older than this has no busy consumers.
-const FLOW_ACTIVE: Duration = Duration::from_millis(100);
-
-/// Paged-out messages read back together when a queue needs one.
-const READ_AHEAD: usize = 64;
-
-/// A restored message's expiry: its `expiration` counts from the restart
-/// (the earlier of that and `current`, the queue TTL's deadline).
-fn restored_expiry(
-    current: Option<Instant>,
-    msg: &Message,
-    restored_at: Option<Instant>,
-) -> Option<Instant> {
-    let own = msg
-        .expiration_ms
-        .zip(restored_at)
-        .map(|(ms, at)| at + Duration::from_millis(ms));
-    match (current, own) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
+/// A queue's surroundings: all it needs of the broker around it.
+#[derive(Clone)]
+pub struct QueueEnv {
+    /// The journal and its id counters.
+    pub dur: Arc<Durability>,
+    /// Where the queue registers its deadlines.
+    pub timers: Arc<Timers>,
+    /// The vhost, for dead letters and deletion.
+    pub owner: Weak<dyn QueueOwner>,
 }
 
 /// A consumer attached to a queue.
 pub struct Consumer {
     pub tag: String,
-    pub channel: Arc<Channel>,
+    pub channel: Arc<dyn ConsumerChannel>,
     pub queue: Arc<Queue>,
     pub no_ack: bool,
     pub exclusive: bool,
@@ -176,12 +80,6 @@ pub struct Consumer {
     /// Deliveries not yet acked, checked against `prefetch` under the
     /// channel lock.
     pub in_flight: AtomicU32,
-}
-
-/// A dead letter to be republished once the queue lock is released.
-pub struct DeadLetter {
-    pub msg: Arc<Message>,
-    pub reason: DeathReason,
 }
 
 /// Work a queue operation leaves for after its lock is released.
@@ -199,86 +97,6 @@ pub struct Effects {
     pub timer_at: Option<Instant>,
 }
 
-/// Ready messages, one FIFO per priority level (one level without
-/// `x-max-priority`).
-struct Ready {
-    levels: Vec<VecDeque<Entry>>,
-    len: usize,
-    bytes: u64,
-    /// Entries whose body is in memory.
-    resident: usize,
-}
-
-impl Ready {
-    fn new(max_priority: Option<u8>) -> Self {
-        let n = max_priority.map_or(1, |p| usize::from(p) + 1);
-        Self {
-            levels: (0..n).map(|_| VecDeque::new()).collect(),
-            len: 0,
-            bytes: 0,
-            resident: 0,
-        }
-    }
-
-    fn level_of(&self, e: &Entry) -> usize {
-        usize::from(e.priority()).min(self.levels.len() - 1)
-    }
-
-    fn count_in(&mut self, e: &Entry) {
-        self.len += 1;
-        self.bytes += e.bytes();
-        if matches!(e.body, Body::Resident(_)) {
-            self.resident += 1;
-        }
-    }
-
-    fn count_out(&mut self, e: &Entry) {
-        self.len -= 1;
-        self.bytes -= e.bytes();
-        if matches!(e.body, Body::Resident(_)) {
-            self.resident -= 1;
-        }
-    }
-
-    fn push_back(&mut self, e: Entry) {
-        let l = self.level_of(&e);
-        self.count_in(&e);
-        self.levels[l].push_back(e);
-    }
-
-    /// Puts a message back at its publish-order position.
-    fn insert_by_seq(&mut self, e: Entry) {
-        let l = self.level_of(&e);
-        self.count_in(&e);
-        let q = &mut self.levels[l];
-        let at = q.partition_point(|x| x.seq < e.seq);
-        q.insert(at, e);
-    }
-
-    fn push_front(&mut self, e: Entry) {
-        let l = self.level_of(&e);
-        self.count_in(&e);
-        self.levels[l].push_front(e);
-    }
-
-    fn front(&self) -> Option<&Entry> {
-        self.levels.iter().rev().find_map(|q| q.front())
-    }
-
-    fn pop_front(&mut self) -> Option<Entry> {
-        let e = self.levels.iter_mut().rev().find_map(VecDeque::pop_front)?;
-        self.count_out(&e);
-        Some(e)
-    }
-
-    fn drain(&mut self) -> Vec<Entry> {
-        self.len = 0;
-        self.bytes = 0;
-        self.resident = 0;
-        self.levels.iter_mut().flat_map(|q| q.drain(..)).collect()
-    }
-}
-
 struct QueueState {
     ready: Ready,
     /// Delivered, not yet acked.
@@ -294,16 +112,10 @@ struct QueueState {
     last_used: Instant,
     /// Deadline already registered with the timer service.
     timer_at: Option<Instant>,
-    /// Entries with `seq` up to this were already considered for paging.
-    page_mark: u64,
-    /// Journal queue id (with [`PAGING_BIT`]) under which paging copies of
-    /// this queue's messages are written; allocated on first use.
-    paging_id: Option<u64>,
+    /// Paging bookkeeping (scan mark, paging id, restore time).
+    pager: Pager,
     /// Last delivery to a consumer (flow control: are consumers busy?).
     last_delivery: Option<Instant>,
-    /// When messages were restored from the journal (their per-message
-    /// `expiration` counts from here).
-    restored_at: Option<Instant>,
 }
 
 /// Counters for the management view and tests.
@@ -320,7 +132,7 @@ pub struct QueueStats {
 /// A queue.
 pub struct Queue {
     pub name: String,
-    pub vhost: Weak<VHost>,
+    env: QueueEnv,
     pub vhost_name: String,
     pub durable: bool,
     pub auto_delete: bool,
@@ -345,7 +157,7 @@ impl Queue {
     #[allow(clippy::too_many_arguments)] // one per part of a queue's identity
     pub(crate) fn new(
         name: String,
-        vhost: Weak<VHost>,
+        env: QueueEnv,
         vhost_name: String,
         durable: bool,
         auto_delete: bool,
@@ -366,13 +178,11 @@ impl Queue {
                 had_consumer: false,
                 last_used: now,
                 timer_at: None,
-                page_mark: 0,
-                paging_id: None,
+                pager: Pager::default(),
                 last_delivery: None,
-                restored_at: None,
             }),
             name,
-            vhost,
+            env,
             vhost_name,
             durable,
             auto_delete,
@@ -400,8 +210,9 @@ impl Queue {
 
     fn busy(s: &QueueState, now: Instant) -> bool {
         !s.consumers.is_empty()
-            && s.last_delivery
-                .is_some_and(|t| now.saturating_duration_since(t) < FLOW_ACTIVE)
+            && s.last_delivery.is_some_and(|t| {
+                now.saturating_duration_since(t) < Duration::from_millis(FLOW_ACTIVE_MS)
+            })
     }
 
     pub fn stats(&self) -> QueueStats {
@@ -432,45 +243,47 @@ impl Queue {
             if !s.deleted {
                 fx.timer_at = self.schedule(&mut s, now);
             }
-            fx.paging_id = s.paging_id;
+            fx.paging_id = s.pager.paging_id;
             let backlogged = s.ready.len > FLOW_READY_MAX && Self::busy(&s, now);
             if backlogged != self.backlogged.load(Ordering::Relaxed) {
                 self.backlogged.store(backlogged, Ordering::Relaxed);
             }
             r
         };
-        self.apply(fx);
+        self.apply(fx, now);
         r
     }
 
-    fn apply(self: &Arc<Self>, fx: Effects) {
-        let Some(vhost) = self.vhost.upgrade() else {
-            return;
-        };
+    fn apply(self: &Arc<Self>, fx: Effects, now: Instant) {
         if let Some(at) = fx.timer_at {
-            vhost.timers.schedule(at, Arc::downgrade(self));
+            let me: Weak<dyn TimerTarget> = Arc::downgrade(self) as Weak<dyn TimerTarget>;
+            self.env.timers.schedule(at, me);
         }
+        let journal = self.env.dur.journal();
         // Paging copies (PAGING_BIT) go to the queue's paging id; their
         // removal is never waited for.
         let (paging, removed): (Vec<u64>, Vec<u64>) =
             fx.removed.iter().partition(|id| *id & PAGING_BIT != 0);
         if let (Some(pid), false) = (fx.paging_id, paging.is_empty()) {
             let ids: Vec<u64> = paging.iter().map(|id| id & !PAGING_BIT).collect();
-            vhost.journal().remove(pid, &ids, None);
+            journal.remove(pid, &ids, None);
         }
         match (self.store_id, removed.is_empty()) {
-            (Some(qid), false) => vhost.journal().remove(qid, &removed, fx.done),
+            (Some(qid), false) => journal.remove(qid, &removed, fx.done),
             _ => {
                 if let Some(d) = fx.done {
                     d(Ok(()));
                 }
             }
         }
-        for d in fx.dead {
-            vhost.dead_letter(self, d);
+        let Some(owner) = self.env.owner.upgrade() else {
+            return;
+        };
+        if !fx.dead.is_empty() {
+            owner.dead_letter(self, fx.dead, now);
         }
         if fx.delete {
-            vhost.remove_queue(&self.name);
+            owner.delete_queue(&self.name);
         }
     }
 
@@ -497,8 +310,9 @@ impl Queue {
         }
     }
 
-    /// Called by the timer service.
-    pub fn on_timer(self: &Arc<Self>, now: Instant) {
+    /// A deadline came: expire messages at the head, delete an unused
+    /// queue with `x-expires`.
+    fn run_timer(self: &Arc<Self>, now: Instant) {
         self.with_state(now, |q, s, fx| {
             if s.timer_at.is_some_and(|t| t <= now) {
                 s.timer_at = None;
@@ -575,11 +389,18 @@ impl Queue {
         }
     }
 
-    /// The entry with its message in memory, read back from the journal if
-    /// it was paged out (with read-ahead: the paged entries right behind it
-    /// are read in the same call and become resident). `None` if it expired
-    /// meanwhile (then it was dropped) or cannot be read (then it stays in
-    /// the journal, and is logged: a restart brings it back).
+    fn queue_ref(&self) -> QueueRef<'_> {
+        QueueRef {
+            name: &self.name,
+            vhost: &self.vhost_name,
+            store_id: self.store_id,
+        }
+    }
+
+    /// The entry with its message in memory (see [`Pager::load`]). `None`
+    /// if it expired meanwhile (then it was dropped) or cannot be read
+    /// (then it stays in the journal, and is logged: a restart brings it
+    /// back).
     fn load(
         &self,
         s: &mut QueueState,
@@ -587,170 +408,21 @@ impl Queue {
         now: Instant,
         fx: &mut Effects,
     ) -> Option<QueuedMessage> {
-        let restored = match e.body {
-            Body::Resident(ref m) => {
-                let m = Arc::clone(m);
-                return Some(e.with_message(m));
+        match s
+            .pager
+            .load(&mut s.ready, e, &self.queue_ref(), &self.env.dur, now)
+        {
+            Loaded::Ready(m) => Some(m),
+            Loaded::Expired(m) => {
+                self.drop_message(m, Some(DeathReason::Expired), fx);
+                None
             }
-            Body::Paged { restored, .. } => restored,
-        };
-        // A paging copy is read from the queue's paging id, a stored
-        // message from its durable id; read-ahead takes neighbours of the
-        // same kind.
-        let kind = e.stored.map(|id| id & PAGING_BIT);
-        let qid = match kind {
-            Some(0) => self.store_id,
-            _ => s.paging_id,
-        };
-        let (Some(qid), Some(id), Some(vhost)) = (qid, e.stored, self.vhost.upgrade()) else {
-            tracing::error!(queue = %self.name, "a paged-out message has no journal id; dropped from memory");
-            return None;
-        };
-        let level = s.ready.level_of(&e);
-        let ahead = s.ready.levels[level]
-            .iter()
-            .take(READ_AHEAD - 1)
-            .map_while(|x| match (&x.body, x.stored) {
-                (Body::Paged { .. }, Some(id)) if Some(id & PAGING_BIT) == kind => Some(id),
-                _ => None,
-            });
-        let ids: Vec<u64> = std::iter::once(id)
-            .chain(ahead)
-            .map(|id| id & !PAGING_BIT)
-            .collect();
-        let mut read = vhost.journal().read_many(qid, &ids).into_iter();
-        let decode = |r: Option<Result<bytes::Bytes, crate::durable::JournalError>>| {
-            r.unwrap_or_else(|| Err(crate::durable::JournalError("no result".into())))
-                .map_err(|err| err.to_string())
-                .and_then(|p| Message::from_stored(&p))
-        };
-        let first = decode(read.next());
-        // The read-ahead entries become resident; one that fails stays
-        // paged and reports its error when its turn comes.
-        for (x, r) in s.ready.levels[level].iter_mut().zip(read) {
-            let Ok(msg) = decode(Some(r)) else {
-                continue;
-            };
-            if let Body::Paged { restored: true, .. } = x.body {
-                x.expires_at = restored_expiry(x.expires_at, &msg, s.restored_at);
-            }
-            x.body = Body::Resident(msg);
-            s.ready.resident += 1;
+            Loaded::Unreadable => None,
         }
-        let msg = match first {
-            Ok(m) => m,
-            Err(why) => {
-                tracing::error!(queue = %self.name, vhost = %self.vhost_name, msg = id, "stored message cannot be read back ({why}); it stays in the journal and returns after a restart");
-                return None;
-            }
-        };
-        let m = e.with_message(msg);
-        if restored {
-            if let Some(t) = restored_expiry(None, &m.msg, s.restored_at) {
-                if t <= now {
-                    self.drop_message(m, Some(DeathReason::Expired), fx);
-                    return None;
-                }
-            }
-        }
-        Some(m)
     }
 
-    /// Moves bodies beyond the resident window out of memory; they are read
-    /// back when needed. A stored message (persistent, durable queue)
-    /// leaves once the journal has written it. Any other message is first
-    /// written as a paging copy (under the queue's paging id, not waited
-    /// for, never recovered) and leaves on a later scan, once written.
-    /// Scans only entries newer than the last scan (plus those not yet
-    /// written then), so its cost is proportional to what was published.
     fn page_out(&self, s: &mut QueueState) {
-        let Some(vhost) = self.vhost.upgrade() else {
-            return;
-        };
-        let window = vhost.resident_messages_max();
-        if s.ready.resident <= window || !vhost.journal().pages() {
-            return;
-        }
-        let mark = s.page_mark;
-        // (level, index, journal id); a paging copy's id carries PAGING_BIT.
-        let mut candidates: Vec<(usize, usize, u64)> = Vec::new();
-        let mut to_copy: Vec<(usize, usize)> = Vec::new();
-        let mut newest = mark;
-        for (l, level) in s.ready.levels.iter().enumerate() {
-            for (i, e) in level.iter().enumerate().rev() {
-                if i < window || e.seq <= mark {
-                    break;
-                }
-                newest = newest.max(e.seq);
-                match (&e.body, e.stored) {
-                    (Body::Resident(_), Some(id)) => candidates.push((l, i, id)),
-                    (Body::Resident(_), None) => to_copy.push((l, i)),
-                    (Body::Paged { .. }, _) => {}
-                }
-            }
-        }
-        if !to_copy.is_empty() {
-            let pid = *s.paging_id.get_or_insert_with(|| vhost.new_paging_id());
-            for (l, i) in to_copy {
-                let e = &mut s.ready.levels[l][i];
-                let Body::Resident(m) = &e.body else {
-                    continue;
-                };
-                let id = vhost.new_message_id();
-                let payload = crate::durable::encode_message(
-                    &m.exchange,
-                    &m.routing_key,
-                    &m.properties,
-                    &m.body,
-                );
-                vhost.journal().publish(id, &[pid], payload, None);
-                e.stored = Some(id | PAGING_BIT);
-                candidates.push((l, i, id | PAGING_BIT));
-            }
-        }
-        if candidates.is_empty() {
-            s.page_mark = newest;
-            return;
-        }
-        let mut written = vec![false; candidates.len()];
-        for (qid, bit) in [(self.store_id, 0), (s.paging_id, PAGING_BIT)] {
-            let Some(qid) = qid else {
-                continue;
-            };
-            let (at, ids): (Vec<usize>, Vec<u64>) = candidates
-                .iter()
-                .enumerate()
-                .filter(|(_, c)| c.2 & PAGING_BIT == bit)
-                .map(|(k, c)| (k, c.2 & !PAGING_BIT))
-                .unzip();
-            if ids.is_empty() {
-                continue;
-            }
-            for (k, ok) in at.into_iter().zip(vhost.journal().written(qid, &ids)) {
-                written[k] = ok;
-            }
-        }
-        let mut oldest_unwritten: Option<u64> = None;
-        for ((l, i, _), ok) in candidates.into_iter().zip(written) {
-            let e = &mut s.ready.levels[l][i];
-            if !ok {
-                oldest_unwritten = Some(oldest_unwritten.map_or(e.seq, |o| o.min(e.seq)));
-                continue;
-            }
-            let Body::Resident(m) = &e.body else {
-                continue;
-            };
-            e.body = Body::Paged {
-                bytes: u32::try_from(m.body_bytes()).unwrap_or(u32::MAX),
-                priority: m.priority,
-                restored: false,
-            };
-            s.ready.resident -= 1;
-        }
-        s.page_mark = match oldest_unwritten {
-            Some(seq) => seq.saturating_sub(1).max(mark),
-            None => newest,
-        };
+        s.pager.page_out(&mut s.ready, self.store_id, &self.env.dur);
     }
 
     /// Enqueues a published message (`stored`: its journal id, already
@@ -793,7 +465,7 @@ impl Queue {
             // A TTL of 0 means "deliver now or never".
             q.drop_expired(s, now, true, fx);
             q.trim_to_limits(s, now, fx);
-            if seq % PAGE_SCAN_EVERY == 0 {
+            if seq % PAGE_SCAN_EVERY_MESSAGES == 0 {
                 q.page_out(s);
             }
             true
@@ -988,10 +660,9 @@ impl Queue {
 
     /// Removes a consumer (cancel, channel close). Auto-deletes the queue
     /// when its last consumer goes.
-    pub fn remove_consumer(self: &Arc<Self>, channel: &Arc<Channel>, tag: &str, now: Instant) {
+    pub fn remove_consumer(self: &Arc<Self>, consumer: &Arc<Consumer>, now: Instant) {
         self.with_state(now, |q, s, fx| {
-            s.consumers
-                .retain(|c| !(c.tag == tag && Arc::ptr_eq(&c.channel, channel)));
+            s.consumers.retain(|c| !Arc::ptr_eq(c, consumer));
             s.last_used = now;
             if s.next_consumer >= s.consumers.len() {
                 s.next_consumer = 0;
@@ -1044,10 +715,10 @@ impl Queue {
     /// size; `priority` matters only with `x-max-priority`.
     pub fn restore_paged(self: &Arc<Self>, stored: u64, bytes: u32, priority: u8, now: Instant) {
         self.with_state(now, |q, s, _fx| {
-            s.restored_at.get_or_insert(now);
+            s.pager.restored_at.get_or_insert(now);
             let seq = s.next_seq;
             s.next_seq += 1;
-            s.page_mark = seq;
+            s.pager.page_mark = seq;
             s.ready.push_back(Entry {
                 body: Body::Paged {
                     bytes,
@@ -1072,21 +743,12 @@ impl Queue {
         let mut s = self.state.lock();
         s.deleted = true;
         let n = s.ready.drain().len();
-        (n, std::mem::take(&mut s.consumers), s.paging_id)
+        (n, std::mem::take(&mut s.consumers), s.pager.paging_id)
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_ready_entry_stays_compact() {
-        // A deep queue holds millions of these: keep them within 64 bytes.
-        assert!(
-            std::mem::size_of::<Entry>() <= 64,
-            "Entry is {} bytes",
-            std::mem::size_of::<Entry>()
-        );
+impl TimerTarget for Queue {
+    fn on_timer(self: Arc<Self>, now: Instant) {
+        self.run_timer(now);
     }
 }

@@ -8,113 +8,26 @@
 //! - A deleted queue is first marked deleted under its own lock, then removed
 //!   from the map and from every exchange's bindings.
 
-use std::collections::{BinaryHeap, HashMap};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::collections::HashMap;
 use std::sync::{Arc, Weak};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
-use berth_protocol::{AMQPValue, FieldArray, FieldTable, LongString};
+use berth_protocol::FieldTable;
 use parking_lot::{Mutex, RwLock};
 use rand::Rng;
 
 use crate::args::{as_string, check_equivalent, QueueArgs, QueueType};
-use crate::durable::{self, Done, Journal};
+use crate::clock::Clock;
+use crate::dead_letter::{self, DeadLetter};
+use crate::durable::{self, Done, Durability, Journal};
 use crate::error::{AmqpError, AmqpResult};
 use crate::exchange::{Destination, Exchange, ExchangeKind};
+use crate::limits::SERVER_NAMED_TAIL_CHARS;
 use crate::message::Message;
-use crate::queue::{DeadLetter, DeathReason, Queue};
-
-/// Where a published message went.
-#[derive(Clone, Default)]
-pub struct PublishResult {
-    /// Queues that accepted it.
-    pub queues: usize,
-    /// Some queue refused it (`x-overflow = reject-publish`).
-    pub rejected: bool,
-    /// It was journaled: the completion made for it runs once it is stored.
-    pub durable: bool,
-    /// It went to a queue whose consumers are busy but not keeping up: the
-    /// publisher should wait until they catch up (flow control).
-    pub backlogged: Option<Arc<Queue>>,
-}
-
-impl PublishResult {
-    /// No queue at all matched (for `mandatory`).
-    pub fn unroutable(&self) -> bool {
-        self.queues == 0 && !self.rejected
-    }
-}
-
-/// Deadlines of queues that need attention (TTL, `x-expires`).
-#[derive(Default)]
-pub struct Timers {
-    heap: Mutex<BinaryHeap<TimerEntry>>,
-}
-
-struct TimerEntry {
-    at: Instant,
-    queue: Weak<Queue>,
-}
-
-impl PartialEq for TimerEntry {
-    fn eq(&self, o: &Self) -> bool {
-        self.at == o.at
-    }
-}
-impl Eq for TimerEntry {}
-impl PartialOrd for TimerEntry {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for TimerEntry {
-    // Reversed: BinaryHeap is a max-heap, we want the earliest first.
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        o.at.cmp(&self.at)
-    }
-}
-
-impl Timers {
-    pub fn schedule(&self, at: Instant, queue: Weak<Queue>) {
-        self.heap.lock().push(TimerEntry { at, queue });
-    }
-
-    /// Runs every timer due at `now`.
-    pub fn run_due(&self, now: Instant) {
-        loop {
-            let q = {
-                let mut h = self.heap.lock();
-                match h.peek() {
-                    Some(e) if e.at <= now => h.pop().map(|e| e.queue),
-                    _ => return,
-                }
-            };
-            if let Some(q) = q.and_then(|w| w.upgrade()) {
-                q.on_timer(now);
-            }
-        }
-    }
-
-    /// The earliest pending deadline.
-    pub fn next_deadline(&self) -> Option<Instant> {
-        self.heap.lock().peek().map(|e| e.at)
-    }
-}
-
-/// The journal and the id counters every vhost shares.
-pub struct Durability {
-    pub journal: Arc<dyn Journal>,
-    /// Next journal message id (never reused: restored from the journal).
-    pub next_msg_id: AtomicU64,
-    /// Next durable queue id.
-    pub next_queue_id: AtomicU64,
-    /// Ready messages per queue whose bodies stay in memory; beyond it,
-    /// bodies already written to the journal are read back when needed.
-    pub resident_messages_max: AtomicUsize,
-}
-
-/// Default of [`Durability::resident_messages_max`].
-pub const RESIDENT_MESSAGES_MAX_DEFAULT: usize = 4096;
+use crate::queue::{Queue, QueueEnv, QueueOwner};
+pub use crate::routing::PublishResult;
+use crate::routing::{self, Names};
+use crate::timers::Timers;
 
 /// A virtual host.
 pub struct VHost {
@@ -123,6 +36,7 @@ pub struct VHost {
     queues: RwLock<HashMap<String, Arc<Queue>>>,
     pub timers: Arc<Timers>,
     dur: Arc<Durability>,
+    clock: Arc<dyn Clock>,
     /// Serialises declare/delete of queues, so a definition is journaled
     /// (which waits for the disk) without holding the maps' write locks that
     /// publishers read.
@@ -161,13 +75,19 @@ pub struct ExchangeDeclare {
 }
 
 impl VHost {
-    pub fn new(name: &str, timers: Arc<Timers>, dur: Arc<Durability>) -> Arc<Self> {
+    pub fn new(
+        name: &str,
+        timers: Arc<Timers>,
+        dur: Arc<Durability>,
+        clock: Arc<dyn Clock>,
+    ) -> Arc<Self> {
         let v = Arc::new_cyclic(|me| Self {
             name: name.to_owned(),
             exchanges: RwLock::new(HashMap::new()),
             queues: RwLock::new(HashMap::new()),
             timers,
             dur,
+            clock,
             definitions: Mutex::new(()),
             me: me.clone(),
         });
@@ -191,21 +111,32 @@ impl VHost {
     }
 
     pub(crate) fn journal(&self) -> &dyn Journal {
-        self.dur.journal.as_ref()
+        self.dur.journal()
     }
 
-    /// A fresh journal queue id for a queue's paging copies.
-    pub(crate) fn new_paging_id(&self) -> u64 {
-        self.dur.next_queue_id.fetch_add(1, Ordering::Relaxed) | durable::PAGING_BIT
+    /// What a queue of this vhost gets of its surroundings.
+    pub(crate) fn queue_env(&self) -> QueueEnv {
+        let owner: Weak<dyn QueueOwner> = self.me.clone() as Weak<dyn QueueOwner>;
+        QueueEnv {
+            dur: Arc::clone(&self.dur),
+            timers: Arc::clone(&self.timers),
+            owner,
+        }
     }
 
-    /// A fresh journal message id.
-    pub(crate) fn new_message_id(&self) -> u64 {
-        self.dur.next_msg_id.fetch_add(1, Ordering::Relaxed)
+    /// Adds an exchange as it is (restore after a restart).
+    pub(crate) fn insert_exchange(&self, e: Arc<Exchange>) {
+        self.exchanges.write().insert(e.name.clone(), e);
     }
 
-    pub(crate) fn resident_messages_max(&self) -> usize {
-        self.dur.resident_messages_max.load(Ordering::Relaxed)
+    /// Adds a queue as it is (restore after a restart).
+    pub(crate) fn insert_queue(&self, q: Arc<Queue>) {
+        self.queues.write().insert(q.name.clone(), q);
+    }
+
+    /// A queue by name, whoever owns it.
+    pub(crate) fn find_queue(&self, name: &str) -> Option<Arc<Queue>> {
+        self.queues.read().get(name).cloned()
     }
 
     fn meta_put(&self, key: &[u8], value: &[u8]) -> AmqpResult<()> {
@@ -638,8 +569,7 @@ impl VHost {
             return Ok((name, s.ready, s.consumers));
         }
         // Exclusive queues die with their connection, so they are never stored.
-        let store_id = (d.durable && !d.exclusive)
-            .then(|| self.dur.next_queue_id.fetch_add(1, Ordering::Relaxed));
+        let store_id = (d.durable && !d.exclusive).then(|| self.dur.new_queue_id());
         if let Some(id) = store_id {
             self.meta_put(
                 &durable::queue_key(&self.name, &name),
@@ -648,7 +578,7 @@ impl VHost {
         }
         let q = Arc::new(Queue::new(
             name.clone(),
-            self.me.clone(),
+            self.queue_env(),
             self.name.clone(),
             d.durable,
             d.auto_delete,
@@ -736,104 +666,6 @@ impl VHost {
         }
     }
 
-    /// Re-creates a stored exchange after a restart.
-    pub fn restore_exchange(&self, name: &str, value: &[u8]) -> Result<(), String> {
-        let t = durable::read_table(value).ok_or("definition does not parse")?;
-        let get = |k: &str| t.inner().get(k);
-        let kind = get("type").and_then(as_string).ok_or("no type")?;
-        let kind = ExchangeKind::parse(&kind).map_err(|e| e.text)?;
-        let flag = |k: &str| matches!(get(k), Some(AMQPValue::Boolean(true)));
-        let arguments = match get("arguments") {
-            Some(AMQPValue::FieldTable(a)) => a.clone(),
-            _ => FieldTable::default(),
-        };
-        self.exchanges.write().insert(
-            name.to_owned(),
-            Arc::new(Exchange::new(
-                name.to_owned(),
-                kind,
-                true,
-                flag("auto_delete"),
-                flag("internal"),
-                arguments,
-            )),
-        );
-        Ok(())
-    }
-
-    /// Re-creates a stored queue after a restart; returns it and its id.
-    pub fn restore_queue(
-        &self,
-        name: &str,
-        value: &[u8],
-        now: Instant,
-    ) -> Result<(Arc<Queue>, u64), String> {
-        let t = durable::read_table(value).ok_or("definition does not parse")?;
-        let id = t
-            .inner()
-            .get("id")
-            .and_then(crate::args::as_i128)
-            .and_then(|i| u64::try_from(i).ok())
-            .ok_or("no id")?;
-        let auto_delete = matches!(t.inner().get("auto_delete"), Some(AMQPValue::Boolean(true)));
-        let arguments = match t.inner().get("arguments") {
-            Some(AMQPValue::FieldTable(a)) => a.clone(),
-            _ => FieldTable::default(),
-        };
-        let args = QueueArgs::parse(name, &self.name, &arguments).map_err(|e| e.text)?;
-        let q = Arc::new(Queue::new(
-            name.to_owned(),
-            self.me.clone(),
-            self.name.clone(),
-            true,
-            auto_delete,
-            None,
-            Some(id),
-            arguments,
-            args,
-            now,
-        ));
-        self.queues.write().insert(name.to_owned(), Arc::clone(&q));
-        Ok((q, id))
-    }
-
-    /// Re-creates a stored binding after a restart.
-    pub fn restore_binding(
-        &self,
-        source: &str,
-        to_queue: bool,
-        destination: &str,
-        routing_key: &str,
-        value: &[u8],
-    ) -> Result<(), String> {
-        let t = durable::read_table(value).ok_or("definition does not parse")?;
-        let arguments = match t.inner().get("arguments") {
-            Some(AMQPValue::FieldTable(a)) => a.clone(),
-            _ => FieldTable::default(),
-        };
-        let src = self.exchange(source).map_err(|e| e.text)?;
-        if to_queue {
-            let q = self
-                .queues
-                .read()
-                .get(destination)
-                .cloned()
-                .ok_or_else(|| format!("no queue '{destination}'"))?;
-            src.bind(Destination::Queue(Arc::clone(&q)), routing_key, &arguments);
-            q.bound_from
-                .lock()
-                .push((source.to_owned(), routing_key.to_owned(), arguments));
-        } else {
-            self.exchange(destination).map_err(|e| e.text)?;
-            src.bind(
-                Destination::Exchange(destination.to_owned()),
-                routing_key,
-                &arguments,
-            );
-        }
-        Ok(())
-    }
-
     /// Checks that a publish to `exchange` is allowed (exists, not internal).
     pub fn check_publish_target(&self, exchange: &str) -> AmqpResult<Option<Arc<Exchange>>> {
         if exchange.is_empty() {
@@ -849,8 +681,7 @@ impl VHost {
         Ok(Some(e))
     }
 
-    /// Routes and enqueues a message.
-    /// Routes and enqueues a message. A persistent message reaching durable
+    /// Routes and enqueues a message.    /// Routes and enqueues a message. A persistent message reaching durable
     /// queues is journaled first; `durable` then makes the completion that
     /// runs once it is stored (and `PublishResult::durable` says so).
     pub fn publish(
@@ -861,285 +692,64 @@ impl VHost {
         durable: &mut dyn FnMut() -> Done,
     ) -> AmqpResult<PublishResult> {
         let start = self.check_publish_target(exchange)?;
-        let targets = self.resolve(start, msg);
-        Ok(self.deliver_to(&targets, msg, now, Some(durable)))
+        let targets = routing::resolve(self, start, msg);
+        Ok(routing::deliver_to(
+            &self.dur,
+            &targets,
+            msg,
+            now,
+            Some(durable),
+        ))
+    }
+}
+
+impl Names for VHost {
+    fn exchange(&self, name: &str) -> Option<Arc<Exchange>> {
+        self.exchanges.read().get(name).cloned()
     }
 
-    fn deliver_to(
-        &self,
-        targets: &[Arc<Queue>],
-        msg: &Arc<Message>,
-        now: Instant,
-        durable: Option<&mut dyn FnMut() -> Done>,
-    ) -> PublishResult {
-        let mut r = PublishResult::default();
-        let stored_in: Vec<u64> = if msg.persistent {
-            targets.iter().filter_map(|q| q.store_id).collect()
-        } else {
-            Vec::new()
-        };
-        let stored = (!stored_in.is_empty()).then(|| {
-            let id = self.new_message_id();
-            let payload = durable::encode_message(
-                &msg.exchange,
-                &msg.routing_key,
-                &msg.properties,
-                &msg.body,
-            );
-            let done = durable.map(|f| f());
-            r.durable = done.is_some();
-            self.journal().publish(id, &stored_in, payload, done);
-            id
-        });
-        for q in targets {
-            let id = stored.filter(|_| q.store_id.is_some());
-            if q.enqueue(Arc::clone(msg), id, now) {
-                r.queues += 1;
-            } else {
-                r.rejected = true;
-            }
-            if r.backlogged.is_none() && q.is_backlogged() {
-                r.backlogged = Some(Arc::clone(q));
-            }
-        }
-        r
+    fn queue(&self, name: &str) -> Option<Arc<Queue>> {
+        self.find_queue(name)
     }
+}
 
-    /// The distinct queues a message published to `start` (None = default
-    /// exchange) reaches, following exchange-to-exchange bindings and
-    /// alternate exchanges.
-    fn resolve(&self, start: Option<Arc<Exchange>>, msg: &Message) -> Vec<Arc<Queue>> {
-        let mut queues: Vec<Arc<Queue>> = Vec::new();
-        let Some(start) = start else {
-            if let Some(q) = self.queues.read().get(&msg.routing_key) {
-                queues.push(Arc::clone(q));
-            }
-            return queues;
-        };
-        let mut seen: Vec<String> = vec![start.name.clone()];
-        let mut todo = vec![start];
-        let mut hops = Vec::new();
-        while let Some(e) = todo.pop() {
-            hops.clear();
-            e.route(msg, &mut hops);
-            let mut matched = false;
-            for d in hops.drain(..) {
-                matched = true;
-                match d {
-                    Destination::Queue(q) => {
-                        if !queues.iter().any(|x| Arc::ptr_eq(x, &q)) && !q.is_deleted() {
-                            queues.push(q);
-                        }
-                    }
-                    Destination::Exchange(name) => {
-                        if !seen.contains(&name) {
-                            if let Ok(next) = self.exchange(&name) {
-                                seen.push(name);
-                                todo.push(next);
-                            }
-                        }
-                    }
-                }
-            }
-            if !matched {
-                if let Some(alt) = e.alternate_exchange() {
-                    if !seen.contains(&alt) {
-                        if let Ok(next) = self.exchange(&alt) {
-                            seen.push(alt);
-                            todo.push(next);
-                        }
-                    }
-                }
-            }
-        }
-        queues
-    }
-
-    /// Republishes a dead letter through the queue's dead-letter exchange,
-    /// with its `x-death` history updated as RabbitMQ does.
-    pub(crate) fn dead_letter(&self, from: &Arc<Queue>, d: DeadLetter) {
-        let Some(dlx) = from.args.dead_letter_exchange.clone() else {
-            return;
-        };
-        let Ok(exchange) = (if dlx.is_empty() {
-            Ok(None)
-        } else {
-            self.exchange(&dlx).map(Some)
-        }) else {
-            tracing::warn!(queue = %from.name, dlx = %dlx, "dead-letter exchange does not exist; message dropped");
-            return;
-        };
-        let routing_key = from
-            .args
-            .dead_letter_routing_key
-            .clone()
-            .unwrap_or_else(|| d.msg.routing_key.clone());
-        let original_expiration = d.msg.expiration_ms;
-        let msg = match d.msg.rewritten(dlx.clone(), routing_key, |props| {
-            let mut headers = props.headers().clone().unwrap_or_default();
-            add_x_death(
-                &mut headers,
+impl QueueOwner for VHost {
+    /// Republishes dead letters through the queue's dead-letter exchange,
+    /// with their `x-death` history updated as RabbitMQ does.
+    fn dead_letter(&self, from: &Queue, letters: Vec<DeadLetter>, now: Instant) {
+        for d in letters {
+            let (dlx, msg) = match dead_letter::rewrite(
                 &from.name,
-                d.reason,
-                &d.msg,
-                original_expiration,
-            );
-            *props = props.clone().with_headers(headers);
-            if original_expiration.is_some() {
-                clear_expiration(props);
-            }
-        }) {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::warn!(queue = %from.name, error = %e, "could not dead-letter message; dropped");
-                return;
-            }
-        };
-        let mut targets = self.resolve(exchange, &msg);
-        // A cycle with no rejection in it would loop forever: drop there.
-        if d.reason != DeathReason::Rejected {
-            targets.retain(|q| !died_in(&msg, &q.name) || any_rejection(&msg));
+                &from.args,
+                &d,
+                self.clock.unix_time_s(),
+            ) {
+                None => return,
+                Some(Ok(x)) => x,
+                Some(Err(e)) => {
+                    tracing::warn!(queue = %from.name, error = %e, "could not dead-letter message; dropped");
+                    continue;
+                }
+            };
+            let exchange = if dlx.is_empty() {
+                None
+            } else {
+                match Names::exchange(self, &dlx) {
+                    Some(e) => Some(e),
+                    None => {
+                        tracing::warn!(queue = %from.name, dlx = %dlx, "dead-letter exchange does not exist; message dropped");
+                        continue;
+                    }
+                }
+            };
+            let mut targets = routing::resolve(self, exchange, &msg);
+            targets.retain(|q| dead_letter::may_reach(&msg, &q.name, d.reason));
+            routing::deliver_to(&self.dur, &targets, &msg, now, None);
         }
-        let now = Instant::now();
-        self.deliver_to(&targets, &msg, now, None);
     }
-}
 
-fn clear_expiration(props: &mut berth_protocol::AMQPProperties) {
-    // The generated type has no "unset"; rebuild without `expiration`.
-    let mut p = berth_protocol::AMQPProperties::default();
-    if let Some(v) = props.content_type() {
-        p = p.with_content_type(v.clone());
-    }
-    if let Some(v) = props.content_encoding() {
-        p = p.with_content_encoding(v.clone());
-    }
-    if let Some(v) = props.headers() {
-        p = p.with_headers(v.clone());
-    }
-    if let Some(v) = props.delivery_mode() {
-        p = p.with_delivery_mode(*v);
-    }
-    if let Some(v) = props.priority() {
-        p = p.with_priority(*v);
-    }
-    if let Some(v) = props.correlation_id() {
-        p = p.with_correlation_id(v.clone());
-    }
-    if let Some(v) = props.reply_to() {
-        p = p.with_reply_to(v.clone());
-    }
-    if let Some(v) = props.message_id() {
-        p = p.with_message_id(v.clone());
-    }
-    if let Some(v) = props.timestamp() {
-        p = p.with_timestamp(*v);
-    }
-    if let Some(v) = props.kind() {
-        p = p.with_type(v.clone());
-    }
-    if let Some(v) = props.user_id() {
-        p = p.with_user_id(v.clone());
-    }
-    if let Some(v) = props.app_id() {
-        p = p.with_app_id(v.clone());
-    }
-    if let Some(v) = props.cluster_id() {
-        p = p.with_cluster_id(v.clone());
-    }
-    *props = p;
-}
-
-fn x_death_entries(msg: &Message) -> Vec<FieldTable> {
-    match msg.headers.as_ref().and_then(|h| h.inner().get("x-death")) {
-        Some(AMQPValue::FieldArray(a)) => a
-            .as_slice()
-            .iter()
-            .filter_map(|v| match v {
-                AMQPValue::FieldTable(t) => Some(t.clone()),
-                _ => None,
-            })
-            .collect(),
-        _ => Vec::new(),
-    }
-}
-
-fn died_in(msg: &Message, queue: &str) -> bool {
-    x_death_entries(msg)
-        .iter()
-        .any(|t| t.inner().get("queue").and_then(as_string).as_deref() == Some(queue))
-}
-
-fn any_rejection(msg: &Message) -> bool {
-    x_death_entries(msg)
-        .iter()
-        .any(|t| t.inner().get("reason").and_then(as_string).as_deref() == Some("rejected"))
-}
-
-fn long_str(s: &str) -> AMQPValue {
-    AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
-}
-
-/// Adds or updates this death in `x-death` (most recent first) and sets the
-/// `x-first-death-*` headers once.
-fn add_x_death(
-    headers: &mut FieldTable,
-    queue: &str,
-    reason: DeathReason,
-    msg: &Message,
-    original_expiration: Option<u64>,
-) {
-    let mut entries = x_death_entries(msg);
-    let same = |t: &FieldTable| {
-        t.inner().get("queue").and_then(as_string).as_deref() == Some(queue)
-            && t.inner().get("reason").and_then(as_string).as_deref() == Some(reason.as_str())
-    };
-    let now_s = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let entry = if let Some(i) = entries.iter().position(same) {
-        let mut t = entries.remove(i);
-        let count = t
-            .inner()
-            .get("count")
-            .and_then(crate::args::as_i128)
-            .unwrap_or(0);
-        t.insert(
-            "count".into(),
-            AMQPValue::LongLongInt(i64::try_from(count + 1).unwrap_or(i64::MAX)),
-        );
-        t.insert("time".into(), AMQPValue::Timestamp(now_s));
-        t
-    } else {
-        let mut t = FieldTable::default();
-        t.insert("count".into(), AMQPValue::LongLongInt(1));
-        t.insert("reason".into(), long_str(reason.as_str()));
-        t.insert("queue".into(), long_str(queue));
-        t.insert("time".into(), AMQPValue::Timestamp(now_s));
-        t.insert("exchange".into(), long_str(&msg.exchange));
-        t.insert(
-            "routing-keys".into(),
-            AMQPValue::FieldArray(FieldArray::from(vec![long_str(&msg.routing_key)])),
-        );
-        if let Some(ms) = original_expiration {
-            t.insert("original-expiration".into(), long_str(&ms.to_string()));
-        }
-        t
-    };
-    entries.insert(0, entry);
-    headers.insert(
-        "x-death".into(),
-        AMQPValue::FieldArray(FieldArray::from(
-            entries
-                .into_iter()
-                .map(AMQPValue::FieldTable)
-                .collect::<Vec<_>>(),
-        )),
-    );
-    if !headers.contains_key("x-first-death-reason") {
-        headers.insert("x-first-death-reason".into(), long_str(reason.as_str()));
-        headers.insert("x-first-death-queue".into(), long_str(queue));
-        headers.insert("x-first-death-exchange".into(), long_str(&msg.exchange));
+    fn delete_queue(&self, name: &str) {
+        self.remove_queue(name);
     }
 }
 
@@ -1148,7 +758,7 @@ fn add_x_death(
 fn server_named() -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let mut rng = rand::rng();
-    let tail: String = (0..22)
+    let tail: String = (0..SERVER_NAMED_TAIL_CHARS)
         .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
         .collect();
     format!("amq.gen-{tail}")

@@ -5,6 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use berth_broker::channel::{Channel, Outlet, Session};
+use berth_broker::clock::ManualClock;
+use berth_broker::durable::{Durability, NoJournal};
 use berth_broker::message::Message;
 use berth_broker::vhost::{ExchangeDeclare, QueueDeclare, VHost};
 use berth_broker::Broker;
@@ -87,8 +89,13 @@ struct World {
     t0: Instant,
 }
 
+/// Wall-clock seconds the test clock starts at (what `x-death` says).
+const UNIX_START_S: u64 = 1_700_000_000;
+
 fn world() -> World {
-    let broker = Broker::new(["/"]);
+    let t0 = Instant::now();
+    let clock = Arc::new(ManualClock::new(t0, UNIX_START_S));
+    let broker = Broker::with_parts(["/"], Durability::new(Arc::new(NoJournal), 1, 1), clock);
     let vhost = broker.vhost("/").unwrap();
     let out = Arc::new(Recorder::default());
     let session = Arc::new(Session {
@@ -103,7 +110,7 @@ fn world() -> World {
         vhost,
         out,
         ch: Channel::new(1, session),
-        t0: Instant::now(),
+        t0,
     }
 }
 
@@ -274,6 +281,11 @@ fn expired_messages_are_dead_lettered_with_x_death() {
         Some(&AMQPValue::LongString("q".into()))
     );
     assert_eq!(first.inner().get("count"), Some(&AMQPValue::LongLongInt(1)));
+    assert_eq!(
+        first.inner().get("time"),
+        Some(&AMQPValue::Timestamp(UNIX_START_S)),
+        "x-death's time comes from the broker's clock"
+    );
 }
 
 #[test]
@@ -479,7 +491,7 @@ fn x_expires_deletes_an_unused_queue() {
 
 #[test]
 fn publishers_wait_for_busy_consumers_but_not_for_stuck_ones() {
-    use berth_broker::queue::FLOW_READY_MAX;
+    use berth_broker::limits::FLOW_READY_MAX;
     let w = world();
     w.declare("q", FieldTable::default());
     w.ch.qos(10, false, w.t0);

@@ -25,7 +25,9 @@ pub struct StoreJournal {
 
 fn adapt(done: Option<Done>) -> Option<berth_store::Done> {
     done.map(|d| -> berth_store::Done {
-        Box::new(move |r: Result<(), StoreError>| d(r.map_err(|e| JournalError(e.to_string()))))
+        Box::new(move |r: Result<(), StoreError>| {
+            d(r.map_err(|e| JournalError::caused_by("the store could not write", e)));
+        })
     })
 }
 
@@ -43,7 +45,11 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
 fn wait_durable(f: impl FnOnce(berth_store::Done)) -> Result<(), JournalError> {
     let (done, ticket) = Ticket::new();
     f(done);
-    blocking(|| ticket.wait().map_err(|e| JournalError(e.to_string())))
+    blocking(|| {
+        ticket
+            .wait()
+            .map_err(|e| JournalError::caused_by("the store could not write", e))
+    })
 }
 
 impl Journal for StoreJournal {
@@ -79,7 +85,7 @@ impl Journal for StoreJournal {
     fn read(&self, queue: u64, msg: u64) -> Result<Bytes, JournalError> {
         self.store
             .read(QueueId(queue), MsgId(msg))
-            .map_err(|e| JournalError(e.to_string()))
+            .map_err(|e| JournalError::caused_by("the store could not read the message", e))
     }
 
     fn read_many(&self, queue: u64, msgs: &[u64]) -> Vec<Result<Bytes, JournalError>> {
@@ -87,7 +93,9 @@ impl Journal for StoreJournal {
         // A cold read can wait for the disk: keep other connections going.
         blocking(|| self.store.read_many(QueueId(queue), &msgs))
             .into_iter()
-            .map(|r| r.map_err(|e| JournalError(e.to_string())))
+            .map(|r| {
+                r.map_err(|e| JournalError::caused_by("the store could not read the message", e))
+            })
             .collect()
     }
 

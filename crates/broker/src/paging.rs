@@ -1,0 +1,223 @@
+//! Paging: moving a queue's message bodies out of memory once they are
+//! written to the journal, and reading them back (with read-ahead) when the
+//! queue needs them.
+//!
+//! Invariants:
+//! - A body leaves memory only once the journal says it is written, so it
+//!   can always be read back.
+//! - A message of a durable queue is read from its durable id, any other
+//!   from the queue's paging id (ids with [`PAGING_BIT`]); paging copies are
+//!   never waited for and never recovered.
+//! - A scan looks only at entries newer than the last scan (plus those not
+//!   yet written then), so its cost is proportional to what was published.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::durable::{encode_message, Durability, JournalError, PAGING_BIT};
+use crate::limits::READ_AHEAD_MESSAGES;
+use crate::message::Message;
+use crate::ready::{restored_expiry, Body, Entry, QueuedMessage, Ready};
+
+/// A queue's paging bookkeeping.
+#[derive(Default)]
+pub(crate) struct Pager {
+    /// Entries with `seq` up to this were already considered for paging.
+    pub page_mark: u64,
+    /// Journal queue id (with [`PAGING_BIT`]) under which paging copies of
+    /// this queue's messages are written; allocated on first use.
+    pub paging_id: Option<u64>,
+    /// When messages were restored from the journal (their per-message
+    /// `expiration` counts from here).
+    pub restored_at: Option<Instant>,
+}
+
+/// What [`Pager::load`] found.
+pub(crate) enum Loaded {
+    /// The message, in memory.
+    Ready(QueuedMessage),
+    /// A restored message whose `expiration` passed while it was on disk:
+    /// it must be dropped (and may be dead-lettered).
+    Expired(QueuedMessage),
+    /// It could not be read; it stays in the journal (logged) and returns
+    /// after a restart.
+    Unreadable,
+}
+
+/// Which queue, for log lines.
+pub(crate) struct QueueRef<'a> {
+    pub name: &'a str,
+    pub vhost: &'a str,
+    /// Its durable journal id, if it is durable.
+    pub store_id: Option<u64>,
+}
+
+fn decode(r: Option<Result<bytes::Bytes, JournalError>>) -> Result<Arc<Message>, String> {
+    r.unwrap_or_else(|| Err(JournalError::new("the journal returned no result")))
+        .map_err(|err| err.to_string())
+        .and_then(|p| Message::from_stored(&p))
+}
+
+impl Pager {
+    /// The entry with its message in memory, read back from the journal if
+    /// it was paged out (with read-ahead: the paged entries right behind it
+    /// are read in the same call and become resident).
+    pub fn load(
+        &self,
+        ready: &mut Ready,
+        e: Entry,
+        q: &QueueRef<'_>,
+        dur: &Durability,
+        now: Instant,
+    ) -> Loaded {
+        let restored = match e.body {
+            Body::Resident(ref m) => {
+                let m = Arc::clone(m);
+                return Loaded::Ready(e.with_message(m));
+            }
+            Body::Paged { restored, .. } => restored,
+        };
+        // A paging copy is read from the queue's paging id, a stored
+        // message from its durable id; read-ahead takes neighbours of the
+        // same kind.
+        let kind = e.stored.map(|id| id & PAGING_BIT);
+        let qid = match kind {
+            Some(0) => q.store_id,
+            _ => self.paging_id,
+        };
+        let (Some(qid), Some(id)) = (qid, e.stored) else {
+            tracing::error!(queue = %q.name, "a paged-out message has no journal id; dropped from memory");
+            return Loaded::Unreadable;
+        };
+        let level = ready.level_of(&e);
+        let ahead = ready.levels[level]
+            .iter()
+            .take(READ_AHEAD_MESSAGES - 1)
+            .map_while(|x| match (&x.body, x.stored) {
+                (Body::Paged { .. }, Some(id)) if Some(id & PAGING_BIT) == kind => Some(id),
+                _ => None,
+            });
+        let ids: Vec<u64> = std::iter::once(id)
+            .chain(ahead)
+            .map(|id| id & !PAGING_BIT)
+            .collect();
+        let mut read = dur.journal().read_many(qid, &ids).into_iter();
+        let first = decode(read.next());
+        // The read-ahead entries become resident; one that fails stays
+        // paged and reports its error when its turn comes.
+        let results: Vec<_> = read.collect();
+        for (i, r) in results.into_iter().enumerate() {
+            let Ok(msg) = decode(Some(r)) else {
+                continue;
+            };
+            let x = &mut ready.levels[level][i];
+            if let Body::Paged { restored: true, .. } = x.body {
+                x.expires_at = restored_expiry(x.expires_at, &msg, self.restored_at);
+            }
+            ready.set_body(level, i, Body::Resident(msg));
+        }
+        let msg = match first {
+            Ok(m) => m,
+            Err(why) => {
+                tracing::error!(queue = %q.name, vhost = %q.vhost, msg = id, "stored message cannot be read back ({why}); it stays in the journal and returns after a restart");
+                return Loaded::Unreadable;
+            }
+        };
+        let m = e.with_message(msg);
+        if restored {
+            if let Some(t) = restored_expiry(None, &m.msg, self.restored_at) {
+                if t <= now {
+                    return Loaded::Expired(m);
+                }
+            }
+        }
+        Loaded::Ready(m)
+    }
+
+    /// Moves bodies beyond the resident window out of memory; they are read
+    /// back when needed. A stored message (persistent, durable queue)
+    /// leaves once the journal has written it. Any other message is first
+    /// written as a paging copy (under the queue's paging id, not waited
+    /// for, never recovered) and leaves on a later scan, once written.
+    pub fn page_out(&mut self, ready: &mut Ready, store_id: Option<u64>, dur: &Durability) {
+        let window = dur.resident_messages_max();
+        if ready.resident <= window || !dur.journal().pages() {
+            return;
+        }
+        let mark = self.page_mark;
+        // (level, index, journal id); a paging copy's id carries PAGING_BIT.
+        let mut candidates: Vec<(usize, usize, u64)> = Vec::new();
+        let mut to_copy: Vec<(usize, usize)> = Vec::new();
+        let mut newest = mark;
+        for (l, level) in ready.levels.iter().enumerate() {
+            for (i, e) in level.iter().enumerate().rev() {
+                if i < window || e.seq <= mark {
+                    break;
+                }
+                newest = newest.max(e.seq);
+                match (&e.body, e.stored) {
+                    (Body::Resident(_), Some(id)) => candidates.push((l, i, id)),
+                    (Body::Resident(_), None) => to_copy.push((l, i)),
+                    (Body::Paged { .. }, _) => {}
+                }
+            }
+        }
+        if !to_copy.is_empty() {
+            let pid = *self.paging_id.get_or_insert_with(|| dur.new_paging_id());
+            for (l, i) in to_copy {
+                let e = &mut ready.levels[l][i];
+                let Body::Resident(m) = &e.body else {
+                    continue;
+                };
+                let id = dur.new_message_id();
+                let payload = encode_message(&m.exchange, &m.routing_key, &m.properties, &m.body);
+                dur.journal().publish(id, &[pid], payload, None);
+                e.stored = Some(id | PAGING_BIT);
+                candidates.push((l, i, id | PAGING_BIT));
+            }
+        }
+        if candidates.is_empty() {
+            self.page_mark = newest;
+            return;
+        }
+        let mut written = vec![false; candidates.len()];
+        for (qid, bit) in [(store_id, 0), (self.paging_id, PAGING_BIT)] {
+            let Some(qid) = qid else {
+                continue;
+            };
+            let (at, ids): (Vec<usize>, Vec<u64>) = candidates
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.2 & PAGING_BIT == bit)
+                .map(|(k, c)| (k, c.2 & !PAGING_BIT))
+                .unzip();
+            if ids.is_empty() {
+                continue;
+            }
+            for (k, ok) in at.into_iter().zip(dur.journal().written(qid, &ids)) {
+                written[k] = ok;
+            }
+        }
+        let mut oldest_unwritten: Option<u64> = None;
+        for ((l, i, _), ok) in candidates.into_iter().zip(written) {
+            let e = &ready.levels[l][i];
+            if !ok {
+                oldest_unwritten = Some(oldest_unwritten.map_or(e.seq, |o| o.min(e.seq)));
+                continue;
+            }
+            let Body::Resident(m) = &e.body else {
+                continue;
+            };
+            let paged = Body::Paged {
+                bytes: u32::try_from(m.body_bytes()).unwrap_or(u32::MAX),
+                priority: m.priority,
+                restored: false,
+            };
+            ready.set_body(l, i, paged);
+        }
+        self.page_mark = match oldest_unwritten {
+            Some(seq) => seq.saturating_sub(1).max(mark),
+            None => newest,
+        };
+    }
+}

@@ -1,0 +1,224 @@
+//! A queue's ready messages: compact entries whose bodies are in memory or
+//! only in the journal, one FIFO per priority level.
+//!
+//! Invariants:
+//! - `Ready::len`, `bytes` and `resident` always equal what the levels
+//!   hold: every entry goes in and out through `count_in`/`count_out`.
+//! - Within a level, entries are in publish order (`seq` ascending), except
+//!   a message handed back at the head by a consumer that refused it.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::message::Message;
+
+/// A message in a queue: the shared message plus this queue's bookkeeping.
+#[derive(Debug, Clone)]
+pub struct QueuedMessage {
+    pub msg: Arc<Message>,
+    /// Position in publish order, for requeueing to the original place.
+    pub seq: u64,
+    /// Times it came back unacknowledged (nack/reject with requeue, channel
+    /// closed); drives `redelivered` and `x-delivery-limit`.
+    pub returns: u32,
+    /// Delivered at least once before.
+    pub redelivered: bool,
+    /// When it expires (queue TTL or per-message expiration).
+    pub expires_at: Option<Instant>,
+    /// Its id in the journal, if it is stored there (persistent message in
+    /// a durable queue); its removal must then be journaled too.
+    pub stored: Option<u64>,
+}
+
+/// What a ready entry holds of its message.
+#[derive(Debug, Clone)]
+pub(crate) enum Body {
+    Resident(Arc<Message>),
+    /// Only in the journal (under the entry's `stored` id): read back when
+    /// it is delivered, fetched or dead-lettered.
+    Paged {
+        /// Body bytes (for restored messages: the stored payload's length).
+        bytes: u32,
+        priority: u8,
+        /// Restored at startup without being read: its `expiration` is
+        /// checked when it is read, counted from the restart.
+        restored: bool,
+    },
+}
+
+/// A ready message: its body (in memory or only in the journal) and this
+/// queue's bookkeeping. Kept small: a deep queue holds millions of these.
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    pub(crate) body: Body,
+    pub(crate) seq: u64,
+    pub(crate) returns: u32,
+    pub(crate) redelivered: bool,
+    pub(crate) expires_at: Option<Instant>,
+    pub(crate) stored: Option<u64>,
+}
+
+impl Entry {
+    pub(crate) fn resident(m: QueuedMessage) -> Self {
+        Self {
+            body: Body::Resident(m.msg),
+            seq: m.seq,
+            returns: m.returns,
+            redelivered: m.redelivered,
+            expires_at: m.expires_at,
+            stored: m.stored,
+        }
+    }
+
+    pub(crate) fn priority(&self) -> u8 {
+        match &self.body {
+            Body::Resident(m) => m.priority,
+            Body::Paged { priority, .. } => *priority,
+        }
+    }
+
+    pub(crate) fn bytes(&self) -> u64 {
+        match &self.body {
+            Body::Resident(m) => m.body_bytes(),
+            Body::Paged { bytes, .. } => u64::from(*bytes),
+        }
+    }
+
+    pub(crate) fn with_message(self, msg: Arc<Message>) -> QueuedMessage {
+        QueuedMessage {
+            msg,
+            seq: self.seq,
+            returns: self.returns,
+            redelivered: self.redelivered,
+            expires_at: self.expires_at,
+            stored: self.stored,
+        }
+    }
+}
+
+/// A restored message's expiry: its `expiration` counts from the restart
+/// (the earlier of that and `current`, the queue TTL's deadline).
+pub(crate) fn restored_expiry(
+    current: Option<Instant>,
+    msg: &Message,
+    restored_at: Option<Instant>,
+) -> Option<Instant> {
+    let own = msg
+        .expiration_ms
+        .zip(restored_at)
+        .map(|(ms, at)| at + Duration::from_millis(ms));
+    match (current, own) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Ready messages, one FIFO per priority level (one level without
+/// `x-max-priority`).
+pub(crate) struct Ready {
+    pub(crate) levels: Vec<VecDeque<Entry>>,
+    pub(crate) len: usize,
+    pub(crate) bytes: u64,
+    /// Entries whose body is in memory.
+    pub(crate) resident: usize,
+}
+
+impl Ready {
+    pub(crate) fn new(max_priority: Option<u8>) -> Self {
+        let n = max_priority.map_or(1, |p| usize::from(p) + 1);
+        Self {
+            levels: (0..n).map(|_| VecDeque::new()).collect(),
+            len: 0,
+            bytes: 0,
+            resident: 0,
+        }
+    }
+
+    pub(crate) fn level_of(&self, e: &Entry) -> usize {
+        usize::from(e.priority()).min(self.levels.len() - 1)
+    }
+
+    fn count_in(&mut self, e: &Entry) {
+        self.len += 1;
+        self.bytes += e.bytes();
+        if matches!(e.body, Body::Resident(_)) {
+            self.resident += 1;
+        }
+    }
+
+    fn count_out(&mut self, e: &Entry) {
+        self.len -= 1;
+        self.bytes -= e.bytes();
+        if matches!(e.body, Body::Resident(_)) {
+            self.resident -= 1;
+        }
+    }
+
+    pub(crate) fn push_back(&mut self, e: Entry) {
+        let l = self.level_of(&e);
+        self.count_in(&e);
+        self.levels[l].push_back(e);
+    }
+
+    /// Puts a message back at its publish-order position.
+    pub(crate) fn insert_by_seq(&mut self, e: Entry) {
+        let l = self.level_of(&e);
+        self.count_in(&e);
+        let q = &mut self.levels[l];
+        let at = q.partition_point(|x| x.seq < e.seq);
+        q.insert(at, e);
+    }
+
+    pub(crate) fn push_front(&mut self, e: Entry) {
+        let l = self.level_of(&e);
+        self.count_in(&e);
+        self.levels[l].push_front(e);
+    }
+
+    pub(crate) fn front(&self) -> Option<&Entry> {
+        self.levels.iter().rev().find_map(|q| q.front())
+    }
+
+    pub(crate) fn pop_front(&mut self) -> Option<Entry> {
+        let e = self.levels.iter_mut().rev().find_map(VecDeque::pop_front)?;
+        self.count_out(&e);
+        Some(e)
+    }
+
+    /// Replaces the body of the entry at (`level`, `index`), keeping the
+    /// resident count true.
+    pub(crate) fn set_body(&mut self, level: usize, index: usize, body: Body) {
+        let e = &mut self.levels[level][index];
+        let was = matches!(e.body, Body::Resident(_));
+        let is = matches!(body, Body::Resident(_));
+        e.body = body;
+        match (was, is) {
+            (false, true) => self.resident += 1,
+            (true, false) => self.resident -= 1,
+            _ => {}
+        }
+    }
+
+    pub(crate) fn drain(&mut self) -> Vec<Entry> {
+        self.len = 0;
+        self.bytes = 0;
+        self.resident = 0;
+        self.levels.iter_mut().flat_map(|q| q.drain(..)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ready_entry_stays_compact() {
+        // A deep queue holds millions of these: keep them within 64 bytes.
+        assert!(
+            std::mem::size_of::<Entry>() <= 64,
+            "Entry is {} bytes",
+            std::mem::size_of::<Entry>()
+        );
+    }
+}

@@ -1,0 +1,131 @@
+//! Routing: the queues a message published to an exchange reaches
+//! (following exchange-to-exchange bindings and alternate exchanges), and
+//! handing it to them, journaled first when it must survive a crash.
+//!
+//! Invariants:
+//! - Each queue receives a message at most once per publish, however many
+//!   bindings or exchange paths lead to it; exchange loops end.
+//! - A persistent message reaching durable queues is given to the journal
+//!   (one record for all of them) before any queue holds it, so its removal
+//!   can never be journaled before it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::durable::{encode_message, Done, Durability};
+use crate::exchange::{Destination, Exchange};
+use crate::message::Message;
+use crate::queue::Queue;
+
+/// Where a published message went.
+#[derive(Clone, Default)]
+pub struct PublishResult {
+    /// Queues that accepted it.
+    pub queues: usize,
+    /// Some queue refused it (`x-overflow = reject-publish`).
+    pub rejected: bool,
+    /// It was journaled: the completion made for it runs once it is stored.
+    pub durable: bool,
+    /// It went to a queue whose consumers are busy but not keeping up: the
+    /// publisher should wait until they catch up (flow control).
+    pub backlogged: Option<Arc<Queue>>,
+}
+
+impl PublishResult {
+    /// No queue at all matched (for `mandatory`).
+    pub fn unroutable(&self) -> bool {
+        self.queues == 0 && !self.rejected
+    }
+}
+
+/// Looks exchanges and queues of one vhost up by name.
+pub(crate) trait Names {
+    fn exchange(&self, name: &str) -> Option<Arc<Exchange>>;
+    /// The queue the default exchange routes `routing_key` to.
+    fn queue(&self, name: &str) -> Option<Arc<Queue>>;
+}
+
+/// The distinct queues a message published to `start` (None = default
+/// exchange) reaches, following exchange-to-exchange bindings and
+/// alternate exchanges.
+pub(crate) fn resolve(
+    names: &dyn Names,
+    start: Option<Arc<Exchange>>,
+    msg: &Message,
+) -> Vec<Arc<Queue>> {
+    let mut queues: Vec<Arc<Queue>> = Vec::new();
+    let Some(start) = start else {
+        queues.extend(names.queue(&msg.routing_key));
+        return queues;
+    };
+    let mut seen: Vec<String> = vec![start.name.clone()];
+    let mut todo = vec![start];
+    let mut hops = Vec::new();
+    let follow = |name: String, seen: &mut Vec<String>, todo: &mut Vec<Arc<Exchange>>| {
+        if !seen.contains(&name) {
+            if let Some(next) = names.exchange(&name) {
+                seen.push(name);
+                todo.push(next);
+            }
+        }
+    };
+    while let Some(e) = todo.pop() {
+        hops.clear();
+        e.route(msg, &mut hops);
+        let matched = !hops.is_empty();
+        for d in hops.drain(..) {
+            match d {
+                Destination::Queue(q) => {
+                    if !queues.iter().any(|x| Arc::ptr_eq(x, &q)) && !q.is_deleted() {
+                        queues.push(q);
+                    }
+                }
+                Destination::Exchange(name) => follow(name, &mut seen, &mut todo),
+            }
+        }
+        if !matched {
+            if let Some(alt) = e.alternate_exchange() {
+                follow(alt, &mut seen, &mut todo);
+            }
+        }
+    }
+    queues
+}
+
+/// Hands `msg` to `targets`. A persistent message reaching durable queues
+/// is journaled first; `durable` then makes the completion that runs once
+/// it is stored (and [`PublishResult::durable`] says so).
+pub(crate) fn deliver_to(
+    dur: &Durability,
+    targets: &[Arc<Queue>],
+    msg: &Arc<Message>,
+    now: Instant,
+    durable: Option<&mut dyn FnMut() -> Done>,
+) -> PublishResult {
+    let mut r = PublishResult::default();
+    let stored_in: Vec<u64> = if msg.persistent {
+        targets.iter().filter_map(|q| q.store_id).collect()
+    } else {
+        Vec::new()
+    };
+    let stored = (!stored_in.is_empty()).then(|| {
+        let id = dur.new_message_id();
+        let payload = encode_message(&msg.exchange, &msg.routing_key, &msg.properties, &msg.body);
+        let done = durable.map(|f| f());
+        r.durable = done.is_some();
+        dur.journal().publish(id, &stored_in, payload, done);
+        id
+    });
+    for q in targets {
+        let id = stored.filter(|_| q.store_id.is_some());
+        if q.enqueue(Arc::clone(msg), id, now) {
+            r.queues += 1;
+        } else {
+            r.rejected = true;
+        }
+        if r.backlogged.is_none() && q.is_backlogged() {
+            r.backlogged = Some(Arc::clone(q));
+        }
+    }
+    r
+}
