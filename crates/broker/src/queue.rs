@@ -425,6 +425,35 @@ impl Queue {
         s.pager.page_out(&mut s.ready, self.store_id, &self.env.dur);
     }
 
+    /// Appends a message that is new to this queue (published, or
+    /// restored after a restart); returns its position in publish order.
+    /// It expires after the shorter of the queue's TTL and its own
+    /// `expiration`, counted from `now`.
+    fn push_new(
+        &self,
+        s: &mut QueueState,
+        msg: Arc<Message>,
+        stored: Option<u64>,
+        redelivered: bool,
+        now: Instant,
+    ) -> u64 {
+        let ttl = match (self.args.message_ttl_ms, msg.expiration_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let seq = s.next_seq;
+        s.next_seq += 1;
+        s.ready.push_back(Entry {
+            body: Body::Resident(msg),
+            seq,
+            returns: 0,
+            redelivered,
+            expires_at: ttl.map(|ms| now + Duration::from_millis(ms)),
+            stored,
+        });
+        seq
+    }
+
     /// Enqueues a published message (`stored`: its journal id, already
     /// journaled for this queue). Returns `false` if the queue refused it
     /// (`x-overflow = reject-publish`).
@@ -447,20 +476,7 @@ impl Queue {
                 q.drop_message(refused, reason, fx);
                 return false;
             }
-            let ttl = match (q.args.message_ttl_ms, msg.expiration_ms) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            let seq = s.next_seq;
-            s.next_seq += 1;
-            s.ready.push_back(Entry {
-                body: Body::Resident(msg),
-                seq,
-                returns: 0,
-                redelivered: false,
-                expires_at: ttl.map(|ms| now + Duration::from_millis(ms)),
-                stored,
-            });
+            let seq = q.push_new(s, msg, stored, false, now);
             q.dispatch(s, now, fx);
             // A TTL of 0 means "deliver now or never".
             q.drop_expired(s, now, true, fx);
@@ -695,17 +711,7 @@ impl Queue {
     /// it may have been delivered before the restart).
     pub fn restore(self: &Arc<Self>, msg: Arc<Message>, stored: u64, now: Instant) {
         self.with_state(now, |q, s, _fx| {
-            let ttl = q.args.message_ttl_ms.or(msg.expiration_ms);
-            let seq = s.next_seq;
-            s.next_seq += 1;
-            s.ready.push_back(Entry {
-                body: Body::Resident(msg),
-                seq,
-                returns: 0,
-                redelivered: true,
-                expires_at: ttl.map(|ms| now + Duration::from_millis(ms)),
-                stored: Some(stored),
-            });
+            q.push_new(s, msg, Some(stored), true, now);
             q.page_out(s);
         });
     }

@@ -407,6 +407,19 @@ impl VHost {
         self.exchange(name)
     }
 
+    /// The ends of a queue binding, checked for `queue.bind`/`unbind`.
+    fn queue_binding(
+        &self,
+        connection: u64,
+        queue: &str,
+        exchange: &str,
+    ) -> AmqpResult<(Arc<Queue>, Arc<Exchange>, Destination)> {
+        let q = self.queue(connection, queue)?;
+        let e = self.check_bind_source(exchange)?;
+        let dest = Destination::Queue(Arc::clone(&q));
+        Ok((q, e, dest))
+    }
+
     /// `queue.bind`.
     pub fn bind_queue(
         &self,
@@ -416,9 +429,7 @@ impl VHost {
         routing_key: &str,
         arguments: &FieldTable,
     ) -> AmqpResult<()> {
-        let q = self.queue(connection, queue)?;
-        let e = self.check_bind_source(exchange)?;
-        let dest = Destination::Queue(Arc::clone(&q));
+        let (q, e, dest) = self.queue_binding(connection, queue, exchange)?;
         if self.binding_is_durable(&e, &dest) {
             self.meta_put(
                 &self.binding_key(exchange, &dest, routing_key, arguments),
@@ -447,9 +458,7 @@ impl VHost {
         routing_key: &str,
         arguments: &FieldTable,
     ) -> AmqpResult<()> {
-        let q = self.queue(connection, queue)?;
-        let e = self.check_bind_source(exchange)?;
-        let dest = Destination::Queue(Arc::clone(&q));
+        let (q, e, dest) = self.queue_binding(connection, queue, exchange)?;
         if e.unbind(&dest, routing_key, arguments) {
             if self.binding_is_durable(&e, &dest) {
                 self.meta_delete(&self.binding_key(exchange, &dest, routing_key, arguments));

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use berth_broker::channel::{Channel, Outlet, Session};
 use berth_broker::durable::{Done, MemoryJournal, PAGING_BIT};
@@ -487,4 +487,43 @@ fn a_restart_reads_no_bodies_until_delivery_and_keeps_priorities() {
         .collect();
     assert_eq!(plain, expected);
     assert!(journal.messages.lock().values().all(BTreeMap::is_empty));
+}
+
+#[test]
+fn a_restored_message_expires_after_the_shorter_of_queue_ttl_and_its_own_expiration() {
+    let (journal, broker, v, t0) = journaled_broker();
+    let ttl = |ms: i32| {
+        let mut t = FieldTable::default();
+        t.insert(
+            "x-message-ttl".into(),
+            berth_protocol::AMQPValue::LongInt(ms),
+        );
+        t
+    };
+    durable_queue(&v, "q", ttl(60_000), t0);
+    let props = AMQPProperties::default()
+        .with_delivery_mode(2)
+        .with_expiration("100".into());
+    let m = Message::new(
+        "amq.direct".into(),
+        "q".into(),
+        encode_properties(&props),
+        Bytes::from_static(b"short-lived"),
+    )
+    .unwrap();
+    v.publish("amq.direct", &m, t0, &mut || Box::new(|r| r.unwrap()))
+        .unwrap();
+    drop((broker, v));
+
+    // Restored with its body in memory (as the journal hands back a
+    // payload it has already read).
+    let restarted = Broker::with_journal(["/"], journal.clone(), 1_000, 1_000);
+    let report = restarted.restore(recovered(&journal), t0);
+    assert_eq!(report.messages, 1, "{report:?}");
+    restarted.run_timers(t0 + Duration::from_millis(200));
+    assert_eq!(
+        drain(&restarted, "q", t0 + Duration::from_millis(200)),
+        Vec::<(bool, Vec<u8>)>::new(),
+        "its own 100 ms expiration is shorter than the queue's 60 s TTL"
+    );
 }
