@@ -440,4 +440,33 @@ mod tests {
         let parts = split_key(&k);
         assert_eq!(&parts[..6], ["b", "/", "src", "q", "q1", "a.#"]);
     }
+
+    /// docs/FORMAT.md, "Broker payloads": a message as the broker stores it.
+    #[test]
+    fn golden_bytes_message_payload() {
+        let b = encode_message("ex", "a.b", b"\x10\x00\x02", b"hello");
+        let expected: &[u8] = &[
+            0x02, b'e', b'x', // exchange: u8 length, bytes
+            0x03, b'a', b'.', b'b', // routing key: u8 length, bytes
+            0x00, 0x00, 0x00, 0x03, // properties length: u32 big-endian
+            0x10, 0x00, 0x02, // properties as on the wire
+            b'h', b'e', b'l', b'l', b'o', // body: the rest
+        ];
+        assert_eq!(&b[..], expected);
+    }
+
+    /// docs/FORMAT.md, "Broker metadata": a durable queue's definition.
+    #[test]
+    fn golden_bytes_queue_definition() {
+        assert_eq!(queue_key("/", "q1"), b"q\0/\0q1");
+        let v = queue_value(7, false, &FieldTable::default());
+        let mut expected: Vec<u8> = vec![0, 0, 0, 41]; // table length, u32 BE
+        expected.extend_from_slice(b"\x09arguments"); // keys sorted, shortstr
+        expected.extend_from_slice(&[b'F', 0, 0, 0, 0]); // empty table
+        expected.extend_from_slice(b"\x0bauto_delete");
+        expected.extend_from_slice(&[b't', 0]); // boolean false
+        expected.extend_from_slice(b"\x02id");
+        expected.extend_from_slice(&[b'l', 0, 0, 0, 0, 0, 0, 0, 7]); // i64 BE
+        assert_eq!(v, expected);
+    }
 }
