@@ -84,7 +84,16 @@ impl Broker {
     /// Runs due timers (TTL expiry, `x-expires`); the server calls this
     /// periodically.
     pub fn run_timers(&self, now: Instant) {
+        self.dur.flush_removals();
         self.timers.run_due(now);
+    }
+
+    /// Journals removals that were waiting for other writes to be durable
+    /// (dead-lettered messages whose copies are now stored). The server
+    /// calls this before it closes the journal at shutdown; the timers do
+    /// it on every tick.
+    pub fn flush_removals(&self) {
+        self.dur.flush_removals();
     }
 
     pub fn next_timer(&self) -> Option<Instant> {

@@ -5,6 +5,9 @@
 //! Invariants:
 //! - A dead letter is rebuilt from the original message; the original is
 //!   never changed (other queues may still hold it).
+//! - A stored message leaves its source queue's journal only after its
+//!   republished copy is durable: a crash in between may leave it in both
+//!   (at-least-once), never in neither.
 //! - A cycle with no rejection in it is cut where the message would reach a
 //!   queue it already died in (RabbitMQ's rule), so expiry or length limits
 //!   can never make a message loop forever.
@@ -14,6 +17,7 @@ use std::sync::Arc;
 use berth_protocol::{AMQPValue, FieldArray, FieldTable, LongString};
 
 use crate::args::{as_string, QueueArgs};
+use crate::durable::Done;
 use crate::message::Message;
 
 /// Why a message was dead-lettered (the `reason` of `x-death`).
@@ -40,6 +44,13 @@ impl DeathReason {
 pub struct DeadLetter {
     pub msg: Arc<Message>,
     pub reason: DeathReason,
+    /// Its id in the source queue's journal, if it is stored there: that
+    /// removal is journaled only once the republished copy is durable
+    /// (see [`crate::durable::Durability::defer_removal`]).
+    pub stored: Option<u64>,
+    /// Runs once its removal from the source is durable (a transaction's
+    /// `commit-ok` waits for it).
+    pub done: Option<Done>,
 }
 
 /// The message to republish for a dead letter of queue `queue`, and the

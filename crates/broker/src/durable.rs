@@ -126,6 +126,11 @@ pub struct Durability {
     /// Ready messages per queue whose bodies stay in memory; beyond it,
     /// bodies already written to the journal are read back when needed.
     resident_messages_max: AtomicUsize,
+    /// Removals waiting to be journaled: (queue, message, completion).
+    /// Filled from journal completions (a store thread, which must not
+    /// call back into the store), emptied by [`Durability::flush_removals`]
+    /// from broker threads.
+    deferred: Mutex<Vec<(u64, u64, Option<Done>)>>,
 }
 
 impl Durability {
@@ -136,6 +141,48 @@ impl Durability {
             next_msg_id: AtomicU64::new(next_msg_id),
             next_queue_id: AtomicU64::new(next_queue_id),
             resident_messages_max: AtomicUsize::new(crate::limits::RESIDENT_MESSAGES_MAX_DEFAULT),
+            deferred: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A completion for a write that `msg`'s removal from `queue` must wait
+    /// for: once that write is durable, the removal is queued for the next
+    /// [`Durability::flush_removals`]; if it failed, the message stays
+    /// (it returns after a restart) and `done` gets the error.
+    pub fn defer_removal(self: &Arc<Self>, queue: u64, msg: u64, done: Option<Done>) -> Done {
+        let me = Arc::downgrade(self);
+        Box::new(move |r: Result<(), JournalError>| match (r, me.upgrade()) {
+            (Ok(()), Some(dur)) => dur.deferred.lock().push((queue, msg, done)),
+            (Ok(()), None) => {
+                if let Some(d) = done {
+                    d(Err(JournalError::new(
+                        "the broker stopped before the removal was journaled",
+                    )));
+                }
+            }
+            (Err(e), _) => {
+                tracing::error!(queue, msg, error = %e, "a dead-lettered copy was not stored; the message stays in its queue and returns after a restart");
+                if let Some(d) = done {
+                    d(Err(e));
+                }
+            }
+        })
+    }
+
+    /// Journals the removals whose prerequisite writes are durable.
+    pub fn flush_removals(&self) {
+        let due = std::mem::take(&mut *self.deferred.lock());
+        if due.is_empty() {
+            return;
+        }
+        let mut by_queue: BTreeMap<u64, (Vec<u64>, Vec<Done>)> = BTreeMap::new();
+        for (q, m, d) in due {
+            let e = by_queue.entry(q).or_default();
+            e.0.push(m);
+            e.1.extend(d);
+        }
+        for (q, (msgs, dones)) in by_queue {
+            self.journal.remove(q, &msgs, all_of(dones));
         }
     }
 
@@ -165,6 +212,53 @@ impl Durability {
     pub fn set_resident_messages_max(&self, n: usize) {
         self.resident_messages_max.store(n, Ordering::Relaxed);
     }
+}
+
+/// One completion that runs each of `dones` with the same result (`None`
+/// if there are none).
+pub fn all_of(dones: Vec<Done>) -> Option<Done> {
+    if dones.is_empty() {
+        return None;
+    }
+    Some(Box::new(move |r: Result<(), JournalError>| {
+        for d in dones {
+            d(r.clone());
+        }
+    }))
+}
+
+/// Splits `done` into `n` completions: it runs once all of them have run,
+/// with the first error any of them got.
+pub fn split_done(done: Done, n: usize) -> Vec<Done> {
+    assert!(n > 0, "a completion splits into at least one part");
+    struct Countdown {
+        left: usize,
+        result: Result<(), JournalError>,
+        done: Option<Done>,
+    }
+    let shared = Arc::new(Mutex::new(Countdown {
+        left: n,
+        result: Ok(()),
+        done: Some(done),
+    }));
+    (0..n)
+        .map(|_| {
+            let shared = Arc::clone(&shared);
+            Box::new(move |r: Result<(), JournalError>| {
+                let fire = {
+                    let mut c = shared.lock();
+                    if c.result.is_ok() {
+                        c.result = r;
+                    }
+                    c.left -= 1;
+                    (c.left == 0).then(|| (c.done.take(), c.result.clone()))
+                };
+                if let Some((Some(d), r)) = fire {
+                    d(r);
+                }
+            }) as Done
+        })
+        .collect()
 }
 
 /// A journal that keeps nothing (the broker without a store).
@@ -468,5 +562,19 @@ mod tests {
         expected.extend_from_slice(b"\x02id");
         expected.extend_from_slice(&[b'l', 0, 0, 0, 0, 0, 0, 0, 7]); // i64 BE
         assert_eq!(v, expected);
+    }
+
+    #[test]
+    fn a_split_completion_runs_once_after_every_part_with_the_first_error() {
+        let got: Arc<Mutex<Vec<Result<(), JournalError>>>> = Arc::default();
+        let g = Arc::clone(&got);
+        let mut parts = split_done(Box::new(move |r| g.lock().push(r)), 3).into_iter();
+        parts.next().unwrap()(Ok(()));
+        parts.next().unwrap()(Err(JournalError::new("disk full")));
+        assert!(got.lock().is_empty(), "waits for the last part");
+        parts.next().unwrap()(Ok(()));
+        let got = got.lock();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].as_ref().unwrap_err().to_string(), "disk full");
     }
 }

@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 
 use crate::args::{Overflow, QueueArgs};
 use crate::dead_letter::{DeadLetter, DeathReason};
-use crate::durable::{Done, Durability, PAGING_BIT};
+use crate::durable::{split_done, Done, Durability, PAGING_BIT};
 use crate::limits::{FLOW_ACTIVE_MS, FLOW_READY_MAX, PAGE_SCAN_EVERY_MESSAGES};
 use crate::message::Message;
 use crate::paging::{Loaded, Pager, QueueRef};
@@ -268,19 +268,38 @@ impl Queue {
             let ids: Vec<u64> = paging.iter().map(|id| id & !PAGING_BIT).collect();
             journal.remove(pid, &ids, None);
         }
+        let mut dead = fx.dead;
+        // A transaction's completion waits for the deferred removals too.
+        let deferred = dead.iter().filter(|d| d.stored.is_some()).count();
+        let mut done = fx.done;
+        if deferred > 0 {
+            if let Some(d) = done.take() {
+                let mut parts = split_done(d, deferred + 1).into_iter();
+                done = parts.next();
+                for (letter, part) in dead.iter_mut().filter(|d| d.stored.is_some()).zip(parts) {
+                    letter.done = Some(part);
+                }
+            }
+        }
         match (self.store_id, removed.is_empty()) {
-            (Some(qid), false) => journal.remove(qid, &removed, fx.done),
+            (Some(qid), false) => journal.remove(qid, &removed, done),
             _ => {
-                if let Some(d) = fx.done {
+                if let Some(d) = done {
                     d(Ok(()));
                 }
             }
         }
         let Some(owner) = self.env.owner.upgrade() else {
+            // No vhost to republish through: remove as if dropped.
+            for d in dead {
+                if let (Some(qid), Some(id)) = (self.store_id, d.stored) {
+                    journal.remove(qid, &[id], d.done);
+                }
+            }
             return;
         };
-        if !fx.dead.is_empty() {
-            owner.dead_letter(self, fx.dead, now);
+        if !dead.is_empty() {
+            owner.dead_letter(self, dead, now);
         }
         if fx.delete {
             owner.delete_queue(&self.name);
@@ -359,13 +378,22 @@ impl Queue {
     /// was stored, and it is dead-lettered if a reason is given and the
     /// queue has a dead-letter exchange.
     fn drop_message(&self, m: QueuedMessage, reason: Option<DeathReason>, fx: &mut Effects) {
-        if let Some(id) = m.stored {
-            fx.removed.push(id);
-        }
-        if let Some(reason) = reason {
-            if self.args.dead_letter_exchange.is_some() {
-                fx.dead.push(DeadLetter { msg: m.msg, reason });
-            }
+        let dead_letter = reason.filter(|_| self.args.dead_letter_exchange.is_some());
+        // A stored message that is dead-lettered leaves the journal only
+        // once its copy is durable; paging copies are never waited for.
+        let durable_id = m.stored.filter(|id| id & PAGING_BIT == 0);
+        let (stored, removed_now) = match (dead_letter, durable_id) {
+            (Some(_), Some(id)) => (Some(id), None),
+            _ => (None, m.stored),
+        };
+        fx.removed.extend(removed_now);
+        if let Some(reason) = dead_letter {
+            fx.dead.push(DeadLetter {
+                msg: m.msg,
+                reason,
+                stored,
+                done: None,
+            });
         }
     }
 

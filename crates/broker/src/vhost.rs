@@ -710,6 +710,45 @@ impl VHost {
             Some(durable),
         ))
     }
+
+    /// Republishes one dead letter through `from`'s dead-letter exchange,
+    /// with its `x-death` history updated as RabbitMQ does. `durable` is
+    /// called if a durable copy is journaled.
+    fn republish(
+        &self,
+        from: &Queue,
+        d: &DeadLetter,
+        now: Instant,
+        durable: Option<&mut dyn FnMut() -> Done>,
+    ) {
+        let (dlx, msg) = match dead_letter::rewrite(
+            &from.name,
+            &from.args,
+            d,
+            self.clock.unix_time_s(),
+        ) {
+            None => return,
+            Some(Ok(x)) => x,
+            Some(Err(e)) => {
+                tracing::warn!(queue = %from.name, error = %e, "could not dead-letter message; dropped");
+                return;
+            }
+        };
+        let exchange = if dlx.is_empty() {
+            None
+        } else {
+            match Names::exchange(self, &dlx) {
+                Some(e) => Some(e),
+                None => {
+                    tracing::warn!(queue = %from.name, dlx = %dlx, "dead-letter exchange does not exist; message dropped");
+                    return;
+                }
+            }
+        };
+        let mut targets = routing::resolve(self, exchange, &msg);
+        targets.retain(|q| dead_letter::may_reach(&msg, &q.name, d.reason));
+        routing::deliver_to(&self.dur, &targets, &msg, now, durable);
+    }
 }
 
 impl Names for VHost {
@@ -723,37 +762,30 @@ impl Names for VHost {
 }
 
 impl QueueOwner for VHost {
-    /// Republishes dead letters through the queue's dead-letter exchange,
-    /// with their `x-death` history updated as RabbitMQ does.
+    /// Republishes dead letters through the queue's dead-letter exchange.
+    /// Until its copy is stored somewhere, a stored message stays stored in
+    /// `from`: its removal is deferred to that moment or, when no durable
+    /// copy is made, journaled now.
     fn dead_letter(&self, from: &Queue, letters: Vec<DeadLetter>, now: Instant) {
-        for d in letters {
-            let (dlx, msg) = match dead_letter::rewrite(
-                &from.name,
-                &from.args,
-                &d,
-                self.clock.unix_time_s(),
-            ) {
-                None => return,
-                Some(Ok(x)) => x,
-                Some(Err(e)) => {
-                    tracing::warn!(queue = %from.name, error = %e, "could not dead-letter message; dropped");
-                    continue;
-                }
+        self.dur.flush_removals();
+        for mut d in letters {
+            let Some((id, qid)) = d.stored.zip(from.store_id) else {
+                self.republish(from, &d, now, None);
+                continue;
             };
-            let exchange = if dlx.is_empty() {
-                None
-            } else {
-                match Names::exchange(self, &dlx) {
-                    Some(e) => Some(e),
-                    None => {
-                        tracing::warn!(queue = %from.name, dlx = %dlx, "dead-letter exchange does not exist; message dropped");
-                        continue;
-                    }
-                }
+            let done = d.done.take();
+            let mut removal = Some(self.dur.defer_removal(qid, id, done));
+            let mut make = || -> Done {
+                removal
+                    .take()
+                    .expect("a message is journaled once per publish")
             };
-            let mut targets = routing::resolve(self, exchange, &msg);
-            targets.retain(|q| dead_letter::may_reach(&msg, &q.name, d.reason));
-            routing::deliver_to(&self.dur, &targets, &msg, now, None);
+            self.republish(from, &d, now, Some(&mut make));
+            if let Some(now_done) = removal.take() {
+                // No durable copy was made: nothing to wait for.
+                now_done(Ok(()));
+                self.dur.flush_removals();
+            }
         }
     }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use berth_broker::channel::{Channel, Outlet, Session};
-use berth_broker::durable::{Done, MemoryJournal, PAGING_BIT};
+use berth_broker::durable::{Done, JournalError, MemoryJournal, PAGING_BIT};
 use berth_broker::message::Message;
 use berth_broker::vhost::{ExchangeDeclare, QueueDeclare};
 use berth_broker::{Broker, Recovered, StoredBody};
@@ -526,4 +526,104 @@ fn a_restored_message_expires_after_the_shorter_of_queue_ttl_and_its_own_expirat
         Vec::<(bool, Vec<u8>)>::new(),
         "its own 100 ms expiration is shorter than the queue's 60 s TTL"
     );
+}
+
+/// A journal that logs what it is asked to do, in order, and holds
+/// publish completions until the test releases them (a slow disk).
+#[derive(Default)]
+struct SlowJournal {
+    inner: MemoryJournal,
+    log: Mutex<Vec<String>>,
+    held: Mutex<Vec<Done>>,
+}
+
+impl SlowJournal {
+    fn release(&self) {
+        for d in std::mem::take(&mut *self.held.lock()) {
+            d(Ok(()));
+        }
+    }
+    fn log(&self) -> Vec<String> {
+        self.log.lock().clone()
+    }
+}
+
+impl berth_broker::durable::Journal for SlowJournal {
+    fn publish(&self, msg: u64, queues: &[u64], payload: Bytes, done: Option<Done>) {
+        self.log.lock().push(format!("publish {msg} to {queues:?}"));
+        self.inner.publish(msg, queues, payload, None);
+        self.held.lock().extend(done);
+    }
+    fn remove(&self, queue: u64, msgs: &[u64], done: Option<Done>) {
+        self.log
+            .lock()
+            .push(format!("remove {msgs:?} from {queue}"));
+        self.inner.remove(queue, msgs, done);
+    }
+    fn purge(&self, queue: u64, done: Option<Done>) {
+        self.inner.purge(queue, done);
+    }
+    fn put_meta(&self, key: &[u8], value: &[u8]) -> Result<(), JournalError> {
+        self.inner.put_meta(key, value)
+    }
+    fn delete_meta(&self, key: &[u8]) -> Result<(), JournalError> {
+        self.inner.delete_meta(key)
+    }
+}
+
+#[test]
+fn a_dead_lettered_message_leaves_its_queue_only_after_its_copy_is_durable() {
+    let journal = Arc::new(SlowJournal::default());
+    let broker = Broker::with_journal(["/"], journal.clone(), 1, 1);
+    let v = broker.vhost("/").unwrap();
+    let t0 = Instant::now();
+    let mut dlx = FieldTable::default();
+    dlx.insert(
+        "x-dead-letter-exchange".into(),
+        berth_protocol::AMQPValue::LongString("amq.direct".into()),
+    );
+    dlx.insert(
+        "x-dead-letter-routing-key".into(),
+        berth_protocol::AMQPValue::LongString("dead".into()),
+    );
+    durable_queue(&v, "src", dlx, t0);
+    durable_queue(&v, "dead", FieldTable::default(), t0);
+    let m = msg("src", "m", true);
+    let m = Message::new(
+        "amq.direct".into(),
+        "src".into(),
+        m.properties.clone(),
+        m.body.clone(),
+    )
+    .unwrap();
+    v.publish("amq.direct", &m, t0, &mut || Box::new(|r| r.unwrap()))
+        .unwrap();
+    journal.release();
+
+    let out = Arc::new(Sink::default());
+    let ch = session(&broker, &out);
+    let q = v.queue(1, "src").unwrap();
+    assert!(ch.get(&q, false, t0));
+    ch.nack(1, false, false, t0).unwrap(); // reject: dead-letter it
+    let log = journal.log();
+    assert_eq!(
+        log.last().map(String::as_str),
+        Some("publish 2 to [2]"),
+        "{log:?}"
+    );
+    assert!(
+        !log.iter().any(|l| l.starts_with("remove")),
+        "the source's removal waits for the copy: {log:?}"
+    );
+
+    // The copy becomes durable; the next tick journals the removal.
+    journal.release();
+    broker.run_timers(t0);
+    assert_eq!(
+        journal.log().last().map(String::as_str),
+        Some("remove [1] from 1")
+    );
+    let stored = journal.inner.messages.lock();
+    assert!(stored.get(&1).is_none_or(BTreeMap::is_empty), "left src");
+    assert_eq!(stored.get(&2).map(BTreeMap::len), Some(1), "is in dead");
 }
