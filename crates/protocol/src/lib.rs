@@ -6,6 +6,7 @@
 //! hand in [`codec`].
 
 pub mod codec;
+pub mod content;
 pub mod frame;
 
 pub use amq_protocol::protocol::{self as methods, basic::AMQPProperties, AMQPClass};
