@@ -127,8 +127,7 @@ impl Conn {
 
     /// Sends `connection.close`; the caller then waits (bounded) for
     /// `close-ok`.
-    pub(super) fn send_connection_close(&mut self, e: &AmqpError) {
-        self.closing_since = Some(Self::now());
+    pub(super) fn send_connection_close(&self, e: &AmqpError) {
         self.send_method(
             0,
             &AMQPClass::Connection(conn::AMQPMethod::Close(conn::Close {

@@ -103,8 +103,6 @@ struct Conn {
     session: Option<Arc<Session>>,
     channels: HashMap<u16, Slot>,
     last_read: Instant,
-    /// We sent `connection.close` and wait for `close-ok`.
-    closing_since: Option<Instant>,
     user: String,
     /// Memory alarm and flow pauses: when the connection is not read.
     flow: Flow,
@@ -150,7 +148,6 @@ pub async fn serve(
         session: None,
         channels: HashMap::new(),
         last_read: Instant::now(),
-        closing_since: None,
         user: String::new(),
         flow: Flow::new(config_limits.memory_high_watermark()),
         stored_tx,
