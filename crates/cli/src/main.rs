@@ -122,9 +122,9 @@ impl ServeArgs {
         set(
             &mut c.store.sync,
             self.sync.map(|s| match s.as_str() {
-                "interval" => berth_server::config::Sync::Interval,
-                "never" => berth_server::config::Sync::Never,
-                _ => berth_server::config::Sync::Always,
+                "interval" => berth_server::config::SyncMode::Interval,
+                "never" => berth_server::config::SyncMode::Never,
+                _ => berth_server::config::SyncMode::Always,
             }),
         );
         set(&mut c.store.sync_interval_ms, self.sync_interval_ms);

@@ -21,14 +21,23 @@ use crate::frame::{
     FRAME_OVERHEAD,
 };
 
+/// AMQP class id of `connection`.
+pub const CLASS_CONNECTION: u16 = 10;
+pub const METHOD_CONNECTION_START_OK: u16 = 11;
+pub const METHOD_CONNECTION_TUNE_OK: u16 = 31;
+pub const METHOD_CONNECTION_OPEN: u16 = 40;
 /// AMQP class id of `basic`, the only content class.
 pub const CLASS_BASIC: u16 = 60;
-const METHOD_BASIC_PUBLISH: u16 = 40;
-const METHOD_BASIC_RETURN: u16 = 50;
-const METHOD_BASIC_DELIVER: u16 = 60;
-const METHOD_BASIC_GET_OK: u16 = 71;
-const METHOD_BASIC_ACK: u16 = 80;
-const METHOD_BASIC_NACK: u16 = 120;
+pub const METHOD_BASIC_QOS: u16 = 10;
+pub const METHOD_BASIC_PUBLISH: u16 = 40;
+pub const METHOD_BASIC_RETURN: u16 = 50;
+pub const METHOD_BASIC_DELIVER: u16 = 60;
+pub const METHOD_BASIC_GET_OK: u16 = 71;
+pub const METHOD_BASIC_ACK: u16 = 80;
+pub const METHOD_BASIC_NACK: u16 = 120;
+/// AMQP class id of `tx`.
+pub const CLASS_TX: u16 = 90;
+pub const METHOD_TX_COMMIT: u16 = 20;
 /// class-id, weight, body-size: the fixed prefix of a content header payload.
 const CONTENT_HEADER_FIXED_SIZE: usize = 2 + 2 + 8;
 

@@ -3,9 +3,11 @@
 //!
 //! Method arguments use the `amq-protocol` crate's generated types, re-exported
 //! here so upper layers name one crate; the per-message hot path is coded by
-//! hand in [`codec`].
+//! hand in [`codec`]. [`content`] assembles a publish's content frames into
+//! one message.
 
 pub mod codec;
+pub mod content;
 pub mod frame;
 
 pub use amq_protocol::protocol::{self as methods, basic::AMQPProperties, AMQPClass};

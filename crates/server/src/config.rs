@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::limits;
+
 /// The whole configuration.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -40,18 +42,23 @@ pub struct Net {
     pub handshake_timeout_ms: u64,
 }
 
-/// When the store calls `fdatasync` (see docs/DURABILITY.md).
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Sync {
-    /// Confirm after fdatasync (survives power loss). The default.
-    Always,
-    /// Confirm after write; fdatasync every `sync_interval_ms` (survives a
-    /// process crash, not power loss).
-    Interval,
-    /// Confirm after write; fdatasync only when a segment is sealed and at
-    /// shutdown.
-    Never,
+/// When the store calls `fdatasync` (see docs/DURABILITY.md): the store's
+/// own setting, spelled `always`, `interval` or `never` in `berth.toml`.
+pub use berth_store::SyncMode;
+
+/// Reads [`SyncMode`] from its lowercase name.
+fn deserialize_sync_mode<'de, D>(d: D) -> Result<SyncMode, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    const NAMES: &[&str] = &["always", "interval", "never"];
+    let name = String::deserialize(d)?;
+    match name.as_str() {
+        "always" => Ok(SyncMode::Always),
+        "interval" => Ok(SyncMode::Interval),
+        "never" => Ok(SyncMode::Never),
+        _ => Err(serde::de::Error::unknown_variant(&name, NAMES)),
+    }
 }
 
 /// `[store]`: where and how data is kept.
@@ -63,7 +70,8 @@ pub struct Store {
     /// Only used when a store is created; an existing store keeps its count.
     /// 0 = one per core, between 2 and 16.
     pub log_groups: u32,
-    pub sync: Sync,
+    #[serde(deserialize_with = "deserialize_sync_mode")]
+    pub sync: SyncMode,
     /// fdatasync period in `sync = "interval"`.
     pub sync_interval_ms: u64,
     /// Cap on the extra gathering pause of group commit (taken only when
@@ -130,22 +138,24 @@ impl Default for Net {
         Self {
             amqp_listen: vec!["0.0.0.0:5672".into(), "[::]:5672".into()],
             http_listen: Vec::new(),
-            heartbeat_s: 60,
-            handshake_timeout_ms: 10_000,
+            heartbeat_s: limits::DEFAULT_HEARTBEAT_S,
+            handshake_timeout_ms: limits::DEFAULT_HANDSHAKE_TIMEOUT_MS,
         }
     }
 }
 
 impl Default for Store {
     fn default() -> Self {
+        // The store's tunables have their defaults in the store.
+        let store = berth_store::StoreConfig::new("./berth-data");
         Self {
-            data_dirs: vec![PathBuf::from("./berth-data")],
+            data_dirs: store.data_dirs,
             log_groups: 0,
-            sync: Sync::Always,
-            sync_interval_ms: 200,
-            commit_delay_us_max: 500,
-            segment_size_bytes: 64 * 1024 * 1024,
-            queue_resident_messages_max: 4096,
+            sync: store.sync,
+            sync_interval_ms: store.sync_interval_ms,
+            commit_delay_us_max: store.commit_delay_us_max,
+            segment_size_bytes: store.segment_size_bytes,
+            queue_resident_messages_max: berth_broker::vhost::RESIDENT_MESSAGES_MAX_DEFAULT,
         }
     }
 }
@@ -153,11 +163,11 @@ impl Default for Store {
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            frame_size_bytes_max: 131_072,
-            channels_per_connection_max: 2047,
-            message_size_bytes_max: 128 * 1024 * 1024,
-            consumer_timeout_ms: 1_800_000,
-            connection_output_bytes_max: 4 * 1024 * 1024,
+            frame_size_bytes_max: limits::DEFAULT_FRAME_SIZE_BYTES_MAX,
+            channels_per_connection_max: limits::DEFAULT_CHANNELS_PER_CONNECTION_MAX,
+            message_size_bytes_max: limits::DEFAULT_MESSAGE_SIZE_BYTES_MAX,
+            consumer_timeout_ms: limits::DEFAULT_CONSUMER_TIMEOUT_MS,
+            connection_output_bytes_max: limits::DEFAULT_CONNECTION_OUTPUT_BYTES_MAX,
             connections_max: 0,
             memory_high_watermark_bytes: 0,
         }
@@ -222,8 +232,8 @@ impl Limits {
                     .and_then(|l| l.split_whitespace().nth(1))
                     .and_then(|kb| kb.parse::<u64>().ok())
             })
-            .map_or(4 << 30, |kb| kb * 1024);
-        total / 10 * 4
+            .map_or(limits::MEMORY_TOTAL_BYTES_FALLBACK, |kb| kb * 1024);
+        total / 10 * limits::MEMORY_HIGH_WATERMARK_TENTHS_OF_RAM
     }
 }
 
@@ -235,11 +245,7 @@ impl Config {
         if self.store.log_groups > 0 {
             c.log_groups = self.store.log_groups;
         }
-        c.sync = match self.store.sync {
-            Sync::Always => berth_store::SyncMode::Always,
-            Sync::Interval => berth_store::SyncMode::Interval,
-            Sync::Never => berth_store::SyncMode::Never,
-        };
+        c.sync = self.store.sync;
         c.sync_interval_ms = self.store.sync_interval_ms;
         c.commit_delay_us_max = self.store.commit_delay_us_max;
         c.segment_size_bytes = self.store.segment_size_bytes;
@@ -357,6 +363,14 @@ mod tests {
         c.net.amqp_listen = vec!["localhost".into()];
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("net.amqp_listen"), "{e}");
+    }
+
+    #[test]
+    fn sync_mode_is_read_by_its_lowercase_name() {
+        let c = Config::from_toml("[store]\nsync = \"interval\"\n").unwrap();
+        assert_eq!(c.store.sync, SyncMode::Interval);
+        let e = Config::from_toml("[store]\nsync = \"sometimes\"\n").unwrap_err();
+        assert!(e.to_string().contains("unknown variant"), "{e}");
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod config;
 pub mod connection;
 pub mod http;
 pub mod journal;
+pub mod limits;
 pub mod outbound;
 
 use std::fs::File;
@@ -25,11 +26,6 @@ use tokio::sync::watch;
 
 pub use config::Config;
 use connection::Shared;
-
-/// How often the timer service runs (TTL expiry, x-expires).
-const TIMER_TICK: Duration = Duration::from_millis(10);
-/// How long shutdown waits for connections to finish their close.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Why the server could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -74,10 +70,8 @@ impl Running {
     /// stop.
     pub async fn shutdown(self) {
         let _receivers_may_be_gone = self.shutdown.send(true);
-        if tokio::time::timeout(SHUTDOWN_GRACE + Duration::from_secs(1), self.task)
-            .await
-            .is_err()
-        {
+        let wait = Duration::from_millis(limits::SHUTDOWN_GRACE_MS + limits::SHUTDOWN_SLACK_MS);
+        if tokio::time::timeout(wait, self.task).await.is_err() {
             tracing::warn!("shutdown grace period ran out; exiting with connections still open");
         }
         // Everything written reaches the disk before we exit.
@@ -150,7 +144,7 @@ fn bind(addr: &str) -> Result<TcpListener, ServerError> {
     s.set_reuse_address(true).map_err(err)?;
     s.set_nonblocking(true).map_err(err)?;
     s.bind(&sa.into()).map_err(err)?;
-    s.listen(1024).map_err(err)?;
+    s.listen(limits::LISTEN_BACKLOG_CONNECTIONS).map_err(err)?;
     TcpListener::from_std(s.into()).map_err(err)
 }
 
@@ -239,7 +233,7 @@ async fn serve(
         let broker = Arc::clone(&shared.broker);
         let mut stop = shutdown.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(TIMER_TICK);
+            let mut tick = tokio::time::interval(Duration::from_millis(limits::TIMER_TICK_MS));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
@@ -266,9 +260,9 @@ async fn serve(
         a.abort();
     }
     timers.abort();
-    let deadline = Instant::now() + SHUTDOWN_GRACE;
+    let deadline = Instant::now() + Duration::from_millis(limits::SHUTDOWN_GRACE_MS);
     while open.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(limits::SHUTDOWN_POLL_MS)).await;
     }
     tracing::info!("berth stopped");
 }
@@ -286,7 +280,7 @@ async fn accept_loop(
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.
                 tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                tokio::time::sleep(Duration::from_millis(limits::ACCEPT_BACKOFF_MS)).await;
                 continue;
             }
         };

@@ -37,7 +37,9 @@ pub struct Outbound {
 impl Outbound {
     pub fn new(limit_bytes: usize, frame_max: u32) -> Arc<Self> {
         Arc::new(Self {
-            buf: Mutex::new(BytesMut::with_capacity(8 * 1024)),
+            buf: Mutex::new(BytesMut::with_capacity(
+                crate::limits::OUTPUT_BUFFER_BYTES_INITIAL,
+            )),
             ready: Notify::new(),
             drained: Notify::new(),
             congested: AtomicBool::new(false),

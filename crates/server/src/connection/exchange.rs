@@ -1,0 +1,75 @@
+//! The `exchange` class: declare, delete, bind and unbind. The rules live in
+//! the broker's vhost; this file turns methods into calls and answers.
+
+use std::sync::Arc;
+
+use berth_broker::vhost::ExchangeDeclare;
+use berth_broker::AmqpResult;
+use berth_protocol::methods::exchange;
+use berth_protocol::AMQPClass;
+
+use super::exception::not_from_client;
+use super::Conn;
+
+impl Conn {
+    /// An `exchange` method on an open channel.
+    pub(super) fn exchange_method(
+        &mut self,
+        channel: u16,
+        m: exchange::AMQPMethod,
+    ) -> AmqpResult<()> {
+        let vhost = Arc::clone(self.vhost());
+        let (nowait, ok) = match m {
+            exchange::AMQPMethod::Declare(d) => {
+                vhost.declare_exchange(
+                    d.exchange.as_str(),
+                    &ExchangeDeclare {
+                        kind: d.kind.to_string(),
+                        passive: d.passive,
+                        durable: d.durable,
+                        auto_delete: d.auto_delete,
+                        internal: d.internal,
+                        arguments: d.arguments,
+                    },
+                )?;
+                (
+                    d.nowait,
+                    exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {}),
+                )
+            }
+            exchange::AMQPMethod::Delete(d) => {
+                vhost.delete_exchange(d.exchange.as_str(), d.if_unused)?;
+                (
+                    d.nowait,
+                    exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {}),
+                )
+            }
+            exchange::AMQPMethod::Bind(b) => {
+                vhost.bind_exchange(
+                    b.destination.as_str(),
+                    b.source.as_str(),
+                    b.routing_key.as_str(),
+                    &b.arguments,
+                )?;
+                (b.nowait, exchange::AMQPMethod::BindOk(exchange::BindOk {}))
+            }
+            exchange::AMQPMethod::Unbind(b) => {
+                vhost.unbind_exchange(
+                    b.destination.as_str(),
+                    b.source.as_str(),
+                    b.routing_key.as_str(),
+                    &b.arguments,
+                )?;
+                (
+                    b.nowait,
+                    exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {}),
+                )
+            }
+            other => return Err(not_from_client(&AMQPClass::Exchange(other))),
+        };
+        if !nowait {
+            self.send_method(channel, &AMQPClass::Exchange(ok));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,114 @@
+//! When a connection is not read: the memory alarm, flow pauses behind
+//! backlogged queues, too many unconfirmed publishes; and consumers paused
+//! by a full output buffer resuming once it drained.
+//!
+//! Invariants:
+//! - Back-pressure stops reading from the socket (TCP does the rest); it
+//!   never drops or refuses a frame.
+//! - Every pause ends: a flow pause after [`limits::FLOW_PAUSE_MS_MAX`], the
+//!   memory alarm once message memory is below the watermark, the
+//!   unconfirmed bound as the journal completes writes.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use berth_broker::queue::Queue;
+use berth_protocol::methods::connection as conn;
+use berth_protocol::AMQPClass;
+
+use super::Conn;
+use crate::limits;
+
+/// A connection's back-pressure state.
+pub(super) struct Flow {
+    /// This connection published something: the memory alarm applies to it.
+    pub(super) has_published: bool,
+    /// We stopped reading because of the memory alarm.
+    blocked: bool,
+    /// The client understands `connection.blocked`.
+    pub(super) blocked_notify: bool,
+    /// Not reading until this queue has caught up, or until the deadline
+    /// (see [`limits::FLOW_PAUSE_MS_MAX`]).
+    pause: Option<(Arc<Queue>, Instant)>,
+    /// Message bytes in memory above which the alarm goes off.
+    memory_high_watermark_bytes: u64,
+}
+
+impl Flow {
+    pub(super) fn new(memory_high_watermark_bytes: u64) -> Self {
+        Self {
+            has_published: false,
+            blocked: false,
+            blocked_notify: false,
+            pause: None,
+            memory_high_watermark_bytes,
+        }
+    }
+
+    /// A publish went to a queue whose consumers are not keeping up: stop
+    /// reading until it caught up (unless already paused).
+    pub(super) fn pause_for(&mut self, backlogged: Option<&Arc<Queue>>) {
+        if let (None, Some(q)) = (&self.pause, backlogged) {
+            let until = Instant::now() + Duration::from_millis(limits::FLOW_PAUSE_MS_MAX);
+            self.pause = Some((Arc::clone(q), until));
+        }
+    }
+
+    /// Ends the flow pause once its queue caught up or its time is over.
+    pub(super) fn end_pause_if_over(&mut self, now: Instant) {
+        if let Some((q, until)) = &self.pause {
+            if now >= *until || q.caught_up(now) {
+                self.pause = None;
+            }
+        }
+    }
+
+    pub(super) fn is_paused(&self) -> bool {
+        self.pause.is_some()
+    }
+}
+
+impl Conn {
+    /// Whether the socket may be read now.
+    pub(super) fn may_read(&self) -> bool {
+        !self.flow.blocked
+            && !self.flow.is_paused()
+            && self.unconfirmed < limits::UNCONFIRMED_PER_CONNECTION_MAX
+    }
+
+    /// The memory alarm: publishing connections stop being read while
+    /// message memory is above the watermark (TCP back-pressure does the
+    /// rest), and are told so if they asked.
+    pub(super) fn update_blocked(&mut self) {
+        let over = berth_broker::message::message_bytes() > self.flow.memory_high_watermark_bytes;
+        if over && self.flow.has_published && !self.flow.blocked {
+            self.flow.blocked = true;
+            tracing::warn!(peer = %self.peer, "memory alarm: blocking publishing connection");
+            if self.flow.blocked_notify {
+                self.send_method(
+                    0,
+                    &AMQPClass::Connection(conn::AMQPMethod::Blocked(conn::Blocked {
+                        reason: "low on memory".into(),
+                    })),
+                );
+            }
+        } else if !over && self.flow.blocked {
+            self.flow.blocked = false;
+            if self.flow.blocked_notify {
+                self.send_method(
+                    0,
+                    &AMQPClass::Connection(conn::AMQPMethod::Unblocked(conn::Unblocked {})),
+                );
+            }
+        }
+    }
+
+    /// The output buffer drained below its bound: consumers paused by it
+    /// deliver again.
+    pub(super) fn resume_consumers(&self) {
+        let now = Self::now();
+        for s in self.channels.values() {
+            s.ch.resume(now);
+        }
+    }
+}

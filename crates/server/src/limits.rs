@@ -1,0 +1,96 @@
+//! Every fixed bound and every configuration default of the server, with
+//! its unit in its name.
+//!
+//! Invariants:
+//! - Each number has exactly one home: this file. `config.rs` takes its
+//!   defaults from here (the store's from `berth_store::StoreConfig`, the
+//!   queue paging window from the broker);
+//!   the connection and the accept loop take their fixed bounds from here.
+//! - Every wait named here is finite, so no connection or shutdown step can
+//!   hang on a silent peer (DESIGN.md invariant 3).
+
+// ---- Connection timing and buffers (fixed) ----
+
+/// How long a connection waits for the peer's `close-ok` after sending
+/// `connection.close`, and then for its writer to flush the last frames.
+pub const CLOSE_TIMEOUT_MS: u64 = 3_000;
+
+/// How often a connection checks its channels for overdue acks (consumer
+/// timeout), the peer for missed heartbeats and the memory alarm.
+pub const CONNECTION_TICK_MS: u64 = 100;
+
+/// Step by which a connection's read buffer grows.
+pub const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Free space in the read buffer below which it grows by
+/// [`READ_CHUNK_BYTES`] before the next read.
+pub const READ_FREE_BYTES_MIN: usize = 4096;
+
+/// Initial capacity of a connection's output buffer; it grows up to
+/// `limits.connection_output_bytes_max` before consumers are paused.
+pub const OUTPUT_BUFFER_BYTES_INITIAL: usize = 8 * 1024;
+
+/// Confirm-mode publishes waiting for the journal, per connection, before
+/// the server stops reading from it (back-pressure instead of unbounded
+/// bookkeeping).
+pub const UNCONFIRMED_PER_CONNECTION_MAX: usize = 65_536;
+
+/// Flow control, like RabbitMQ's credit flow: after a publish to a queue
+/// whose consumers are busy but not keeping up, the connection stops reading
+/// until they have caught up, checked this often ...
+pub const FLOW_CHECK_MS: u64 = 1;
+
+/// ... and reads again after this long in any case, so that acks on the
+/// same connection get in.
+pub const FLOW_PAUSE_MS_MAX: u64 = 100;
+
+// ---- Server (fixed) ----
+
+/// How often the timer service runs (message TTL expiry, `x-expires`).
+pub const TIMER_TICK_MS: u64 = 10;
+
+/// How long shutdown waits for connections to finish their close.
+pub const SHUTDOWN_GRACE_MS: u64 = 5_000;
+
+/// Extra time `Running::shutdown` gives the server task on top of
+/// [`SHUTDOWN_GRACE_MS`] before giving up on it.
+pub const SHUTDOWN_SLACK_MS: u64 = 1_000;
+
+/// How often shutdown looks whether every connection has gone.
+pub const SHUTDOWN_POLL_MS: u64 = 20;
+
+/// Pause after a failed `accept` (EMFILE and friends), instead of spinning.
+pub const ACCEPT_BACKOFF_MS: u64 = 100;
+
+/// Connections the kernel queues for `accept` on a listener (`listen(2)`).
+pub const LISTEN_BACKLOG_CONNECTIONS: i32 = 1024;
+
+// ---- Configuration defaults (see docs/CONFIG.md) ----
+
+/// `net.heartbeat_s`: the heartbeat the server proposes (RabbitMQ's).
+pub const DEFAULT_HEARTBEAT_S: u16 = 60;
+
+/// `net.handshake_timeout_ms` (RabbitMQ's).
+pub const DEFAULT_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+
+/// `limits.frame_size_bytes_max` (RabbitMQ's `frame_max`).
+pub const DEFAULT_FRAME_SIZE_BYTES_MAX: u32 = 131_072;
+
+/// `limits.channels_per_connection_max` (RabbitMQ's `channel_max`).
+pub const DEFAULT_CHANNELS_PER_CONNECTION_MAX: u16 = 2047;
+
+/// `limits.message_size_bytes_max` (RabbitMQ's `max_message_size`).
+pub const DEFAULT_MESSAGE_SIZE_BYTES_MAX: u64 = 128 * 1024 * 1024;
+
+/// `limits.consumer_timeout_ms`: 30 minutes (RabbitMQ's).
+pub const DEFAULT_CONSUMER_TIMEOUT_MS: u64 = 1_800_000;
+
+/// `limits.connection_output_bytes_max`.
+pub const DEFAULT_CONNECTION_OUTPUT_BYTES_MAX: usize = 4 * 1024 * 1024;
+
+/// `limits.memory_high_watermark_bytes = 0` means this share of the
+/// machine's RAM, in tenths (RabbitMQ's default of 0.4).
+pub const MEMORY_HIGH_WATERMARK_TENTHS_OF_RAM: u64 = 4;
+
+/// RAM assumed when `/proc/meminfo` cannot be read.
+pub const MEMORY_TOTAL_BYTES_FALLBACK: u64 = 4 << 30;
