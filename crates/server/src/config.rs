@@ -155,7 +155,7 @@ impl Default for Store {
             sync_interval_ms: store.sync_interval_ms,
             commit_delay_us_max: store.commit_delay_us_max,
             segment_size_bytes: store.segment_size_bytes,
-            queue_resident_messages_max: berth_broker::vhost::RESIDENT_MESSAGES_MAX_DEFAULT,
+            queue_resident_messages_max: berth_broker::limits::RESIDENT_MESSAGES_MAX_DEFAULT,
         }
     }
 }

@@ -60,6 +60,8 @@ pub struct Running {
     pub amqp_addrs: Vec<SocketAddr>,
     pub http_addrs: Vec<SocketAddr>,
     journal: Arc<journal::StoreJournal>,
+    /// For the removals still waiting at shutdown (dead-lettering).
+    broker: Arc<berth_broker::Broker>,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
     _locks: Vec<File>,
@@ -74,13 +76,18 @@ impl Running {
         if tokio::time::timeout(wait, self.task).await.is_err() {
             tracing::warn!("shutdown grace period ran out; exiting with connections still open");
         }
-        // Everything written reaches the disk before we exit.
-        let (done, ticket) = berth_store::Ticket::new();
-        self.journal.store.flush(done);
-        match tokio::task::spawn_blocking(move || ticket.wait()).await {
-            Ok(Ok(())) => tracing::info!("store flushed"),
-            Ok(Err(e)) => tracing::error!(error = %e, "final store flush failed"),
-            Err(e) => tracing::error!(error = %e, "final store flush did not run"),
+        // Everything written reaches the disk before we exit: first what
+        // is pending, then the removals that waited for it (a dead-lettered
+        // message leaves its queue once its copy is durable).
+        for round in ["store flushed", "waiting removals flushed"] {
+            self.broker.flush_removals();
+            let (done, ticket) = berth_store::Ticket::new();
+            self.journal.store.flush(done);
+            match tokio::task::spawn_blocking(move || ticket.wait()).await {
+                Ok(Ok(())) => tracing::info!("{round}"),
+                Ok(Err(e)) => tracing::error!(error = %e, "final store flush failed"),
+                Err(e) => tracing::error!(error = %e, "final store flush did not run"),
+            }
         }
     }
 }
@@ -217,6 +224,7 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         amqp_addrs,
         http_addrs,
         journal,
+        broker,
         shutdown: tx,
         task,
         _locks: locks,
