@@ -7,7 +7,8 @@
 //!   payload is buffered; a bad frame closes the connection with 501, never
 //!   panics, and never affects another connection.
 //! - Every wait is bounded: the handshake by `handshake_timeout_ms`, a silent
-//!   peer by twice the heartbeat, a close handshake by `CLOSE_TIMEOUT`.
+//!   peer by twice the heartbeat, a close handshake by `CLOSE_TIMEOUT`, the
+//!   reading after our `close-ok` by `CLOSE_DRAIN_TIMEOUT_MS`.
 //! - When the connection ends, for any reason, its channels are closed
 //!   (unacked messages requeued) and its exclusive queues deleted.
 
@@ -41,6 +42,10 @@ use crate::outbound::Outbound;
 
 /// How long we wait for the peer's `close-ok` after sending `close`.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long, after answering the peer's `connection.close` with `close-ok`,
+/// we keep reading (and dropping) what it still sends before we close the
+/// socket ourselves. RabbitMQ 3.10 waits 30 s (measured), then resets.
+const CLOSE_DRAIN_TIMEOUT_MS: u64 = 30_000;
 /// How often channels are checked for overdue acks (consumer timeout).
 const TICK: Duration = Duration::from_millis(100);
 /// Read buffer growth step.
@@ -57,6 +62,10 @@ pub struct Shared {
 enum End {
     /// Closed cleanly (by either side's close handshake or EOF).
     Done,
+    /// The peer sent `connection.close`: `close-ok` is due once the
+    /// channels are closed, then the socket is drained until the peer
+    /// closes it.
+    PeerClose,
     /// A connection exception to report to the peer.
     Error(AmqpError),
     /// The socket failed; nothing more can be said to the peer.
@@ -290,7 +299,7 @@ pub async fn serve(
         Err(e) => e,
     };
     match &end {
-        End::Done => tracing::debug!(%peer, "connection closed"),
+        End::Done | End::PeerClose => tracing::debug!(%peer, "connection closed"),
         End::Io(e) => tracing::debug!(%peer, error = %e, "connection lost"),
         End::Error(e) => {
             tracing::warn!(%peer, user = %c.user, code = e.reply_code, "closing connection: {}", e.reply_text());
@@ -301,15 +310,34 @@ pub async fn serve(
         }
     }
     c.cleanup();
+    let peer_closed = matches!(end, End::PeerClose);
+    if peer_closed {
+        // After the channels are closed, so that nothing of theirs follows.
+        c.send_method(
+            0,
+            &AMQPClass::Connection(conn::AMQPMethod::CloseOk(conn::CloseOk {})),
+        );
+    }
     out.close();
-    if tokio::time::timeout(CLOSE_TIMEOUT, writer).await.is_err() {
-        tracing::debug!(%peer, "writer did not finish in time");
+    let wr = match tokio::time::timeout(CLOSE_TIMEOUT, writer).await {
+        Ok(Ok(wr)) => Some(wr),
+        _ => {
+            tracing::debug!(%peer, "writer did not finish in time");
+            None
+        }
+    };
+    if peer_closed {
+        c.drain_until_peer_closes(&mut shutdown).await;
+    }
+    if let Some(mut wr) = wr {
+        let _shutdown_errors_are_irrelevant_once_closing = wr.shutdown().await;
     }
 }
 
 /// Writes whatever the connection and its queues buffered; sends heartbeats
-/// when idle.
-async fn write_loop(mut wr: OwnedWriteHalf, out: Arc<Outbound>) {
+/// when idle. Returns the write half once `out` is closed and flushed: when
+/// the socket closes is the connection's decision.
+async fn write_loop(mut wr: OwnedWriteHalf, out: Arc<Outbound>) -> OwnedWriteHalf {
     loop {
         let buf = out.take();
         if buf.is_empty() {
@@ -334,7 +362,7 @@ async fn write_loop(mut wr: OwnedWriteHalf, out: Arc<Outbound>) {
             break;
         }
     }
-    let _shutdown_errors_are_irrelevant_once_closing = wr.shutdown().await;
+    wr
 }
 
 impl Conn {
@@ -721,11 +749,7 @@ impl Conn {
         match m {
             AMQPClass::Connection(conn::AMQPMethod::Close(c)) => {
                 tracing::debug!(peer = %self.peer, code = c.reply_code, text = %c.reply_text, "client closed the connection");
-                self.send_method(
-                    0,
-                    &AMQPClass::Connection(conn::AMQPMethod::CloseOk(conn::CloseOk {})),
-                );
-                Err(End::Done)
+                Err(End::PeerClose)
             }
             AMQPClass::Connection(conn::AMQPMethod::CloseOk(_)) => Err(End::Done),
             AMQPClass::Connection(conn::AMQPMethod::UpdateSecret(_)) => {
@@ -802,12 +826,14 @@ impl Conn {
                     Ok(Method::Other(AMQPClass::Channel(chan::AMQPMethod::CloseOk(_)))) => {
                         self.channels.remove(&channel);
                     }
+                    // The two closes crossed: answer the peer's, and keep
+                    // waiting for its close-ok to ours (as RabbitMQ does),
+                    // which must not find the number free.
                     Ok(Method::Other(AMQPClass::Channel(chan::AMQPMethod::Close(_)))) => {
                         self.send_method(
                             channel,
                             &AMQPClass::Channel(chan::AMQPMethod::CloseOk(chan::CloseOk {})),
                         );
-                        self.channels.remove(&channel);
                     }
                     // Everything else is dropped while the close handshake runs.
                     _ => {}
@@ -1070,15 +1096,20 @@ impl Conn {
             }
             AMQPClass::Queue(queue::AMQPMethod::Delete(d)) => {
                 let q = self.queue_name(channel, d.queue.as_str())?;
-                let n = vhost.delete_queue(conn_id, &q, d.if_unused, d.if_empty)?;
-                if !d.nowait {
+                // RabbitMQ answers with delete-ok before it sends basic.cancel
+                // to the queue's consumers on this channel; amqplib relies on it.
+                self.out.hold_cancels();
+                let deleted = vhost.delete_queue(conn_id, &q, d.if_unused, d.if_empty);
+                if let (Ok(n), false) = (&deleted, d.nowait) {
                     self.send_method(
                         channel,
                         &AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk {
-                            message_count: u32::try_from(n).unwrap_or(u32::MAX),
+                            message_count: u32::try_from(*n).unwrap_or(u32::MAX),
                         })),
                     );
                 }
+                self.out.release_cancels();
+                deleted?;
             }
             AMQPClass::Basic(basic::AMQPMethod::Qos(q)) => {
                 // prefetch-size is dropped by the generated decoder; it is
@@ -1546,6 +1577,34 @@ impl Conn {
             if self.read_more().await.is_err() {
                 return;
             }
+        }
+    }
+
+    /// After our `close-ok`: reads and drops what the peer still sends until
+    /// it closes the socket, as RabbitMQ does. A client that multiplexes
+    /// channels (amqplib) can write `connection.close` ahead of frames of a
+    /// channel it is still flushing; closing at once would reset the
+    /// connection under those writes and lose the `close-ok`.
+    async fn drain_until_peer_closes(&mut self, shutdown: &mut watch::Receiver<bool>) {
+        if *shutdown.borrow() {
+            return;
+        }
+        let (rd, rbuf) = (&mut self.rd, &mut self.rbuf);
+        let drain = async {
+            loop {
+                rbuf.clear();
+                if read_into(rd, rbuf).await.is_err() {
+                    return;
+                }
+            }
+        };
+        let limit = Duration::from_millis(CLOSE_DRAIN_TIMEOUT_MS);
+        tokio::select! {
+            () = drain => {}
+            () = tokio::time::sleep(limit) => {
+                tracing::debug!(peer = %self.peer, "peer still had the socket open {limit:?} after close-ok");
+            }
+            _ = shutdown.changed() => {}
         }
     }
 
