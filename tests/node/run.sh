@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Node smoke test: amqplib against berth (or BERTH_TEST_URI). Installs
-# amqplib from package-lock.json into tests/node/node_modules if missing.
+# Node tests: amqplib against berth (or BERTH_TEST_URI), the smoke test and
+# the interop programs of interop.test.js. Installs amqplib from
+# package-lock.json into tests/node/node_modules if missing.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
@@ -18,7 +19,7 @@ fi
 trap 'broker_stop' EXIT
 trap 'exit 130' INT TERM
 broker_start || exit 1
-timeout -k 5 180 node --test --test-timeout=150000 smoke.test.js
+timeout -k 5 180 node --test --test-timeout=150000 smoke.test.js interop.test.js
 rc=$?
 [ $rc -ne 0 ] && broker_stop --show-log
 exit $rc

@@ -37,8 +37,11 @@ CHANNEL_CLOSE = (20, 40)
 CHANNEL_CLOSE_OK = (20, 41)
 QUEUE_DECLARE = (50, 10)
 QUEUE_DECLARE_OK = (50, 11)
+QUEUE_DELETE = (50, 40)
+QUEUE_DELETE_OK = (50, 41)
 BASIC_CONSUME = (60, 20)
 BASIC_CONSUME_OK = (60, 21)
+BASIC_CANCEL = (60, 30)
 BASIC_PUBLISH = (60, 40)
 BASIC_RETURN = (60, 50)
 BASIC_DELIVER = (60, 60)
@@ -91,6 +94,20 @@ def frame(frame_type, channel, payload, end=FRAME_END):
 
 def method_frame(channel, ids, args=b""):
     return frame(FRAME_METHOD, channel, struct.pack(">HH", *ids) + args)
+
+
+def close_frame(channel, ids, reply_code=200, reply_text="bye", failing=(0, 0)):
+    """connection.close (channel 0) or channel.close, as a client sends it."""
+    return method_frame(channel, ids, struct.pack(">H", reply_code) + shortstr(reply_text)
+                        + struct.pack(">HH", *failing))
+
+
+def publish_frames(channel, exchange, routing_key, body, frame_max=131072, mandatory=False):
+    """basic.publish with its content header and body frames."""
+    return (method_frame(channel, BASIC_PUBLISH,
+                         struct.pack(">H", 0) + shortstr(exchange) + shortstr(routing_key)
+                         + bytes([int(mandatory)]))
+            + content_frames(channel, body, frame_max))
 
 
 def content_frames(channel, body, frame_max=131072, properties=b"\x00\x00"):
@@ -281,6 +298,20 @@ class RawConnection:
                                  f"method {f.method_ids}{detail}")
         return f
 
+    def quiet_and_open(self, timeout_s):
+        """None if the server neither sent anything nor closed the connection
+        within the time; otherwise what it did instead."""
+        if self.buf:
+            return f"sent {self.buf[:64]!r}"
+        self.sock.settimeout(timeout_s)
+        try:
+            data = self.sock.recv(65536)
+        except socket.timeout:
+            return None
+        except ConnectionResetError:
+            return "reset the connection"
+        return f"sent {data[:64]!r}" if data else "closed the connection"
+
     def wait_closed(self, timeout_s=5):
         """True if the peer closes the TCP connection within the time."""
         deadline = time.monotonic() + timeout_s
@@ -318,15 +349,15 @@ class RawConnection:
         self.locales = r.longstr().decode().split()
         return f
 
-    def start_ok(self, user="guest", password="guest", mechanism="PLAIN"):
+    def start_ok(self, user="guest", password="guest", mechanism="PLAIN", capabilities=None):
         if mechanism == "PLAIN":
             response = b"\x00" + user.encode() + b"\x00" + password.encode()
         elif mechanism == "AMQPLAIN":
             response = table_items({"LOGIN": user, "PASSWORD": password})
         else:
             raise ValueError(mechanism)
-        props = table({"product": "berth raw-socket tests",
-                       "capabilities": {"authentication_failure_close": True}})
+        caps = {"authentication_failure_close": True, **(capabilities or {})}
+        props = table({"product": "berth raw-socket tests", "capabilities": caps})
         self.send(method_frame(0, CONNECTION_START_OK,
                                props + shortstr(mechanism) + longstr(response) + shortstr("en_US")))
 
@@ -347,9 +378,9 @@ class RawConnection:
         self.send(method_frame(0, CONNECTION_OPEN, shortstr(vhost) + shortstr("") + b"\x00"))
 
     def handshake(self, user="guest", password="guest", mechanism="PLAIN", vhost="/",
-                  channel_max=None, frame_max=None, heartbeat=0):
+                  channel_max=None, frame_max=None, heartbeat=0, capabilities=None):
         self.start()
-        self.start_ok(user, password, mechanism)
+        self.start_ok(user, password, mechanism, capabilities)
         negotiated = self.tune_ok(channel_max, frame_max, heartbeat)
         self.open(vhost)
         self.expect(CONNECTION_OPEN_OK)
@@ -366,10 +397,12 @@ class RawConnection:
                                struct.pack(">H", 0) + shortstr(queue) + bytes([bits]) + table({})))
 
     def basic_publish(self, channel, exchange, routing_key, body, mandatory=False):
-        self.send(method_frame(channel, BASIC_PUBLISH,
-                               struct.pack(">H", 0) + shortstr(exchange) + shortstr(routing_key)
-                               + bytes([int(mandatory)]))
-                  + content_frames(channel, body, self.frame_max))
+        self.send(publish_frames(channel, exchange, routing_key, body, self.frame_max, mandatory))
+
+    def queue_delete(self, channel, queue, if_unused=False, if_empty=False):
+        bits = if_unused | (if_empty << 1)
+        self.send(method_frame(channel, QUEUE_DELETE,
+                               struct.pack(">H", 0) + shortstr(queue) + bytes([bits])))
 
     def basic_consume(self, channel, queue, consumer_tag="", no_ack=False, exclusive=False):
         bits = (no_ack << 1) | (exclusive << 2)

@@ -283,6 +283,57 @@ def test_deleting_a_queue_sends_basic_cancel_to_its_consumers(conns):
     assert ch.is_open  # a cancel notification does not close the channel
 
 
+QUEUE_KINDS = {"plain": {}, "exclusive": {"exclusive": True}, "auto-delete": {"auto_delete": True}}
+
+
+def consumed_queue(c, kind):
+    """Raw connection `c` (with consumer_cancel_notify) consumes from a new
+    queue of the given kind on channel 1, as consumer "ctag"."""
+    q = unique("delete-consumed")
+    c.queue_declare(1, q, **QUEUE_KINDS[kind])
+    c.expect(w.QUEUE_DECLARE_OK)
+    c.basic_consume(1, q, consumer_tag="ctag")
+    c.expect(w.BASIC_CONSUME_OK)
+    return q
+
+
+@pytest.mark.parametrize("kind", QUEUE_KINDS)
+def test_queue_delete_on_the_consumers_channel_sends_delete_ok_then_basic_cancel(broker, kind):
+    # RabbitMQ 3.10 answers queue.delete before it tells the channel's own
+    # consumer: delete-ok, then basic.cancel. Clients rely on it: amqplib
+    # takes the first reply-like method as the answer to its pending RPC,
+    # and a program that closes its channel on the cancel would otherwise
+    # lose the delete-ok.
+    with w.RawConnection(broker.host, broker.port) as c:
+        c.handshake(capabilities={"consumer_cancel_notify": True})
+        c.channel_open(1)
+        q = consumed_queue(c, kind)
+        c.queue_delete(1, q)
+        first, second = c.recv_method(), c.recv_method()
+        assert [(first.channel, first.method_ids), (second.channel, second.method_ids)] == \
+            [(1, w.QUEUE_DELETE_OK), (1, w.BASIC_CANCEL)]
+        assert first.args().long() == 0  # message_count
+        assert second.args().shortstr() == "ctag"
+        c.queue_declare(1, unique("after-delete"), exclusive=True)
+        c.expect(w.QUEUE_DECLARE_OK)
+
+
+@pytest.mark.parametrize("kind", QUEUE_KINDS)
+def test_queue_delete_on_another_channel_sends_delete_ok_there_and_basic_cancel_to_the_consumer(broker, kind):
+    # Across channels RabbitMQ fixes no order (both orders were seen).
+    with w.RawConnection(broker.host, broker.port) as c:
+        c.handshake(capabilities={"consumer_cancel_notify": True})
+        c.channel_open(1)
+        c.channel_open(2)
+        q = consumed_queue(c, kind)
+        c.queue_delete(2, q)
+        got = {(f.channel, f.method_ids) for f in (c.recv_method(), c.recv_method())}
+        assert got == {(2, w.QUEUE_DELETE_OK), (1, w.BASIC_CANCEL)}
+        for channel in (1, 2):
+            c.queue_declare(channel, unique("after-delete"), exclusive=True)
+            c.expect(w.QUEUE_DECLARE_OK)
+
+
 def test_deleting_a_queue_cancels_consumers_on_other_connections(conns, names):
     owner = conns.open()
     q = names.queue()

@@ -1,5 +1,7 @@
 """channel.*: open/close/flow, channel numbers, many channels."""
 
+import struct
+
 import pika.exceptions
 import pytest
 
@@ -34,6 +36,31 @@ def test_closed_channel_number_can_be_opened_again(broker):
         c.channel_open(1)
         c.queue_declare(1, unique("reopen"), exclusive=True)
         c.expect(w.QUEUE_DECLARE_OK)
+
+
+def test_crossing_channel_close_leaves_the_other_channels_working(broker):
+    # The client closes channel 1 just as the broker closes it with an
+    # exception, so the two channel.close cross on the wire. Each side
+    # answers the other's close with close-ok; the broker frees the number
+    # only at the client's close-ok (RabbitMQ 3.10), which is therefore no
+    # frame "on an unopened channel", and the connection's other channels
+    # carry on.
+    with w.RawConnection(broker.host, broker.port) as c:
+        c.handshake()
+        c.channel_open(1)
+        c.channel_open(2)
+        c.send(w.method_frame(1, w.QUEUE_DECLARE, struct.pack(">H", 0)
+                              + w.shortstr(unique("missing")) + b"\x01" + w.table({}))
+               + w.close_frame(1, w.CHANNEL_CLOSE))
+        close = c.expect(w.CHANNEL_CLOSE)
+        assert close.channel == 1 and w.parse_close(close).reply_code == 404
+        assert c.expect(w.CHANNEL_CLOSE_OK).channel == 1
+        c.send(w.method_frame(1, w.CHANNEL_CLOSE_OK))
+        c.queue_declare(2, unique("other-channel"), exclusive=True)
+        assert c.expect(w.QUEUE_DECLARE_OK).channel == 2
+        c.channel_open(1)
+        c.queue_declare(1, unique("reopened"), exclusive=True)
+        assert c.expect(w.QUEUE_DECLARE_OK).channel == 1
 
 
 def test_second_channel_open_on_an_open_channel_closes_connection_504(broker):

@@ -1,6 +1,8 @@
 """connection.*: authentication, vhosts, tune negotiation, server
 properties, blocked/unblocked, update-secret."""
 
+import time
+
 import pika
 import pika.exceptions
 import pytest
@@ -214,6 +216,64 @@ def test_client_close_is_answered_with_close_ok(broker):
         c.send(w.method_frame(0, w.CONNECTION_CLOSE,
                               b"\x00\xc8" + w.shortstr("bye") + b"\x00\x00\x00\x00"))
         c.expect(w.CONNECTION_CLOSE_OK)
+
+
+def _declared_queue_and_publishes(c, channel, count):
+    """An exclusive queue on `channel` and `count` publishes to it, as bytes."""
+    q = unique("drain")
+    c.queue_declare(channel, q, exclusive=True)
+    c.expect(w.QUEUE_DECLARE_OK)
+    return b"".join(w.publish_frames(channel, "", q, b"m%d" % i, c.frame_max)
+                    for i in range(count))
+
+
+def _keep_writing(c, data, duration_s, what):
+    """Writes `data` again and again for `duration_s`; fails on a write error
+    (a reset connection)."""
+    start = time.monotonic()
+    while time.monotonic() - start < duration_s:
+        try:
+            c.send(data)
+        except OSError as e:
+            pytest.fail(f"writing {what} failed after {time.monotonic() - start:.3f} s: {e!r}")
+        time.sleep(0.01)
+
+
+def test_client_close_then_frames_of_an_open_channel_get_close_ok_and_no_reset(broker):
+    # A multiplexing client (amqplib) can write connection.close ahead of
+    # frames of a channel it is still flushing. RabbitMQ answers close-ok,
+    # then reads and drops what else comes until the client closes the
+    # socket (3.10: for up to 30 s); closing at once resets the connection
+    # under the client's writes (EPIPE / ECONNRESET).
+    with raw(broker) as c:
+        c.handshake()
+        c.channel_open(1)
+        publishes = _declared_queue_and_publishes(c, 1, 200)
+        c.send(w.close_frame(0, w.CONNECTION_CLOSE) + publishes)
+        c.expect(w.CONNECTION_CLOSE_OK)
+        _keep_writing(c, publishes, 1.0, "channel 1's frames after close-ok")
+        what = c.quiet_and_open(0.5)
+        assert what is None, f"before the client closed, the server {what}"
+
+
+def test_server_close_drops_frames_until_close_ok_then_closes(broker):
+    # The other direction: after the server's connection.close the client's
+    # frames in flight are dropped, not answered and not a reason to reset;
+    # RabbitMQ closes the socket once close-ok arrives.
+    with raw(broker) as c:
+        c.handshake()
+        c.channel_open(1)
+        c.channel_open(2)
+        publishes = _declared_queue_and_publishes(c, 2, 200)
+        # A second channel.open on an open channel is a connection error (504).
+        c.send(w.method_frame(1, w.CHANNEL_OPEN, w.shortstr("")) + publishes)
+        f = c.expect(w.CONNECTION_CLOSE)
+        assert w.parse_close(f).reply_code == 504
+        _keep_writing(c, publishes, 1.0, "channel 2's frames before close-ok")
+        what = c.quiet_and_open(0.3)
+        assert what is None, f"before close-ok, the server {what}"
+        c.send(w.method_frame(0, w.CONNECTION_CLOSE_OK))
+        assert c.wait_closed(timeout_s=5), "the server kept the socket open after close-ok"
 
 
 def test_exclusive_queue_is_deleted_when_its_connection_closes(broker, conns):

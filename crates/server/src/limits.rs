@@ -15,6 +15,12 @@
 /// `connection.close`, and then for its writer to flush the last frames.
 pub const CLOSE_TIMEOUT_MS: u64 = 3_000;
 
+/// How long, after answering the peer's `connection.close` with
+/// `close-ok`, the connection keeps reading (and dropping) what the peer
+/// still sends before closing the socket itself. RabbitMQ 3.10 waits 30 s
+/// (measured), then resets.
+pub const CLOSE_DRAIN_TIMEOUT_MS: u64 = 30_000;
+
 /// How often a connection checks its channels for overdue acks (consumer
 /// timeout), the peer for missed heartbeats and the memory alarm.
 pub const CONNECTION_TICK_MS: u64 = 100;

@@ -8,6 +8,8 @@
 //! - Output is bounded: above `limit_bytes` the outlet reports congestion
 //!   and queues hold their messages back; the writer signals `drained` when
 //!   it has taken the backlog, so the connection can let them resume.
+//! - Only server-sent `basic.cancel`s are ever held back, and only between
+//!   `hold_cancels` and `release_cancels`, which sends them in order.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -32,6 +34,9 @@ pub struct Outbound {
     frame_max: AtomicU32,
     /// Negotiated heartbeat; the writer sends one after this much silence.
     heartbeat_ms: AtomicU32,
+    /// Server-sent `basic.cancel`s (channel, consumer tag) held back while
+    /// the connection answers a `queue.delete`; `None` when not holding.
+    held_cancels: Mutex<Option<Vec<(u16, String)>>>,
 }
 
 impl Outbound {
@@ -47,6 +52,7 @@ impl Outbound {
             limit_bytes,
             frame_max: AtomicU32::new(frame_max),
             heartbeat_ms: AtomicU32::new(0),
+            held_cancels: Mutex::new(None),
         })
     }
 
@@ -96,6 +102,36 @@ impl Outbound {
 
     pub fn buffered_bytes(&self) -> usize {
         self.buf.lock().len()
+    }
+
+    /// Holds back server-sent `basic.cancel`s until [`Self::release_cancels`],
+    /// so that the reply to the method at hand goes out first: RabbitMQ's
+    /// channel tells its consumers that their queue is gone only after it
+    /// has answered the `queue.delete` that deleted it.
+    pub fn hold_cancels(&self) {
+        *self.held_cancels.lock() = Some(Vec::new());
+    }
+
+    /// Sends the held `basic.cancel`s, in order, and stops holding.
+    pub fn release_cancels(&self) {
+        let held = self.held_cancels.lock().take();
+        for (channel, consumer_tag) in held.into_iter().flatten() {
+            self.push_cancel(channel, &consumer_tag);
+        }
+    }
+
+    fn push_cancel(&self, channel: u16, consumer_tag: &str) {
+        use berth_protocol::methods::{basic, AMQPClass};
+        self.push(|b| {
+            codec::encode_method(
+                b,
+                channel,
+                &AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
+                    consumer_tag: consumer_tag.into(),
+                    nowait: true,
+                })),
+            );
+        });
     }
 }
 
@@ -147,17 +183,11 @@ impl Outlet for Outbound {
     }
 
     fn consumer_cancelled(&self, channel: u16, consumer_tag: &str) {
-        use berth_protocol::methods::{basic, AMQPClass};
-        self.push(|b| {
-            codec::encode_method(
-                b,
-                channel,
-                &AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
-                    consumer_tag: consumer_tag.into(),
-                    nowait: true,
-                })),
-            );
-        });
+        if let Some(held) = self.held_cancels.lock().as_mut() {
+            held.push((channel, consumer_tag.to_owned()));
+            return;
+        }
+        self.push_cancel(channel, consumer_tag);
     }
 
     fn is_congested(&self) -> bool {

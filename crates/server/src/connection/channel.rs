@@ -79,12 +79,14 @@ impl Conn {
             Ok(Method::Other(AMQPClass::Channel(chan::AMQPMethod::CloseOk(_)))) => {
                 self.channels.remove(&channel);
             }
+            // The two closes crossed: answer the peer's, and keep waiting
+            // for its close-ok to ours (as RabbitMQ does), which must not
+            // find the number free.
             Ok(Method::Other(AMQPClass::Channel(chan::AMQPMethod::Close(_)))) => {
                 self.send_method(
                     channel,
                     &AMQPClass::Channel(chan::AMQPMethod::CloseOk(chan::CloseOk {})),
                 );
-                self.channels.remove(&channel);
             }
             // Everything else is dropped while the close handshake runs.
             _ => {}

@@ -25,6 +25,10 @@ use super::{ChanState, Conn};
 pub(super) enum End {
     /// Closed cleanly (by either side's close handshake or EOF).
     Done,
+    /// The peer sent `connection.close`: `close-ok` is due once the
+    /// channels are closed, then the socket is drained until the peer
+    /// closes it.
+    PeerClose,
     /// A connection exception to report to the peer.
     Error(AmqpError),
     /// The socket failed; nothing more can be said to the peer.

@@ -13,7 +13,8 @@
 //!   panics, and never affects another connection.
 //! - Every wait is bounded: the handshake by `handshake_timeout_ms`, a silent
 //!   peer by twice the heartbeat, a close handshake by
-//!   [`limits::CLOSE_TIMEOUT_MS`].
+//!   [`limits::CLOSE_TIMEOUT_MS`], the reading after our `close-ok` by
+//!   [`limits::CLOSE_DRAIN_TIMEOUT_MS`].
 //! - When the connection ends, for any reason, its channels are closed
 //!   (unacked messages requeued) and its exclusive queues deleted.
 
@@ -162,7 +163,7 @@ pub async fn serve(
     };
     let close_timeout = Duration::from_millis(limits::CLOSE_TIMEOUT_MS);
     match &end {
-        End::Done => tracing::debug!(%peer, "connection closed"),
+        End::Done | End::PeerClose => tracing::debug!(%peer, "connection closed"),
         End::Io(e) => tracing::debug!(%peer, error = %e, "connection lost"),
         End::Error(e) => {
             tracing::warn!(%peer, user = %c.user, code = e.reply_code, "closing connection: {}", e.reply_text());
@@ -173,15 +174,34 @@ pub async fn serve(
         }
     }
     c.cleanup();
+    let peer_closed = matches!(end, End::PeerClose);
+    if peer_closed {
+        // After the channels are closed, so that nothing of theirs follows.
+        c.send_method(
+            0,
+            &AMQPClass::Connection(conn::AMQPMethod::CloseOk(conn::CloseOk {})),
+        );
+    }
     out.close();
-    if tokio::time::timeout(close_timeout, writer).await.is_err() {
-        tracing::debug!(%peer, "writer did not finish in time");
+    let wr = match tokio::time::timeout(close_timeout, writer).await {
+        Ok(Ok(wr)) => Some(wr),
+        _ => {
+            tracing::debug!(%peer, "writer did not finish in time");
+            None
+        }
+    };
+    if peer_closed {
+        c.drain_until_peer_closes(&mut shutdown).await;
+    }
+    if let Some(mut wr) = wr {
+        let _shutdown_errors_are_irrelevant_once_closing = wr.shutdown().await;
     }
 }
 
 /// Writes whatever the connection and its queues buffered; sends heartbeats
-/// when idle.
-async fn write_loop(mut wr: OwnedWriteHalf, out: Arc<Outbound>) {
+/// when idle. Returns the write half once `out` is closed and flushed: when
+/// the socket closes is the connection's decision.
+async fn write_loop(mut wr: OwnedWriteHalf, out: Arc<Outbound>) -> OwnedWriteHalf {
     loop {
         let buf = out.take();
         if buf.is_empty() {
@@ -206,7 +226,7 @@ async fn write_loop(mut wr: OwnedWriteHalf, out: Arc<Outbound>) {
             break;
         }
     }
-    let _shutdown_errors_are_irrelevant_once_closing = wr.shutdown().await;
+    wr
 }
 
 /// Reads more bytes from the socket; EOF is an error (the peer went away).
@@ -374,11 +394,7 @@ impl Conn {
         match m {
             AMQPClass::Connection(conn::AMQPMethod::Close(c)) => {
                 tracing::debug!(peer = %self.peer, code = c.reply_code, text = %c.reply_text, "client closed the connection");
-                self.send_method(
-                    0,
-                    &AMQPClass::Connection(conn::AMQPMethod::CloseOk(conn::CloseOk {})),
-                );
-                Err(End::Done)
+                Err(End::PeerClose)
             }
             AMQPClass::Connection(conn::AMQPMethod::CloseOk(_)) => Err(End::Done),
             AMQPClass::Connection(conn::AMQPMethod::UpdateSecret(_)) => {
@@ -470,6 +486,34 @@ impl Conn {
             if self.read_more().await.is_err() {
                 return;
             }
+        }
+    }
+
+    /// After our `close-ok`: reads and drops what the peer still sends until
+    /// it closes the socket, as RabbitMQ does. A client that multiplexes
+    /// channels (amqplib) can write `connection.close` ahead of frames of a
+    /// channel it is still flushing; closing at once would reset the
+    /// connection under those writes and lose the `close-ok`.
+    async fn drain_until_peer_closes(&mut self, shutdown: &mut watch::Receiver<bool>) {
+        if *shutdown.borrow() {
+            return;
+        }
+        let (rd, rbuf) = (&mut self.rd, &mut self.rbuf);
+        let drain = async {
+            loop {
+                rbuf.clear();
+                if read_into(rd, rbuf).await.is_err() {
+                    return;
+                }
+            }
+        };
+        let limit = Duration::from_millis(limits::CLOSE_DRAIN_TIMEOUT_MS);
+        tokio::select! {
+            () = drain => {}
+            () = tokio::time::sleep(limit) => {
+                tracing::debug!(peer = %self.peer, "peer still had the socket open {limit:?} after close-ok");
+            }
+            _ = shutdown.changed() => {}
         }
     }
 

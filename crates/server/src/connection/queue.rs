@@ -82,11 +82,20 @@ impl Conn {
             }
             queue::AMQPMethod::Delete(d) => {
                 let q = self.queue_name(channel, d.queue.as_str())?;
-                let n = vhost.delete_queue(conn_id, &q, d.if_unused, d.if_empty)?;
-                let ok = queue::DeleteOk {
-                    message_count: count_u32(n),
-                };
-                (d.nowait, queue::AMQPMethod::DeleteOk(ok))
+                // RabbitMQ answers with delete-ok before it sends
+                // basic.cancel to the queue's consumers on this channel;
+                // amqplib relies on it.
+                self.out.hold_cancels();
+                let deleted = vhost.delete_queue(conn_id, &q, d.if_unused, d.if_empty);
+                if let (Ok(n), false) = (&deleted, d.nowait) {
+                    let ok = queue::DeleteOk {
+                        message_count: count_u32(*n),
+                    };
+                    self.send_method(channel, &AMQPClass::Queue(queue::AMQPMethod::DeleteOk(ok)));
+                }
+                self.out.release_cancels();
+                deleted?;
+                return Ok(());
             }
             other => return Err(not_from_client(&AMQPClass::Queue(other))),
         };
