@@ -13,6 +13,11 @@
 //! - A failed `sync_data` makes nothing durable.
 //! - Directories themselves are durable when created (the store creates
 //!   them once, at open, and syncs their parent is not modelled).
+//! - With [`FaultStorage::set_reorder_removals`], a removal is durable the
+//!   moment it returns, ahead of every unsynced write and directory change
+//!   (a journaling file system may commit an unlink before data written
+//!   earlier to another file): the worst case for code that deletes a file
+//!   because of data it has not synced yet.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -64,6 +69,13 @@ struct State {
     /// Between `crash` and `power_on`: every call fails, as a machine
     /// without power runs no code.
     down: bool,
+    /// Removals become durable at once (see the module invariants).
+    reorder_removals: bool,
+    /// Successful removals (of names ending in the suffix) left before the
+    /// power fails right after one.
+    removes_until_crash: Option<(u64, &'static str)>,
+    /// The next `sync_data` panics (a bug in the caller's thread).
+    panic_on_sync: bool,
 }
 
 /// The fault-injecting storage. Cheap to clone; clones share one state.
@@ -112,6 +124,9 @@ impl FaultStorage {
                 sync_data_calls: 0,
                 sync_latency: std::time::Duration::ZERO,
                 down: false,
+                reorder_removals: false,
+                removes_until_crash: None,
+                panic_on_sync: false,
             })),
         }
     }
@@ -120,13 +135,16 @@ impl FaultStorage {
     /// a completed sync is dropped (or torn, see [`Self::set_tear_on_crash`]),
     /// all open handles die, and every call fails until [`Self::power_on`].
     pub fn crash(&self) {
-        let mut st = self.state.lock();
+        Self::crash_locked(&mut self.state.lock());
+    }
+
+    fn crash_locked(st: &mut State) {
         st.generation += 1;
         st.down = true;
         let tear = st.tear_on_crash;
         let State {
             nodes, rng, dirs, ..
-        } = &mut *st;
+        } = st;
         for node in nodes.iter_mut() {
             let mut survived = node.durable.clone();
             if tear && node.volatile.len() > survived.len() && node.dirty_from >= survived.len() {
@@ -154,6 +172,31 @@ impl FaultStorage {
     /// Ends the outage begun by [`Self::crash`]: a new "boot" may open files.
     pub fn power_on(&self) {
         self.state.lock().down = false;
+    }
+
+    /// Whether the power is off (after a crash, before [`Self::power_on`]).
+    pub fn is_down(&self) -> bool {
+        self.state.lock().down
+    }
+
+    /// With `on`, every removal is durable as soon as it returns, ahead of
+    /// unsynced data and directory changes made before it, as a journaling
+    /// file system may order them.
+    pub fn set_reorder_removals(&self, on: bool) {
+        self.state.lock().reorder_removals = on;
+    }
+
+    /// The power fails right after the `n`-th next successful removal of a
+    /// file whose name ends in `suffix` (counting from 1), the moment a
+    /// deletion's consequences are at their most exposed. `None` disarms it.
+    pub fn crash_after_removes(&self, n: Option<u64>, suffix: &'static str) {
+        self.state.lock().removes_until_crash = n.map(|n| (n, suffix));
+    }
+
+    /// The next `sync_data` call panics instead of returning: stands for a
+    /// bug in the calling thread, to test that its death is contained.
+    pub fn panic_on_next_sync(&self) {
+        self.state.lock().panic_on_sync = true;
     }
 
     /// With `on`, a crash keeps a random prefix of each file's unsynced
@@ -321,11 +364,27 @@ impl Storage for FaultStorage {
         if st.down {
             return Err(power_lost());
         }
-        st.dirs
-            .get_mut(&dir)
-            .and_then(|d| d.volatile.remove(&name))
-            .map(|_| ())
-            .ok_or_else(|| not_found(path))
+        let d = st.dirs.get_mut(&dir).ok_or_else(|| not_found(path))?;
+        let id = d.volatile.remove(&name).ok_or_else(|| not_found(path))?;
+        if st.reorder_removals {
+            // Durable at once; other unsynced entries of `dir` stay unsynced.
+            let d = st.dirs.get_mut(&dir).expect("looked up above");
+            if d.durable.get(&name) == Some(&id) {
+                d.durable.remove(&name);
+            }
+        }
+        match &mut st.removes_until_crash {
+            Some((n, suffix)) if name.ends_with(*suffix) => {
+                if *n <= 1 {
+                    st.removes_until_crash = None;
+                    Self::crash_locked(&mut st);
+                } else {
+                    *n -= 1;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
@@ -379,7 +438,14 @@ impl StorageFile for FaultFile {
     }
 
     fn sync_data(&self) -> io::Result<()> {
-        let latency = self.state.lock().sync_latency;
+        let latency = {
+            let mut st = self.state.lock();
+            assert!(
+                !std::mem::take(&mut st.panic_on_sync),
+                "simulated bug: panic in sync_data"
+            );
+            st.sync_latency
+        };
         if !latency.is_zero() {
             // Outside the lock: other files' I/O proceeds meanwhile.
             std::thread::sleep(latency);

@@ -792,8 +792,7 @@ impl Writer {
                 tracing::warn!(group = self.group(), file = %path.display(), error = %e, "could not remove old checkpoint");
             }
         }
-        self.delete_dead_segments();
-        Ok(())
+        self.delete_dead_segments()
     }
 
     /// A checkpoint, start to finish (explicit requests and shutdown).
@@ -805,9 +804,16 @@ impl Writer {
         self.finish_checkpoint(true)
     }
 
-    fn delete_dead_segments(&mut self) {
+    /// Deletes the sealed segments no live message and neither retained
+    /// checkpoint needs. Their messages may have left them through
+    /// compaction's `Relocate` records, which must be on stable storage
+    /// before the deletion can be: a file system may make an unlink durable
+    /// ahead of unsynced data, and a power loss would then leave index
+    /// entries pointing at a missing segment. So the journal is synced
+    /// first, and the directory after the unlinks.
+    fn delete_dead_segments(&mut self) -> Result<(), StoreError> {
         if self.checkpoints.len() < 2 {
-            return;
+            return Ok(());
         }
         let horizon = self
             .checkpoints
@@ -823,10 +829,18 @@ impl Writer {
                 .filter(|&s| s < horizon && inner.index.seg_live(s).count == 0)
                 .collect()
         };
+        if dead.is_empty() {
+            return Ok(());
+        }
+        if let Err(e) = self.write_buf().and_then(|()| self.sync()) {
+            return Err(self.poison(e));
+        }
+        let mut deleted = 0;
         for seq in dead {
             let path = segment::segment_path(&self.shared.dir, seq);
             match self.storage.remove(&path) {
                 Ok(()) => {
+                    deleted += 1;
                     self.sealed.remove(&seq);
                     self.shared.inner.lock().files.remove(&seq);
                     self.shared
@@ -836,10 +850,18 @@ impl Writer {
                     tracing::debug!(group = self.group(), seq, "segment deleted");
                 }
                 Err(e) => {
-                    tracing::warn!(group = self.group(), file = %path.display(), error = %e, "could not delete dead segment")
+                    tracing::warn!(group = self.group(), file = %path.display(), error = %e, "could not delete dead segment");
                 }
             }
         }
+        if deleted > 0 {
+            // Not needed for safety (a resurrected dead segment is deleted
+            // again), but space is only reclaimed for good once it is durable.
+            self.storage
+                .sync_dir(&self.shared.dir)
+                .map_err(self.err("fsync dir", &self.shared.dir))?;
+        }
+        Ok(())
     }
 
     /// The oldest sealed segment that is mostly dead but not empty.
