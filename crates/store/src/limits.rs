@@ -88,6 +88,12 @@ pub struct StoreConfig {
     pub compaction_pause_ms: u64,
     /// Period of recovery progress log lines. Default 2 000 ms.
     pub recovery_progress_interval_ms: u64,
+    /// What recovery does when a segment that should hold live messages is
+    /// missing. `false` (the default): refuse to open, naming the file, so
+    /// the operator restores it from a backup. `true`: open anyway, dropping
+    /// those messages, each listed in `Recovered::damage` and the log; an
+    /// explicit, one-off acceptance of the loss.
+    pub accept_missing_segments: bool,
 }
 
 /// Default number of log groups: one per core, at least 2 and at most 16.
@@ -118,6 +124,7 @@ impl StoreConfig {
             compaction_bytes_per_turn: 1024 * 1024,
             compaction_pause_ms: 10,
             recovery_progress_interval_ms: 2_000,
+            accept_missing_segments: false,
         }
     }
 

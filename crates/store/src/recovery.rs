@@ -446,12 +446,15 @@ impl Scan<'_> {
     }
 }
 
-/// Recovers group `group` stored in `dir`.
+/// Recovers group `group` stored in `dir`. With `accept_missing_segments`
+/// (see [`crate::StoreConfig`]), messages of a missing segment are dropped
+/// and reported; without it, a missing segment fails recovery.
 pub fn recover_group(
     storage: &dyn Storage,
     group: u32,
     dir: &Path,
     progress: &Progress,
+    accept_missing_segments: bool,
 ) -> Result<GroupRecovery, StoreError> {
     storage
         .create_dir_all(dir)
@@ -618,7 +621,9 @@ pub fn recover_group(
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
     }
 
-    // Messages whose segment is gone cannot be delivered: report, drop.
+    // A segment the index still needs is gone: deleted by hand, lost with a
+    // disk, or (before the fix that syncs relocations first) unlinked ahead
+    // of compaction's copies. Refuse, unless the operator accepted the loss.
     let missing: Vec<u32> = scan
         .index
         .iter_live()
@@ -627,6 +632,25 @@ pub fn recover_group(
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()
         .collect();
+    if let (Some(&first), false) = (missing.first(), accept_missing_segments) {
+        let held = scan
+            .index
+            .iter_live()
+            .filter(|m| missing.contains(&m.loc.seg))
+            .count();
+        let names: Vec<String> = missing.iter().map(|&s| segment::segment_name(s)).collect();
+        return Err(StoreError::Recovery {
+            group,
+            path: segment::segment_path(dir, first),
+            offset: 0,
+            reason: format!(
+                "segment(s) {} holding {held} live message(s) are missing; restore them from a \
+                 backup, or set store.accept_missing_segments = true to open without those \
+                 messages (they are then listed as damage)",
+                names.join(", ")
+            ),
+        });
+    }
     for s in missing {
         let lost = scan.index.drop_segment(s);
         let mut queues: Vec<QueueId> = lost.iter().flat_map(|m| m.queues.iter().copied()).collect();
@@ -634,7 +658,7 @@ pub fn recover_group(
         queues.dedup();
         let path = segment::segment_path(dir, s);
         tracing::error!(group, file = %path.display(), messages = lost.len(), queues = ?queues,
-            "segment holding live messages is missing");
+            "segment holding live messages is missing; its messages are dropped (accept_missing_segments)");
         scan.damage.push(DamageReport {
             group,
             file: path.clone(),
@@ -644,7 +668,7 @@ pub fn recover_group(
             records_lost: None,
             messages: lost.iter().map(|m| m.msg).collect(),
             queues,
-            reason: "segment holding live messages is missing".into(),
+            reason: "segment holding live messages is missing (accepted)".into(),
         });
     }
 

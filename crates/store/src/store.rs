@@ -193,7 +193,13 @@ impl Store {
                     std::thread::Builder::new()
                         .name(format!("berth-recover-{g}"))
                         .spawn_scoped(s, move || {
-                            recovery::recover_group(storage, g, dir, progress)
+                            recovery::recover_group(
+                                storage,
+                                g,
+                                dir,
+                                progress,
+                                config.accept_missing_segments,
+                            )
                         })
                         .expect("spawn recovery thread")
                 })

@@ -296,3 +296,66 @@ fn damaged_header_over_valid_records_of_the_newest_segment_fails_recovery() {
     fs.flip_bit(&seg(1), 2, 4).unwrap();
     expect_recovery_failure(&fs, &cfg, "damaged header over valid records");
 }
+
+/// Publishes `n` messages to queue 1 over several small segments, then
+/// checkpoints twice so replay starts past the first segment, and closes.
+fn populate_checkpointed(fs: &FaultStorage, cfg: &StoreConfig, n: usize) -> Vec<MsgId> {
+    let (store, _) = open(fs, cfg);
+    let ids: Vec<MsgId> = (0..n)
+        .map(|_| {
+            let m = store.next_msg_id();
+            wait(|d| store.publish(m, &[QueueId(1)], payload(m), Some(d))).unwrap();
+            m
+        })
+        .collect();
+    store.checkpoint().unwrap();
+    store.checkpoint().unwrap();
+    drop(store);
+    ids
+}
+
+#[test]
+fn missing_segment_with_live_messages_refuses_to_start() {
+    let fs = FaultStorage::new(13);
+    let mut cfg = config(1);
+    cfg.segment_size_bytes = 4096;
+    populate_checkpointed(&fs, &cfg, 100);
+    fs.remove(&seg(1)).unwrap();
+    fs.sync_dir(&group_dir(0)).unwrap();
+    let err = match reopen(&fs, &cfg) {
+        Ok((_, rec)) => panic!(
+            "opened with a segment of live messages missing; damage: {:?}",
+            rec.damage
+        ),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("0000000001.seg"), "{err}");
+    assert!(err.contains("restore"), "{err}");
+    assert!(err.contains("accept_missing_segments"), "{err}");
+}
+
+#[test]
+fn missing_segment_is_dropped_and_reported_only_when_the_loss_is_accepted() {
+    let fs = FaultStorage::new(14);
+    let mut cfg = config(1);
+    cfg.segment_size_bytes = 4096;
+    let ids = populate_checkpointed(&fs, &cfg, 100);
+    fs.remove(&seg(1)).unwrap();
+    fs.sync_dir(&group_dir(0)).unwrap();
+    cfg.accept_missing_segments = true;
+    let (store, rec) = reopen(&fs, &cfg).unwrap();
+    assert_eq!(rec.damage.len(), 1, "{:?}", rec.damage);
+    let lost = &rec.damage[0];
+    assert_eq!(lost.file, seg(1));
+    assert!(!lost.messages.is_empty());
+    let kept = msgs(&rec);
+    assert_eq!(kept.len() + lost.messages.len(), ids.len());
+    assert!(kept.iter().all(|m| !lost.messages.contains(m)));
+    // The loss was accepted once: the next start is clean, with or without
+    // the flag.
+    drop(store);
+    cfg.accept_missing_segments = false;
+    let (_store, rec) = reopen(&fs, &cfg).unwrap();
+    assert!(rec.damage.is_empty(), "{:?}", rec.damage);
+    assert_eq!(msgs(&rec), kept);
+}
