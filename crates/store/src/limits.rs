@@ -35,6 +35,12 @@ pub const COMMIT_DELAY_US_CEILING: u64 = 5_000;
 /// largest message RabbitMQ accepts by default.
 pub const RECORD_BODY_BYTES_MAX: u32 = 128 * 1024 * 1024;
 
+/// Most message ids one Remove record carries (512 KiB of ids). A removal
+/// of more (mass expiry, a huge `multiple` ack) is written as several
+/// records in one batch, so no request can exceed
+/// [`RECORD_BODY_BYTES_MAX`].
+pub const REMOVE_MSGS_PER_RECORD_MAX: usize = 64 * 1024;
+
 /// Configuration of a store. Build with [`StoreConfig::new`] and adjust
 /// fields; every field documents its default.
 #[derive(Clone, Debug)]

@@ -29,7 +29,7 @@ use crate::manifest::{self, Manifest, MANIFEST_NAME};
 use crate::record;
 use crate::recovery::{self, DamageReport, GroupRecovery, Progress};
 use crate::storage::{OsStorage, Storage, StorageFile};
-use crate::writer::{Cmd, Done, GroupShared, Op, Writer, WriterInit};
+use crate::writer::{self, Cmd, Done, GroupShared, Op, Waiter, Writer, WriterInit};
 use crate::{group_of, MsgId, QueueId, StoreConfig};
 
 /// One message of a recovered queue.
@@ -284,7 +284,7 @@ impl Store {
             );
             let thread = std::thread::Builder::new()
                 .name(format!("berth-group-{g}"))
-                .spawn(move || writer.run())
+                .spawn(move || writer.run_contained())
                 .map_err(|e| StoreError::io("spawn writer thread", &dirs[g as usize], e))?;
             groups.push(Group {
                 tx,
@@ -338,8 +338,12 @@ impl Store {
             fail(done, e);
             return;
         }
+        let done = done.map(|d| Waiter::new(d, group));
         if let Err(mpsc::SendError(Cmd::Write { done, .. })) = g.tx.send(Cmd::Write { op, done }) {
-            fail(done, StoreError::Closed);
+            match done {
+                Some(w) => w.complete(Err(StoreError::Closed)),
+                None => tracing::warn!("store request without a completion failed: store closed"),
+            }
         }
     }
 
@@ -383,6 +387,13 @@ impl Store {
         for qs in by_group.values_mut() {
             qs.sort_unstable();
             qs.dedup();
+        }
+        // Refused before any group writes a part of it.
+        for qs in by_group.values() {
+            if let Some(why) = writer::publish_invalid(qs.len(), payload.len()) {
+                fail(done, StoreError::Invalid(why));
+                return;
+            }
         }
         if by_group.len() == 1 {
             let (g, qs) = by_group.pop_first().expect("one");
@@ -632,7 +643,14 @@ impl Store {
             if let Some(t) = g.thread.take() {
                 if t.join().is_err() {
                     tracing::error!(group = g.shared.group, "writer thread panicked");
+                    result = result.and(Err(StoreError::WriterDied {
+                        group: g.shared.group,
+                        reason: "its thread panicked while failing requests".into(),
+                    }));
                 }
+            }
+            if let (Some(e), Ok(())) = (g.shared.poison_error(), &result) {
+                result = Err(e);
             }
         }
         result

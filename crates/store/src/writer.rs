@@ -10,6 +10,11 @@
 //!   covering it. Every completion runs exactly once.
 //! - A failed write or fdatasync poisons the group: the batch fails, every
 //!   later request fails, and nothing reports success that was not synced.
+//! - No request can make the writer panic: a request too large for one
+//!   record is split (Remove) or refused (see [`Op::invalid`]). Should the
+//!   thread die anyway (a bug), its group is poisoned, every request it
+//!   held or receives later fails ([`Waiter`] completes on drop), and
+//!   shutdown reports it.
 //! - A lone committer never waits: the gathering pause is taken only when
 //!   several requests met in recent batches, and never exceeds
 //!   `commit_delay_us_max`.
@@ -30,7 +35,7 @@ use parking_lot::Mutex;
 use crate::checkpoint::{self, CheckpointInfo, ReplayFrom, CHECKPOINT_TMP_NAME};
 use crate::error::StoreError;
 use crate::index::{Index, Loc};
-use crate::limits::{StoreConfig, SyncMode};
+use crate::limits::{StoreConfig, SyncMode, RECORD_BODY_BYTES_MAX, REMOVE_MSGS_PER_RECORD_MAX};
 use crate::record::{self, Record};
 use crate::segment::{self, SEGMENT_HEADER_BYTES};
 use crate::storage::{Storage, StorageFile};
@@ -39,6 +44,43 @@ use crate::{MsgId, QueueId};
 /// A completion callback. Runs on the writer thread: keep it short (send on
 /// a channel, wake a task).
 pub type Done = Box<dyn FnOnce(Result<(), StoreError>) + Send + 'static>;
+
+/// A request's completion, run exactly once: by the writer with the
+/// request's outcome, or, if it is dropped without that (the writer thread
+/// died), with `Poisoned` — so no caller ever waits forever.
+pub(crate) struct Waiter {
+    done: Option<Done>,
+    group: u32,
+}
+
+impl Waiter {
+    pub fn new(done: Done, group: u32) -> Self {
+        Waiter {
+            done: Some(done),
+            group,
+        }
+    }
+
+    pub fn complete(mut self, result: Result<(), StoreError>) {
+        if let Some(done) = self.done.take() {
+            done(result);
+        }
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        if let Some(done) = self.done.take() {
+            done(Err(StoreError::Poisoned {
+                group: self.group,
+                cause: Arc::new(StoreError::WriterDied {
+                    group: self.group,
+                    reason: "it stopped before completing this request".into(),
+                }),
+            }));
+        }
+    }
+}
 
 /// A request to a group.
 pub(crate) enum Op {
@@ -66,28 +108,50 @@ pub(crate) enum Op {
 }
 
 impl Op {
-    fn record(&self) -> Option<Record<'_>> {
-        Some(match self {
-            Op::Publish { queues, .. } if queues.is_empty() => return None,
+    /// The records this request is written as: none for a `Flush` or a
+    /// request netted out, several for a Remove of more than
+    /// [`REMOVE_MSGS_PER_RECORD_MAX`] messages, else one.
+    fn records(&self) -> Vec<Record<'_>> {
+        match self {
+            Op::Publish { queues, .. } if queues.is_empty() => Vec::new(),
             Op::Publish {
                 msg,
                 queues,
                 payload,
-            } => Record::Publish {
+            } => vec![Record::Publish {
                 msg: *msg,
                 queues: queues.as_slice().into(),
                 payload,
-            },
-            Op::Remove { msgs, .. } if msgs.is_empty() => return None,
-            Op::Remove { queue, msgs } => Record::Remove {
-                queue: *queue,
-                msgs: msgs.as_slice().into(),
-            },
-            Op::MetaPut { key, value } => Record::MetaPut { key, value },
-            Op::MetaDelete { key } => Record::MetaDelete { key },
-            Op::Purge { queue } => Record::Purge { queue: *queue },
-            Op::Flush => return None,
-        })
+            }],
+            Op::Remove { queue, msgs } => msgs
+                .chunks(REMOVE_MSGS_PER_RECORD_MAX)
+                .map(|chunk| Record::Remove {
+                    queue: *queue,
+                    msgs: chunk.into(),
+                })
+                .collect(),
+            Op::MetaPut { key, value } => vec![Record::MetaPut { key, value }],
+            Op::MetaDelete { key } => vec![Record::MetaDelete { key }],
+            Op::Purge { queue } => vec![Record::Purge { queue: *queue }],
+            Op::Flush => Vec::new(),
+        }
+    }
+
+    /// Why this request cannot be written, if it cannot: a record body
+    /// beyond [`RECORD_BODY_BYTES_MAX`] (the store checks payloads against
+    /// `payload_bytes_max` first; this catches what that does not bound).
+    pub(crate) fn invalid(&self) -> Option<String> {
+        let body = match self {
+            Op::Publish {
+                queues, payload, ..
+            } => return publish_invalid(queues.len(), payload.len()),
+            Op::MetaPut { key, value } => record::META_OFF_KEY
+                .saturating_add(key.len())
+                .saturating_add(value.len()),
+            Op::MetaDelete { key } => key.len(),
+            Op::Remove { .. } | Op::Purge { .. } | Op::Flush => 0,
+        };
+        body_invalid(body)
     }
 
     fn size_hint(&self) -> usize {
@@ -106,7 +170,7 @@ impl Op {
 pub(crate) enum Cmd {
     Write {
         op: Op,
-        done: Option<Done>,
+        done: Option<Waiter>,
     },
     Checkpoint {
         done: Done,
@@ -300,8 +364,50 @@ impl Writer {
         move |e| StoreError::io(op, path, e)
     }
 
-    /// The writer thread's body.
-    pub fn run(mut self) {
+    /// The writer thread's body: runs the group until shutdown and, should
+    /// it panic (a bug), poisons the group and fails every request instead
+    /// of leaving its callers waiting.
+    pub fn run_contained(mut self) {
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run()));
+        if let Err(panic) = outcome {
+            let reason = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "panic".to_owned());
+            self.died(reason);
+        }
+    }
+
+    /// After a panic: poison the group and fail everything sent to it until
+    /// the store shuts it down.
+    fn died(&mut self, reason: String) {
+        let cause = StoreError::WriterDied {
+            group: self.group(),
+            reason,
+        };
+        tracing::error!(group = self.group(), error = %cause, "log group poisoned");
+        *self.shared.poisoned.lock() = Some(Arc::new(cause));
+        let e = self.shared.poison_error().expect("just poisoned");
+        while let Ok(cmd) = self.rx.recv() {
+            match cmd {
+                Cmd::Write { done, .. } => {
+                    if let Some(w) = done {
+                        w.complete(Err(e.clone()));
+                    }
+                }
+                Cmd::Checkpoint { done } | Cmd::Compact { done } => done(Err(e.clone())),
+                Cmd::Shutdown { done } => {
+                    if let Some(done) = done {
+                        done(Err(e));
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    fn run(&mut self) {
         let mut batch: Vec<Cmd> = Vec::new();
         loop {
             let first = match self.next_deadline() {
@@ -343,6 +449,12 @@ impl Writer {
                 let result = self.close();
                 if let Some(done) = done {
                     done(result);
+                }
+                // Nothing can be sent after shutdown; be sure anyway.
+                while let Ok(cmd) = self.rx.try_recv() {
+                    if let Cmd::Write { done: Some(w), .. } = cmd {
+                        w.complete(Err(StoreError::Closed));
+                    }
                 }
                 return;
             }
@@ -411,28 +523,41 @@ impl Writer {
         }
     }
 
-    fn commit(&mut self, mut writes: Vec<(Op, Option<Done>)>) {
+    fn commit(&mut self, writes: Vec<(Op, Option<Waiter>)>) {
         #[allow(clippy::cast_precision_loss)]
         let n = writes.len() as f64;
         self.committers_ewma = 0.75 * self.committers_ewma + 0.25 * n;
         if let Some(e) = self.shared.poison_error() {
-            for done in writes.into_iter().filter_map(|(_, d)| d) {
-                done(Err(e.clone()));
+            for w in writes.into_iter().filter_map(|(_, d)| d) {
+                w.complete(Err(e.clone()));
             }
             return;
         }
+        let mut writes: Vec<(Op, Option<Waiter>)> = writes
+            .into_iter()
+            .filter_map(|(op, done)| match op.invalid() {
+                None => Some((op, done)),
+                Some(why) => {
+                    match done {
+                        Some(w) => w.complete(Err(StoreError::Invalid(why))),
+                        None => tracing::warn!(group = self.group(), "request refused: {why}"),
+                    }
+                    None
+                }
+            })
+            .collect();
         net_out(&mut writes, &self.shared.counters);
         let force_sync = writes.iter().any(|(op, _)| matches!(op, Op::Flush));
         match self.append(&writes, force_sync) {
             Ok(()) => {
-                for done in writes.into_iter().filter_map(|(_, d)| d) {
-                    done(Ok(()));
+                for w in writes.into_iter().filter_map(|(_, d)| d) {
+                    w.complete(Ok(()));
                 }
             }
             Err(e) => {
                 let e = self.poison(e);
-                for done in writes.into_iter().filter_map(|(_, d)| d) {
-                    done(Err(e.clone()));
+                for w in writes.into_iter().filter_map(|(_, d)| d) {
+                    w.complete(Err(e.clone()));
                 }
             }
         }
@@ -441,22 +566,21 @@ impl Writer {
     /// Encodes, writes, applies and (per mode) syncs a batch.
     fn append(
         &mut self,
-        writes: &[(Op, Option<Done>)],
+        writes: &[(Op, Option<Waiter>)],
         force_sync: bool,
     ) -> Result<(), StoreError> {
-        let mut placed: Vec<(usize, Loc)> = Vec::with_capacity(writes.len());
-        for (i, (op, _)) in writes.iter().enumerate() {
-            if let Some(rec) = op.record() {
+        let mut placed: Vec<(Record<'_>, Loc)> = Vec::with_capacity(writes.len());
+        for (op, _) in writes {
+            for rec in op.records() {
                 let loc = self.encode(&rec)?;
-                placed.push((i, loc));
+                placed.push((rec, loc));
             }
         }
         self.write_buf()?;
         {
             let mut inner = self.shared.inner.lock();
-            for &(i, loc) in &placed {
-                let rec = writes[i].0.record().expect("placed records exist");
-                inner.index.apply(&rec, loc);
+            for (rec, loc) in &placed {
+                inner.index.apply(rec, *loc);
             }
         }
         let c = &self.shared.counters;
@@ -975,6 +1099,25 @@ impl Writer {
     }
 }
 
+/// Why a publish of `payload_len` bytes to `queue_count` queues of one
+/// group cannot be one record, if it cannot.
+pub(crate) fn publish_invalid(queue_count: usize, payload_len: usize) -> Option<String> {
+    body_invalid(
+        record::PUBLISH_OFF_QUEUES
+            .saturating_add(queue_count.saturating_mul(8))
+            .saturating_add(payload_len),
+    )
+}
+
+fn body_invalid(body: usize) -> Option<String> {
+    (body > RECORD_BODY_BYTES_MAX as usize).then(|| {
+        format!(
+            "a record body of {body} bytes exceeds the limit of {RECORD_BODY_BYTES_MAX} \
+             (payload plus 8 bytes per queue of the group, or key plus value)"
+        )
+    })
+}
+
 fn cmd_size(cmd: &Cmd) -> usize {
     match cmd {
         Cmd::Write { op, .. } => op.size_hint(),
@@ -984,7 +1127,7 @@ fn cmd_size(cmd: &Cmd) -> usize {
 
 /// A message acked in the same batch that publishes it need not be written:
 /// drop the queue from the publish and the message from the removal.
-fn net_out(writes: &mut [(Op, Option<Done>)], counters: &GroupCounters) {
+fn net_out(writes: &mut [(Op, Option<Waiter>)], counters: &GroupCounters) {
     let has_remove = writes.iter().any(|(op, _)| matches!(op, Op::Remove { .. }));
     if !has_remove {
         return;
@@ -1029,8 +1172,8 @@ fn net_out(writes: &mut [(Op, Option<Done>)], counters: &GroupCounters) {
 mod tests {
     use super::*;
 
-    fn noop() -> Option<Done> {
-        Some(Box::new(|r| r.unwrap()))
+    fn noop() -> Option<Waiter> {
+        Some(Waiter::new(Box::new(|r| r.unwrap()), 0))
     }
 
     #[test]
@@ -1064,7 +1207,7 @@ mod tests {
         net_out(&mut writes, &counters);
         assert!(matches!(&writes[0].0, Op::Publish { queues, .. } if queues == &[QueueId(2)]));
         assert!(
-            writes[1].0.record().is_none(),
+            writes[1].0.records().is_empty(),
             "fully acked publish writes nothing"
         );
         assert!(matches!(&writes[2].0, Op::Remove { msgs, .. } if msgs == &[MsgId(9)]));
@@ -1093,6 +1236,6 @@ mod tests {
         ];
         net_out(&mut writes, &counters);
         assert!(matches!(&writes[0].0, Op::Remove { msgs, .. } if msgs == &[MsgId(1)]));
-        assert!(writes[1].0.record().is_some());
+        assert_eq!(writes[1].0.records().len(), 1);
     }
 }

@@ -591,3 +591,73 @@ fn read_many_reads_neighbours_together_and_checks_each_record() {
         }
     }
 }
+
+/// A Remove too large for one record (mass expiry, a huge `multiple` ack)
+/// is written as several records, and the group keeps working.
+#[test]
+fn remove_of_millions_of_ids_is_split_into_several_records_not_fatal() {
+    let fs = FaultStorage::new(17);
+    let cfg = config(1);
+    let (store, _) = open(&fs, &cfg);
+    let keep = store.next_msg_id();
+    let gone = store.next_msg_id();
+    for m in [keep, gone] {
+        wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"x"), Some(d))).unwrap();
+    }
+    // More ids than one record body (128 MiB) can hold.
+    let n = (berth_store::limits::RECORD_BODY_BYTES_MAX as u64) / 8 + 1_000;
+    let mut ids: Vec<MsgId> = (1_000_000..1_000_000 + n).map(MsgId).collect();
+    ids.push(gone);
+    let r = wait(|d| store.remove(QueueId(1), &ids, Some(d)));
+    assert!(r.is_ok(), "remove of {} ids: {r:?}", ids.len());
+    drop(ids);
+    assert!(store.stats()[0].records >= 4, "{:?}", store.stats());
+    let m = store.next_msg_id();
+    wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"y"), Some(d))).unwrap();
+    drop(store);
+    fs.crash();
+    fs.power_on();
+    let (_store, rec) = open(&fs, &cfg);
+    let got: Vec<MsgId> = rec.queues[&QueueId(1)].iter().map(|r| r.msg).collect();
+    assert_eq!(got, vec![keep, m]);
+}
+
+/// A publish whose queue list and payload together exceed one record is
+/// refused (the publisher gets a nack), and the group keeps working.
+#[test]
+fn publish_too_large_for_one_record_is_refused_not_fatal() {
+    let fs = FaultStorage::new(18);
+    let cfg = config(1);
+    let (store, _) = open(&fs, &cfg);
+    let payload = Bytes::from(vec![5u8; cfg.payload_bytes_max as usize]);
+    let queues: Vec<QueueId> = (0..10_000).map(QueueId).collect();
+    let m = store.next_msg_id();
+    let r = wait(|d| store.publish(m, &queues, payload, Some(d)));
+    assert!(matches!(r, Err(StoreError::Invalid(_))), "{r:?}");
+    let m = store.next_msg_id();
+    wait(|d| store.publish(m, &queues, Bytes::from_static(b"ok"), Some(d))).unwrap();
+    assert!(!store.stats()[0].poisoned);
+    store.close().unwrap();
+}
+
+/// If the writer thread dies (a bug), its group is poisoned: the request
+/// being written and every later one fail with `Poisoned`, and shutdown
+/// reports it.
+#[test]
+fn dead_writer_poisons_its_group_fails_every_waiter_and_close_reports_it() {
+    let fs = FaultStorage::new(19);
+    let cfg = config(1);
+    let (store, _) = open(&fs, &cfg);
+    let m = store.next_msg_id();
+    wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"ok"), Some(d))).unwrap();
+    fs.panic_on_next_sync();
+    let m2 = store.next_msg_id();
+    let e = wait(|d| store.publish(m2, &[QueueId(1)], Bytes::from_static(b"x"), Some(d)));
+    assert!(matches!(e, Err(StoreError::Poisoned { .. })), "{e:?}");
+    let m3 = store.next_msg_id();
+    let e = wait(|d| store.publish(m3, &[QueueId(1)], Bytes::from_static(b"y"), Some(d)));
+    assert!(matches!(e, Err(StoreError::Poisoned { .. })), "{e:?}");
+    assert!(store.stats()[0].poisoned);
+    let e = store.close();
+    assert!(e.is_err(), "close must report the dead writer");
+}
