@@ -820,7 +820,12 @@ impl Writer {
                 && now
                     >= self.last_checkpoint
                         + Duration::from_millis(self.cfg.checkpoint_interval_ms));
-        if let Err(e) = self.finish_checkpoint(false) {
+        // A checkpoint still in flight when the next is due is waited for:
+        // that keeps the journal since the older retained checkpoint within
+        // 2 × checkpoint_journal_bytes (DURABILITY.md's space bound) even
+        // when the helper thread is slow to be scheduled.
+        let block = ckpt_due && self.checkpoint_in_flight.is_some();
+        if let Err(e) = self.finish_checkpoint(block) {
             tracing::error!(group = self.group(), error = %e, "checkpoint failed; will retry");
         }
         if ckpt_due && self.checkpoint_in_flight.is_none() {
