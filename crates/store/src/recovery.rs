@@ -21,6 +21,7 @@ use std::sync::Arc;
 use crate::checkpoint::{self, CheckpointInfo, ReplayFrom, CHECKPOINT_TMP_NAME};
 use crate::error::StoreError;
 use crate::index::{Index, Loc};
+use crate::limits::RECORD_BODY_BYTES_MAX;
 use crate::manifest::read_all;
 use crate::record::{self, Decoded, Record, RECORD_HEADER_BYTES};
 use crate::segment::{self, HeaderCheck, SEGMENT_HEADER_BYTES};
@@ -416,12 +417,15 @@ impl Scan<'_> {
             .map_err(io_err("fsync dir", self.dir))?;
         // Patch the range so the segment reads cleanly from now on.
         if end - at >= RECORD_HEADER_BYTES {
-            let mut hole = Vec::with_capacity(end - at);
-            let body_len = u32::try_from(end - at - RECORD_HEADER_BYTES).expect("< 4 GiB");
-            record::encode(0, &Record::Hole { body_len }, &mut hole);
-            file.write_all_at(&hole, at as u64)
+            let holes = hole_records(end - at);
+            let mut patch = Vec::with_capacity(end - at);
+            for body_len in holes {
+                record::encode(0, &Record::Hole { body_len }, &mut patch);
+            }
+            debug_assert_eq!(patch.len(), end - at);
+            file.write_all_at(&patch, at as u64)
                 .map_err(io_err("write", &path))?;
-            buf[at..end].copy_from_slice(&hole);
+            buf[at..end].copy_from_slice(&patch);
         } else {
             file.set_len(at as u64).map_err(io_err("truncate", &path))?;
         }
@@ -444,6 +448,26 @@ impl Scan<'_> {
         self.damage.push(report);
         Ok(())
     }
+}
+
+/// Body lengths of the `Hole` records that exactly cover a damaged range
+/// of `len` bytes (`len` ≥ one record header): as few as possible, none
+/// with a body over [`RECORD_BODY_BYTES_MAX`], none shorter than a header.
+fn hole_records(len: usize) -> Vec<u32> {
+    const WHOLE_MAX: usize = RECORD_HEADER_BYTES + RECORD_BODY_BYTES_MAX as usize;
+    assert!(len >= RECORD_HEADER_BYTES, "a hole needs {RECORD_HEADER_BYTES} bytes");
+    let mut out = Vec::new();
+    let mut left = len;
+    while left > 0 {
+        let mut take = left.min(WHOLE_MAX);
+        if left - take > 0 && left - take < RECORD_HEADER_BYTES {
+            // Leave enough for the last hole's header.
+            take -= RECORD_HEADER_BYTES;
+        }
+        out.push(u32::try_from(take - RECORD_HEADER_BYTES).expect("bounded by the body limit"));
+        left -= take;
+    }
+    out
 }
 
 /// Recovers group `group` stored in `dir`. With `accept_missing_segments`
@@ -488,6 +512,9 @@ pub fn recover_group(
                     chosen = Some((info, index));
                 }
             }
+            // Checksummed, but written by another format: refuse rather
+            // than fall back past it (the journal after it may be newer too).
+            Err(e @ StoreError::FormatVersion { .. }) => return Err(e),
             Err(e) => {
                 tracing::warn!(group, file = %path.display(), error = %e, "ignoring invalid checkpoint");
                 ignored.push(path);
@@ -539,6 +566,18 @@ pub fn recover_group(
         let path = segment::segment_path(dir, s);
         let file = storage.open(&path).map_err(io_err("open", &path))?;
         let len = file.len().map_err(io_err("stat", &path))?;
+        if len > u64::from(u32::MAX) {
+            return Err(StoreError::Recovery {
+                group,
+                path,
+                offset: u64::from(u32::MAX) + 1,
+                reason: format!(
+                    "segment is {len} bytes, but offsets are 32-bit so berth never writes one \
+                     of 4 GiB or more: not a berth segment, or damaged; move it aside and restore \
+                     it from a backup"
+                ),
+            });
+        }
         if s >= replay.seg {
             progress.bytes_total.fetch_add(len, Ordering::Relaxed);
         }
@@ -750,6 +789,29 @@ mod tests {
                     assert_eq!(matching, 1, "{c:?} matches {matching} rows");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn hole_records_cover_any_range_within_the_body_limit() {
+        let whole = RECORD_HEADER_BYTES + RECORD_BODY_BYTES_MAX as usize;
+        for len in [
+            RECORD_HEADER_BYTES,
+            100,
+            whole - 1,
+            whole,
+            whole + 1,
+            whole + RECORD_HEADER_BYTES - 1,
+            whole + RECORD_HEADER_BYTES,
+            3 * whole + 7,
+        ] {
+            let holes = hole_records(len);
+            let total: usize = holes
+                .iter()
+                .map(|&b| RECORD_HEADER_BYTES + b as usize)
+                .sum();
+            assert_eq!(total, len, "{len}: {holes:?}");
+            assert!(holes.iter().all(|&b| b <= RECORD_BODY_BYTES_MAX), "{holes:?}");
         }
     }
 

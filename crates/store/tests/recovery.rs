@@ -359,3 +359,160 @@ fn missing_segment_is_dropped_and_reported_only_when_the_loss_is_accepted() {
     assert!(rec.damage.is_empty(), "{:?}", rec.damage);
     assert_eq!(msgs(&rec), kept);
 }
+
+/// A storage that reports one file as 4 GiB longer than it is (as a
+/// segment grown past 32-bit offsets would be), without holding the bytes.
+struct Oversized {
+    inner: FaultStorage,
+    path: PathBuf,
+}
+
+struct OversizedFile(Arc<dyn berth_store::storage::StorageFile>);
+
+impl berth_store::storage::StorageFile for OversizedFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.0.read_exact_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.0.write_all_at(buf, offset)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.0.sync_data()
+    }
+    fn len(&self) -> std::io::Result<u64> {
+        Ok(self.0.len()? + (4 << 30))
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.0.set_len(len)
+    }
+}
+
+impl Storage for Oversized {
+    fn create_dir_all(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        self.inner.create_dir_all(dir)
+    }
+    fn list(&self, dir: &std::path::Path) -> std::io::Result<Vec<String>> {
+        self.inner.list(dir)
+    }
+    fn create(
+        &self,
+        path: &std::path::Path,
+    ) -> std::io::Result<Arc<dyn berth_store::storage::StorageFile>> {
+        self.inner.create(path)
+    }
+    fn open(
+        &self,
+        path: &std::path::Path,
+    ) -> std::io::Result<Arc<dyn berth_store::storage::StorageFile>> {
+        let f = self.inner.open(path)?;
+        Ok(if path == self.path {
+            Arc::new(OversizedFile(f))
+        } else {
+            f
+        })
+    }
+    fn rename(&self, from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+        self.inner.rename(from, to)
+    }
+    fn remove(&self, path: &std::path::Path) -> std::io::Result<()> {
+        self.inner.remove(path)
+    }
+    fn sync_dir(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        self.inner.sync_dir(dir)
+    }
+}
+
+#[test]
+fn segment_over_4_gib_is_refused_with_file_and_offset() {
+    let fs = FaultStorage::new(15);
+    let cfg = config(1);
+    populate(&fs, &cfg, 3);
+    let storage = Oversized {
+        inner: fs.clone(),
+        path: seg(1),
+    };
+    match Store::open_with(cfg.clone(), Arc::new(storage)) {
+        Err(StoreError::Recovery {
+            path,
+            offset,
+            reason,
+            ..
+        }) => {
+            assert_eq!(path, seg(1));
+            assert_eq!(offset, 1 << 32, "{reason}");
+            assert!(reason.contains("4 GiB"), "{reason}");
+        }
+        Err(e) => panic!("expected a recovery error at offset 4 GiB, got: {e}"),
+        Ok(_) => panic!("opened a segment over 4 GiB"),
+    }
+}
+
+#[test]
+fn damaged_range_larger_than_a_record_is_quarantined_under_several_holes() {
+    let fs = FaultStorage::new(16);
+    let cfg = config(1);
+    populate(&fs, &cfg, 1);
+    // Segment 1: header, record lsn 1, then 130 MiB of damage, then lsn 2.
+    let mut image = fs.contents(&seg(1)).unwrap();
+    assert_eq!(image.len(), SEGMENT_HEADER_BYTES + REC);
+    let damage = 130 << 20;
+    image.resize(image.len() + damage, 0xFF);
+    record::encode(
+        2,
+        &Record::Publish {
+            msg: MsgId(2),
+            queues: std::borrow::Cow::Borrowed(&[QueueId(1)]),
+            payload: &payload(MsgId(2)),
+        },
+        &mut image,
+    );
+    fs.put_durable(&seg(1), &image).unwrap();
+    drop(image);
+    let (store, rec) = reopen(&fs, &cfg).unwrap();
+    assert_eq!(msgs(&rec), vec![MsgId(1), MsgId(2)]);
+    assert_eq!(rec.damage.len(), 1);
+    assert_eq!(rec.damage[0].len, damage as u64);
+    assert_eq!(rec.damage[0].offset, (SEGMENT_HEADER_BYTES + REC) as u64);
+    drop(store);
+    let (_store, rec) = reopen(&fs, &cfg).unwrap();
+    assert!(rec.damage.is_empty(), "{:?}", rec.damage);
+    assert_eq!(msgs(&rec), vec![MsgId(1), MsgId(2)]);
+}
+
+#[test]
+fn checkpoint_of_another_format_version_is_refused_not_skipped() {
+    let fs = FaultStorage::new(17);
+    let cfg = config(1);
+    let (store, _) = open(&fs, &cfg);
+    for _ in 0..3 {
+        let m = store.next_msg_id();
+        wait(|d| store.publish(m, &[QueueId(1)], payload(m), Some(d))).unwrap();
+        store.checkpoint().unwrap();
+    }
+    drop(store);
+    let newest = fs
+        .names(&group_dir(0))
+        .into_iter()
+        .filter(|n| n.starts_with("ckpt-"))
+        .max()
+        .map(|n| group_dir(0).join(n))
+        .unwrap();
+    let mut bytes = fs.contents(&newest).unwrap();
+    bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+    let end = bytes.len() - 4;
+    let crc = crc32c::crc32c(&bytes[..end]);
+    bytes[end..].copy_from_slice(&crc.to_le_bytes());
+    fs.put_durable(&newest, &bytes).unwrap();
+    match reopen(&fs, &cfg) {
+        Err(StoreError::FormatVersion {
+            path,
+            found,
+            expected,
+        }) => {
+            assert_eq!(path, newest);
+            assert_eq!((found, expected), (2, 1));
+        }
+        Err(e) => panic!("expected a format version error, got: {e}"),
+        Ok(_) => panic!("opened past a checkpoint of another format version"),
+    }
+}
