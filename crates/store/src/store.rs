@@ -88,6 +88,9 @@ pub struct GroupStats {
     pub checkpoints: u64,
     pub segments_deleted: u64,
     pub bytes_compacted: u64,
+    /// Live records compaction found unreadable and left in place (each
+    /// also logged with its file and offset).
+    pub unreadable_records: u64,
 }
 
 struct Group {
@@ -614,6 +617,7 @@ impl Store {
                     checkpoints: c.checkpoints.load(Ordering::Relaxed),
                     segments_deleted: c.segments_deleted.load(Ordering::Relaxed),
                     bytes_compacted: c.bytes_compacted.load(Ordering::Relaxed),
+                    unreadable_records: c.unreadable_records.load(Ordering::Relaxed),
                 }
             })
             .collect()

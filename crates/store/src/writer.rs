@@ -197,6 +197,9 @@ pub struct GroupCounters {
     pub checkpoints: AtomicU64,
     pub segments_deleted: AtomicU64,
     pub bytes_compacted: AtomicU64,
+    /// Live records compaction found unreadable (I/O error or checksum):
+    /// reported and left in place.
+    pub unreadable_records: AtomicU64,
 }
 
 /// What readers share with the writer.
@@ -260,6 +263,11 @@ pub(crate) struct Writer {
     last_compaction: Instant,
     /// A checkpoint being written by its helper thread.
     checkpoint_in_flight: Option<(u64, CheckpointInfo, CheckpointResult)>,
+    /// Live records compaction could not read or verify, by segment: left
+    /// where they are (the broker's read reports them), not retried, and
+    /// not counted when choosing what to compact, so one bad record never
+    /// stalls reclamation of the rest.
+    unmovable: BTreeMap<u32, Vec<(MsgId, Loc)>>,
 }
 
 /// Where a background checkpoint reports its outcome.
@@ -347,6 +355,7 @@ impl Writer {
             sync_us_ewma: 0.0,
             last_compaction: now,
             checkpoint_in_flight: None,
+            unmovable: BTreeMap::new(),
         };
         (w, shared)
     }
@@ -971,6 +980,7 @@ impl Writer {
                 Ok(()) => {
                     deleted += 1;
                     self.sealed.remove(&seq);
+                    self.unmovable.remove(&seq);
                     self.shared.inner.lock().files.remove(&seq);
                     self.shared
                         .counters
@@ -993,7 +1003,8 @@ impl Writer {
         Ok(())
     }
 
-    /// The oldest sealed segment that is mostly dead but not empty.
+    /// The oldest sealed segment that is mostly dead and still holds live
+    /// records compaction can move.
     fn compaction_candidate(&self) -> Option<u32> {
         let inner = self.shared.inner.lock();
         let pct = u64::from(self.cfg.compaction_live_percent_max);
@@ -1001,13 +1012,17 @@ impl Writer {
             .iter()
             .find(|(s, len)| {
                 let live = inner.index.seg_live(**s);
-                live.count > 0 && live.bytes * 100 < **len * pct
+                let stuck = self.unmovable.get(*s).map_or(0, |v| {
+                    v.iter().filter(|(m, l)| inner.index.is_at(*m, *l)).count() as u64
+                });
+                live.count > stuck && live.bytes * 100 < **len * pct
             })
             .map(|(s, _)| *s)
     }
 
     /// Copies up to `bytes_max` of live records out of the candidate
-    /// segment into the active one (as `Relocate` records).
+    /// segment into the active one (as `Relocate` records). A record that
+    /// cannot be read or does not verify is reported and skipped for good.
     fn compact_step(&mut self, bytes_max: usize) -> Result<(), StoreError> {
         if let Some(e) = self.shared.poison_error() {
             return Err(e);
@@ -1030,17 +1045,31 @@ impl Writer {
             if copied >= bytes_max {
                 break;
             }
+            if self
+                .unmovable
+                .get(&seq)
+                .is_some_and(|v| v.contains(&(msg, loc)))
+            {
+                continue;
+            }
             let mut rec = vec![0u8; loc.len as usize];
-            file.read_exact_at(&mut rec, u64::from(loc.offset))
-                .map_err(|e| StoreError::io("read", &path, e))?;
-            let payload = match record::message_payload(&rec, msg) {
+            let payload = match file.read_exact_at(&mut rec, u64::from(loc.offset)) {
+                Err(e) => Err(format!("read failed: {e}")),
+                Ok(()) => record::message_payload(&rec, msg)
+                    .map_err(|found| format!("record does not verify: {found:?}")),
+            };
+            let payload = match payload {
                 Ok(payload) => payload,
-                Err(_) => {
-                    return Err(StoreError::Corrupt {
-                        path,
-                        offset: u64::from(loc.offset),
-                        reason: format!("record of live message {msg} does not verify"),
-                    })
+                Err(why) => {
+                    let queues = self.shared.inner.lock().index.queues_of(msg);
+                    tracing::error!(group = self.group(), file = %path.display(), offset = loc.offset,
+                        %msg, ?queues, "live record unreadable ({why}); left in place, compaction moves on");
+                    self.unmovable.entry(seq).or_default().push((msg, loc));
+                    self.shared
+                        .counters
+                        .unreadable_records
+                        .fetch_add(1, Ordering::Relaxed);
+                    continue;
                 }
             };
             let queues = self.shared.inner.lock().index.queues_of(msg);

@@ -661,3 +661,53 @@ fn dead_writer_poisons_its_group_fails_every_waiter_and_close_reports_it() {
     let e = store.close();
     assert!(e.is_err(), "close must report the dead writer");
 }
+
+/// A live record that fails its checksum is reported and left where it is;
+/// background compaction moves on to the other segments instead of
+/// retrying that one forever.
+#[test]
+fn corrupt_live_record_does_not_stop_background_compaction() {
+    let fs = FaultStorage::new(20);
+    let mut cfg = config(1);
+    cfg.segment_size_bytes = 8 * 1024;
+    cfg.compaction_pause_ms = 1;
+    let (store, _) = open(&fs, &cfg);
+    let payload = Bytes::from(vec![1u8; 1000]);
+    let mut ids = Vec::new();
+    for _ in 0..100 {
+        let m = store.next_msg_id();
+        ids.push(m);
+        wait(|d| store.publish(m, &[QueueId(1)], payload.clone(), Some(d))).unwrap();
+    }
+    let segs_full = store.stats()[0].segments;
+    // The first record of the first segment (a message that stays live) is
+    // damaged on disk.
+    let first = common::group_dir(0).join(format!("{:010}.seg", 1));
+    fs.flip_bit(&first, 100, 3).unwrap();
+    for (i, &m) in ids.iter().enumerate() {
+        if i % 10 != 0 {
+            wait(|d| store.remove(QueueId(1), &[m], Some(d))).unwrap();
+        }
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while store.stats()[0].bytes_compacted < 8 * 1000 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    store.checkpoint().unwrap();
+    store.checkpoint().unwrap();
+    let st = &store.stats()[0];
+    assert!(st.segments_deleted >= 10, "{st:?}");
+    assert!(st.segments < segs_full / 2, "{st:?}");
+    assert_eq!(st.unreadable_records, 1, "{st:?}");
+    assert!(matches!(
+        store.read(QueueId(1), ids[0]),
+        Err(StoreError::Corrupt { .. })
+    ));
+    for &m in ids.iter().step_by(10).skip(1) {
+        assert_eq!(store.read(QueueId(1), m).unwrap(), payload);
+    }
+    // Idle now: nothing left to move, so no more compaction work.
+    let before = store.stats()[0].bytes_compacted;
+    std::thread::sleep(Duration::from_millis(30));
+    assert_eq!(store.stats()[0].bytes_compacted, before);
+}
