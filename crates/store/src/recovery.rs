@@ -250,6 +250,8 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -
 struct Scan<'a> {
     storage: &'a dyn Storage,
     group: u32,
+    /// The store's record salt: a record is valid only under it.
+    salt: u32,
     dir: &'a Path,
     index: Index,
     last_lsn: u64,
@@ -260,10 +262,12 @@ struct Scan<'a> {
 }
 
 /// Offset of the first valid record at or after `from` whose lsn is beyond
-/// `last_lsn` (or a Hole), if any.
-fn next_valid(buf: &[u8], from: usize, last_lsn: u64) -> Option<usize> {
+/// `last_lsn` (or a Hole), if any. Every offset is tried, payload bytes
+/// included: only the record salt (secret from publishers) keeps a record
+/// embedded in a payload from being taken for one of the journal's.
+fn next_valid(salt: u32, buf: &[u8], from: usize, last_lsn: u64) -> Option<usize> {
     (from..buf.len().saturating_sub(RECORD_HEADER_BYTES - 1)).find(|&o| {
-        matches!(record::decode(&buf[o..]),
+        matches!(record::decode(salt, &buf[o..]),
             Decoded::Record { lsn, record, .. } if lsn > last_lsn || matches!(record, Record::Hole { .. }))
     })
 }
@@ -292,7 +296,7 @@ impl Scan<'_> {
         let mut at = start;
         while at < buf.len() {
             let mut unparseable = String::new();
-            let (frame, body, order, parsed) = match record::decode(&buf[at..]) {
+            let (frame, body, order, parsed) = match record::decode(self.salt, &buf[at..]) {
                 Decoded::Record { lsn, record, len } => {
                     let order = if matches!(record, Record::Hole { .. }) {
                         Order::Unnumbered
@@ -315,7 +319,7 @@ impl Scan<'_> {
             let later = if frame == Frame::Intact {
                 None
             } else {
-                next_valid(buf, at + RECORD_HEADER_BYTES, self.last_lsn)
+                next_valid(self.salt, buf, at + RECORD_HEADER_BYTES, self.last_lsn)
             };
             let case = RecordCase {
                 frame,
@@ -399,7 +403,7 @@ impl Scan<'_> {
         }
         queues.sort_unstable();
         queues.dedup();
-        let records_lost = later.and_then(|l| match record::decode(&buf[l..]) {
+        let records_lost = later.and_then(|l| match record::decode(self.salt, &buf[l..]) {
             Decoded::Record { lsn, .. } if lsn > 0 => Some(lsn - self.last_lsn - 1),
             _ => None,
         });
@@ -420,7 +424,7 @@ impl Scan<'_> {
             let holes = hole_records(end - at);
             let mut patch = Vec::with_capacity(end - at);
             for body_len in holes {
-                record::encode(0, &Record::Hole { body_len }, &mut patch);
+                record::encode(self.salt, 0, &Record::Hole { body_len }, &mut patch);
             }
             debug_assert_eq!(patch.len(), end - at);
             file.write_all_at(&patch, at as u64)
@@ -470,7 +474,8 @@ fn hole_records(len: usize) -> Vec<u32> {
     out
 }
 
-/// Recovers group `group` stored in `dir`. With `accept_missing_segments`
+/// Recovers group `group` stored in `dir`, whose records are checksummed
+/// under `salt` (the manifest's record salt). With `accept_missing_segments`
 /// (see [`crate::StoreConfig`]), messages of a missing segment are dropped
 /// and reported; without it, a missing segment fails recovery.
 pub fn recover_group(
@@ -478,6 +483,7 @@ pub fn recover_group(
     group: u32,
     dir: &Path,
     progress: &Progress,
+    salt: u32,
     accept_missing_segments: bool,
 ) -> Result<GroupRecovery, StoreError> {
     storage
@@ -587,6 +593,7 @@ pub fn recover_group(
     let mut scan = Scan {
         storage,
         group,
+        salt,
         dir,
         index: std::mem::take(&mut index),
         last_lsn,
@@ -611,7 +618,7 @@ pub fn recover_group(
             HeaderCheck::Foreign(_) => Header::Foreign,
         };
         let valid_records =
-            header != Header::Ok && next_valid(&buf, SEGMENT_HEADER_BYTES, scan.last_lsn).is_some();
+            header != Header::Ok && next_valid(salt, &buf, SEGMENT_HEADER_BYTES, scan.last_lsn).is_some();
         let (action, why) = decide_segment(&SegmentCase {
             header,
             last_segment: last,

@@ -177,7 +177,7 @@ impl Store {
     ) -> Result<(Store, Recovered), StoreError> {
         config.validate()?;
         let started = Instant::now();
-        let group_count = open_manifests(&config, storage.as_ref())?;
+        let (group_count, salt) = open_manifests(&config, storage.as_ref())?;
         let dirs: Vec<PathBuf> = (0..group_count)
             .map(|g| {
                 let d = &config.data_dirs[g as usize % config.data_dirs.len()];
@@ -201,6 +201,7 @@ impl Store {
                                 g,
                                 dir,
                                 progress,
+                                salt,
                                 config.accept_missing_segments,
                             )
                         })
@@ -279,6 +280,7 @@ impl Store {
             };
             let (writer, shared) = Writer::new(
                 g,
+                salt,
                 dirs[g as usize].clone(),
                 Arc::clone(&storage),
                 config.clone(),
@@ -547,6 +549,7 @@ impl Store {
                     Ok(()) => {
                         let from = (u64::from(l.offset) - start) as usize;
                         payload_of(
+                            group.shared.salt,
                             &buf.slice(from..from + l.len as usize),
                             msgs[i],
                             &path,
@@ -689,8 +692,9 @@ fn log_progress(p: &Progress, started: Instant, groups: u32) {
     );
 }
 
-/// Reads or creates the manifests; returns the group count.
-fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<u32, StoreError> {
+/// Reads or creates the manifests; returns the group count and the record
+/// salt.
+fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<(u32, u32), StoreError> {
     let dir_count = u32::try_from(config.data_dirs.len())
         .map_err(|e| StoreError::Config(format!("too many data_dirs: {e}")))?;
     let mut found: Vec<Option<Manifest>> = Vec::new();
@@ -712,12 +716,16 @@ fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<u32, St
     let existing: Vec<&Manifest> = found.iter().flatten().collect();
     let Some(first) = existing.first() else {
         let store_id: u64 = rand::rng().random();
+        // Secret from publishers (see record.rs); never 0, which means
+        // "unsalted" (stores created before manifest version 2).
+        let record_salt: u32 = rand::rng().random_range(1..=u32::MAX);
         for (i, dir) in config.data_dirs.iter().enumerate() {
             let m = Manifest {
                 group_count: config.log_groups,
                 dir_count,
                 dir_index: u32::try_from(i).expect("checked"),
                 store_id,
+                record_salt,
             };
             manifest::write_atomically(storage, dir, MANIFEST_NAME, &m.encode())?;
         }
@@ -726,7 +734,7 @@ fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<u32, St
             dirs = dir_count,
             "created new store"
         );
-        return Ok(config.log_groups);
+        return Ok((config.log_groups, record_salt));
     };
     for (i, (m, dir)) in found.iter().zip(&config.data_dirs).enumerate() {
         let ok = m.is_some_and(|m| {
@@ -734,6 +742,7 @@ fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<u32, St
                 && m.dir_count == dir_count
                 && m.dir_index as usize == i
                 && m.group_count == first.group_count
+                && m.record_salt == first.record_salt
         });
         if !ok {
             return Err(StoreError::Config(format!(
@@ -746,13 +755,19 @@ fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<u32, St
         tracing::warn!(configured = config.log_groups, on_disk = first.group_count,
             "log_groups differs from the store's manifest; keeping the manifest's (queue placement depends on it)");
     }
-    Ok(first.group_count)
+    Ok((first.group_count, first.record_salt))
 }
 
 /// The payload of `msg` in `record` (its bytes as stored), after checking
 /// the record's CRC and that it is the message's publish or relocation.
-fn payload_of(record: &Bytes, msg: MsgId, path: &Path, offset: u32) -> Result<Bytes, StoreError> {
-    match record::message_payload(record, msg) {
+fn payload_of(
+    salt: u32,
+    record: &Bytes,
+    msg: MsgId,
+    path: &Path,
+    offset: u32,
+) -> Result<Bytes, StoreError> {
+    match record::message_payload(salt, record, msg) {
         Ok(payload) => Ok(record.slice_ref(payload)),
         Err(other) => Err(StoreError::Corrupt {
             path: path.to_path_buf(),

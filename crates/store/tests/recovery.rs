@@ -50,6 +50,15 @@ fn reopen(
     Store::open_with(cfg.clone(), Arc::new(fs.clone()))
 }
 
+/// The store's record salt, from its manifest: records a test writes into
+/// a segment must carry it to be valid.
+fn salt(fs: &FaultStorage) -> u32 {
+    let path = PathBuf::from("/data/MANIFEST");
+    berth_store::manifest::Manifest::decode(&fs.contents(&path).unwrap(), &path)
+        .unwrap()
+        .record_salt
+}
+
 fn msgs(rec: &berth_store::Recovered) -> Vec<MsgId> {
     rec.queues
         .get(&QueueId(1))
@@ -65,6 +74,7 @@ fn torn_tail_is_truncated_not_fatal() {
     let mut bytes = fs.contents(&seg(1)).unwrap();
     let mut torn = Vec::new();
     record::encode(
+        salt(&fs),
         11,
         &Record::MetaDelete {
             key: b"half-written",
@@ -180,9 +190,9 @@ fn checksummed_but_unparseable_record_fails_recovery() {
     populate(&fs, &cfg, 3);
     let mut bytes = fs.contents(&seg(1)).unwrap();
     let mut r = Vec::new();
-    record::encode(4, &Record::Purge { queue: QueueId(1) }, &mut r);
+    record::encode(salt(&fs), 4, &Record::Purge { queue: QueueId(1) }, &mut r);
     r[record::OFF_KIND] = 200; // a kind from the future
-    let crc = crc32c::crc32c(&r[4..]);
+    let crc = crc32c::crc32c_append(salt(&fs), &r[4..]);
     r[..4].copy_from_slice(&crc.to_le_bytes());
     bytes.extend_from_slice(&r);
     fs.put_durable(&seg(1), &bytes).unwrap();
@@ -458,6 +468,7 @@ fn damaged_range_larger_than_a_record_is_quarantined_under_several_holes() {
     let damage = 130 << 20;
     image.resize(image.len() + damage, 0xFF);
     record::encode(
+        salt(&fs),
         2,
         &Record::Publish {
             msg: MsgId(2),
@@ -515,4 +526,77 @@ fn checkpoint_of_another_format_version_is_refused_not_skipped() {
         Err(e) => panic!("expected a format version error, got: {e}"),
         Ok(_) => panic!("opened past a checkpoint of another format version"),
     }
+}
+
+/// A payload a publisher chose, holding a well-formed record: what the
+/// resynchronising scan after damage could mistake for a journal record.
+fn forged_payload(forged: &Record<'_>) -> Bytes {
+    let mut p = b"innocent-looking prefix".to_vec();
+    // The publisher cannot know the store's record salt: its best guess is
+    // the unsalted checksum.
+    record::encode(0, 1_000_000, forged, &mut p);
+    p.extend_from_slice(&[b'z'; 64]);
+    Bytes::from(p)
+}
+
+/// Publishes 3 victims to queue 1 and then an attacker's message to queue
+/// 2 whose payload embeds `forged`; returns the segment image and the
+/// offset of the attacker's record.
+fn victims_and_forgery(fs: &FaultStorage, cfg: &StoreConfig, forged: &Record<'_>) -> (Vec<u8>, usize) {
+    let (store, _) = open(fs, cfg);
+    for _ in 0..3 {
+        let m = store.next_msg_id();
+        wait(|d| store.publish(m, &[QueueId(1)], payload(m), Some(d))).unwrap();
+    }
+    let before = fs.contents(&seg(1)).unwrap().len();
+    let m = store.next_msg_id();
+    wait(|d| store.publish(m, &[QueueId(2)], forged_payload(forged), Some(d))).unwrap();
+    fs.crash();
+    drop(store);
+    fs.power_on();
+    (fs.contents(&seg(1)).unwrap(), before)
+}
+
+#[test]
+fn forged_purge_in_a_torn_payload_is_never_applied() {
+    let fs = FaultStorage::new(18);
+    let cfg = config(1);
+    let forged = Record::Purge { queue: QueueId(1) };
+    let (image, at) = victims_and_forgery(&fs, &cfg, &forged);
+    // Power failed while the attacker's record was being written: it is
+    // torn after the embedded record.
+    let cut = image.len() - 32;
+    assert!(cut > at);
+    fs.put_durable(&seg(1), &image[..cut]).unwrap();
+    let (_s, rec) = reopen(&fs, &cfg).unwrap();
+    assert_eq!(
+        msgs(&rec).len(),
+        3,
+        "queue 1 lost messages to a purge embedded in a payload: {:?}",
+        rec.damage
+    );
+    assert!(rec.damage.is_empty(), "{:?}", rec.damage);
+}
+
+#[test]
+fn forged_remove_in_a_damaged_payload_is_never_applied() {
+    let fs = FaultStorage::new(19);
+    let cfg = config(1);
+    let victims = [MsgId(1), MsgId(2), MsgId(3)];
+    let forged = Record::Remove {
+        queue: QueueId(1),
+        msgs: std::borrow::Cow::Borrowed(&victims),
+    };
+    let (mut image, at) = victims_and_forgery(&fs, &cfg, &forged);
+    // Bit rot in the attacker's record header (its lsn), so the scan
+    // resynchronises inside its payload.
+    image[at + record::OFF_LSN] ^= 0x40;
+    fs.put_durable(&seg(1), &image).unwrap();
+    let (_s, rec) = reopen(&fs, &cfg).unwrap();
+    assert_eq!(
+        msgs(&rec),
+        victims.to_vec(),
+        "queue 1 lost messages to a removal embedded in a payload: {:?}",
+        rec.damage
+    );
 }
