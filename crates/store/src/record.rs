@@ -544,7 +544,10 @@ mod tests {
             u32::from_le_bytes(salted[..4].try_into().unwrap()),
             crc32c::crc32c_append(0xDEAD_BEEF, &salted[4..])
         );
-        assert!(matches!(decode(0xDEAD_BEEF, &salted), Decoded::Record { .. }));
+        assert!(matches!(
+            decode(0xDEAD_BEEF, &salted),
+            Decoded::Record { .. }
+        ));
         assert!(matches!(
             decode(0xDEAD_BEEF, &plain),
             Decoded::Corrupt(Corruption::Checksum { .. })

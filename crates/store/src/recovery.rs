@@ -459,7 +459,10 @@ impl Scan<'_> {
 /// with a body over [`RECORD_BODY_BYTES_MAX`], none shorter than a header.
 fn hole_records(len: usize) -> Vec<u32> {
     const WHOLE_MAX: usize = RECORD_HEADER_BYTES + RECORD_BODY_BYTES_MAX as usize;
-    assert!(len >= RECORD_HEADER_BYTES, "a hole needs {RECORD_HEADER_BYTES} bytes");
+    assert!(
+        len >= RECORD_HEADER_BYTES,
+        "a hole needs {RECORD_HEADER_BYTES} bytes"
+    );
     let mut out = Vec::new();
     let mut left = len;
     while left > 0 {
@@ -617,8 +620,8 @@ pub fn recover_group(
             HeaderCheck::Torn => Header::Torn,
             HeaderCheck::Foreign(_) => Header::Foreign,
         };
-        let valid_records =
-            header != Header::Ok && next_valid(salt, &buf, SEGMENT_HEADER_BYTES, scan.last_lsn).is_some();
+        let valid_records = header != Header::Ok
+            && next_valid(salt, &buf, SEGMENT_HEADER_BYTES, scan.last_lsn).is_some();
         let (action, why) = decide_segment(&SegmentCase {
             header,
             last_segment: last,
@@ -818,7 +821,10 @@ mod tests {
                 .map(|&b| RECORD_HEADER_BYTES + b as usize)
                 .sum();
             assert_eq!(total, len, "{len}: {holes:?}");
-            assert!(holes.iter().all(|&b| b <= RECORD_BODY_BYTES_MAX), "{holes:?}");
+            assert!(
+                holes.iter().all(|&b| b <= RECORD_BODY_BYTES_MAX),
+                "{holes:?}"
+            );
         }
     }
 

@@ -705,7 +705,10 @@ fn corrupt_live_record_does_not_stop_background_compaction() {
     let st = &store.stats()[0];
     assert!(st.segments_deleted >= 10, "{st:?}");
     assert!(st.segments < segs_full / 2, "{st:?}");
-    assert_eq!(st.unreadable_records, 1, "reported once, not retried: {st:?}");
+    assert_eq!(
+        st.unreadable_records, 1,
+        "reported once, not retried: {st:?}"
+    );
     assert!(matches!(
         store.read(QueueId(1), ids[0]),
         Err(StoreError::Corrupt { .. })

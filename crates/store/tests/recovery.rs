@@ -542,7 +542,11 @@ fn forged_payload(forged: &Record<'_>) -> Bytes {
 /// Publishes 3 victims to queue 1 and then an attacker's message to queue
 /// 2 whose payload embeds `forged`; returns the segment image and the
 /// offset of the attacker's record.
-fn victims_and_forgery(fs: &FaultStorage, cfg: &StoreConfig, forged: &Record<'_>) -> (Vec<u8>, usize) {
+fn victims_and_forgery(
+    fs: &FaultStorage,
+    cfg: &StoreConfig,
+    forged: &Record<'_>,
+) -> (Vec<u8>, usize) {
     let (store, _) = open(fs, cfg);
     for _ in 0..3 {
         let m = store.next_msg_id();
