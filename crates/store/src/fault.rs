@@ -28,6 +28,7 @@ use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::clock::ManualClock;
 use crate::storage::{Storage, StorageFile};
 
 struct Node {
@@ -66,6 +67,8 @@ struct State {
     tear_on_crash: bool,
     sync_data_calls: u64,
     sync_latency: std::time::Duration,
+    /// Each `sync_data` also moves this clock forward by the duration.
+    sync_clock: Option<(Arc<ManualClock>, std::time::Duration)>,
     /// Between `crash` and `power_on`: every call fails, as a machine
     /// without power runs no code.
     down: bool,
@@ -123,6 +126,7 @@ impl FaultStorage {
                 tear_on_crash: false,
                 sync_data_calls: 0,
                 sync_latency: std::time::Duration::ZERO,
+                sync_clock: None,
                 down: false,
                 reorder_removals: false,
                 removes_until_crash: None,
@@ -215,6 +219,17 @@ impl FaultStorage {
     /// so group commit has something to batch behind.
     pub fn set_sync_latency(&self, latency: std::time::Duration) {
         self.state.lock().sync_latency = latency;
+    }
+
+    /// Makes every `sync_data` take `latency` on `clock` (simulated time,
+    /// read by a writer opened with that clock), on top of any real
+    /// latency set with [`Self::set_sync_latency`].
+    pub fn set_simulated_sync_latency(
+        &self,
+        clock: Arc<ManualClock>,
+        latency: std::time::Duration,
+    ) {
+        self.state.lock().sync_clock = Some((clock, latency));
     }
 
     /// Number of `sync_data` calls so far (successful or not).
@@ -444,6 +459,9 @@ impl StorageFile for FaultFile {
                 !std::mem::take(&mut st.panic_on_sync),
                 "simulated bug: panic in sync_data"
             );
+            if let Some((clock, simulated)) = &st.sync_clock {
+                clock.advance(*simulated);
+            }
             st.sync_latency
         };
         if !latency.is_zero() {

@@ -23,6 +23,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use rand::Rng;
 
+use crate::clock::{Clock, SystemClock};
 use crate::error::StoreError;
 use crate::index::{payload_len, Loc};
 use crate::manifest::{self, Manifest, MANIFEST_NAME};
@@ -84,6 +85,8 @@ pub struct GroupStats {
     pub syncs: u64,
     pub sync_us_total: u64,
     pub gather_waits: u64,
+    /// Longest gathering pause planned, µs (at most `commit_delay_us_max`).
+    pub gather_us_max: u64,
     pub netted_publishes: u64,
     pub checkpoints: u64,
     pub segments_deleted: u64,
@@ -174,6 +177,16 @@ impl Store {
     pub fn open_with(
         config: StoreConfig,
         storage: Arc<dyn Storage>,
+    ) -> Result<(Store, Recovered), StoreError> {
+        Self::open_with_clock(config, storage, Arc::new(SystemClock))
+    }
+
+    /// Opens the store through `storage`, its writers reading time from
+    /// `clock` (tests pass one they move by hand).
+    pub fn open_with_clock(
+        config: StoreConfig,
+        storage: Arc<dyn Storage>,
+        clock: Arc<dyn Clock>,
     ) -> Result<(Store, Recovered), StoreError> {
         config.validate()?;
         let started = Instant::now();
@@ -286,6 +299,7 @@ impl Store {
                 config.clone(),
                 rx,
                 init,
+                Arc::clone(&clock),
             );
             let thread = std::thread::Builder::new()
                 .name(format!("berth-group-{g}"))
@@ -616,6 +630,7 @@ impl Store {
                     syncs: c.syncs.load(Ordering::Relaxed),
                     sync_us_total: c.sync_us_total.load(Ordering::Relaxed),
                     gather_waits: c.gather_waits.load(Ordering::Relaxed),
+                    gather_us_max: c.gather_us_max.load(Ordering::Relaxed),
                     netted_publishes: c.netted_publishes.load(Ordering::Relaxed),
                     checkpoints: c.checkpoints.load(Ordering::Relaxed),
                     segments_deleted: c.segments_deleted.load(Ordering::Relaxed),

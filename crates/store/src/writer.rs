@@ -16,8 +16,10 @@
 //!   held or receives later fails ([`Waiter`] completes on drop), and
 //!   shutdown reports it.
 //! - A lone committer never waits: the gathering pause is taken only when
-//!   several requests met in recent batches, and never exceeds
-//!   `commit_delay_us_max`.
+//!   the previous batch was shared by several committers and they came
+//!   back straight away (see [`GatherPolicy`]), and never exceeds
+//!   `commit_delay_us_max`. Every reading of time goes through the
+//!   injected [`Clock`].
 //! - A segment is sealed (fdatasync'ed) before the next one is created, and
 //!   deleted only when it holds no live message and lies wholly before the
 //!   replay position of both retained checkpoints.
@@ -33,6 +35,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 
 use crate::checkpoint::{self, CheckpointInfo, ReplayFrom, CHECKPOINT_TMP_NAME};
+use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::index::{Index, Loc};
 use crate::limits::{StoreConfig, SyncMode, RECORD_BODY_BYTES_MAX, REMOVE_MSGS_PER_RECORD_MAX};
@@ -193,6 +196,8 @@ pub struct GroupCounters {
     pub syncs: AtomicU64,
     pub sync_us_total: AtomicU64,
     pub gather_waits: AtomicU64,
+    /// Longest gathering pause planned, in µs (never above the cap).
+    pub gather_us_max: AtomicU64,
     pub netted_publishes: AtomicU64,
     pub checkpoints: AtomicU64,
     pub segments_deleted: AtomicU64,
@@ -258,10 +263,9 @@ pub(crate) struct Writer {
     /// Retained checkpoints (number, header), oldest first.
     checkpoints: Vec<(u64, CheckpointInfo)>,
     next_checkpoint_no: u64,
-    /// Smoothed requests per batch: the committers we expect to meet.
-    committers_ewma: f64,
-    /// Smoothed fdatasync duration.
-    sync_us_ewma: f64,
+    /// What adaptive group commit remembers of recent batches.
+    gather: GatherPolicy,
+    clock: Arc<dyn Clock>,
     last_compaction: Instant,
     /// A checkpoint being written by its helper thread.
     checkpoint_in_flight: Option<(u64, CheckpointInfo, CheckpointResult)>,
@@ -323,6 +327,7 @@ impl Writer {
         cfg: StoreConfig,
         rx: Receiver<Cmd>,
         init: WriterInit,
+        clock: Arc<dyn Clock>,
     ) -> (Self, Arc<GroupShared>) {
         let sealed = init.files.iter().map(|(s, (_, len))| (*s, *len)).collect();
         let files = init.files.into_iter().map(|(s, (f, _))| (s, f)).collect();
@@ -337,7 +342,7 @@ impl Writer {
             poisoned: Mutex::new(None),
             counters: GroupCounters::default(),
         });
-        let now = Instant::now();
+        let now = clock.now();
         let w = Writer {
             shared: Arc::clone(&shared),
             storage,
@@ -355,8 +360,8 @@ impl Writer {
             journal_bytes_since_checkpoint: 0,
             checkpoints: init.checkpoints,
             next_checkpoint_no: init.next_checkpoint_no,
-            committers_ewma: 1.0,
-            sync_us_ewma: 0.0,
+            gather: GatherPolicy::default(),
+            clock,
             last_compaction: now,
             checkpoint_in_flight: None,
             unmovable: BTreeMap::new(),
@@ -430,7 +435,7 @@ impl Writer {
                     .map_err(|mpsc::RecvError| RecvTimeoutError::Disconnected),
                 Some(at) => self
                     .rx
-                    .recv_timeout(at.saturating_duration_since(Instant::now())),
+                    .recv_timeout(at.saturating_duration_since(self.clock.now())),
             };
             let mut disconnected = false;
             match first {
@@ -492,37 +497,32 @@ impl Writer {
         false
     }
 
-    /// Adaptive group commit: when several committers have been meeting in
-    /// batches, wait (at most `commit_delay_us_max`, and at most about one
-    /// fsync) for as many as usually come. A lone committer never waits.
+    /// Adaptive group commit: when the previous batch was shared by several
+    /// committers who came straight back, wait (at most
+    /// `commit_delay_us_max`, and at most about one fsync) for as many as
+    /// usually come. A lone committer never waits.
     fn gather(&mut self, batch: &mut Vec<Cmd>) {
         let writes = batch
             .iter()
             .filter(|c| matches!(c, Cmd::Write { .. }))
             .count();
-        let expected = self.committers_ewma.round();
-        if self.cfg.sync != SyncMode::Always || self.cfg.commit_delay_us_max == 0 || expected < 2.0
-        {
+        let now = self.clock.now();
+        let Some((expected, delay)) = self.gather.plan(writes, now, &self.cfg) else {
             return;
-        }
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let expected = expected as usize;
-        if writes >= expected || writes == 0 {
-            return;
-        }
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let delay_us = self.cfg.commit_delay_us_max.min(self.sync_us_ewma as u64);
-        let deadline = Instant::now() + Duration::from_micros(delay_us);
+        };
+        let deadline = now + delay;
         let mut got = writes;
         let mut bytes: usize = batch.iter().map(cmd_size).sum();
-        self.shared
-            .counters
-            .gather_waits
-            .fetch_add(1, Ordering::Relaxed);
+        let c = &self.shared.counters;
+        c.gather_waits.fetch_add(1, Ordering::Relaxed);
+        c.gather_us_max.fetch_max(
+            u64::try_from(delay.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
         while got < expected && bytes < self.cfg.batch_bytes_max {
             match self
                 .rx
-                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .recv_timeout(deadline.saturating_duration_since(self.clock.now()))
             {
                 Ok(cmd) => {
                     if matches!(cmd, Cmd::Write { .. }) {
@@ -537,9 +537,7 @@ impl Writer {
     }
 
     fn commit(&mut self, writes: Vec<(Op, Option<Waiter>)>) {
-        #[allow(clippy::cast_precision_loss)]
-        let n = writes.len() as f64;
-        self.committers_ewma = 0.75 * self.committers_ewma + 0.25 * n;
+        let batch_writes = writes.len();
         if let Some(e) = self.shared.poison_error() {
             for w in writes.into_iter().filter_map(|(_, d)| d) {
                 w.complete(Err(e.clone()));
@@ -561,7 +559,9 @@ impl Writer {
             .collect();
         net_out(&mut writes, &self.shared.counters);
         let force_sync = writes.iter().any(|(op, _)| matches!(op, Op::Flush));
-        match self.append(&writes, force_sync) {
+        let result = self.append(&writes, force_sync);
+        self.gather.batch_done(batch_writes, self.clock.now());
+        match result {
             Ok(()) => {
                 for w in writes.into_iter().filter_map(|(_, d)| d) {
                     w.complete(Ok(()));
@@ -602,7 +602,8 @@ impl Writer {
         let due = match self.cfg.sync {
             SyncMode::Always => true,
             SyncMode::Interval => {
-                self.last_sync.elapsed() >= Duration::from_millis(self.cfg.sync_interval_ms)
+                self.clock.now().saturating_duration_since(self.last_sync)
+                    >= Duration::from_millis(self.cfg.sync_interval_ms)
             }
             SyncMode::Never => false,
         };
@@ -682,7 +683,7 @@ impl Writer {
             .fetch_add(self.buf.len() as u64, Ordering::Relaxed);
         self.buf.clear();
         self.dirty = true;
-        self.last_write = Instant::now();
+        self.last_write = self.clock.now();
         Ok(())
     }
 
@@ -691,21 +692,24 @@ impl Writer {
         if !self.dirty {
             return Ok(());
         }
-        let started = Instant::now();
+        let started = self.clock.now();
         let path = segment::segment_path(&self.shared.dir, a.seq);
         a.file
             .sync_data()
             .map_err(|e| StoreError::io("fdatasync", path, e))?;
-        let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        #[allow(clippy::cast_precision_loss)]
-        {
-            self.sync_us_ewma = 0.8 * self.sync_us_ewma + 0.2 * us as f64;
-        }
+        let us = u64::try_from(
+            self.clock
+                .now()
+                .saturating_duration_since(started)
+                .as_micros(),
+        )
+        .unwrap_or(u64::MAX);
+        self.gather.sync_took(us);
         let c = &self.shared.counters;
         c.syncs.fetch_add(1, Ordering::Relaxed);
         c.sync_us_total.fetch_add(us, Ordering::Relaxed);
         self.dirty = false;
-        self.last_sync = Instant::now();
+        self.last_sync = self.clock.now();
         Ok(())
     }
 
@@ -769,7 +773,7 @@ impl Writer {
             consider(self.last_write + Duration::from_millis(self.cfg.segment_idle_roll_ms));
         }
         if self.checkpoint_in_flight.is_some() {
-            consider(Instant::now() + Duration::from_millis(CHECKPOINT_POLL_MS));
+            consider(self.clock.now() + Duration::from_millis(CHECKPOINT_POLL_MS));
         } else if self.checkpoint_wanted() {
             consider(self.last_checkpoint + Duration::from_millis(self.cfg.checkpoint_interval_ms));
         }
@@ -806,7 +810,7 @@ impl Writer {
         if self.shared.poisoned.lock().is_some() {
             return;
         }
-        let now = Instant::now();
+        let now = self.clock.now();
         let result = (|| {
             if self.dirty
                 && self.cfg.sync == SyncMode::Interval
@@ -853,7 +857,7 @@ impl Writer {
             if let Err(e) = self.compact_step(self.cfg.compaction_bytes_per_turn) {
                 tracing::error!(group = self.group(), error = %e, "compaction failed");
             }
-            self.last_compaction = Instant::now();
+            self.last_compaction = self.clock.now();
         }
     }
 
@@ -892,7 +896,7 @@ impl Writer {
             })
             .map_err(|e| StoreError::io("spawn checkpoint thread", &self.shared.dir, e))?;
         self.checkpoint_in_flight = Some((no, info, rx));
-        self.last_checkpoint = Instant::now();
+        self.last_checkpoint = self.clock.now();
         self.journal_bytes_since_checkpoint = 0;
         Ok(())
     }
@@ -1137,6 +1141,79 @@ impl Writer {
     }
 }
 
+/// Adaptive group commit's memory of recent batches, and its one decision:
+/// whether to hold a batch open for more committers, for how long.
+///
+/// A batch is held only if (a) recent batches were shared by about
+/// `expected` ≥ 2 committers (a smoothed count), (b) the previous batch
+/// itself was shared (a committer alone last time is alone now: the
+/// smoothed count alone decays too slowly after a burst), and (c) this
+/// batch began promptly after the previous one completed, as committers
+/// woken together do (after a longer pause the burst is over). The pause is
+/// at most `commit_delay_us_max` and at most the smoothed fsync time.
+#[derive(Debug)]
+struct GatherPolicy {
+    /// Smoothed writes per batch: the committers we expect to meet.
+    committers_ewma: f64,
+    /// Writes in the previous batch.
+    last_batch_writes: usize,
+    /// When the previous batch completed.
+    last_batch_done: Option<Instant>,
+    /// Smoothed fdatasync duration, µs.
+    sync_us_ewma: f64,
+}
+
+impl Default for GatherPolicy {
+    fn default() -> Self {
+        GatherPolicy {
+            committers_ewma: 1.0,
+            last_batch_writes: 0,
+            last_batch_done: None,
+            sync_us_ewma: 0.0,
+        }
+    }
+}
+
+impl GatherPolicy {
+    fn batch_done(&mut self, writes: usize, now: Instant) {
+        #[allow(clippy::cast_precision_loss)]
+        let n = writes as f64;
+        self.committers_ewma = 0.75 * self.committers_ewma + 0.25 * n;
+        self.last_batch_writes = writes;
+        self.last_batch_done = Some(now);
+    }
+
+    fn sync_took(&mut self, us: u64) {
+        #[allow(clippy::cast_precision_loss)]
+        let us = us as f64;
+        self.sync_us_ewma = 0.8 * self.sync_us_ewma + 0.2 * us;
+    }
+
+    /// For a batch of `writes` formed at `now`: how many writes to wait
+    /// for, and for at most how long; `None` to write at once.
+    fn plan(&self, writes: usize, now: Instant, cfg: &StoreConfig) -> Option<(usize, Duration)> {
+        if cfg.sync != SyncMode::Always || cfg.commit_delay_us_max == 0 || writes == 0 {
+            return None;
+        }
+        let expected = self.committers_ewma.round();
+        if expected < 2.0 || self.last_batch_writes < 2 {
+            return None;
+        }
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let expected = expected as usize;
+        if writes >= expected {
+            return None;
+        }
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let delay_us = cfg.commit_delay_us_max.min(self.sync_us_ewma as u64);
+        let prompt = Duration::from_micros(cfg.commit_delay_us_max.max(delay_us));
+        let came_back = self
+            .last_batch_done
+            .is_some_and(|t| now.saturating_duration_since(t) <= prompt);
+        (delay_us > 0 && came_back).then(|| (expected, Duration::from_micros(delay_us)))
+    }
+}
+
 /// Why a publish of `payload_len` bytes to `queue_count` queues of one
 /// group cannot be one record, if it cannot.
 pub(crate) fn publish_invalid(queue_count: usize, payload_len: usize) -> Option<String> {
@@ -1251,6 +1328,39 @@ mod tests {
         );
         assert!(matches!(&writes[2].0, Op::Remove { msgs, .. } if msgs == &[MsgId(9)]));
         assert_eq!(counters.netted_publishes.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn gather_policy_waits_only_for_committers_that_came_back() {
+        let cfg = StoreConfig::new("/x");
+        let t0 = Instant::now();
+        let mut p = GatherPolicy::default();
+        p.sync_took(10_000);
+        // Alone from the start: never.
+        for i in 0..20 {
+            let now = t0 + Duration::from_micros(i * 100);
+            assert_eq!(p.plan(1, now, &cfg), None);
+            p.batch_done(1, now);
+        }
+        // A burst of 8: a short batch right after a shared one waits,
+        // capped by commit_delay_us_max (the fsync takes 10 ms).
+        for _ in 0..10 {
+            p.batch_done(8, t0);
+        }
+        let at = t0 + Duration::from_micros(50);
+        assert_eq!(
+            p.plan(3, at, &cfg),
+            Some((8, Duration::from_micros(cfg.commit_delay_us_max)))
+        );
+        assert_eq!(p.plan(8, at, &cfg), None, "all expected are there");
+        // The burst ends: after a pause, a lone committer does not wait...
+        let later = t0 + Duration::from_secs(1);
+        assert_eq!(p.plan(1, later, &cfg), None);
+        // ...and once it was alone in a batch, never again, though the
+        // smoothed count is still high.
+        p.batch_done(1, at);
+        assert!(p.committers_ewma >= 2.0);
+        assert_eq!(p.plan(1, at, &cfg), None);
     }
 
     #[test]

@@ -220,56 +220,6 @@ fn dead_segments_are_deleted_and_mostly_dead_ones_compacted() {
 }
 
 #[test]
-fn lone_committer_never_waits_but_concurrent_ones_gather() {
-    let fs = FaultStorage::new(8);
-    fs.set_sync_latency(Duration::from_micros(300));
-    let mut cfg = config(1);
-    cfg.commit_delay_us_max = 5_000;
-    let (store, _) = open(&fs, &cfg);
-    for _ in 0..30 {
-        let m = store.next_msg_id();
-        wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"x"), Some(d))).unwrap();
-    }
-    assert_eq!(
-        store.stats()[0].gather_waits,
-        0,
-        "a lone committer must never wait"
-    );
-    let store = std::sync::Arc::new(store);
-    let threads: Vec<_> = (0..8)
-        .map(|t| {
-            let store = std::sync::Arc::clone(&store);
-            std::thread::spawn(move || {
-                let mut worst = Duration::ZERO;
-                for _ in 0..30 {
-                    let m = store.next_msg_id();
-                    let started = std::time::Instant::now();
-                    wait(|d| store.publish(m, &[QueueId(t)], Bytes::from_static(b"x"), Some(d)))
-                        .unwrap();
-                    worst = worst.max(started.elapsed());
-                }
-                worst
-            })
-        })
-        .collect();
-    let worst = threads
-        .into_iter()
-        .map(|t| t.join().unwrap())
-        .max()
-        .unwrap();
-    let st = &store.stats()[0];
-    assert!(
-        st.batches < 30 + 8 * 30,
-        "group commit should batch: {st:?}"
-    );
-    // Loose bound (shared CI cores): a few fsyncs plus the cap, never seconds.
-    assert!(
-        worst < Duration::from_millis(500),
-        "worst commit latency {worst:?}"
-    );
-}
-
-#[test]
 fn failed_fsync_poisons_the_group_and_fails_pending_and_later_writes() {
     let fs = FaultStorage::new(9);
     let cfg = config(1);
@@ -716,4 +666,73 @@ fn corrupt_live_record_does_not_stop_background_compaction() {
     for &m in ids.iter().step_by(10).skip(1) {
         assert_eq!(store.read(QueueId(1), m).unwrap(), payload);
     }
+}
+
+/// Group commit with an injected clock on which every fdatasync takes
+/// 2 ms: concurrent committers are gathered, the pause is capped by
+/// `commit_delay_us_max` (below the 2 ms fsync it would otherwise match),
+/// and a lone committer never waits — before any burst, and after one.
+#[test]
+fn gathering_happens_under_concurrency_is_capped_and_never_for_a_lone_committer() {
+    use berth_store::clock::ManualClock;
+    let fs = FaultStorage::new(21);
+    let clock = std::sync::Arc::new(ManualClock::new());
+    fs.set_simulated_sync_latency(std::sync::Arc::clone(&clock), Duration::from_millis(2));
+    // Real latency too, so that committers do meet during an fsync.
+    fs.set_sync_latency(Duration::from_micros(300));
+    let mut cfg = config(1);
+    cfg.commit_delay_us_max = 1_000;
+    let (store, _) = berth_store::Store::open_with_clock(
+        cfg.clone(),
+        std::sync::Arc::new(fs.clone()),
+        std::sync::Arc::clone(&clock) as std::sync::Arc<dyn berth_store::clock::Clock>,
+    )
+    .unwrap();
+    let lone = |store: &berth_store::Store, n: usize| {
+        for _ in 0..n {
+            let m = store.next_msg_id();
+            wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"x"), Some(d))).unwrap();
+        }
+    };
+    lone(&store, 30);
+    assert_eq!(store.stats()[0].gather_waits, 0, "a lone committer waited");
+
+    let store = std::sync::Arc::new(store);
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let store = std::sync::Arc::clone(&store);
+            std::thread::spawn(move || {
+                for _ in 0..30 {
+                    let m = store.next_msg_id();
+                    wait(|d| store.publish(m, &[QueueId(t)], Bytes::from_static(b"x"), Some(d)))
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let st = store.stats()[0].clone();
+    assert!(
+        st.gather_waits > 0,
+        "concurrent committers were never gathered: {st:?}"
+    );
+    assert_eq!(
+        st.gather_us_max, cfg.commit_delay_us_max,
+        "the pause is about one fsync (2 ms), capped at commit_delay_us_max: {st:?}"
+    );
+    assert!(
+        st.batches < 30 + 8 * 30,
+        "group commit should batch: {st:?}"
+    );
+
+    // The burst is over; one committer carries on alone.
+    clock.advance(Duration::from_secs(1));
+    lone(&store, 10);
+    let waits = store.stats()[0].gather_waits - st.gather_waits;
+    assert_eq!(
+        waits, 0,
+        "a lone committer waited {waits} times after a burst"
+    );
 }
