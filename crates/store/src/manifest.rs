@@ -122,31 +122,6 @@ impl Manifest {
     }
 }
 
-/// Writes `bytes` to `dir/name` atomically and durably: temp file, fsync,
-/// rename, directory fsync.
-pub fn write_atomically(
-    storage: &dyn Storage,
-    dir: &Path,
-    name: &str,
-    bytes: &[u8],
-) -> Result<(), StoreError> {
-    let tmp = dir.join(format!("{name}.tmp"));
-    let dst = dir.join(name);
-    let f = storage
-        .create(&tmp)
-        .map_err(|e| StoreError::io("create", &tmp, e))?;
-    f.write_all_at(bytes, 0)
-        .map_err(|e| StoreError::io("write", &tmp, e))?;
-    f.sync_data()
-        .map_err(|e| StoreError::io("fdatasync", &tmp, e))?;
-    storage
-        .rename(&tmp, &dst)
-        .map_err(|e| StoreError::io("rename", &tmp, e))?;
-    storage
-        .sync_dir(dir)
-        .map_err(|e| StoreError::io("fsync dir", dir, e))
-}
-
 /// Reads a whole small file.
 pub fn read_all(storage: &dyn Storage, path: &Path) -> Result<Vec<u8>, StoreError> {
     let f = storage

@@ -29,7 +29,7 @@ use crate::index::{payload_len, Loc};
 use crate::manifest::{self, Manifest, MANIFEST_NAME};
 use crate::record;
 use crate::recovery::{self, DamageReport, GroupRecovery, Progress};
-use crate::storage::{OsStorage, Storage, StorageFile};
+use crate::storage::{self, OsStorage, Storage, StorageFile};
 use crate::writer::{self, Cmd, Done, GroupShared, Op, Waiter, Writer, WriterInit};
 use crate::{group_of, MsgId, QueueId, StoreConfig};
 
@@ -742,7 +742,13 @@ fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<(u32, u
                 store_id,
                 record_salt,
             };
-            manifest::write_atomically(storage, dir, MANIFEST_NAME, &m.encode())?;
+            storage::write_atomically(
+                storage,
+                dir,
+                &format!("{MANIFEST_NAME}.tmp"),
+                MANIFEST_NAME,
+                &m.encode(),
+            )?;
         }
         tracing::info!(
             groups = config.log_groups,

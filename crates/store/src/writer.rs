@@ -282,7 +282,7 @@ type CheckpointResult = Receiver<Result<(), StoreError>>;
 /// How often the writer looks for a finished background checkpoint.
 const CHECKPOINT_POLL_MS: u64 = 2;
 
-/// Writes checkpoint `no` durably: temp file, fdatasync, rename, dir fsync.
+/// Writes checkpoint `no` durably (see [`crate::storage::write_atomically`]).
 fn write_checkpoint(
     storage: &dyn Storage,
     dir: &std::path::Path,
@@ -292,21 +292,13 @@ fn write_checkpoint(
     index: &Index,
 ) -> Result<(), StoreError> {
     let bytes = checkpoint::encode(group, info, index);
-    let tmp = dir.join(CHECKPOINT_TMP_NAME);
-    let dst = dir.join(checkpoint::checkpoint_name(no));
-    let f = storage
-        .create(&tmp)
-        .map_err(|e| StoreError::io("create", &tmp, e))?;
-    f.write_all_at(&bytes, 0)
-        .map_err(|e| StoreError::io("write", &tmp, e))?;
-    f.sync_data()
-        .map_err(|e| StoreError::io("fdatasync", &tmp, e))?;
-    storage
-        .rename(&tmp, &dst)
-        .map_err(|e| StoreError::io("rename", &tmp, e))?;
-    storage
-        .sync_dir(dir)
-        .map_err(|e| StoreError::io("fsync dir", dir, e))
+    crate::storage::write_atomically(
+        storage,
+        dir,
+        CHECKPOINT_TMP_NAME,
+        &checkpoint::checkpoint_name(no),
+        &bytes,
+    )
 }
 
 pub(crate) struct WriterInit {
