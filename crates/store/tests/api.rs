@@ -374,8 +374,9 @@ fn index_ram_per_message_is_small() {
     assert_eq!(st.live_messages, n);
     let per_msg = st.index_bytes as f64 / n as f64;
     eprintln!("index bytes per queued message: {per_msg:.1}");
-    // Hash table at its current load factor: 33 bytes/slot, 50-87.5% full.
-    assert!(per_msg <= 80.0, "{per_msg}");
+    // Hash table at its current load factor: 33 bytes/slot, 50-87.5% full,
+    // plus 8-16 bytes in the queue's list.
+    assert!(per_msg <= 96.0, "{per_msg}");
 }
 
 #[test]
