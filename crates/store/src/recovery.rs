@@ -233,6 +233,9 @@ pub struct GroupRecovery {
     pub truncated_bytes: u64,
     pub checkpoint_used: Option<u64>,
     pub checkpoints_ignored: Vec<PathBuf>,
+    /// The index is exactly the chosen checkpoint plus the journal after
+    /// it: false when messages of a missing segment were dropped.
+    pub index_from_journal: bool,
 }
 
 /// Shared progress counters for the recovery log lines.
@@ -700,6 +703,7 @@ pub fn recover_group(
             ),
         });
     }
+    let index_from_journal = missing.is_empty();
     for s in missing {
         let lost = scan.index.drop_segment(s);
         let mut queues: Vec<QueueId> = lost.iter().flat_map(|m| m.queues.iter().copied()).collect();
@@ -741,6 +745,7 @@ pub fn recover_group(
         truncated_bytes: scan.truncated,
         checkpoint_used,
         checkpoints_ignored: ignored,
+        index_from_journal,
     })
 }
 

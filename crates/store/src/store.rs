@@ -89,6 +89,9 @@ pub struct GroupStats {
     pub gather_us_max: u64,
     pub netted_publishes: u64,
     pub checkpoints: u64,
+    /// Checkpoints that cloned the index on the writer's path (normally 0:
+    /// a checkpoint is rebuilt from the previous one and the journal).
+    pub checkpoint_snapshots: u64,
     pub segments_deleted: u64,
     pub bytes_compacted: u64,
     /// Live records compaction found unreadable and left in place (each
@@ -290,6 +293,7 @@ impl Store {
                 next_lsn: rec.next_lsn,
                 checkpoints: rec.checkpoints,
                 next_checkpoint_no: rec.next_checkpoint_no,
+                index_from_journal: rec.index_from_journal,
             };
             let (writer, shared) = Writer::new(
                 g,
@@ -633,6 +637,7 @@ impl Store {
                     gather_us_max: c.gather_us_max.load(Ordering::Relaxed),
                     netted_publishes: c.netted_publishes.load(Ordering::Relaxed),
                     checkpoints: c.checkpoints.load(Ordering::Relaxed),
+                    checkpoint_snapshots: c.checkpoint_snapshots.load(Ordering::Relaxed),
                     segments_deleted: c.segments_deleted.load(Ordering::Relaxed),
                     bytes_compacted: c.bytes_compacted.load(Ordering::Relaxed),
                     unreadable_records: c.unreadable_records.load(Ordering::Relaxed),

@@ -20,6 +20,9 @@
 //!   back straight away (see [`GatherPolicy`]), and never exceeds
 //!   `commit_delay_us_max`. Every reading of time goes through the
 //!   injected [`Clock`].
+//! - A checkpoint's index is rebuilt on its helper thread from the previous
+//!   checkpoint and the (synced, immutable) journal after it; the writer
+//!   copies the live index only when the journal cannot rebuild it.
 //! - A segment is sealed (fdatasync'ed) before the next one is created, and
 //!   deleted only when it holds no live message and lies wholly before the
 //!   replay position of both retained checkpoints.
@@ -39,7 +42,7 @@ use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::index::{Index, Loc};
 use crate::limits::{StoreConfig, SyncMode, RECORD_BODY_BYTES_MAX, REMOVE_MSGS_PER_RECORD_MAX};
-use crate::record::{self, Record};
+use crate::record::{self, Decoded, Record};
 use crate::segment::{self, SEGMENT_HEADER_BYTES};
 use crate::storage::{Storage, StorageFile};
 use crate::{MsgId, QueueId};
@@ -200,6 +203,9 @@ pub struct GroupCounters {
     pub gather_us_max: AtomicU64,
     pub netted_publishes: AtomicU64,
     pub checkpoints: AtomicU64,
+    /// Checkpoints whose index was cloned on the writer's path, under the
+    /// index lock (only when the journal alone cannot rebuild it).
+    pub checkpoint_snapshots: AtomicU64,
     pub segments_deleted: AtomicU64,
     pub bytes_compacted: AtomicU64,
     /// Live records compaction found unreadable (I/O error or checksum):
@@ -267,8 +273,13 @@ pub(crate) struct Writer {
     gather: GatherPolicy,
     clock: Arc<dyn Clock>,
     last_compaction: Instant,
-    /// A checkpoint being written by its helper thread.
-    checkpoint_in_flight: Option<(u64, CheckpointInfo, CheckpointResult)>,
+    /// A checkpoint being written by its helper thread, and whether its
+    /// index is a snapshot.
+    checkpoint_in_flight: Option<(u64, CheckpointInfo, CheckpointResult, bool)>,
+    /// The next checkpoint must snapshot the index: the journal since the
+    /// newest checkpoint cannot rebuild it (recovery dropped messages of a
+    /// missing segment, or the last rebuild failed).
+    snapshot_next: bool,
     /// Live records compaction could not read or verify, by segment: left
     /// where they are (the broker's read reports them), not retried, and
     /// not counted when choosing what to compact, so one bad record never
@@ -281,6 +292,117 @@ type CheckpointResult = Receiver<Result<(), StoreError>>;
 
 /// How often the writer looks for a finished background checkpoint.
 const CHECKPOINT_POLL_MS: u64 = 2;
+
+/// Where a checkpoint's helper thread gets the index it writes.
+enum IndexSource {
+    /// A copy taken on the writer's path, under the index lock: only when
+    /// the journal alone cannot rebuild the index.
+    Snapshot(Index),
+    /// The newest retained checkpoint (`None`: the start of the journal)
+    /// and the journal after it: each segment with the offset to read to.
+    Journal {
+        base: Option<(u64, CheckpointInfo)>,
+        segments: Vec<(u32, Arc<dyn StorageFile>, u64)>,
+    },
+}
+
+/// Rebuilds the index at `to` from `base` and the journal after it, as
+/// recovery would: the journal is immutable up to `to` (synced, and no
+/// segment at or after the newest checkpoint's replay position is deleted
+/// while a checkpoint is in flight). The replay must end exactly at
+/// `to.lsn`.
+fn rebuild_index(
+    storage: &dyn Storage,
+    dir: &std::path::Path,
+    group: u32,
+    salt: u32,
+    base: Option<(u64, CheckpointInfo)>,
+    segments: Vec<(u32, Arc<dyn StorageFile>, u64)>,
+    to: CheckpointInfo,
+) -> Result<Index, StoreError> {
+    let (mut index, mut lsn, from) = match base {
+        Some((no, info)) => {
+            let path = dir.join(checkpoint::checkpoint_name(no));
+            let bytes = crate::manifest::read_all(storage, &path)?;
+            let (found, index) = checkpoint::decode(group, &bytes, &path)?;
+            if found != info {
+                return Err(StoreError::Corrupt {
+                    path,
+                    offset: 0,
+                    reason: format!("checkpoint reads as {found:?}, was written as {info:?}"),
+                });
+            }
+            (index, info.lsn, info.replay)
+        }
+        None => (
+            Index::default(),
+            0,
+            ReplayFrom {
+                seg: 1,
+                offset: SEGMENT_HEADER_BYTES as u64,
+            },
+        ),
+    };
+    for (seq, file, end) in segments {
+        let path = segment::segment_path(dir, seq);
+        let start = if seq == from.seg {
+            from.offset
+        } else {
+            SEGMENT_HEADER_BYTES as u64
+        };
+        let corrupt = |offset: u64, reason: String| StoreError::Corrupt {
+            path: path.clone(),
+            offset,
+            reason: format!("journal does not replay for a checkpoint: {reason}"),
+        };
+        let len = end
+            .checked_sub(start)
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| corrupt(start, format!("range {start}..{end}")))?;
+        let mut buf = vec![0u8; len];
+        file.read_exact_at(&mut buf, start)
+            .map_err(|e| StoreError::io("read", &path, e))?;
+        let mut at = 0;
+        while at < buf.len() {
+            let offset = start + at as u64;
+            match record::decode(salt, &buf[at..]) {
+                Decoded::Record {
+                    lsn: l,
+                    record,
+                    len,
+                } => {
+                    let loc = Loc {
+                        seg: seq,
+                        offset: u32::try_from(offset)
+                            .map_err(|e| corrupt(offset, e.to_string()))?,
+                        len: u32::try_from(len).map_err(|e| corrupt(offset, e.to_string()))?,
+                    };
+                    index.apply(&record, loc);
+                    if !matches!(record, Record::Hole { .. }) {
+                        lsn = l;
+                    }
+                    at += len;
+                }
+                Decoded::Incomplete { needed } => {
+                    return Err(corrupt(offset, format!("record needs {needed} bytes")))
+                }
+                Decoded::Corrupt(c) => return Err(corrupt(offset, format!("{c:?}"))),
+                Decoded::Unparseable { reason, .. } => return Err(corrupt(offset, reason)),
+            }
+        }
+    }
+    if lsn != to.lsn {
+        return Err(StoreError::Corrupt {
+            path: dir.to_path_buf(),
+            offset: 0,
+            reason: format!(
+                "journal replay for a checkpoint ended at lsn {lsn}, the checkpoint is at {}",
+                to.lsn
+            ),
+        });
+    }
+    Ok(index)
+}
 
 /// Writes checkpoint `no` durably (see [`crate::storage::write_atomically`]).
 fn write_checkpoint(
@@ -308,6 +430,9 @@ pub(crate) struct WriterInit {
     pub next_lsn: u64,
     pub checkpoints: Vec<(u64, CheckpointInfo)>,
     pub next_checkpoint_no: u64,
+    /// The index is what the newest checkpoint and the journal after it
+    /// give (false if recovery dropped messages without a record).
+    pub index_from_journal: bool,
 }
 
 impl Writer {
@@ -356,6 +481,7 @@ impl Writer {
             clock,
             last_compaction: now,
             checkpoint_in_flight: None,
+            snapshot_next: !init.index_from_journal,
             unmovable: BTreeMap::new(),
         };
         (w, shared)
@@ -871,33 +997,82 @@ impl Writer {
             lsn: self.next_lsn - 1,
             replay: self.position(),
         };
-        let snapshot = self.shared.inner.lock().index.clone();
+        let source = self.index_source(info);
+        let snapshot = matches!(source, IndexSource::Snapshot(_));
+        if snapshot {
+            self.shared
+                .counters
+                .checkpoint_snapshots
+                .fetch_add(1, Ordering::Relaxed);
+        }
         let no = self.next_checkpoint_no;
         self.next_checkpoint_no += 1;
         let (tx, rx) = mpsc::sync_channel(1);
         let storage = Arc::clone(&self.storage);
         let dir = self.shared.dir.clone();
-        let group = self.group();
+        let (group, salt) = (self.group(), self.shared.salt);
         std::thread::Builder::new()
             .name(format!("berth-ckpt-{group}"))
             .spawn(move || {
-                let result = write_checkpoint(storage.as_ref(), &dir, group, no, info, &snapshot);
+                let index = match source {
+                    IndexSource::Snapshot(index) => Ok(index),
+                    IndexSource::Journal { base, segments } => {
+                        rebuild_index(storage.as_ref(), &dir, group, salt, base, segments, info)
+                    }
+                };
+                let result = index.and_then(|index| {
+                    write_checkpoint(storage.as_ref(), &dir, group, no, info, &index)
+                });
                 if tx.send(result).is_err() {
                     tracing::debug!(group, no, "checkpoint finished after its writer stopped");
                 }
             })
             .map_err(|e| StoreError::io("spawn checkpoint thread", &self.shared.dir, e))?;
-        self.checkpoint_in_flight = Some((no, info, rx));
+        self.checkpoint_in_flight = Some((no, info, rx, snapshot));
         self.last_checkpoint = self.clock.now();
         self.journal_bytes_since_checkpoint = 0;
         Ok(())
+    }
+
+    /// What the checkpoint at `to` gets its index from: the journal since
+    /// the newest retained checkpoint, normally (no copy on this path);
+    /// a snapshot when that cannot rebuild it.
+    fn index_source(&self, to: CheckpointInfo) -> IndexSource {
+        let snapshot = |w: &Self| IndexSource::Snapshot(w.shared.inner.lock().index.clone());
+        if self.snapshot_next {
+            return snapshot(self);
+        }
+        let base = self.checkpoints.last().copied();
+        let from = base.map_or(1, |(_, c)| c.replay.seg);
+        let inner = self.shared.inner.lock();
+        let mut segments = Vec::new();
+        for seq in from..=to.replay.seg {
+            let end = if seq == to.replay.seg {
+                to.replay.offset
+            } else if let Some(&len) = self.sealed.get(&seq) {
+                len
+            } else {
+                drop(inner);
+                return snapshot(self);
+            };
+            match inner.files.get(&seq) {
+                Some(f) => segments.push((seq, Arc::clone(f), end)),
+                // The position at the start of a segment not created yet.
+                None if seq == to.replay.seg && end == SEGMENT_HEADER_BYTES as u64 => {}
+                None => {
+                    drop(inner);
+                    return snapshot(self);
+                }
+            }
+        }
+        IndexSource::Journal { base, segments }
     }
 
     /// Collects the checkpoint in flight, if it finished (or waiting for it
     /// with `block`): keeps it, drops the oldest beyond two, and deletes the
     /// segments that are no longer needed.
     fn finish_checkpoint(&mut self, block: bool) -> Result<(), StoreError> {
-        let Some((no, info, rx)) = &self.checkpoint_in_flight else {
+        let Some((no, info, rx, snapshot)) = &self.checkpoint_in_flight else {
             return Ok(());
         };
         let result = if block {
@@ -909,9 +1084,17 @@ impl Writer {
                 Err(TryRecvError::Disconnected) => Err(StoreError::Closed),
             }
         };
-        let (no, info) = (*no, *info);
+        let (no, info, snapshot) = (*no, *info, *snapshot);
         self.checkpoint_in_flight = None;
-        result?;
+        if let Err(e) = result {
+            // Whatever failed (the previous checkpoint unreadable, a write),
+            // the next attempt does not depend on the journal replaying.
+            self.snapshot_next = true;
+            return Err(e);
+        }
+        if snapshot {
+            self.snapshot_next = false;
+        }
         self.checkpoints.push((no, info));
         self.shared
             .counters
@@ -939,7 +1122,17 @@ impl Writer {
             tracing::error!(group = self.group(), error = %e, "background checkpoint failed");
         }
         self.start_checkpoint()?;
-        self.finish_checkpoint(true)
+        match self.finish_checkpoint(true) {
+            // The journal did not replay (damaged since it was written):
+            // the same checkpoint from a snapshot of the index instead.
+            Err(e) if self.snapshot_next && self.shared.poisoned.lock().is_none() => {
+                tracing::error!(group = self.group(), error = %e,
+                    "checkpoint could not be rebuilt from the journal; writing it from a snapshot");
+                self.start_checkpoint()?;
+                self.finish_checkpoint(true)
+            }
+            other => other,
+        }
     }
 
     /// Deletes the sealed segments no live message and neither retained

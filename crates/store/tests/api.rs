@@ -737,3 +737,73 @@ fn gathering_happens_under_concurrency_is_capped_and_never_for_a_lone_committer(
         "a lone committer waited {waits} times after a burst"
     );
 }
+
+/// A checkpoint never copies the index on the writer's path (a pause in
+/// proportion to the index, under the lock readers need): its helper
+/// thread rebuilds the index from the previous checkpoint and the journal
+/// since. What it writes must be exactly the live state: restarts from
+/// those checkpoints recover every live message and nothing else.
+#[test]
+fn checkpoints_are_rebuilt_from_the_journal_not_cloned_on_the_writer_path() {
+    let fs = FaultStorage::new(22);
+    let mut cfg = config(2);
+    cfg.segment_size_bytes = 8 * 1024;
+    cfg.checkpoint_journal_bytes = 16 * 1024;
+    cfg.compaction_pause_ms = 0;
+    let (store, _) = open(&fs, &cfg);
+    let mut live: std::collections::BTreeMap<MsgId, Vec<QueueId>> = Default::default();
+    let mut rng = 0x9E37_79B9_u64;
+    for i in 0..3_000u64 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let m = store.next_msg_id();
+        let qs = vec![QueueId(rng % 5), QueueId(5 + rng % 3)];
+        wait(|d| store.publish(m, &qs, Bytes::from(vec![1u8; 200]), Some(d))).unwrap();
+        live.insert(m, qs);
+        if rng % 3 != 0 {
+            let (&old, qs) = live.iter_mut().next().unwrap();
+            let q = qs.remove(0);
+            wait(|d| store.remove(q, &[old], Some(d))).unwrap();
+            if qs.is_empty() {
+                live.remove(&old);
+            }
+        }
+        if i % 700 == 0 {
+            wait(|d| store.purge(QueueId(rng % 5), Some(d))).unwrap();
+            let purged = QueueId(rng % 5);
+            live.retain(|_, qs| {
+                qs.retain(|q| *q != purged);
+                !qs.is_empty()
+            });
+        }
+    }
+    store.checkpoint().unwrap();
+    let st = store.stats();
+    assert!(st.iter().all(|g| g.checkpoints >= 3), "{st:?}");
+    assert!(st.iter().any(|g| g.segments_deleted > 0), "{st:?}");
+    let snapshots: u64 = st.iter().map(|g| g.checkpoint_snapshots).sum();
+    assert_eq!(
+        snapshots, 0,
+        "checkpoints cloned the index on the writer path: {st:?}"
+    );
+    // Restart from the checkpoints alone (the last one covers everything).
+    drop(store);
+    let (_store, rec) = open(&fs, &cfg);
+    let mut expected: std::collections::BTreeMap<QueueId, Vec<MsgId>> = Default::default();
+    for (m, qs) in &live {
+        for q in qs {
+            expected.entry(*q).or_default().push(*m);
+        }
+    }
+    let got: std::collections::BTreeMap<QueueId, Vec<MsgId>> = rec
+        .queues
+        .iter()
+        .map(|(q, ms)| (*q, ms.iter().map(|m| m.msg).collect()))
+        .collect();
+    assert_eq!(got, expected);
+    assert_eq!(
+        rec.stats.records_replayed, 0,
+        "the last checkpoint covers all"
+    );
+}
