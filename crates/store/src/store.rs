@@ -294,10 +294,10 @@ impl Store {
                 checkpoints: rec.checkpoints,
                 next_checkpoint_no: rec.next_checkpoint_no,
                 index_from_journal: rec.index_from_journal,
+                salt,
             };
             let (writer, shared) = Writer::new(
                 g,
-                salt,
                 dirs[g as usize].clone(),
                 Arc::clone(&storage),
                 config.clone(),

@@ -433,12 +433,13 @@ pub(crate) struct WriterInit {
     /// The index is what the newest checkpoint and the journal after it
     /// give (false if recovery dropped messages without a record).
     pub index_from_journal: bool,
+    /// The store's record salt (from the manifest).
+    pub salt: u32,
 }
 
 impl Writer {
     pub fn new(
         group: u32,
-        salt: u32,
         dir: PathBuf,
         storage: Arc<dyn Storage>,
         cfg: StoreConfig,
@@ -450,7 +451,7 @@ impl Writer {
         let files = init.files.into_iter().map(|(s, (f, _))| (s, f)).collect();
         let shared = Arc::new(GroupShared {
             group,
-            salt,
+            salt: init.salt,
             dir,
             inner: Mutex::new(Shared {
                 index: init.index,

@@ -762,7 +762,7 @@ fn checkpoints_are_rebuilt_from_the_journal_not_cloned_on_the_writer_path() {
         let qs = vec![QueueId(rng % 5), QueueId(5 + rng % 3)];
         wait(|d| store.publish(m, &qs, Bytes::from(vec![1u8; 200]), Some(d))).unwrap();
         live.insert(m, qs);
-        if rng % 3 != 0 {
+        if !rng.is_multiple_of(3) {
             let (&old, qs) = live.iter_mut().next().unwrap();
             let q = qs.remove(0);
             wait(|d| store.remove(q, &[old], Some(d))).unwrap();
