@@ -518,6 +518,7 @@ mod tests {
         ];
         assert_eq!(&buf[RECORD_HEADER_BYTES..], &body);
         assert_eq!(buf[OFF_KIND], 2);
+        assert_eq!(buf[..4], [0xd9, 0x68, 0xd1, 0x8e]);
         let mut buf = Vec::new();
         encode(
             0,
@@ -530,6 +531,7 @@ mod tests {
         );
         assert_eq!(&buf[RECORD_HEADER_BYTES..], &[1, 0, 0, 0, b'k', b'v', b'v']);
         assert_eq!(buf[OFF_KIND], 3);
+        assert_eq!(buf[..4], [0x0a, 0xa2, 0x63, 0x13]);
     }
 
     /// Encodes `r` with salt 0 and checks every byte against `expected`
