@@ -13,6 +13,7 @@
 //!   the group count recorded in the manifest ([`group_of`]).
 
 pub mod checkpoint;
+pub mod clock;
 pub mod error;
 pub mod fault;
 pub mod index;

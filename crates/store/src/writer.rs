@@ -10,9 +10,19 @@
 //!   covering it. Every completion runs exactly once.
 //! - A failed write or fdatasync poisons the group: the batch fails, every
 //!   later request fails, and nothing reports success that was not synced.
+//! - No request can make the writer panic: a request too large for one
+//!   record is split (Remove) or refused (see [`Op::invalid`]). Should the
+//!   thread die anyway (a bug), its group is poisoned, every request it
+//!   held or receives later fails ([`Waiter`] completes on drop), and
+//!   shutdown reports it.
 //! - A lone committer never waits: the gathering pause is taken only when
-//!   several requests met in recent batches, and never exceeds
-//!   `commit_delay_us_max`.
+//!   the previous batch was shared by several committers and they came
+//!   back straight away (see [`GatherPolicy`]), and never exceeds
+//!   `commit_delay_us_max`. Every reading of time goes through the
+//!   injected [`Clock`].
+//! - A checkpoint's index is rebuilt on its helper thread from the previous
+//!   checkpoint and the (synced, immutable) journal after it; the writer
+//!   copies the live index only when the journal cannot rebuild it.
 //! - A segment is sealed (fdatasync'ed) before the next one is created, and
 //!   deleted only when it holds no live message and lies wholly before the
 //!   replay position of both retained checkpoints.
@@ -28,10 +38,11 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 
 use crate::checkpoint::{self, CheckpointInfo, ReplayFrom, CHECKPOINT_TMP_NAME};
+use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::index::{Index, Loc};
-use crate::limits::{StoreConfig, SyncMode};
-use crate::record::{self, Record};
+use crate::limits::{StoreConfig, SyncMode, RECORD_BODY_BYTES_MAX, REMOVE_MSGS_PER_RECORD_MAX};
+use crate::record::{self, Decoded, Record};
 use crate::segment::{self, SEGMENT_HEADER_BYTES};
 use crate::storage::{Storage, StorageFile};
 use crate::{MsgId, QueueId};
@@ -39,6 +50,43 @@ use crate::{MsgId, QueueId};
 /// A completion callback. Runs on the writer thread: keep it short (send on
 /// a channel, wake a task).
 pub type Done = Box<dyn FnOnce(Result<(), StoreError>) + Send + 'static>;
+
+/// A request's completion, run exactly once: by the writer with the
+/// request's outcome, or, if it is dropped without that (the writer thread
+/// died), with `Poisoned` — so no caller ever waits forever.
+pub(crate) struct Waiter {
+    done: Option<Done>,
+    group: u32,
+}
+
+impl Waiter {
+    pub fn new(done: Done, group: u32) -> Self {
+        Waiter {
+            done: Some(done),
+            group,
+        }
+    }
+
+    pub fn complete(mut self, result: Result<(), StoreError>) {
+        if let Some(done) = self.done.take() {
+            done(result);
+        }
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        if let Some(done) = self.done.take() {
+            done(Err(StoreError::Poisoned {
+                group: self.group,
+                cause: Arc::new(StoreError::WriterDied {
+                    group: self.group,
+                    reason: "it stopped before completing this request".into(),
+                }),
+            }));
+        }
+    }
+}
 
 /// A request to a group.
 pub(crate) enum Op {
@@ -66,28 +114,50 @@ pub(crate) enum Op {
 }
 
 impl Op {
-    fn record(&self) -> Option<Record<'_>> {
-        Some(match self {
-            Op::Publish { queues, .. } if queues.is_empty() => return None,
+    /// The records this request is written as: none for a `Flush` or a
+    /// request netted out, several for a Remove of more than
+    /// [`REMOVE_MSGS_PER_RECORD_MAX`] messages, else one.
+    fn records(&self) -> Vec<Record<'_>> {
+        match self {
+            Op::Publish { queues, .. } if queues.is_empty() => Vec::new(),
             Op::Publish {
                 msg,
                 queues,
                 payload,
-            } => Record::Publish {
+            } => vec![Record::Publish {
                 msg: *msg,
                 queues: queues.as_slice().into(),
                 payload,
-            },
-            Op::Remove { msgs, .. } if msgs.is_empty() => return None,
-            Op::Remove { queue, msgs } => Record::Remove {
-                queue: *queue,
-                msgs: msgs.as_slice().into(),
-            },
-            Op::MetaPut { key, value } => Record::MetaPut { key, value },
-            Op::MetaDelete { key } => Record::MetaDelete { key },
-            Op::Purge { queue } => Record::Purge { queue: *queue },
-            Op::Flush => return None,
-        })
+            }],
+            Op::Remove { queue, msgs } => msgs
+                .chunks(REMOVE_MSGS_PER_RECORD_MAX)
+                .map(|chunk| Record::Remove {
+                    queue: *queue,
+                    msgs: chunk.into(),
+                })
+                .collect(),
+            Op::MetaPut { key, value } => vec![Record::MetaPut { key, value }],
+            Op::MetaDelete { key } => vec![Record::MetaDelete { key }],
+            Op::Purge { queue } => vec![Record::Purge { queue: *queue }],
+            Op::Flush => Vec::new(),
+        }
+    }
+
+    /// Why this request cannot be written, if it cannot: a record body
+    /// beyond [`RECORD_BODY_BYTES_MAX`] (the store checks payloads against
+    /// `payload_bytes_max` first; this catches what that does not bound).
+    pub(crate) fn invalid(&self) -> Option<String> {
+        let body = match self {
+            Op::Publish {
+                queues, payload, ..
+            } => return publish_invalid(queues.len(), payload.len()),
+            Op::MetaPut { key, value } => record::META_OFF_KEY
+                .saturating_add(key.len())
+                .saturating_add(value.len()),
+            Op::MetaDelete { key } => key.len(),
+            Op::Remove { .. } | Op::Purge { .. } | Op::Flush => 0,
+        };
+        body_invalid(body)
     }
 
     fn size_hint(&self) -> usize {
@@ -106,7 +176,7 @@ impl Op {
 pub(crate) enum Cmd {
     Write {
         op: Op,
-        done: Option<Done>,
+        done: Option<Waiter>,
     },
     Checkpoint {
         done: Done,
@@ -129,10 +199,18 @@ pub struct GroupCounters {
     pub syncs: AtomicU64,
     pub sync_us_total: AtomicU64,
     pub gather_waits: AtomicU64,
+    /// Longest gathering pause planned, in µs (never above the cap).
+    pub gather_us_max: AtomicU64,
     pub netted_publishes: AtomicU64,
     pub checkpoints: AtomicU64,
+    /// Checkpoints whose index was cloned on the writer's path, under the
+    /// index lock (only when the journal alone cannot rebuild it).
+    pub checkpoint_snapshots: AtomicU64,
     pub segments_deleted: AtomicU64,
     pub bytes_compacted: AtomicU64,
+    /// Live records compaction found unreadable (I/O error or checksum):
+    /// reported and left in place.
+    pub unreadable_records: AtomicU64,
 }
 
 /// What readers share with the writer.
@@ -143,6 +221,8 @@ pub(crate) struct Shared {
 
 pub(crate) struct GroupShared {
     pub group: u32,
+    /// The store's record salt: seeds every record checksum.
+    pub salt: u32,
     pub dir: PathBuf,
     pub inner: Mutex<Shared>,
     pub poisoned: Mutex<Option<Arc<StoreError>>>,
@@ -189,13 +269,22 @@ pub(crate) struct Writer {
     /// Retained checkpoints (number, header), oldest first.
     checkpoints: Vec<(u64, CheckpointInfo)>,
     next_checkpoint_no: u64,
-    /// Smoothed requests per batch: the committers we expect to meet.
-    committers_ewma: f64,
-    /// Smoothed fdatasync duration.
-    sync_us_ewma: f64,
+    /// What adaptive group commit remembers of recent batches.
+    gather: GatherPolicy,
+    clock: Arc<dyn Clock>,
     last_compaction: Instant,
-    /// A checkpoint being written by its helper thread.
-    checkpoint_in_flight: Option<(u64, CheckpointInfo, CheckpointResult)>,
+    /// A checkpoint being written by its helper thread, and whether its
+    /// index is a snapshot.
+    checkpoint_in_flight: Option<(u64, CheckpointInfo, CheckpointResult, bool)>,
+    /// The next checkpoint must snapshot the index: the journal since the
+    /// newest checkpoint cannot rebuild it (recovery dropped messages of a
+    /// missing segment, or the last rebuild failed).
+    snapshot_next: bool,
+    /// Live records compaction could not read or verify, by segment: left
+    /// where they are (the broker's read reports them), not retried, and
+    /// not counted when choosing what to compact, so one bad record never
+    /// stalls reclamation of the rest.
+    unmovable: BTreeMap<u32, Vec<(MsgId, Loc)>>,
 }
 
 /// Where a background checkpoint reports its outcome.
@@ -204,7 +293,118 @@ type CheckpointResult = Receiver<Result<(), StoreError>>;
 /// How often the writer looks for a finished background checkpoint.
 const CHECKPOINT_POLL_MS: u64 = 2;
 
-/// Writes checkpoint `no` durably: temp file, fdatasync, rename, dir fsync.
+/// Where a checkpoint's helper thread gets the index it writes.
+enum IndexSource {
+    /// A copy taken on the writer's path, under the index lock: only when
+    /// the journal alone cannot rebuild the index.
+    Snapshot(Index),
+    /// The newest retained checkpoint (`None`: the start of the journal)
+    /// and the journal after it: each segment with the offset to read to.
+    Journal {
+        base: Option<(u64, CheckpointInfo)>,
+        segments: Vec<(u32, Arc<dyn StorageFile>, u64)>,
+    },
+}
+
+/// Rebuilds the index at `to` from `base` and the journal after it, as
+/// recovery would: the journal is immutable up to `to` (synced, and no
+/// segment at or after the newest checkpoint's replay position is deleted
+/// while a checkpoint is in flight). The replay must end exactly at
+/// `to.lsn`.
+fn rebuild_index(
+    storage: &dyn Storage,
+    dir: &std::path::Path,
+    group: u32,
+    salt: u32,
+    base: Option<(u64, CheckpointInfo)>,
+    segments: Vec<(u32, Arc<dyn StorageFile>, u64)>,
+    to: CheckpointInfo,
+) -> Result<Index, StoreError> {
+    let (mut index, mut lsn, from) = match base {
+        Some((no, info)) => {
+            let path = dir.join(checkpoint::checkpoint_name(no));
+            let bytes = crate::manifest::read_all(storage, &path)?;
+            let (found, index) = checkpoint::decode(group, &bytes, &path)?;
+            if found != info {
+                return Err(StoreError::Corrupt {
+                    path,
+                    offset: 0,
+                    reason: format!("checkpoint reads as {found:?}, was written as {info:?}"),
+                });
+            }
+            (index, info.lsn, info.replay)
+        }
+        None => (
+            Index::default(),
+            0,
+            ReplayFrom {
+                seg: 1,
+                offset: SEGMENT_HEADER_BYTES as u64,
+            },
+        ),
+    };
+    for (seq, file, end) in segments {
+        let path = segment::segment_path(dir, seq);
+        let start = if seq == from.seg {
+            from.offset
+        } else {
+            SEGMENT_HEADER_BYTES as u64
+        };
+        let corrupt = |offset: u64, reason: String| StoreError::Corrupt {
+            path: path.clone(),
+            offset,
+            reason: format!("journal does not replay for a checkpoint: {reason}"),
+        };
+        let len = end
+            .checked_sub(start)
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| corrupt(start, format!("range {start}..{end}")))?;
+        let mut buf = vec![0u8; len];
+        file.read_exact_at(&mut buf, start)
+            .map_err(|e| StoreError::io("read", &path, e))?;
+        let mut at = 0;
+        while at < buf.len() {
+            let offset = start + at as u64;
+            match record::decode(salt, &buf[at..]) {
+                Decoded::Record {
+                    lsn: l,
+                    record,
+                    len,
+                } => {
+                    let loc = Loc {
+                        seg: seq,
+                        offset: u32::try_from(offset)
+                            .map_err(|e| corrupt(offset, e.to_string()))?,
+                        len: u32::try_from(len).map_err(|e| corrupt(offset, e.to_string()))?,
+                    };
+                    index.apply(&record, loc);
+                    if !matches!(record, Record::Hole { .. }) {
+                        lsn = l;
+                    }
+                    at += len;
+                }
+                Decoded::Incomplete { needed } => {
+                    return Err(corrupt(offset, format!("record needs {needed} bytes")))
+                }
+                Decoded::Corrupt(c) => return Err(corrupt(offset, format!("{c:?}"))),
+                Decoded::Unparseable { reason, .. } => return Err(corrupt(offset, reason)),
+            }
+        }
+    }
+    if lsn != to.lsn {
+        return Err(StoreError::Corrupt {
+            path: dir.to_path_buf(),
+            offset: 0,
+            reason: format!(
+                "journal replay for a checkpoint ended at lsn {lsn}, the checkpoint is at {}",
+                to.lsn
+            ),
+        });
+    }
+    Ok(index)
+}
+
+/// Writes checkpoint `no` durably (see [`crate::storage::write_atomically`]).
 fn write_checkpoint(
     storage: &dyn Storage,
     dir: &std::path::Path,
@@ -214,21 +414,13 @@ fn write_checkpoint(
     index: &Index,
 ) -> Result<(), StoreError> {
     let bytes = checkpoint::encode(group, info, index);
-    let tmp = dir.join(CHECKPOINT_TMP_NAME);
-    let dst = dir.join(checkpoint::checkpoint_name(no));
-    let f = storage
-        .create(&tmp)
-        .map_err(|e| StoreError::io("create", &tmp, e))?;
-    f.write_all_at(&bytes, 0)
-        .map_err(|e| StoreError::io("write", &tmp, e))?;
-    f.sync_data()
-        .map_err(|e| StoreError::io("fdatasync", &tmp, e))?;
-    storage
-        .rename(&tmp, &dst)
-        .map_err(|e| StoreError::io("rename", &tmp, e))?;
-    storage
-        .sync_dir(dir)
-        .map_err(|e| StoreError::io("fsync dir", dir, e))
+    crate::storage::write_atomically(
+        storage,
+        dir,
+        CHECKPOINT_TMP_NAME,
+        &checkpoint::checkpoint_name(no),
+        &bytes,
+    )
 }
 
 pub(crate) struct WriterInit {
@@ -238,6 +430,11 @@ pub(crate) struct WriterInit {
     pub next_lsn: u64,
     pub checkpoints: Vec<(u64, CheckpointInfo)>,
     pub next_checkpoint_no: u64,
+    /// The index is what the newest checkpoint and the journal after it
+    /// give (false if recovery dropped messages without a record).
+    pub index_from_journal: bool,
+    /// The store's record salt (from the manifest).
+    pub salt: u32,
 }
 
 impl Writer {
@@ -248,11 +445,13 @@ impl Writer {
         cfg: StoreConfig,
         rx: Receiver<Cmd>,
         init: WriterInit,
+        clock: Arc<dyn Clock>,
     ) -> (Self, Arc<GroupShared>) {
         let sealed = init.files.iter().map(|(s, (_, len))| (*s, *len)).collect();
         let files = init.files.into_iter().map(|(s, (f, _))| (s, f)).collect();
         let shared = Arc::new(GroupShared {
             group,
+            salt: init.salt,
             dir,
             inner: Mutex::new(Shared {
                 index: init.index,
@@ -261,7 +460,7 @@ impl Writer {
             poisoned: Mutex::new(None),
             counters: GroupCounters::default(),
         });
-        let now = Instant::now();
+        let now = clock.now();
         let w = Writer {
             shared: Arc::clone(&shared),
             storage,
@@ -279,10 +478,12 @@ impl Writer {
             journal_bytes_since_checkpoint: 0,
             checkpoints: init.checkpoints,
             next_checkpoint_no: init.next_checkpoint_no,
-            committers_ewma: 1.0,
-            sync_us_ewma: 0.0,
+            gather: GatherPolicy::default(),
+            clock,
             last_compaction: now,
             checkpoint_in_flight: None,
+            snapshot_next: !init.index_from_journal,
+            unmovable: BTreeMap::new(),
         };
         (w, shared)
     }
@@ -300,8 +501,50 @@ impl Writer {
         move |e| StoreError::io(op, path, e)
     }
 
-    /// The writer thread's body.
-    pub fn run(mut self) {
+    /// The writer thread's body: runs the group until shutdown and, should
+    /// it panic (a bug), poisons the group and fails every request instead
+    /// of leaving its callers waiting.
+    pub fn run_contained(mut self) {
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run()));
+        if let Err(panic) = outcome {
+            let reason = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "panic".to_owned());
+            self.died(reason);
+        }
+    }
+
+    /// After a panic: poison the group and fail everything sent to it until
+    /// the store shuts it down.
+    fn died(&mut self, reason: String) {
+        let cause = StoreError::WriterDied {
+            group: self.group(),
+            reason,
+        };
+        tracing::error!(group = self.group(), error = %cause, "log group poisoned");
+        *self.shared.poisoned.lock() = Some(Arc::new(cause));
+        let e = self.shared.poison_error().expect("just poisoned");
+        while let Ok(cmd) = self.rx.recv() {
+            match cmd {
+                Cmd::Write { done, .. } => {
+                    if let Some(w) = done {
+                        w.complete(Err(e.clone()));
+                    }
+                }
+                Cmd::Checkpoint { done } | Cmd::Compact { done } => done(Err(e.clone())),
+                Cmd::Shutdown { done } => {
+                    if let Some(done) = done {
+                        done(Err(e));
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    fn run(&mut self) {
         let mut batch: Vec<Cmd> = Vec::new();
         loop {
             let first = match self.next_deadline() {
@@ -311,7 +554,7 @@ impl Writer {
                     .map_err(|mpsc::RecvError| RecvTimeoutError::Disconnected),
                 Some(at) => self
                     .rx
-                    .recv_timeout(at.saturating_duration_since(Instant::now())),
+                    .recv_timeout(at.saturating_duration_since(self.clock.now())),
             };
             let mut disconnected = false;
             match first {
@@ -344,6 +587,12 @@ impl Writer {
                 if let Some(done) = done {
                     done(result);
                 }
+                // Nothing can be sent after shutdown; be sure anyway.
+                while let Ok(cmd) = self.rx.try_recv() {
+                    if let Cmd::Write { done: Some(w), .. } = cmd {
+                        w.complete(Err(StoreError::Closed));
+                    }
+                }
                 return;
             }
             self.housekeeping();
@@ -367,37 +616,32 @@ impl Writer {
         false
     }
 
-    /// Adaptive group commit: when several committers have been meeting in
-    /// batches, wait (at most `commit_delay_us_max`, and at most about one
-    /// fsync) for as many as usually come. A lone committer never waits.
+    /// Adaptive group commit: when the previous batch was shared by several
+    /// committers who came straight back, wait (at most
+    /// `commit_delay_us_max`, and at most about one fsync) for as many as
+    /// usually come. A lone committer never waits.
     fn gather(&mut self, batch: &mut Vec<Cmd>) {
         let writes = batch
             .iter()
             .filter(|c| matches!(c, Cmd::Write { .. }))
             .count();
-        let expected = self.committers_ewma.round();
-        if self.cfg.sync != SyncMode::Always || self.cfg.commit_delay_us_max == 0 || expected < 2.0
-        {
+        let now = self.clock.now();
+        let Some((expected, delay)) = self.gather.plan(writes, now, &self.cfg) else {
             return;
-        }
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let expected = expected as usize;
-        if writes >= expected || writes == 0 {
-            return;
-        }
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let delay_us = self.cfg.commit_delay_us_max.min(self.sync_us_ewma as u64);
-        let deadline = Instant::now() + Duration::from_micros(delay_us);
+        };
+        let deadline = now + delay;
         let mut got = writes;
         let mut bytes: usize = batch.iter().map(cmd_size).sum();
-        self.shared
-            .counters
-            .gather_waits
-            .fetch_add(1, Ordering::Relaxed);
+        let c = &self.shared.counters;
+        c.gather_waits.fetch_add(1, Ordering::Relaxed);
+        c.gather_us_max.fetch_max(
+            u64::try_from(delay.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
         while got < expected && bytes < self.cfg.batch_bytes_max {
             match self
                 .rx
-                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .recv_timeout(deadline.saturating_duration_since(self.clock.now()))
             {
                 Ok(cmd) => {
                     if matches!(cmd, Cmd::Write { .. }) {
@@ -411,28 +655,41 @@ impl Writer {
         }
     }
 
-    fn commit(&mut self, mut writes: Vec<(Op, Option<Done>)>) {
-        #[allow(clippy::cast_precision_loss)]
-        let n = writes.len() as f64;
-        self.committers_ewma = 0.75 * self.committers_ewma + 0.25 * n;
+    fn commit(&mut self, writes: Vec<(Op, Option<Waiter>)>) {
+        let batch_writes = writes.len();
         if let Some(e) = self.shared.poison_error() {
-            for done in writes.into_iter().filter_map(|(_, d)| d) {
-                done(Err(e.clone()));
+            for w in writes.into_iter().filter_map(|(_, d)| d) {
+                w.complete(Err(e.clone()));
             }
             return;
         }
+        let mut writes: Vec<(Op, Option<Waiter>)> = writes
+            .into_iter()
+            .filter_map(|(op, done)| match op.invalid() {
+                None => Some((op, done)),
+                Some(why) => {
+                    match done {
+                        Some(w) => w.complete(Err(StoreError::Invalid(why))),
+                        None => tracing::warn!(group = self.group(), "request refused: {why}"),
+                    }
+                    None
+                }
+            })
+            .collect();
         net_out(&mut writes, &self.shared.counters);
         let force_sync = writes.iter().any(|(op, _)| matches!(op, Op::Flush));
-        match self.append(&writes, force_sync) {
+        let result = self.append(&writes, force_sync);
+        self.gather.batch_done(batch_writes, self.clock.now());
+        match result {
             Ok(()) => {
-                for done in writes.into_iter().filter_map(|(_, d)| d) {
-                    done(Ok(()));
+                for w in writes.into_iter().filter_map(|(_, d)| d) {
+                    w.complete(Ok(()));
                 }
             }
             Err(e) => {
                 let e = self.poison(e);
-                for done in writes.into_iter().filter_map(|(_, d)| d) {
-                    done(Err(e.clone()));
+                for w in writes.into_iter().filter_map(|(_, d)| d) {
+                    w.complete(Err(e.clone()));
                 }
             }
         }
@@ -441,22 +698,21 @@ impl Writer {
     /// Encodes, writes, applies and (per mode) syncs a batch.
     fn append(
         &mut self,
-        writes: &[(Op, Option<Done>)],
+        writes: &[(Op, Option<Waiter>)],
         force_sync: bool,
     ) -> Result<(), StoreError> {
-        let mut placed: Vec<(usize, Loc)> = Vec::with_capacity(writes.len());
-        for (i, (op, _)) in writes.iter().enumerate() {
-            if let Some(rec) = op.record() {
+        let mut placed: Vec<(Record<'_>, Loc)> = Vec::with_capacity(writes.len());
+        for (op, _) in writes {
+            for rec in op.records() {
                 let loc = self.encode(&rec)?;
-                placed.push((i, loc));
+                placed.push((rec, loc));
             }
         }
         self.write_buf()?;
         {
             let mut inner = self.shared.inner.lock();
-            for &(i, loc) in &placed {
-                let rec = writes[i].0.record().expect("placed records exist");
-                inner.index.apply(&rec, loc);
+            for (rec, loc) in &placed {
+                inner.index.apply(rec, *loc);
             }
         }
         let c = &self.shared.counters;
@@ -465,7 +721,8 @@ impl Writer {
         let due = match self.cfg.sync {
             SyncMode::Always => true,
             SyncMode::Interval => {
-                self.last_sync.elapsed() >= Duration::from_millis(self.cfg.sync_interval_ms)
+                self.clock.now().saturating_duration_since(self.last_sync)
+                    >= Duration::from_millis(self.cfg.sync_interval_ms)
             }
             SyncMode::Never => false,
         };
@@ -497,7 +754,7 @@ impl Writer {
         };
         let lsn = self.next_lsn;
         self.next_lsn += 1;
-        record::encode(lsn, rec, &mut self.buf);
+        record::encode(self.shared.salt, lsn, rec, &mut self.buf);
         Ok(loc)
     }
 
@@ -545,7 +802,7 @@ impl Writer {
             .fetch_add(self.buf.len() as u64, Ordering::Relaxed);
         self.buf.clear();
         self.dirty = true;
-        self.last_write = Instant::now();
+        self.last_write = self.clock.now();
         Ok(())
     }
 
@@ -554,21 +811,24 @@ impl Writer {
         if !self.dirty {
             return Ok(());
         }
-        let started = Instant::now();
+        let started = self.clock.now();
         let path = segment::segment_path(&self.shared.dir, a.seq);
         a.file
             .sync_data()
             .map_err(|e| StoreError::io("fdatasync", path, e))?;
-        let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        #[allow(clippy::cast_precision_loss)]
-        {
-            self.sync_us_ewma = 0.8 * self.sync_us_ewma + 0.2 * us as f64;
-        }
+        let us = u64::try_from(
+            self.clock
+                .now()
+                .saturating_duration_since(started)
+                .as_micros(),
+        )
+        .unwrap_or(u64::MAX);
+        self.gather.sync_took(us);
         let c = &self.shared.counters;
         c.syncs.fetch_add(1, Ordering::Relaxed);
         c.sync_us_total.fetch_add(us, Ordering::Relaxed);
         self.dirty = false;
-        self.last_sync = Instant::now();
+        self.last_sync = self.clock.now();
         Ok(())
     }
 
@@ -632,7 +892,7 @@ impl Writer {
             consider(self.last_write + Duration::from_millis(self.cfg.segment_idle_roll_ms));
         }
         if self.checkpoint_in_flight.is_some() {
-            consider(Instant::now() + Duration::from_millis(CHECKPOINT_POLL_MS));
+            consider(self.clock.now() + Duration::from_millis(CHECKPOINT_POLL_MS));
         } else if self.checkpoint_wanted() {
             consider(self.last_checkpoint + Duration::from_millis(self.cfg.checkpoint_interval_ms));
         }
@@ -669,7 +929,7 @@ impl Writer {
         if self.shared.poisoned.lock().is_some() {
             return;
         }
-        let now = Instant::now();
+        let now = self.clock.now();
         let result = (|| {
             if self.dirty
                 && self.cfg.sync == SyncMode::Interval
@@ -696,7 +956,12 @@ impl Writer {
                 && now
                     >= self.last_checkpoint
                         + Duration::from_millis(self.cfg.checkpoint_interval_ms));
-        if let Err(e) = self.finish_checkpoint(false) {
+        // A checkpoint still in flight when the next is due is waited for:
+        // that keeps the journal since the older retained checkpoint within
+        // 2 × checkpoint_journal_bytes (DURABILITY.md's space bound) even
+        // when the helper thread is slow to be scheduled.
+        let block = ckpt_due && self.checkpoint_in_flight.is_some();
+        if let Err(e) = self.finish_checkpoint(block) {
             tracing::error!(group = self.group(), error = %e, "checkpoint failed; will retry");
         }
         if ckpt_due && self.checkpoint_in_flight.is_none() {
@@ -711,7 +976,7 @@ impl Writer {
             if let Err(e) = self.compact_step(self.cfg.compaction_bytes_per_turn) {
                 tracing::error!(group = self.group(), error = %e, "compaction failed");
             }
-            self.last_compaction = Instant::now();
+            self.last_compaction = self.clock.now();
         }
     }
 
@@ -733,33 +998,82 @@ impl Writer {
             lsn: self.next_lsn - 1,
             replay: self.position(),
         };
-        let snapshot = self.shared.inner.lock().index.clone();
+        let source = self.index_source(info);
+        let snapshot = matches!(source, IndexSource::Snapshot(_));
+        if snapshot {
+            self.shared
+                .counters
+                .checkpoint_snapshots
+                .fetch_add(1, Ordering::Relaxed);
+        }
         let no = self.next_checkpoint_no;
         self.next_checkpoint_no += 1;
         let (tx, rx) = mpsc::sync_channel(1);
         let storage = Arc::clone(&self.storage);
         let dir = self.shared.dir.clone();
-        let group = self.group();
+        let (group, salt) = (self.group(), self.shared.salt);
         std::thread::Builder::new()
             .name(format!("berth-ckpt-{group}"))
             .spawn(move || {
-                let result = write_checkpoint(storage.as_ref(), &dir, group, no, info, &snapshot);
+                let index = match source {
+                    IndexSource::Snapshot(index) => Ok(index),
+                    IndexSource::Journal { base, segments } => {
+                        rebuild_index(storage.as_ref(), &dir, group, salt, base, segments, info)
+                    }
+                };
+                let result = index.and_then(|index| {
+                    write_checkpoint(storage.as_ref(), &dir, group, no, info, &index)
+                });
                 if tx.send(result).is_err() {
                     tracing::debug!(group, no, "checkpoint finished after its writer stopped");
                 }
             })
             .map_err(|e| StoreError::io("spawn checkpoint thread", &self.shared.dir, e))?;
-        self.checkpoint_in_flight = Some((no, info, rx));
-        self.last_checkpoint = Instant::now();
+        self.checkpoint_in_flight = Some((no, info, rx, snapshot));
+        self.last_checkpoint = self.clock.now();
         self.journal_bytes_since_checkpoint = 0;
         Ok(())
+    }
+
+    /// What the checkpoint at `to` gets its index from: the journal since
+    /// the newest retained checkpoint, normally (no copy on this path);
+    /// a snapshot when that cannot rebuild it.
+    fn index_source(&self, to: CheckpointInfo) -> IndexSource {
+        let snapshot = |w: &Self| IndexSource::Snapshot(w.shared.inner.lock().index.clone());
+        if self.snapshot_next {
+            return snapshot(self);
+        }
+        let base = self.checkpoints.last().copied();
+        let from = base.map_or(1, |(_, c)| c.replay.seg);
+        let inner = self.shared.inner.lock();
+        let mut segments = Vec::new();
+        for seq in from..=to.replay.seg {
+            let end = if seq == to.replay.seg {
+                to.replay.offset
+            } else if let Some(&len) = self.sealed.get(&seq) {
+                len
+            } else {
+                drop(inner);
+                return snapshot(self);
+            };
+            match inner.files.get(&seq) {
+                Some(f) => segments.push((seq, Arc::clone(f), end)),
+                // The position at the start of a segment not created yet.
+                None if seq == to.replay.seg && end == SEGMENT_HEADER_BYTES as u64 => {}
+                None => {
+                    drop(inner);
+                    return snapshot(self);
+                }
+            }
+        }
+        IndexSource::Journal { base, segments }
     }
 
     /// Collects the checkpoint in flight, if it finished (or waiting for it
     /// with `block`): keeps it, drops the oldest beyond two, and deletes the
     /// segments that are no longer needed.
     fn finish_checkpoint(&mut self, block: bool) -> Result<(), StoreError> {
-        let Some((no, info, rx)) = &self.checkpoint_in_flight else {
+        let Some((no, info, rx, snapshot)) = &self.checkpoint_in_flight else {
             return Ok(());
         };
         let result = if block {
@@ -771,9 +1085,17 @@ impl Writer {
                 Err(TryRecvError::Disconnected) => Err(StoreError::Closed),
             }
         };
-        let (no, info) = (*no, *info);
+        let (no, info, snapshot) = (*no, *info, *snapshot);
         self.checkpoint_in_flight = None;
-        result?;
+        if let Err(e) = result {
+            // Whatever failed (the previous checkpoint unreadable, a write),
+            // the next attempt does not depend on the journal replaying.
+            self.snapshot_next = true;
+            return Err(e);
+        }
+        if snapshot {
+            self.snapshot_next = false;
+        }
         self.checkpoints.push((no, info));
         self.shared
             .counters
@@ -792,8 +1114,7 @@ impl Writer {
                 tracing::warn!(group = self.group(), file = %path.display(), error = %e, "could not remove old checkpoint");
             }
         }
-        self.delete_dead_segments();
-        Ok(())
+        self.delete_dead_segments()
     }
 
     /// A checkpoint, start to finish (explicit requests and shutdown).
@@ -802,12 +1123,29 @@ impl Writer {
             tracing::error!(group = self.group(), error = %e, "background checkpoint failed");
         }
         self.start_checkpoint()?;
-        self.finish_checkpoint(true)
+        match self.finish_checkpoint(true) {
+            // The journal did not replay (damaged since it was written):
+            // the same checkpoint from a snapshot of the index instead.
+            Err(e) if self.snapshot_next && self.shared.poisoned.lock().is_none() => {
+                tracing::error!(group = self.group(), error = %e,
+                    "checkpoint could not be rebuilt from the journal; writing it from a snapshot");
+                self.start_checkpoint()?;
+                self.finish_checkpoint(true)
+            }
+            other => other,
+        }
     }
 
-    fn delete_dead_segments(&mut self) {
+    /// Deletes the sealed segments no live message and neither retained
+    /// checkpoint needs. Their messages may have left them through
+    /// compaction's `Relocate` records, which must be on stable storage
+    /// before the deletion can be: a file system may make an unlink durable
+    /// ahead of unsynced data, and a power loss would then leave index
+    /// entries pointing at a missing segment. So the journal is synced
+    /// first, and the directory after the unlinks.
+    fn delete_dead_segments(&mut self) -> Result<(), StoreError> {
         if self.checkpoints.len() < 2 {
-            return;
+            return Ok(());
         }
         let horizon = self
             .checkpoints
@@ -823,11 +1161,20 @@ impl Writer {
                 .filter(|&s| s < horizon && inner.index.seg_live(s).count == 0)
                 .collect()
         };
+        if dead.is_empty() {
+            return Ok(());
+        }
+        if let Err(e) = self.write_buf().and_then(|()| self.sync()) {
+            return Err(self.poison(e));
+        }
+        let mut deleted = 0;
         for seq in dead {
             let path = segment::segment_path(&self.shared.dir, seq);
             match self.storage.remove(&path) {
                 Ok(()) => {
+                    deleted += 1;
                     self.sealed.remove(&seq);
+                    self.unmovable.remove(&seq);
                     self.shared.inner.lock().files.remove(&seq);
                     self.shared
                         .counters
@@ -836,13 +1183,22 @@ impl Writer {
                     tracing::debug!(group = self.group(), seq, "segment deleted");
                 }
                 Err(e) => {
-                    tracing::warn!(group = self.group(), file = %path.display(), error = %e, "could not delete dead segment")
+                    tracing::warn!(group = self.group(), file = %path.display(), error = %e, "could not delete dead segment");
                 }
             }
         }
+        if deleted > 0 {
+            // Not needed for safety (a resurrected dead segment is deleted
+            // again), but space is only reclaimed for good once it is durable.
+            self.storage
+                .sync_dir(&self.shared.dir)
+                .map_err(self.err("fsync dir", &self.shared.dir))?;
+        }
+        Ok(())
     }
 
-    /// The oldest sealed segment that is mostly dead but not empty.
+    /// The oldest sealed segment that is mostly dead and still holds live
+    /// records compaction can move.
     fn compaction_candidate(&self) -> Option<u32> {
         let inner = self.shared.inner.lock();
         let pct = u64::from(self.cfg.compaction_live_percent_max);
@@ -850,13 +1206,17 @@ impl Writer {
             .iter()
             .find(|(s, len)| {
                 let live = inner.index.seg_live(**s);
-                live.count > 0 && live.bytes * 100 < **len * pct
+                let stuck = self.unmovable.get(*s).map_or(0, |v| {
+                    v.iter().filter(|(m, l)| inner.index.is_at(*m, *l)).count() as u64
+                });
+                live.count > stuck && live.bytes * 100 < **len * pct
             })
             .map(|(s, _)| *s)
     }
 
     /// Copies up to `bytes_max` of live records out of the candidate
-    /// segment into the active one (as `Relocate` records).
+    /// segment into the active one (as `Relocate` records). A record that
+    /// cannot be read or does not verify is reported and skipped for good.
     fn compact_step(&mut self, bytes_max: usize) -> Result<(), StoreError> {
         if let Some(e) = self.shared.poison_error() {
             return Err(e);
@@ -879,17 +1239,31 @@ impl Writer {
             if copied >= bytes_max {
                 break;
             }
+            if self
+                .unmovable
+                .get(&seq)
+                .is_some_and(|v| v.contains(&(msg, loc)))
+            {
+                continue;
+            }
             let mut rec = vec![0u8; loc.len as usize];
-            file.read_exact_at(&mut rec, u64::from(loc.offset))
-                .map_err(|e| StoreError::io("read", &path, e))?;
-            let payload = match record::message_payload(&rec, msg) {
+            let payload = match file.read_exact_at(&mut rec, u64::from(loc.offset)) {
+                Err(e) => Err(format!("read failed: {e}")),
+                Ok(()) => record::message_payload(self.shared.salt, &rec, msg)
+                    .map_err(|found| format!("record does not verify: {found:?}")),
+            };
+            let payload = match payload {
                 Ok(payload) => payload,
-                Err(_) => {
-                    return Err(StoreError::Corrupt {
-                        path,
-                        offset: u64::from(loc.offset),
-                        reason: format!("record of live message {msg} does not verify"),
-                    })
+                Err(why) => {
+                    let queues = self.shared.inner.lock().index.queues_of(msg);
+                    tracing::error!(group = self.group(), file = %path.display(), offset = loc.offset,
+                        %msg, ?queues, "live record unreadable ({why}); left in place, compaction moves on");
+                    self.unmovable.entry(seq).or_default().push((msg, loc));
+                    self.shared
+                        .counters
+                        .unreadable_records
+                        .fetch_add(1, Ordering::Relaxed);
+                    continue;
                 }
             };
             let queues = self.shared.inner.lock().index.queues_of(msg);
@@ -953,6 +1327,98 @@ impl Writer {
     }
 }
 
+/// Adaptive group commit's memory of recent batches, and its one decision:
+/// whether to hold a batch open for more committers, for how long.
+///
+/// A batch is held only if (a) recent batches were shared by about
+/// `expected` ≥ 2 committers (a smoothed count), (b) the previous batch
+/// itself was shared (a committer alone last time is alone now: the
+/// smoothed count alone decays too slowly after a burst), and (c) this
+/// batch began promptly after the previous one completed, as committers
+/// woken together do (after a longer pause the burst is over). The pause is
+/// at most `commit_delay_us_max` and at most the smoothed fsync time.
+#[derive(Debug)]
+struct GatherPolicy {
+    /// Smoothed writes per batch: the committers we expect to meet.
+    committers_ewma: f64,
+    /// Writes in the previous batch.
+    last_batch_writes: usize,
+    /// When the previous batch completed.
+    last_batch_done: Option<Instant>,
+    /// Smoothed fdatasync duration, µs.
+    sync_us_ewma: f64,
+}
+
+impl Default for GatherPolicy {
+    fn default() -> Self {
+        GatherPolicy {
+            committers_ewma: 1.0,
+            last_batch_writes: 0,
+            last_batch_done: None,
+            sync_us_ewma: 0.0,
+        }
+    }
+}
+
+impl GatherPolicy {
+    fn batch_done(&mut self, writes: usize, now: Instant) {
+        #[allow(clippy::cast_precision_loss)]
+        let n = writes as f64;
+        self.committers_ewma = 0.75 * self.committers_ewma + 0.25 * n;
+        self.last_batch_writes = writes;
+        self.last_batch_done = Some(now);
+    }
+
+    fn sync_took(&mut self, us: u64) {
+        #[allow(clippy::cast_precision_loss)]
+        let us = us as f64;
+        self.sync_us_ewma = 0.8 * self.sync_us_ewma + 0.2 * us;
+    }
+
+    /// For a batch of `writes` formed at `now`: how many writes to wait
+    /// for, and for at most how long; `None` to write at once.
+    fn plan(&self, writes: usize, now: Instant, cfg: &StoreConfig) -> Option<(usize, Duration)> {
+        if cfg.sync != SyncMode::Always || cfg.commit_delay_us_max == 0 || writes == 0 {
+            return None;
+        }
+        let expected = self.committers_ewma.round();
+        if expected < 2.0 || self.last_batch_writes < 2 {
+            return None;
+        }
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let expected = expected as usize;
+        if writes >= expected {
+            return None;
+        }
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let delay_us = cfg.commit_delay_us_max.min(self.sync_us_ewma as u64);
+        let prompt = Duration::from_micros(cfg.commit_delay_us_max.max(delay_us));
+        let came_back = self
+            .last_batch_done
+            .is_some_and(|t| now.saturating_duration_since(t) <= prompt);
+        (delay_us > 0 && came_back).then(|| (expected, Duration::from_micros(delay_us)))
+    }
+}
+
+/// Why a publish of `payload_len` bytes to `queue_count` queues of one
+/// group cannot be one record, if it cannot.
+pub(crate) fn publish_invalid(queue_count: usize, payload_len: usize) -> Option<String> {
+    body_invalid(
+        record::PUBLISH_OFF_QUEUES
+            .saturating_add(queue_count.saturating_mul(8))
+            .saturating_add(payload_len),
+    )
+}
+
+fn body_invalid(body: usize) -> Option<String> {
+    (body > RECORD_BODY_BYTES_MAX as usize).then(|| {
+        format!(
+            "a record body of {body} bytes exceeds the limit of {RECORD_BODY_BYTES_MAX} \
+             (payload plus 8 bytes per queue of the group, or key plus value)"
+        )
+    })
+}
+
 fn cmd_size(cmd: &Cmd) -> usize {
     match cmd {
         Cmd::Write { op, .. } => op.size_hint(),
@@ -962,7 +1428,7 @@ fn cmd_size(cmd: &Cmd) -> usize {
 
 /// A message acked in the same batch that publishes it need not be written:
 /// drop the queue from the publish and the message from the removal.
-fn net_out(writes: &mut [(Op, Option<Done>)], counters: &GroupCounters) {
+fn net_out(writes: &mut [(Op, Option<Waiter>)], counters: &GroupCounters) {
     let has_remove = writes.iter().any(|(op, _)| matches!(op, Op::Remove { .. }));
     if !has_remove {
         return;
@@ -1007,8 +1473,9 @@ fn net_out(writes: &mut [(Op, Option<Done>)], counters: &GroupCounters) {
 mod tests {
     use super::*;
 
-    fn noop() -> Option<Done> {
-        Some(Box::new(|r| r.unwrap()))
+    /// A completion these tests never run (dropping it reports `Poisoned`).
+    fn noop() -> Option<Waiter> {
+        Some(Waiter::new(Box::new(|_| {}), 0))
     }
 
     #[test]
@@ -1042,11 +1509,44 @@ mod tests {
         net_out(&mut writes, &counters);
         assert!(matches!(&writes[0].0, Op::Publish { queues, .. } if queues == &[QueueId(2)]));
         assert!(
-            writes[1].0.record().is_none(),
+            writes[1].0.records().is_empty(),
             "fully acked publish writes nothing"
         );
         assert!(matches!(&writes[2].0, Op::Remove { msgs, .. } if msgs == &[MsgId(9)]));
         assert_eq!(counters.netted_publishes.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn gather_policy_waits_only_for_committers_that_came_back() {
+        let cfg = StoreConfig::new("/x");
+        let t0 = Instant::now();
+        let mut p = GatherPolicy::default();
+        p.sync_took(10_000);
+        // Alone from the start: never.
+        for i in 0..20 {
+            let now = t0 + Duration::from_micros(i * 100);
+            assert_eq!(p.plan(1, now, &cfg), None);
+            p.batch_done(1, now);
+        }
+        // A burst of 8: a short batch right after a shared one waits,
+        // capped by commit_delay_us_max (the fsync takes 10 ms).
+        for _ in 0..10 {
+            p.batch_done(8, t0);
+        }
+        let at = t0 + Duration::from_micros(50);
+        assert_eq!(
+            p.plan(3, at, &cfg),
+            Some((8, Duration::from_micros(cfg.commit_delay_us_max)))
+        );
+        assert_eq!(p.plan(8, at, &cfg), None, "all expected are there");
+        // The burst ends: after a pause, a lone committer does not wait...
+        let later = t0 + Duration::from_secs(1);
+        assert_eq!(p.plan(1, later, &cfg), None);
+        // ...and once it was alone in a batch, never again, though the
+        // smoothed count is still high.
+        p.batch_done(1, at);
+        assert!(p.committers_ewma >= 2.0);
+        assert_eq!(p.plan(1, at, &cfg), None);
     }
 
     #[test]
@@ -1071,6 +1571,6 @@ mod tests {
         ];
         net_out(&mut writes, &counters);
         assert!(matches!(&writes[0].0, Op::Remove { msgs, .. } if msgs == &[MsgId(1)]));
-        assert!(writes[1].0.record().is_some());
+        assert_eq!(writes[1].0.records().len(), 1);
     }
 }
