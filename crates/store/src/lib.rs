@@ -21,6 +21,7 @@ pub mod limits;
 pub mod manifest;
 pub mod record;
 pub mod recovery;
+mod report;
 pub mod segment;
 pub mod storage;
 mod store;
