@@ -2,7 +2,8 @@
 # Runs every test berth has: formatting, lints, unit and property tests,
 # and black-box tests that start the real binary and drive it with real
 # client libraries (Rust lapin, Python pika, Node amqplib, Go amqp091-go,
-# Java amqp-client). Installs what it needs (idempotent) inside the work tree.
+# Java amqp-client), and a bounded fuzzing run of every decoder
+# (scripts/fuzz.sh). Installs what it needs (idempotent) inside the work tree.
 #
 #   scripts/test.sh            # everything
 #   SUITES="rust python" scripts/test.sh   # a subset
@@ -10,7 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 export BERTH_BIN="$root/target/release/berth"
-SUITES=${SUITES:-"lint rust python clients"}
+SUITES=${SUITES:-"lint rust python clients fuzz"}
 
 passed=0
 failed=0
@@ -38,7 +39,9 @@ ensure_rust() {
 }
 
 lint() {
-  cargo fmt --all -- --check && cargo clippy --workspace --all-targets --release -- -D warnings
+  cargo fmt --all -- --check &&
+    rustfmt --edition 2021 --check fuzz/fuzz_targets/*.rs fuzz/seed_corpus.rs &&
+    cargo clippy --workspace --all-targets --release -- -D warnings
 }
 
 rust() {
@@ -56,6 +59,7 @@ for s in $SUITES; do
     rust) run_suite rust rust ;;
     python) run_suite python tests/python/run.sh ;;
     clients) run_suite clients tests/clients/run.sh ;;
+    fuzz) run_suite fuzz scripts/fuzz.sh ;;
     *) echo "unknown suite $s"; failed=$((failed + 1)) ;;
   esac
 done

@@ -680,22 +680,38 @@ async fn declare(ch: &Channel, q: usize, passive: bool) -> bool {
         .is_some()
 }
 
-/// Bytes of segment data per log group, summed over the data directories.
-fn segment_bytes_per_group(dirs: &[PathBuf]) -> Vec<u64> {
-    let mut per_group = vec![0; LOG_GROUPS];
-    for dir in dirs {
-        for (g, total) in per_group.iter_mut().enumerate() {
+/// What one log group's directory showed after a kill.
+#[derive(Default, Debug, Clone, Copy)]
+struct GroupFiles {
+    /// Largest total size of its segments seen.
+    segment_bytes_max: u64,
+    /// Whether a checkpoint file was ever seen.
+    checkpointed: bool,
+    /// Whether segment 1 was ever gone (reclaimed) while later ones existed.
+    reclaimed: bool,
+}
+
+/// Updates `groups` from the log group directories under `dirs`.
+fn look_at_groups(dirs: &[PathBuf], groups: &mut [GroupFiles]) {
+    for (g, seen) in groups.iter_mut().enumerate() {
+        let (mut bytes, mut first_seg) = (0, u64::MAX);
+        for dir in dirs {
             let Ok(entries) = std::fs::read_dir(dir.join(format!("group-{g:04}"))) else {
                 continue;
             };
             for e in entries.flatten() {
-                if e.path().extension().is_some_and(|x| x == "seg") {
-                    *total += e.metadata().map_or(0, |m| m.len());
+                let name = e.file_name().to_string_lossy().into_owned();
+                if let Some(seq) = name.strip_suffix(".seg") {
+                    bytes += e.metadata().map_or(0, |m| m.len());
+                    first_seg = first_seg.min(seq.parse().unwrap_or(u64::MAX));
+                } else if name.starts_with("ckpt-") {
+                    seen.checkpointed = true;
                 }
             }
         }
+        seen.segment_bytes_max = seen.segment_bytes_max.max(bytes);
+        seen.reclaimed |= first_seg > 1 && first_seg != u64::MAX;
     }
-    per_group
 }
 
 /// Consumes every queue with no-ack until all are empty and quiet.
@@ -769,7 +785,7 @@ async fn kill9_loop_loses_no_confirmed_message_and_resurrects_no_durable_ack() {
     let dirs = [root.join("a"), root.join("b")];
     let dir_refs: Vec<&Path> = dirs.iter().map(PathBuf::as_path).collect();
     let ledger: Shared = Arc::default();
-    let mut segment_bytes_max = vec![0u64; LOG_GROUPS];
+    let mut groups = [GroupFiles::default(); LOG_GROUPS];
     let mut errors = Vec::new();
     let mut warnings = Vec::new();
     let started = Instant::now();
@@ -848,12 +864,7 @@ async fn kill9_loop_loses_no_confirmed_message_and_resurrects_no_durable_ack() {
                 .into_iter()
                 .map(|w| format!("cycle {cycle}: {w}")),
         );
-        for (max, now) in segment_bytes_max
-            .iter_mut()
-            .zip(segment_bytes_per_group(&dirs))
-        {
-            *max = (*max).max(now);
-        }
+        look_at_groups(&dirs, &mut groups);
         let l = ledger.lock().unwrap();
         assert!(
             l.violations.is_empty(),
@@ -875,7 +886,7 @@ async fn kill9_loop_loses_no_confirmed_message_and_resurrects_no_durable_ack() {
          per publisher), {} nacked; {} deliveries checked ({} recovered from disk, {} from the \
          expiry dead-letter queue, {} from the reject dead-letter queue); {} durable acks and \
          {} durable rejects, {} commits in doubt, {} plain acks; {} drained at the end; \
-         segment bytes per group (max) {:?}",
+         log groups: {:?}",
         started.elapsed().as_secs_f64(),
         s.published,
         s.confirmed,
@@ -890,7 +901,7 @@ async fn kill9_loop_loses_no_confirmed_message_and_resurrects_no_durable_ack() {
         s.in_doubt_commits,
         s.plain_acks,
         s.final_drained,
-        segment_bytes_max,
+        groups,
     );
     assert!(
         l.violations.is_empty(),
@@ -936,8 +947,10 @@ async fn kill9_loop_loses_no_confirmed_message_and_resurrects_no_durable_ack() {
         assert!(n > 0, "seed {seed}: no {what}; the test proves too little");
     }
     assert!(
-        segment_bytes_max.iter().all(|&b| b > 64 * 1024),
-        "seed {seed}: some log group got (almost) no load: {segment_bytes_max:?}"
+        groups
+            .iter()
+            .all(|g| g.segment_bytes_max > 256 * 1024 && g.checkpointed),
+        "seed {seed}: some log group got (almost) no load or never checkpointed: {groups:?}"
     );
     drop(l);
     let _best_effort_cleanup = std::fs::remove_dir_all(&root);
