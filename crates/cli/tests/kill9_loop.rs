@@ -240,8 +240,12 @@ impl Ledger {
     }
 
     fn delivered(&mut self, queue: usize, d: &Delivery, cycle: u32) {
+        self.check_delivery(queue, &d.data, d.redelivered, cycle);
+    }
+
+    fn check_delivery(&mut self, queue: usize, body: &[u8], redelivered: bool, cycle: u32) {
         self.stats.deliveries += 1;
-        let id = match decode(&d.data) {
+        let id = match decode(body) {
             Ok(id) => id,
             Err(e) => return self.violations.push(format!("{}: {e}", name(queue))),
         };
@@ -283,7 +287,7 @@ impl Ledger {
         }
         if queue == origin && from_before {
             self.stats.recovered_deliveries += 1;
-            if !d.redelivered {
+            if !redelivered {
                 self.violations.push(format!(
                     "{}: recovered from disk (published in cycle {published_in}) but not flagged redelivered",
                     at()
@@ -962,4 +966,95 @@ async fn kill9_loop_loses_no_confirmed_message_and_resurrects_no_durable_ack() {
     );
     drop(l);
     let _best_effort_cleanup = std::fs::remove_dir_all(&root);
+}
+
+/// The ledger's checks can fail: each case a broken broker would produce.
+mod ledger_checks {
+    use super::*;
+
+    fn ledger_with(id: u64, queue: usize, persistent: bool) -> Ledger {
+        let mut l = Ledger::default();
+        l.published(id, queue, 0, persistent);
+        if persistent {
+            l.confirmed.insert(id);
+        }
+        l
+    }
+
+    #[test]
+    fn a_confirmed_message_never_seen_again_is_lost() {
+        let l = ledger_with(7, 2, true);
+        assert_eq!(l.lost(), [7]);
+    }
+
+    #[test]
+    fn a_confirmed_message_acked_or_drained_is_not_lost() {
+        let mut l = ledger_with(7, 2, true);
+        l.committed(&[(2, 7)], &[]);
+        assert!(l.lost().is_empty());
+        let mut l = ledger_with(7, 2, true);
+        l.check_delivery(2, &encode(7, true, 3), false, 0);
+        l.drained.insert(7);
+        assert!(l.lost().is_empty());
+        assert!(l.violations.is_empty(), "{:?}", l.violations);
+    }
+
+    #[test]
+    fn a_delivery_after_a_committed_ack_is_a_violation() {
+        let mut l = ledger_with(7, 2, true);
+        l.committed(&[(2, 7)], &[]);
+        l.check_delivery(2, &encode(7, true, 3), true, 1);
+        assert!(
+            l.violations[0].contains("tx.commit-ok"),
+            "{:?}",
+            l.violations
+        );
+    }
+
+    #[test]
+    fn a_recovered_message_must_be_flagged_redelivered() {
+        let mut l = ledger_with(7, 2, true);
+        l.check_delivery(2, &encode(7, true, 3), false, 1);
+        assert!(
+            l.violations[0].contains("redelivered"),
+            "{:?}",
+            l.violations
+        );
+    }
+
+    #[test]
+    fn a_transient_message_must_not_survive_a_restart() {
+        let mut l = ledger_with(7, 2, false);
+        l.check_delivery(2, &encode(7, false, 3), true, 1);
+        assert!(l.violations[0].contains("transient"), "{:?}", l.violations);
+    }
+
+    #[test]
+    fn a_damaged_body_or_a_wrong_queue_is_a_violation() {
+        let mut l = ledger_with(7, 2, true);
+        let mut body = encode(7, true, 3);
+        body[14] ^= 1;
+        l.check_delivery(2, &body, false, 0);
+        l.check_delivery(5, &encode(7, true, 3), false, 0);
+        l.check_delivery(REJECTED, &encode(7, true, 3), false, 0);
+        assert_eq!(l.violations.len(), 3, "{:?}", l.violations);
+    }
+
+    #[test]
+    fn dead_lettering_duplicates_are_allowed_only_where_documented() {
+        // Queue 0 is a TTL queue: its expiry copies may come again.
+        let mut l = ledger_with(9, 0, true);
+        l.check_delivery(EXPIRED, &encode(9, true, 3), false, 0);
+        l.committed(&[(EXPIRED, 9)], &[]);
+        l.check_delivery(EXPIRED, &encode(9, true, 3), false, 1);
+        assert!(l.violations.is_empty(), "{:?}", l.violations);
+        // Queue 1 dead-letters rejects: a committed reject's copy is unique.
+        let mut l = ledger_with(8, 1, true);
+        l.committing(&[(1, 8)]);
+        l.committed(&[], &[(1, 8)]);
+        l.check_delivery(REJECTED, &encode(8, true, 3), false, 0);
+        l.committed(&[(REJECTED, 8)], &[]);
+        l.check_delivery(REJECTED, &encode(8, true, 3), true, 1);
+        assert_eq!(l.violations.len(), 1, "{:?}", l.violations);
+    }
 }
