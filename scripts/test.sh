@@ -2,7 +2,9 @@
 # Runs every test berth has: formatting, lints, unit and property tests,
 # and black-box tests that start the real binary and drive it with real
 # client libraries (Rust lapin, Python pika, Node amqplib, Go amqp091-go,
-# Java amqp-client). Installs what it needs (idempotent) inside the work tree.
+# Java amqp-client), the kill -9 loop (75 s) and a bounded fuzzing run of
+# every decoder (scripts/fuzz.sh). Installs what it needs (idempotent)
+# inside the work tree.
 #
 #   scripts/test.sh            # everything
 #   SUITES="rust python" scripts/test.sh   # a subset
@@ -10,7 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 export BERTH_BIN="$root/target/release/berth"
-SUITES=${SUITES:-"lint rust python clients"}
+SUITES=${SUITES:-"lint rust python clients kill9 fuzz"}
 
 passed=0
 failed=0
@@ -38,7 +40,15 @@ ensure_rust() {
 }
 
 lint() {
-  cargo fmt --all -- --check && cargo clippy --workspace --all-targets --release -- -D warnings
+  cargo fmt --all -- --check &&
+    rustfmt --edition 2021 --check fuzz/fuzz_targets/*.rs fuzz/seed_corpus.rs &&
+    cargo clippy --workspace --all-targets --release -- -D warnings
+}
+
+kill9() {
+  # SIGKILL cycles under load with a ledger of every confirm and commit
+  # (crates/cli/tests/kill9_loop.rs); prints the cycles and messages checked.
+  cargo test --release -p berth-cli --test kill9_loop -- --ignored --nocapture
 }
 
 rust() {
@@ -56,6 +66,8 @@ for s in $SUITES; do
     rust) run_suite rust rust ;;
     python) run_suite python tests/python/run.sh ;;
     clients) run_suite clients tests/clients/run.sh ;;
+    kill9) run_suite kill9 kill9 ;;
+    fuzz) run_suite fuzz scripts/fuzz.sh ;;
     *) echo "unknown suite $s"; failed=$((failed + 1)) ;;
   esac
 done

@@ -65,6 +65,10 @@ struct ServeArgs {
     /// store.segment_size_bytes: journal segment size.
     #[arg(long, value_name = "BYTES")]
     segment_size_bytes: Option<u64>,
+    /// store.checkpoint_journal_bytes: journal bytes between two
+    /// checkpoints of a group's index (smaller: faster restart).
+    #[arg(long, value_name = "BYTES")]
+    checkpoint_journal_bytes: Option<u64>,
     /// store.queue_resident_messages_max: ready messages per queue kept in
     /// memory; bodies beyond it are written to disk and read back on delivery.
     #[arg(long, value_name = "N")]
@@ -135,6 +139,10 @@ impl ServeArgs {
         set(&mut c.store.sync_interval_ms, self.sync_interval_ms);
         set(&mut c.store.commit_delay_us_max, self.commit_delay_us_max);
         set(&mut c.store.segment_size_bytes, self.segment_size_bytes);
+        set(
+            &mut c.store.checkpoint_journal_bytes,
+            self.checkpoint_journal_bytes,
+        );
         set(
             &mut c.store.queue_resident_messages_max,
             self.queue_resident_messages_max,

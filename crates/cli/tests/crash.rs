@@ -8,9 +8,6 @@
 //! Seeded: the seed is printed, and `BERTH_TEST_SEED=N` replays it.
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,76 +16,19 @@ use lapin::options::{
     QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
+use lapin::BasicProperties;
 use lapin::Confirmation;
-use lapin::{BasicProperties, Connection, ConnectionProperties};
 use rand::{Rng, SeedableRng};
 
 const ITERATIONS: usize = 4;
 const PUBLISHERS: usize = 2;
 
-struct Broker {
-    child: Child,
-    uri: String,
-}
+mod common;
+use common::{connect, Broker};
 
-impl Broker {
-    fn start(data: &Path) -> Broker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
-            .args(["serve", "--amqp-listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data)
-            // A small resident window: most queued bodies are paged out and
-            // read back from the store (with read-ahead) when delivered.
-            .args(["--queue-resident-messages-max", "16"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start berth");
-        let stderr = child.stderr.take().expect("stderr piped");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(addr) = line
-                    .split("amqp=")
-                    .nth(1)
-                    .filter(|_| line.contains("berth ready"))
-                {
-                    let addr = addr.split([',', ' ']).next().unwrap_or_default().to_owned();
-                    if let Some(tx) = tx.take() {
-                        let _receiver_may_have_given_up = tx.send(addr);
-                    }
-                }
-            }
-        });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("berth did not report ready within 30 s");
-        Broker {
-            child,
-            uri: format!("amqp://guest:guest@{addr}/%2f"),
-        }
-    }
-
-    fn kill9(&mut self) {
-        self.child.kill().expect("SIGKILL");
-        self.child.wait().expect("reap");
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _already_dead_is_fine = self.child.kill();
-            let _reap_errors_do_not_matter_on_drop = self.child.wait();
-        }
-    }
-}
-
-async fn connect(uri: &str) -> Connection {
-    Connection::connect(uri, ConnectionProperties::default())
-        .await
-        .expect("connect")
-}
+/// A small resident window: most queued bodies are paged out and read back
+/// from the store (with read-ahead) when delivered.
+const FLAGS: &[&str] = &["--queue-resident-messages-max", "16"];
 
 async fn declare_durable(ch: &lapin::Channel, queue: &str) {
     ch.queue_declare(
@@ -103,23 +43,13 @@ async fn declare_durable(ch: &lapin::Channel, queue: &str) {
     .expect("declare");
 }
 
-fn temp_dir(seed: u64) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("berth-crash-{}-{seed}", std::process::id()));
-    let _may_not_exist = std::fs::remove_dir_all(&d);
-    d
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn confirmed_messages_survive_sigkill_and_committed_acks_stay_acked() {
-    let seed: u64 = std::env::var("BERTH_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
-    eprintln!("crash test seed {seed} (replay with BERTH_TEST_SEED={seed})");
+    let seed = common::seed("crash test");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let dir = temp_dir(seed);
+    let dir = common::temp_dir("crash", seed);
     for iteration in 0..ITERATIONS {
-        let mut broker = Broker::start(&dir);
+        let mut broker = Broker::start(&[&dir], FLAGS);
         let queue = format!("crash-{iteration}");
         let conn = connect(&broker.uri).await;
         let setup = conn.create_channel().await.expect("channel");
@@ -217,7 +147,7 @@ async fn confirmed_messages_survive_sigkill_and_committed_acks_stay_acked() {
         }
         drop(conn);
 
-        let broker = Broker::start(&dir);
+        let broker = Broker::start(&[&dir], FLAGS);
         let conn = connect(&broker.uri).await;
         let ch = conn.create_channel().await.expect("channel");
         let mut after = Vec::new();
@@ -278,8 +208,8 @@ async fn confirmed_messages_survive_sigkill_and_committed_acks_stay_acked() {
 /// persistent messages of the same queue all do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paged_out_transient_messages_do_not_survive_a_restart() {
-    let dir = temp_dir(u64::from(std::process::id()) << 8 | 0x7a);
-    let mut broker = Broker::start(&dir);
+    let dir = common::temp_dir("paging", 0x7a);
+    let mut broker = Broker::start(&[&dir], FLAGS);
     let conn = connect(&broker.uri).await;
     let ch = conn.create_channel().await.expect("channel");
     declare_durable(&ch, "paging").await;
@@ -309,7 +239,7 @@ async fn paged_out_transient_messages_do_not_survive_a_restart() {
     broker.kill9();
     drop(conn);
 
-    let broker = Broker::start(&dir);
+    let broker = Broker::start(&[&dir], FLAGS);
     let conn = connect(&broker.uri).await;
     let ch = conn.create_channel().await.expect("channel");
     let mut bodies = Vec::new();

@@ -79,6 +79,10 @@ pub struct Store {
     pub commit_delay_us_max: u64,
     /// Size at which a journal segment is sealed and a new one started.
     pub segment_size_bytes: u64,
+    /// Journal bytes a group writes between two checkpoints of its index:
+    /// smaller means a shorter replay at restart and earlier reclamation,
+    /// for more checkpoint writes.
+    pub checkpoint_journal_bytes: u64,
     /// Ready messages per queue whose bodies stay in memory; bodies beyond
     /// it leave memory once written to the store (transient ones as paging
     /// copies, dropped at restart) and are read back on delivery.
@@ -158,6 +162,7 @@ impl Default for Store {
             sync_interval_ms: store.sync_interval_ms,
             commit_delay_us_max: store.commit_delay_us_max,
             segment_size_bytes: store.segment_size_bytes,
+            checkpoint_journal_bytes: store.checkpoint_journal_bytes,
             queue_resident_messages_max: berth_broker::limits::RESIDENT_MESSAGES_MAX_DEFAULT,
             accept_missing_segments: store.accept_missing_segments,
         }
@@ -254,6 +259,7 @@ impl Config {
         c.commit_delay_us_max = self.store.commit_delay_us_max;
         c.segment_size_bytes = self.store.segment_size_bytes;
         c.accept_missing_segments = self.store.accept_missing_segments;
+        c.checkpoint_journal_bytes = self.store.checkpoint_journal_bytes;
         c
     }
 
@@ -328,6 +334,13 @@ impl Config {
                 "at least one directory is needed",
             );
         }
+        if self.store.checkpoint_journal_bytes < limits::CHECKPOINT_JOURNAL_BYTES_MIN {
+            return invalid(
+                "store.checkpoint_journal_bytes",
+                self.store.checkpoint_journal_bytes.to_string(),
+                "must be at least 65536 (a checkpoint per few records would do nothing but checkpoint)",
+            );
+        }
         if self.auth.vhosts.is_empty() {
             return invalid("auth.vhosts", "[]".into(), "at least one vhost is needed");
         }
@@ -383,5 +396,16 @@ mod tests {
         let mut c = Config::default();
         c.limits.frame_size_bytes_max = 100;
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn checkpoint_journal_bytes_reaches_the_store_and_has_a_floor() {
+        let c = Config::from_toml("[store]\ncheckpoint_journal_bytes = 1048576\n").unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.store_config().checkpoint_journal_bytes, 1_048_576);
+        let mut c = Config::default();
+        c.store.checkpoint_journal_bytes = 4096;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("store.checkpoint_journal_bytes"), "{e}");
     }
 }

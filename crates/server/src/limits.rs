@@ -100,3 +100,7 @@ pub const MEMORY_HIGH_WATERMARK_TENTHS_OF_RAM: u64 = 4;
 
 /// RAM assumed when `/proc/meminfo` cannot be read.
 pub const MEMORY_TOTAL_BYTES_FALLBACK: u64 = 4 << 30;
+
+/// Smallest `store.checkpoint_journal_bytes` accepted: below it a group
+/// would spend its time writing checkpoints.
+pub const CHECKPOINT_JOURNAL_BYTES_MIN: u64 = 64 * 1024;

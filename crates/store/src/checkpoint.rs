@@ -208,6 +208,23 @@ pub fn decode(
             .chunks_exact(8)
             .map(|c| QueueId(u64::from_le_bytes(c.try_into().expect("8 bytes"))))
             .collect();
+        // The encoder writes each live message once, with its queues; an
+        // entry the index could not hold consistently is damage or a bug.
+        let entry_error = if queues.is_empty() {
+            Some(format!("message {} with no queue", msg.0))
+        } else if queues.contains(&QueueId(u64::MAX)) {
+            Some(format!(
+                "message {} names the reserved queue id u64::MAX",
+                msg.0
+            ))
+        } else if !index.queues_of(msg).is_empty() {
+            Some(format!("message {} listed twice", msg.0))
+        } else {
+            None
+        };
+        if let Some(reason) = entry_error {
+            return Err(corrupt(r.at, &reason));
+        }
         index.insert(msg, &queues, loc);
     }
     if r.at != body_end {
@@ -279,6 +296,81 @@ mod tests {
                 "flip at {at} accepted"
             );
         }
+    }
+
+    /// A checkpoint of messages 1 and 2 (one queue each) with `patch`
+    /// applied to its bytes and its checksum made valid again.
+    fn patched_checkpoint(patch: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+        let mut ix = Index::default();
+        for (msg, offset) in [(1, 32), (2, 96)] {
+            let loc = Loc {
+                seg: 1,
+                offset,
+                len: 64,
+            };
+            ix.insert(MsgId(msg), &[QueueId(7)], loc);
+        }
+        let info = CheckpointInfo {
+            lsn: 2,
+            replay: ReplayFrom {
+                seg: 1,
+                offset: 160,
+            },
+        };
+        let mut bytes = encode(0, info, &ix);
+        bytes.truncate(bytes.len() - 4);
+        patch(&mut bytes);
+        let crc = crc32c::crc32c(&bytes);
+        bytes.extend_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    /// Found by the fuzzer (fuzz/fuzz_targets/checkpoint.rs): a message
+    /// listed twice left the index's live counts out of step with its
+    /// entries (a segment that never gets reclaimed, an assert in
+    /// `Index::check`).
+    #[test]
+    fn a_message_listed_twice_is_refused() {
+        // Entries are `msg u64 | seg u32 | offset u32 | len u32 | n u32 | queue u64`.
+        const ENTRY: usize = 8 + 4 + 4 + 4 + 4 + 8;
+        let bytes = patched_checkpoint(|b| {
+            let second = CHECKPOINT_HEADER_BYTES + ENTRY;
+            let first_id = b[CHECKPOINT_HEADER_BYTES..CHECKPOINT_HEADER_BYTES + 8].to_vec();
+            b[second..second + 8].copy_from_slice(&first_id);
+        });
+        let Err(e) = decode(0, &bytes, Path::new("c")) else {
+            panic!("accepted");
+        };
+        assert!(e.to_string().contains("twice"), "{e}");
+    }
+
+    /// Queue id `u64::MAX` is the index's marker for "several queues": a
+    /// checkpoint naming it as a queue is refused, not loaded into an index
+    /// that would panic on the message's first ack.
+    #[test]
+    fn the_reserved_queue_id_is_refused() {
+        let bytes = patched_checkpoint(|b| {
+            let queue = CHECKPOINT_HEADER_BYTES + 8 + 4 + 4 + 4 + 4;
+            b[queue..queue + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        });
+        let Err(e) = decode(0, &bytes, Path::new("c")) else {
+            panic!("accepted");
+        };
+        assert!(e.to_string().contains("reserved"), "{e}");
+    }
+
+    #[test]
+    fn a_message_without_queues_is_refused() {
+        let bytes = patched_checkpoint(|b| {
+            // The second entry claims no queue and loses its queue id.
+            let n = CHECKPOINT_HEADER_BYTES + 2 * (8 + 4 + 4 + 4 + 4 + 8) - 12;
+            b[n..n + 4].copy_from_slice(&0u32.to_le_bytes());
+            b.truncate(n + 4);
+        });
+        let Err(e) = decode(0, &bytes, Path::new("c")) else {
+            panic!("accepted");
+        };
+        assert!(e.to_string().contains("no queue"), "{e}");
     }
 
     #[test]

@@ -1,0 +1,159 @@
+//! The crash tests' harness: start the real `berth` binary on a data
+//! directory that outlives it, find its port from the `berth ready` line,
+//! SIGKILL it, start it again on the same directory.
+//!
+//! Invariants:
+//! - No fixed ports: the broker listens on port 0 and the address is read
+//!   from its `berth ready amqp=HOST:PORT` log line.
+//! - A broker started here never outlives its [`Broker`] value (`Drop`
+//!   kills and reaps it, also while a test panics).
+//! - The broker's stderr is read to the end, so it can never block on a
+//!   full pipe; its last lines are kept for failure reports, and every
+//!   `ERROR` line is kept apart for the test to check.
+
+#![allow(dead_code)] // each test binary uses a different part of the harness
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lapin::{Connection, ConnectionProperties};
+
+/// How long a broker may take to recover and report ready.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+/// Lines of broker log kept for a failure report.
+const LOG_LINES_KEPT_MAX: usize = 200;
+
+/// What the broker has logged so far.
+#[derive(Default)]
+pub struct Log {
+    /// The last [`LOG_LINES_KEPT_MAX`] lines.
+    pub tail: VecDeque<String>,
+    /// Every line logged at `ERROR` level (damage, loss, a poisoned group).
+    pub errors: Vec<String>,
+    /// Every line logged at `WARN` level (a torn tail truncated, ...).
+    pub warnings: Vec<String>,
+}
+
+pub struct Broker {
+    child: Child,
+    pub uri: String,
+    pub log: Arc<Mutex<Log>>,
+}
+
+impl Broker {
+    /// Starts `berth serve` on `data_dirs` with `flags` added.
+    pub fn start(data_dirs: &[&Path], flags: &[&str]) -> Broker {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_berth"));
+        cmd.args(["serve", "--amqp-listen", "127.0.0.1:0"]);
+        for d in data_dirs {
+            cmd.arg("--data-dir").arg(d);
+        }
+        let mut child = cmd
+            .args(flags)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start berth");
+        let stderr = child.stderr.take().expect("stderr piped");
+        let log = Arc::new(Mutex::new(Log::default()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let kept = Arc::clone(&log);
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = line
+                    .split("amqp=")
+                    .nth(1)
+                    .filter(|_| line.contains("berth ready"))
+                {
+                    let addr = addr.split([',', ' ']).next().unwrap_or_default().to_owned();
+                    if let Some(tx) = tx.take() {
+                        let _receiver_may_have_given_up = tx.send(addr);
+                    }
+                }
+                let mut log = kept.lock().unwrap();
+                if line.contains(" ERROR ") {
+                    log.errors.push(line.clone());
+                }
+                if line.contains(" WARN ") {
+                    log.warnings.push(line.clone());
+                }
+                if log.tail.len() == LOG_LINES_KEPT_MAX {
+                    log.tail.pop_front();
+                }
+                log.tail.push_back(line);
+            }
+        });
+        let Ok(addr) = rx.recv_timeout(STARTUP_TIMEOUT) else {
+            let _already_dead_is_fine = child.kill();
+            let _reap_errors_do_not_matter = child.wait();
+            let tail: Vec<String> = log.lock().unwrap().tail.iter().cloned().collect();
+            panic!(
+                "berth did not report ready within {STARTUP_TIMEOUT:?}; its log:\n{}",
+                tail.join("\n")
+            );
+        };
+        Broker {
+            child,
+            uri: format!("amqp://guest:guest@{addr}/%2f"),
+            log,
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap");
+    }
+
+    /// The last lines the broker logged, for a failure message.
+    pub fn log_tail(&self) -> String {
+        let log = self.log.lock().unwrap();
+        log.tail.iter().cloned().collect::<Vec<_>>().join("\n")
+    }
+
+    /// Every `WARN` line logged so far.
+    pub fn warnings(&self) -> Vec<String> {
+        self.log.lock().unwrap().warnings.clone()
+    }
+
+    /// Every `ERROR` line logged so far.
+    pub fn errors(&self) -> Vec<String> {
+        self.log.lock().unwrap().errors.clone()
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _already_dead_is_fine = self.child.kill();
+            let _reap_errors_do_not_matter_on_drop = self.child.wait();
+        }
+    }
+}
+
+pub async fn connect(uri: &str) -> Connection {
+    Connection::connect(uri, ConnectionProperties::default())
+        .await
+        .expect("connect")
+}
+
+/// A fresh directory for one test run (removed first if left over).
+pub fn temp_dir(name: &str, seed: u64) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("berth-{name}-{}-{seed}", std::process::id()));
+    let _may_not_exist = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// The seed of a seeded test: `BERTH_TEST_SEED` if set, else random.
+pub fn seed(test: &str) -> u64 {
+    let seed: u64 = std::env::var("BERTH_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("{test} seed {seed} (replay with BERTH_TEST_SEED={seed})");
+    seed
+}
