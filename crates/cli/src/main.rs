@@ -7,6 +7,7 @@ use berth_server::Config;
 use clap::{Args, Parser, Subcommand};
 
 mod backup_cmd;
+mod compact_cmd;
 mod store_cmd;
 
 #[derive(Parser)]
@@ -24,7 +25,7 @@ enum Command {
     /// Rerun the seed experiments against berth or any AMQP 0-9-1 broker,
     /// optionally side by side with another (--vs), with statistics.
     Bench(berth_bench::BenchArgs),
-    /// The store's tools: scan, verify, backup, restore (see docs/OPERATIONS.md).
+    /// The store's tools: scan, verify, backup, restore, compact (see docs/OPERATIONS.md).
     Store(store_cmd::StoreArgs),
 }
 

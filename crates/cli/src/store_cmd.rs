@@ -44,6 +44,9 @@ enum StoreCommand {
     Backup(crate::backup_cmd::BackupArgs),
     /// Restore a backup into new or empty data directories (any number).
     Restore(crate::backup_cmd::RestoreArgs),
+    /// Reclaim now (offline): move live records out of mostly-dead
+    /// segments and delete them; report the bytes freed.
+    Compact(crate::compact_cmd::CompactArgs),
 }
 
 #[derive(Args, Debug)]
@@ -65,6 +68,7 @@ pub fn run(args: StoreArgs) -> ExitCode {
         StoreCommand::Verify(a) => read_command(&a, true),
         StoreCommand::Backup(a) => crate::backup_cmd::backup(&a),
         StoreCommand::Restore(a) => crate::backup_cmd::restore(&a),
+        StoreCommand::Compact(a) => crate::compact_cmd::compact(&a),
     }
 }
 

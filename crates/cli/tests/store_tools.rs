@@ -553,3 +553,80 @@ async fn online_backup_while_publishing_restores_every_confirmed_message() {
         let _cleanup = std::fs::remove_dir_all(d);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compact_frees_mostly_dead_segments_keeps_every_live_message_and_refuses_a_running_broker()
+{
+    const KEEP: usize = 80;
+    const DROP_PER_KEEP: usize = 4;
+    let dir = temp_dir("compact");
+    let dirs = [dir.clone()];
+    let broker = Broker::start(&dirs, 1);
+    {
+        // One group: kept and dropped messages interleave in every segment.
+        let conn = Connection::connect(&broker.uri, ConnectionProperties::default())
+            .await
+            .expect("connect");
+        let ch = conn.create_channel().await.expect("channel");
+        for q in ["keep", "drop"] {
+            let durable = QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            };
+            ch.queue_declare(q.into(), durable, FieldTable::default())
+                .await
+                .expect("declare");
+        }
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .expect("confirm.select");
+        let mut d = 0;
+        for i in 0..KEEP {
+            let mut sends = vec![("keep", i)];
+            for _ in 0..DROP_PER_KEEP {
+                sends.push(("drop", d));
+                d += 1;
+            }
+            for (q, n) in sends {
+                ch.basic_publish(
+                    "".into(),
+                    q.into(),
+                    BasicPublishOptions::default(),
+                    &body(q, n, 1000),
+                    BasicProperties::default().with_delivery_mode(2),
+                )
+                .await
+                .expect("publish")
+                .await
+                .expect("confirm");
+            }
+        }
+        conn.close(200, "done".into()).await.expect("close");
+    }
+    assert_eq!(drain(&broker.uri, "drop").await.len(), KEEP * DROP_PER_KEEP);
+
+    let out = berth(&["store", "compact"], &dirs);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("in use by another berth process"), "{err}");
+    broker.stop();
+
+    let out = berth(&["store", "compact", "--json"], &dirs);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json_of(&out);
+    assert!(v["bytes_freed"].as_u64().unwrap() > 100_000, "{v}");
+
+    let v = json_of(&berth(&["store", "verify", "--json"], &dirs));
+    assert_eq!(v["ok"], true, "{v}");
+    assert_eq!(v["live_messages"], KEEP, "{v}");
+    let broker = Broker::start(&dirs, 1);
+    let bodies = drain(&broker.uri, "keep").await;
+    broker.stop();
+    let expected: Vec<Vec<u8>> = (0..KEEP).map(|i| body("keep", i, 1000)).collect();
+    assert_eq!(bodies, expected, "every kept message, intact and in order");
+    let _cleanup = std::fs::remove_dir_all(&dir);
+}
