@@ -55,6 +55,11 @@ pub fn compact(a: &CompactArgs) -> ExitCode {
             ));
         }
     }
+    // The broker's own lock: refused while a broker runs on these dirs.
+    let _locks = match berth_server::lock_data_dirs(&a.data_dir) {
+        Ok(l) => l,
+        Err(e) => return fail(&e),
+    };
     let before = store_bytes(&a.data_dir);
     let mut config = StoreConfig::new(a.data_dir[0].clone());
     config.data_dirs.clone_from(&a.data_dir);

@@ -41,21 +41,7 @@ pub trait Storage: Send + Sync + 'static {
     fn remove(&self, path: &Path) -> io::Result<()>;
     /// Makes the directory's entries durable (fsync of the directory).
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
-    /// Takes an exclusive lock on `dir` (its `LOCK` file) for as long as
-    /// the returned guard lives, so that two processes never write one
-    /// store; `WouldBlock` if another holds it. `None` where locking does
-    /// not apply (the in-memory test storage).
-    fn lock_dir(&self, dir: &Path) -> io::Result<Option<DirLock>> {
-        let _in_memory_storage_needs_no_lock = dir;
-        Ok(None)
-    }
 }
-
-/// A held directory lock; dropping it releases the lock.
-pub type DirLock = Box<dyn std::any::Any + Send + Sync>;
-
-/// Name of the lock file in every data directory.
-pub const LOCK_NAME: &str = "LOCK";
 
 /// One open file. Positional I/O only: there is no shared cursor.
 #[allow(clippy::len_without_is_empty)] // a file's length is an I/O result, not a container's
@@ -134,18 +120,6 @@ impl Storage for OsStorage {
     }
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         File::open(dir)?.sync_all()
-    }
-    fn lock_dir(&self, dir: &Path) -> io::Result<Option<DirLock>> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(dir.join(LOCK_NAME))?;
-        // flock: released by the kernel when the process dies, even by
-        // SIGKILL, so a crash never leaves a stale lock behind.
-        rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)?;
-        Ok(Some(Box::new(file)))
     }
 }
 

@@ -107,8 +107,6 @@ struct Group {
 
 /// The durable store. `Send + Sync`; share it behind an `Arc`.
 pub struct Store {
-    /// The data directories' locks, held for the store's life.
-    _locks: Vec<crate::storage::DirLock>,
     groups: Vec<Group>,
     next_msg_id: AtomicU64,
     payload_bytes_max: u32,
@@ -195,7 +193,6 @@ impl Store {
     ) -> Result<(Store, Recovered), StoreError> {
         config.validate()?;
         let started = Instant::now();
-        let locks = lock_dirs(&config, storage.as_ref())?;
         let (group_count, salt) = open_manifests(&config, storage.as_ref())?;
         let dirs: Vec<PathBuf> = (0..group_count)
             .map(|g| {
@@ -335,7 +332,6 @@ impl Store {
         );
         Ok((
             Store {
-                _locks: locks,
                 groups,
                 next_msg_id: AtomicU64::new(msg_id_hw + 1),
                 payload_bytes_max: config.payload_bytes_max,
@@ -718,38 +714,6 @@ fn log_progress(p: &Progress, started: Instant, groups: u32) {
 
 /// Reads or creates the manifests; returns the group count and the record
 /// salt.
-/// Locks every data directory (see [`Storage::lock_dir`]).
-fn lock_dirs(
-    config: &StoreConfig,
-    storage: &dyn Storage,
-) -> Result<Vec<crate::storage::DirLock>, StoreError> {
-    let mut locks = Vec::new();
-    for dir in &config.data_dirs {
-        storage
-            .create_dir_all(dir)
-            .map_err(|e| StoreError::io("create dir", dir, e))?;
-        match storage.lock_dir(dir) {
-            Ok(lock) => locks.extend(lock),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                return Err(StoreError::Config(format!(
-                    "{} is in use by another berth process (it holds {}): stop that process \
-                     first; berth store scan, verify and backup work on a running broker",
-                    dir.display(),
-                    dir.join(crate::storage::LOCK_NAME).display()
-                )))
-            }
-            Err(e) => {
-                return Err(StoreError::io(
-                    "lock",
-                    dir.join(crate::storage::LOCK_NAME),
-                    e,
-                ))
-            }
-        }
-    }
-    Ok(locks)
-}
-
 fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<(u32, u32), StoreError> {
     let dir_count = u32::try_from(config.data_dirs.len())
         .map_err(|e| StoreError::Config(format!("too many data_dirs: {e}")))?;
