@@ -296,19 +296,7 @@ fn verify_json(s: &Scanned) -> Value {
     })
 }
 
-fn human(b: u64) -> String {
-    #[allow(clippy::cast_precision_loss)]
-    let f = b as f64;
-    if b < 1024 {
-        format!("{b} B")
-    } else if b < 1024 * 1024 {
-        format!("{:.1} KiB", f / 1024.0)
-    } else if b < 1024 * 1024 * 1024 {
-        format!("{:.1} MiB", f / 1048576.0)
-    } else {
-        format!("{:.2} GiB", f / 1073741824.0)
-    }
-}
+use berth_store::advice::human_bytes as human;
 
 fn print_scan(s: &Scanned, top: usize) {
     let m = &s.layout.manifest;

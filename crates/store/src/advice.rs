@@ -61,10 +61,19 @@ pub fn advise(groups: &[GroupReport], group_count: u32, dir_count: u32) -> Vec<A
     ]
 }
 
-fn mib(b: u64) -> String {
+/// Bytes for people: B, KiB, MiB or GiB.
+pub fn human_bytes(b: u64) -> String {
     #[allow(clippy::cast_precision_loss)]
-    let m = b as f64 / (1024.0 * 1024.0);
-    format!("{m:.1} MiB")
+    let f = b as f64;
+    if b < 1024 {
+        format!("{b} B")
+    } else if b < 1024 * 1024 {
+        format!("{:.1} KiB", f / 1024.0)
+    } else if b < 1024 * 1024 * 1024 {
+        format!("{:.1} MiB", f / 1_048_576.0)
+    } else {
+        format!("{:.2} GiB", f / 1_073_741_824.0)
+    }
 }
 
 pub fn segment_size(sizes: &Histogram, observed: Option<u64>) -> Advice {
@@ -82,7 +91,7 @@ pub fn segment_size(sizes: &Histogram, observed: Option<u64>) -> Advice {
         SEGMENT_SIZE_BYTES_RECOMMENDED_MAX,
     );
     let seen = observed.map_or("no sealed segment yet".to_owned(), |o| {
-        format!("segments roll at about {}", mib(o))
+        format!("segments roll at about {}", human_bytes(o))
     });
     // Within a factor of 4 either way, the difference does not matter.
     let keep = observed.is_none_or(|o| o >= want / 4 && o <= want.saturating_mul(4));
@@ -100,7 +109,7 @@ pub fn segment_size(sizes: &Histogram, observed: Option<u64>) -> Advice {
              of any size in one write, so this is about file count and reclamation, not speed.",
             sizes.count,
             sizes.max,
-            mib(want)
+            human_bytes(want)
         ),
     }
 }
@@ -162,8 +171,8 @@ pub fn compaction(groups: &[GroupReport], observed: Option<u64>) -> Advice {
             "sealed segments hold {} of which {} ({:.0}%) are dead (acked messages, acks, \
              metadata); compaction pays when at least {:.0}% is dead and that is at least a \
              segment's worth; fully dead segments are deleted automatically anyway",
-            mib(total),
-            mib(dead),
+            human_bytes(total),
+            human_bytes(dead),
             share * 100.0,
             COMPACTION_DEAD_SHARE_MIN * 100.0
         ),

@@ -389,6 +389,17 @@ fn read_group(
     let mut found: HashMap<(u32, u32), Found> = HashMap::new();
     let mut published_queues: std::collections::HashSet<QueueId> = Default::default();
     let mut journal_lsn: Option<u64> = None;
+    // After a Hole or a damaged range, a gap in the numbers is explained.
+    let mut after_hole = false;
+    for n in names.iter().filter(|n| n.starts_with("quarantine-")) {
+        rep.notes.push(Problem {
+            file: dir.join(n),
+            offset: 0,
+            what: "bytes an earlier recovery found damaged and set aside (its log named the \
+                   messages lost); the journal holds a Hole record in their place"
+                .into(),
+        });
+    }
     let newest = seqs.last().copied();
     for &seq in &seqs {
         let path = dir.join(segment::segment_name(seq));
@@ -435,9 +446,13 @@ fn read_group(
             let in_replay = (seq, at as u64) >= (replay.seg, replay.offset);
             match record::decode(salt, &bytes[at..]) {
                 Decoded::Record { lsn, record, len } => {
-                    if lsn != 0 {
+                    if lsn == 0 {
+                        // A Hole: recovery reported the loss when it wrote it.
+                        after_hole = true;
+                    } else {
                         if let Some(prev) = journal_lsn {
-                            if lsn != prev + 1 {
+                            let gap_allowed = after_hole && lsn > prev;
+                            if lsn != prev + 1 && !gap_allowed {
                                 rep.problems.push(Problem {
                                     file: path.clone(),
                                     offset: at as u64,
@@ -449,6 +464,7 @@ fn read_group(
                             }
                         }
                         journal_lsn = Some(lsn);
+                        after_hole = false;
                         sr.first_lsn.get_or_insert(lsn);
                         sr.last_lsn = Some(lsn);
                     }
@@ -519,7 +535,14 @@ fn read_group(
                         Decoded::Incomplete { needed } => {
                             format!("record cut short (needs {needed} bytes) in a sealed segment")
                         }
-                        Decoded::Corrupt(c) => format!("damaged record: {c:?}"),
+                        Decoded::Corrupt(record::Corruption::Checksum { stored, computed }) => {
+                            format!(
+                                "damaged record: checksum {stored:#010x} stored, {computed:#010x} computed"
+                            )
+                        }
+                        Decoded::Corrupt(record::Corruption::LengthTooLarge(n)) => {
+                            format!("damaged record: length {n} exceeds the largest record")
+                        }
                         Decoded::Unparseable { reason, .. } => {
                             format!("record checksum passes but the body does not parse: {reason}")
                         }
@@ -537,6 +560,8 @@ fn read_group(
                         what: format!("{why}; {} bytes unreadable", end - at),
                     });
                     sr.tail_bytes = if next.is_none() { (end - at) as u64 } else { 0 };
+                    // The records lost there explain a gap in the numbers.
+                    after_hole = true;
                     at = end;
                 }
             }
