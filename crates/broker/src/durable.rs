@@ -432,6 +432,15 @@ pub fn read_table(bytes: &[u8]) -> Option<FieldTable> {
     decode_field_table(bytes)
 }
 
+/// The store's queue id recorded in a queue definition's value (what the
+/// store tools use to name a queue id).
+pub fn queue_id_of(value: &[u8]) -> Option<u64> {
+    match read_table(value)?.inner().get("id")? {
+        AMQPValue::LongLongInt(i) => u64::try_from(*i).ok(),
+        _ => None,
+    }
+}
+
 /// A queue definition's value.
 pub fn queue_value(id: u64, auto_delete: bool, arguments: &FieldTable) -> Vec<u8> {
     table_bytes(&[

@@ -6,6 +6,10 @@ use std::process::ExitCode;
 use berth_server::Config;
 use clap::{Args, Parser, Subcommand};
 
+mod backup_cmd;
+mod compact_cmd;
+mod store_cmd;
+
 #[derive(Parser)]
 #[command(name = "berth", version, about = "A durable AMQP 0-9-1 message broker")]
 struct Cli {
@@ -21,6 +25,8 @@ enum Command {
     /// Rerun the seed experiments against berth or any AMQP 0-9-1 broker,
     /// optionally side by side with another (--vs), with statistics.
     Bench(berth_bench::BenchArgs),
+    /// The store's tools: scan, verify, backup, restore, compact (see docs/OPERATIONS.md).
+    Store(store_cmd::StoreArgs),
 }
 
 /// Every flag overrides the `berth.toml` key of the same name
@@ -250,6 +256,7 @@ async fn wait_for_signal() {
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Serve(args) => serve(args),
+        Command::Store(args) => store_cmd::run(args),
         Command::Bench(args) => match berth_bench::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -101,7 +101,10 @@ fn raise_nofile_limit() {
     }
 }
 
-fn lock_data_dirs(dirs: &[PathBuf]) -> Result<Vec<File>, ServerError> {
+/// Locks every data directory (`berth.lock`, an advisory exclusive lock
+/// the kernel drops when the process dies), as `berth serve` does; the
+/// offline store tools take the same lock.
+pub fn lock_data_dirs(dirs: &[PathBuf]) -> Result<Vec<File>, ServerError> {
     let mut locks = Vec::new();
     for d in dirs {
         std::fs::create_dir_all(d).map_err(|source| ServerError::DataDir {

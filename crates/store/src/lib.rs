@@ -12,11 +12,14 @@
 //! - Each queue belongs to exactly one group, a pure function of its id and
 //!   the group count recorded in the manifest ([`group_of`]).
 
+pub mod advice;
+pub mod backup;
 pub mod checkpoint;
 pub mod clock;
 pub mod error;
 pub mod fault;
 pub mod index;
+pub mod inspect;
 pub mod limits;
 pub mod manifest;
 pub mod record;
