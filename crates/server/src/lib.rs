@@ -13,6 +13,7 @@ pub mod http;
 pub mod journal;
 pub mod limits;
 pub mod outbound;
+pub mod registry;
 
 use std::fs::File;
 use std::net::SocketAddr;
@@ -192,13 +193,20 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
     let shared = Arc::new(Shared {
         broker: Arc::clone(&broker),
         config: Arc::new(config),
+        registry: Arc::new(registry::Registry::default()),
     });
     let (tx, rx) = watch::channel(false);
     let open = Arc::new(AtomicUsize::new(0));
+    let all_addrs: Arc<Vec<SocketAddr>> =
+        Arc::new(amqp_addrs.iter().chain(&http_addrs).copied().collect());
+    if !http_listeners.is_empty() {
+        tokio::spawn(http::sample_rates(Arc::clone(&broker), rx.clone()));
+    }
     for l in http_listeners {
         let app = http::router(http::HttpState {
             shared: Arc::clone(&shared),
             connections: Arc::clone(&open),
+            listeners: Arc::clone(&all_addrs),
         });
         let mut stop = rx.clone();
         tokio::spawn(async move {

@@ -100,3 +100,7 @@ pub const MEMORY_HIGH_WATERMARK_TENTHS_OF_RAM: u64 = 4;
 
 /// RAM assumed when `/proc/meminfo` cannot be read.
 pub const MEMORY_TOTAL_BYTES_FALLBACK: u64 = 4 << 30;
+
+/// How long `POST /api/exchanges/{vhost}/{name}/publish` waits for the store
+/// to confirm a persistent message before it answers 503.
+pub const HTTP_PUBLISH_STORE_WAIT_MS: u64 = 10_000;

@@ -13,7 +13,12 @@
 // and errors are rare, so its size does not matter.
 #![allow(clippy::result_large_err)]
 
+mod bindings;
+mod connections;
 mod exchanges;
+mod health;
+mod list;
+mod message;
 mod metrics;
 mod overview;
 mod queues;
@@ -27,11 +32,12 @@ use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use base64::Engine;
 use berth_broker::vhost::VHost;
-use berth_protocol::{AMQPValue, FieldTable};
+use berth_broker::{AmqpError, Broker};
+use berth_protocol::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use serde_json::{json, Value};
 
 use crate::connection::Shared;
@@ -41,17 +47,83 @@ use crate::connection::Shared;
 pub struct HttpState {
     pub shared: Arc<Shared>,
     pub connections: Arc<AtomicUsize>,
+    /// Every bound listener (AMQP and HTTP), for the port-listener check.
+    pub listeners: Arc<Vec<SocketAddr>>,
 }
 
 pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/api/overview", get(overview::overview))
+        .route("/api/nodes", get(overview::nodes))
+        .route("/api/nodes/{name}", get(overview::node))
         .route("/api/vhosts", get(vhosts::list))
+        .route("/api/aliveness-test/{vhost}", get(health::aliveness))
+        .route("/api/health/checks/alarms", get(health::alarms))
+        .route("/api/health/checks/local-alarms", get(health::alarms))
+        .route(
+            "/api/health/checks/port-listener/{port}",
+            get(health::port_listener),
+        )
+        .route("/api/health/checks/virtual-hosts", get(health::vhosts))
         .route("/api/queues", get(queues::list_all))
         .route("/api/queues/{vhost}", get(queues::list_in))
-        .route("/api/queues/{vhost}/{name}", get(queues::one))
+        .route(
+            "/api/queues/{vhost}/{name}",
+            get(queues::one).put(queues::put).delete(queues::delete),
+        )
+        .route("/api/queues/{vhost}/{name}/contents", delete(queues::purge))
+        .route("/api/queues/{vhost}/{name}/get", post(message::get))
+        .route(
+            "/api/queues/{vhost}/{name}/bindings",
+            get(bindings::of_queue),
+        )
         .route("/api/exchanges", get(exchanges::list_all))
         .route("/api/exchanges/{vhost}", get(exchanges::list_in))
+        .route(
+            "/api/exchanges/{vhost}/{name}",
+            get(exchanges::one)
+                .put(exchanges::put)
+                .delete(exchanges::delete),
+        )
+        .route(
+            "/api/exchanges/{vhost}/{name}/publish",
+            post(message::publish),
+        )
+        .route(
+            "/api/exchanges/{vhost}/{name}/bindings/source",
+            get(bindings::of_source),
+        )
+        .route(
+            "/api/exchanges/{vhost}/{name}/bindings/destination",
+            get(bindings::of_destination),
+        )
+        .route("/api/bindings", get(bindings::list_all))
+        .route("/api/bindings/{vhost}", get(bindings::list_in))
+        .route(
+            "/api/bindings/{vhost}/e/{source}/{kind}/{destination}",
+            get(bindings::between).post(bindings::create),
+        )
+        .route(
+            "/api/bindings/{vhost}/e/{source}/{kind}/{destination}/{props}",
+            get(bindings::one).delete(bindings::remove),
+        )
+        .route("/api/connections", get(connections::list))
+        .route(
+            "/api/connections/{name}",
+            get(connections::one).delete(connections::close),
+        )
+        .route(
+            "/api/connections/{name}/channels",
+            get(connections::channels_of),
+        )
+        .route("/api/vhosts/{vhost}/connections", get(connections::list_in))
+        .route("/api/channels", get(connections::channels))
+        .route(
+            "/api/vhosts/{vhost}/channels",
+            get(connections::channels_in),
+        )
+        .route("/api/consumers", get(connections::consumers))
+        .route("/api/consumers/{vhost}", get(connections::consumers_in))
         .route("/metrics", get(metrics::metrics))
         .with_state(state)
 }
@@ -155,4 +227,105 @@ pub(crate) fn sorted_vhosts(state: &HttpState) -> Vec<Arc<VHost>> {
     let mut vs: Vec<_> = state.shared.broker.vhosts().cloned().collect();
     vs.sort_by(|a, b| a.name.cmp(&b.name));
     vs
+}
+
+/// RabbitMQ's 400 body.
+pub(crate) fn bad_request(reason: impl Into<String>) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        Json(json!({"error": "bad_request", "reason": reason.into()})),
+    )
+        .into_response()
+}
+
+/// The HTTP answer to a broker error: 404 for a missing object, 501 for
+/// what berth does not implement, 400 with the AMQP reply text otherwise
+/// (as RabbitMQ's API answers a failed declare or delete).
+pub(crate) fn amqp_error(e: &AmqpError) -> Response {
+    match e.reply_code {
+        berth_protocol::reply::NOT_FOUND => not_found(),
+        berth_protocol::reply::NOT_IMPLEMENTED => (
+            StatusCode::NOT_IMPLEMENTED,
+            Json(json!({"error": "not_implemented", "reason": e.reply_text()})),
+        )
+            .into_response(),
+        _ => bad_request(e.reply_text()),
+    }
+}
+
+/// A boolean field of a request body: RabbitMQ accepts `true` and `"true"`
+/// (rabbitmqadmin sends strings).
+pub(crate) fn flag(body: &Value, key: &str, default: bool) -> Result<bool, Response> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(Value::String(s)) if s == "true" => Ok(true),
+        Some(Value::String(s)) if s == "false" => Ok(false),
+        Some(other) => Err(bad_request(format!(
+            "{key} must be true or false, got {other}"
+        ))),
+    }
+}
+
+/// A query-string boolean (`?if-empty=true`).
+pub(crate) fn query_flag(q: &std::collections::HashMap<String, String>, key: &str) -> bool {
+    q.get(key).is_some_and(|v| v == "true")
+}
+
+/// An exchange name from a URL: `amq.default` is the default exchange.
+pub(crate) fn exchange_name(url_name: &str) -> &str {
+    if url_name == "amq.default" {
+        ""
+    } else {
+        url_name
+    }
+}
+
+/// A JSON value as an AMQP field value (integers as signed 64-bit, as
+/// RabbitMQ's API stores them).
+pub(crate) fn json_value(v: &Value) -> AMQPValue {
+    match v {
+        Value::Null => AMQPValue::Void,
+        Value::Bool(b) => AMQPValue::Boolean(*b),
+        Value::Number(n) => n.as_i64().map_or_else(
+            || AMQPValue::Double(n.as_f64().unwrap_or(0.0)),
+            AMQPValue::LongLongInt,
+        ),
+        Value::String(s) => AMQPValue::LongString(LongString::from(s.as_bytes().to_vec())),
+        Value::Array(a) => AMQPValue::FieldArray(FieldArray::from(
+            a.iter().map(json_value).collect::<Vec<_>>(),
+        )),
+        Value::Object(_) => AMQPValue::FieldTable(json_table(v)),
+    }
+}
+
+/// A JSON object as an AMQP field table; anything else is an empty table.
+pub(crate) fn json_table(v: &Value) -> FieldTable {
+    let mut t = FieldTable::default();
+    if let Value::Object(m) = v {
+        for (k, x) in m {
+            t.insert(ShortString::from(k.as_str()), json_value(x));
+        }
+    }
+    t
+}
+
+/// Takes a rate sample of every queue every
+/// [`berth_broker::counters::RATE_SAMPLE_INTERVAL_MS`] until `stop` changes.
+pub async fn sample_rates(broker: Arc<Broker>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let every = std::time::Duration::from_millis(berth_broker::counters::RATE_SAMPLE_INTERVAL_MS);
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let now = std::time::Instant::now();
+                for v in broker.vhosts() {
+                    for q in v.queues() {
+                        q.counters.sample(now);
+                    }
+                }
+            }
+            _ = stop.changed() => break,
+        }
+    }
 }
