@@ -38,6 +38,10 @@ struct ServeArgs {
     /// ADDR:PORT (repeatable; off unless given).
     #[arg(long = "http-listen", value_name = "ADDR:PORT")]
     http_listen: Vec<String>,
+    /// management.load_definitions: a RabbitMQ definitions file (JSON) to
+    /// import at startup.
+    #[arg(long = "load-definitions", value_name = "FILE")]
+    load_definitions: Option<PathBuf>,
     /// net.heartbeat_s: heartbeat interval proposed to clients (0 = off).
     #[arg(long, value_name = "SECONDS")]
     heartbeat_s: Option<u16>,
@@ -115,6 +119,9 @@ impl ServeArgs {
         }
         set_list(&mut c.net.amqp_listen, self.amqp_listen);
         set_list(&mut c.net.http_listen, self.http_listen);
+        if self.load_definitions.is_some() {
+            c.management.load_definitions = self.load_definitions;
+        }
         set(&mut c.net.heartbeat_s, self.heartbeat_s);
         set(&mut c.net.handshake_timeout_ms, self.handshake_timeout_ms);
         set_list(&mut c.store.data_dirs, self.data_dir);

@@ -281,17 +281,11 @@ pub(super) async fn create(
     if let Err(e) = bound {
         return amqp_error(&e);
     }
+    // Relative, as RabbitMQ sends it: `{destination}/{properties_key}`.
     let location = format!(
-        "/api/bindings/{}/e/{}/{}/{}/{}",
-        quote(&v.name),
-        quote(if source.is_empty() {
-            "amq.default"
-        } else {
-            source
-        }),
-        &kind[..1],
+        "{}/{}",
         quote(&destination),
-        properties_key(key, &table_json(&args)),
+        quote(&properties_key(key, &table_json(&args)))
     );
     (StatusCode::CREATED, [(header::LOCATION, location)]).into_response()
 }

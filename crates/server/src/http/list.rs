@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
 
-use super::bad_request;
+use super::{bad_request, error_400};
 
 /// RabbitMQ's default `page_size`.
 pub const PAGE_SIZE_DEFAULT: usize = 100;
@@ -70,9 +70,13 @@ impl ListParams {
         let page = number(q, "page")?;
         let page_size = number(q, "page_size")?.unwrap_or(PAGE_SIZE_DEFAULT);
         if page_size > PAGE_SIZE_MAX {
-            return Err(bad_request(format!(
-                "page_size {page_size} is too large: at most {PAGE_SIZE_MAX}"
-            )));
+            return Err(error_400(
+                "invalid_pagination_parameters",
+                format!(
+                    "Invalid pagination parameters: page number {}, page size {page_size} (at most {PAGE_SIZE_MAX})",
+                    page.unwrap_or(1)
+                ),
+            ));
         }
         let name = match q.get("name").filter(|n| !n.is_empty()) {
             None => None,
@@ -130,7 +134,7 @@ impl ListParams {
         };
         let page_count = filtered.div_ceil(self.page_size);
         if page > page_count.max(1) {
-            return bad_request(format!("page_out_of_range: page {page} of {page_count}"));
+            return self.out_of_range(page, filtered);
         }
         let start = (page - 1) * self.page_size;
         let page_items: Vec<Value> = items.into_iter().skip(start).take(self.page_size).collect();
@@ -163,7 +167,7 @@ impl ListParams {
         let filtered = items.len();
         let page_count = filtered.div_ceil(self.page_size);
         if page > page_count.max(1) {
-            return bad_request(format!("page_out_of_range: page {page} of {page_count}"));
+            return self.out_of_range(page, filtered);
         }
         let page_items: Vec<Value> = items
             .iter()
@@ -181,6 +185,16 @@ impl ListParams {
             "total_count": total,
         }))
         .into_response()
+    }
+
+    fn out_of_range(&self, page: usize, len: usize) -> Response {
+        error_400(
+            "page_out_of_range",
+            format!(
+                "Page out of range, page: {page} page size: {}, len: {len}",
+                self.page_size
+            ),
+        )
     }
 
     fn project(&self, items: Vec<Value>) -> Vec<Value> {

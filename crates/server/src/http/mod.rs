@@ -13,14 +13,17 @@
 // and errors are rare, so its size does not matter.
 #![allow(clippy::result_large_err)]
 
+mod access;
 mod bindings;
 mod connections;
+mod definitions;
 mod exchanges;
 mod health;
 mod list;
 mod message;
 mod metrics;
 mod overview;
+mod policies;
 mod queues;
 mod vhosts;
 
@@ -49,6 +52,8 @@ pub struct HttpState {
     pub connections: Arc<AtomicUsize>,
     /// Every bound listener (AMQP and HTTP), for the port-listener check.
     pub listeners: Arc<Vec<SocketAddr>>,
+    /// The store, for its per-group metrics.
+    pub journal: Arc<crate::journal::StoreJournal>,
 }
 
 pub fn router(state: HttpState) -> Router {
@@ -107,6 +112,30 @@ pub fn router(state: HttpState) -> Router {
             "/api/bindings/{vhost}/e/{source}/{kind}/{destination}/{props}",
             get(bindings::one).delete(bindings::remove),
         )
+        .route(
+            "/api/definitions",
+            get(definitions::export_all).post(definitions::import_all),
+        )
+        .route(
+            "/api/definitions/{vhost}",
+            get(definitions::export_vhost).post(definitions::import_vhost),
+        )
+        .route("/api/policies", get(policies::list))
+        .route("/api/policies/{vhost}", get(policies::list_in))
+        .route(
+            "/api/policies/{vhost}/{name}",
+            get(policies::one)
+                .put(policies::change)
+                .delete(policies::change),
+        )
+        .route("/api/operator-policies", get(policies::list))
+        .route("/api/operator-policies/{vhost}", get(policies::list_in))
+        .route(
+            "/api/operator-policies/{vhost}/{name}",
+            get(policies::one)
+                .put(policies::change)
+                .delete(policies::change),
+        )
         .route("/api/connections", get(connections::list))
         .route(
             "/api/connections/{name}",
@@ -124,7 +153,8 @@ pub fn router(state: HttpState) -> Router {
         )
         .route("/api/consumers", get(connections::consumers))
         .route("/api/consumers/{vhost}", get(connections::consumers_in))
-        .route("/metrics", get(metrics::metrics))
+        .route("/metrics", get(metrics::aggregated))
+        .route("/metrics/per-object", get(metrics::per_object))
         .with_state(state)
 }
 
@@ -184,6 +214,8 @@ impl FromRequestParts<HttpState> for Authed {
     }
 }
 
+pub use definitions::{import as import_definitions, ImportReport};
+
 /// RabbitMQ's 404 body.
 pub(crate) fn not_found() -> Response {
     (
@@ -231,9 +263,14 @@ pub(crate) fn sorted_vhosts(state: &HttpState) -> Vec<Arc<VHost>> {
 
 /// RabbitMQ's 400 body.
 pub(crate) fn bad_request(reason: impl Into<String>) -> Response {
+    error_400("bad_request", reason)
+}
+
+/// A 400 with RabbitMQ's `error` name for it.
+pub(crate) fn error_400(error: &str, reason: impl Into<String>) -> Response {
     (
         StatusCode::BAD_REQUEST,
-        Json(json!({"error": "bad_request", "reason": reason.into()})),
+        Json(json!({"error": error, "reason": reason.into()})),
     )
         .into_response()
 }
