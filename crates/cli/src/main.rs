@@ -6,6 +6,8 @@ use std::process::ExitCode;
 use berth_server::Config;
 use clap::{Args, Parser, Subcommand};
 
+mod status;
+
 #[derive(Parser)]
 #[command(name = "berth", version, about = "A durable AMQP 0-9-1 message broker")]
 struct Cli {
@@ -21,6 +23,30 @@ enum Command {
     /// Rerun the seed experiments against berth or any AMQP 0-9-1 broker,
     /// optionally side by side with another (--vs), with statistics.
     Bench(berth_bench::BenchArgs),
+    /// A running broker at a glance, through its management API: totals,
+    /// rates, alarms, store groups and the top queues.
+    Status(status::ListArgs),
+    /// Queues of a running broker (through its management API).
+    Queues {
+        #[command(subcommand)]
+        verb: ListVerb,
+    },
+    /// Exchanges of a running broker.
+    Exchanges {
+        #[command(subcommand)]
+        verb: ListVerb,
+    },
+    /// Connections of a running broker.
+    Connections {
+        #[command(subcommand)]
+        verb: ListVerb,
+    },
+}
+
+#[derive(Subcommand)]
+enum ListVerb {
+    /// One page, filtered and sorted by the broker.
+    List(status::ListArgs),
 }
 
 /// Every flag overrides the `berth.toml` key of the same name
@@ -241,6 +267,16 @@ async fn wait_for_signal() {
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Serve(args) => serve(args),
+        Command::Status(args) => status::status(&args),
+        Command::Queues {
+            verb: ListVerb::List(a),
+        } => status::list(status::Kind::Queues, &a),
+        Command::Exchanges {
+            verb: ListVerb::List(a),
+        } => status::list(status::Kind::Exchanges, &a),
+        Command::Connections {
+            verb: ListVerb::List(a),
+        } => status::list(status::Kind::Connections, &a),
         Command::Bench(args) => match berth_bench::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

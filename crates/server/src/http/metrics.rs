@@ -218,7 +218,9 @@ fn common(st: &HttpState, out: &mut Out, rows: &[Row]) {
 fn store(st: &HttpState, out: &mut Out) {
     let groups = st.journal.store.stats();
     type G = berth_store::GroupStats;
-    let families: [(&str, &str, &str, fn(&G) -> String); 11] = [
+    /// Name, type, help, value.
+    type Family = (&'static str, &'static str, &'static str, fn(&G) -> String);
+    let families: [Family; 11] = [
         (
             "berth_store_fsyncs_total",
             "counter",
