@@ -335,3 +335,16 @@ def test_rabbitmqadmin_declares_binds_publishes_gets_lists_and_deletes(admin, ap
         admin("delete", "queue", f"name={q}")
         admin("delete", "exchange", f"name={x}")
     assert api.get("queues", "/", q).status_code == 404
+
+
+def test_openapi_describes_the_served_routes(api):
+    doc = requests.get(api.url("openapi.json"), timeout=10).json()
+    assert doc["openapi"].startswith("3.")
+    paths = doc["paths"]
+    assert set(paths["/api/queues/{vhost}/{name}"]) == {"get", "put", "delete"}
+    assert "post" in paths["/api/exchanges/{vhost}/{name}/publish"]
+    # Nothing described that is not served: every argument-free GET answers.
+    for path, ops in paths.items():
+        if "{" not in path and "get" in ops:
+            url = api.base[:-len("/api")] + path
+            assert requests.get(url, auth=AUTH, timeout=10).status_code == 200, path

@@ -22,6 +22,7 @@ mod health;
 mod list;
 mod message;
 mod metrics;
+mod openapi;
 mod overview;
 mod policies;
 mod queues;
@@ -153,6 +154,7 @@ pub fn router(state: HttpState) -> Router {
         )
         .route("/api/consumers", get(connections::consumers))
         .route("/api/consumers/{vhost}", get(connections::consumers_in))
+        .route("/api/openapi.json", get(openapi::openapi))
         .route("/metrics", get(metrics::aggregated))
         .route("/metrics/per-object", get(metrics::per_object))
         .with_state(state)
