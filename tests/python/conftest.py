@@ -32,6 +32,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 READY_TIMEOUT_S = 30
 STOP_GRACE_S = 5
 READY_RE = re.compile(r"berth ready amqp=([^\s,]+)")
+READY_HTTP_RE = re.compile(r"berth ready amqp=\S+ http=([^\s,]+)")
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 
 # Processes not yet stopped; the atexit hook is a last resort if pytest
@@ -80,6 +81,8 @@ class Broker:
     port: int
     is_berth: bool
     log_path: str = ""
+    # The HTTP (management API) port, when started with --http-listen.
+    http_port: int = 0
 
     @property
     def uri(self):
@@ -128,6 +131,10 @@ class BerthProcess:
             self.stop()
             raise
         self.broker = Broker(host, port, is_berth=True, log_path=self.log_path)
+        with open(self.log_path, errors="replace") as f:
+            m = READY_HTTP_RE.search(ANSI_RE.sub("", f.read()))
+        if m:
+            self.broker.http_port = int(m.group(1).rpartition(":")[2])
 
     def _wait_ready(self):
         deadline = time.monotonic() + READY_TIMEOUT_S

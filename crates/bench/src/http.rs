@@ -55,6 +55,54 @@ pub async fn get(
     path: &str,
     timeout: Duration,
 ) -> Result<(u16, usize, Duration), BenchError> {
+    let (status, raw, took) = get_raw(base, path, timeout).await?;
+    Ok((status, raw.len(), took))
+}
+
+/// GETs `path` under `base`; returns the status code and the body (a
+/// chunked body is decoded).
+pub async fn get_body(
+    base: &BaseUrl,
+    path: &str,
+    timeout: Duration,
+) -> Result<(u16, Vec<u8>), BenchError> {
+    let (status, raw, _) = get_raw(base, path, timeout).await?;
+    let Some(split) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return Err(BenchError::Http(format!(
+            "no end of headers in the answer to GET {path} from {}",
+            base.host_port
+        )));
+    };
+    let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
+    let body = &raw[split + 4..];
+    if head.contains("transfer-encoding: chunked") {
+        return dechunk(body)
+            .map(|b| (status, b))
+            .ok_or_else(|| BenchError::Http(format!("malformed chunked body from GET {path}")));
+    }
+    Ok((status, body.to_vec()))
+}
+
+fn dechunk(mut body: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = body.windows(2).position(|w| w == b"\r\n")?;
+        let size_text = std::str::from_utf8(&body[..line_end]).ok()?;
+        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+        body = &body[line_end + 2..];
+        if size == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(body.get(..size)?);
+        body = body.get(size + 2..)?;
+    }
+}
+
+async fn get_raw(
+    base: &BaseUrl,
+    path: &str,
+    timeout: Duration,
+) -> Result<(u16, Vec<u8>, Duration), BenchError> {
     let started = Instant::now();
     let fut = async {
         let mut s = tokio::net::TcpStream::connect(&base.host_port).await?;
@@ -93,7 +141,7 @@ pub async fn get(
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| BenchError::Http(format!("no HTTP status line from {}", base.host_port)))?;
-    Ok((status, buf.len(), started.elapsed()))
+    Ok((status, buf, started.elapsed()))
 }
 
 fn base64(input: &[u8]) -> String {
@@ -120,6 +168,15 @@ fn base64(input: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chunked_bodies_are_decoded() {
+        assert_eq!(
+            dechunk(b"3\r\nabc\r\n2;x=1\r\nde\r\n0\r\n\r\n").as_deref(),
+            Some(&b"abcde"[..])
+        );
+        assert_eq!(dechunk(b"5\r\nab"), None);
+    }
 
     #[test]
     fn base64_matches_rfc4648_vectors() {

@@ -16,6 +16,7 @@ pub mod args;
 mod broker;
 pub mod channel;
 pub mod clock;
+pub mod counters;
 pub mod dead_letter;
 pub mod durable;
 pub mod error;

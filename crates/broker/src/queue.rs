@@ -151,6 +151,8 @@ pub struct Queue {
     /// Bindings where this queue is the destination: (exchange, key, args),
     /// so deleting the queue can remove them.
     pub(crate) bound_from: Mutex<Vec<(String, String, FieldTable)>>,
+    /// Published / delivered / acked, for the management API.
+    pub counters: crate::counters::QueueCounters,
 }
 
 impl Queue {
@@ -191,6 +193,7 @@ impl Queue {
             arguments,
             args,
             bound_from: Mutex::new(Vec::new()),
+            counters: crate::counters::QueueCounters::default(),
             backlogged: AtomicBool::new(false),
         }
     }
@@ -224,6 +227,11 @@ impl Queue {
             unacked: s.unacked,
             consumers: s.consumers.len(),
         }
+    }
+
+    /// Its consumers, for the management API.
+    pub fn consumers(&self) -> Vec<Arc<Consumer>> {
+        self.state.lock().consumers.clone()
     }
 
     pub fn is_deleted(&self) -> bool {
@@ -486,6 +494,7 @@ impl Queue {
     /// journaled for this queue). Returns `false` if the queue refused it
     /// (`x-overflow = reject-publish`).
     pub fn enqueue(self: &Arc<Self>, msg: Arc<Message>, stored: Option<u64>, now: Instant) -> bool {
+        self.counters.add_published();
         self.with_state(now, |q, s, fx| {
             if s.deleted {
                 return true;
@@ -570,6 +579,7 @@ impl Queue {
                     Ok(()) => {
                         s.next_consumer = (idx + 1) % n;
                         s.last_delivery = Some(now);
+                        self.counters.add_delivered();
                         if c.no_ack {
                             // Delivered without ack: it is gone for good.
                             fx.removed.extend(stored);
@@ -614,6 +624,7 @@ impl Queue {
             } else {
                 s.unacked += 1;
             }
+            q.counters.add_delivered();
             Some((m, s.ready.len))
         })
     }
@@ -621,6 +632,7 @@ impl Queue {
     /// Acked messages leave for good; frees their credit. `done` runs once
     /// their removal is durable.
     pub fn settle(self: &Arc<Self>, msgs: Vec<QueuedMessage>, now: Instant, done: Option<Done>) {
+        self.counters.add_acked(msgs.len());
         self.with_state(now, |q, s, fx| {
             s.unacked = s.unacked.saturating_sub(msgs.len());
             fx.done = done;

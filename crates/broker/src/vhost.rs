@@ -125,7 +125,7 @@ impl VHost {
     }
 
     /// A queue by name, whoever owns it.
-    pub(crate) fn find_queue(&self, name: &str) -> Option<Arc<Queue>> {
+    pub fn find_queue(&self, name: &str) -> Option<Arc<Queue>> {
         self.queues.read().get(name).cloned()
     }
 

@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 mod backup_cmd;
 mod compact_cmd;
 mod store_cmd;
+mod status;
 
 #[derive(Parser)]
 #[command(name = "berth", version, about = "A durable AMQP 0-9-1 message broker")]
@@ -27,6 +28,30 @@ enum Command {
     Bench(berth_bench::BenchArgs),
     /// The store's tools: scan, verify, backup, restore, compact (see docs/OPERATIONS.md).
     Store(store_cmd::StoreArgs),
+    /// A running broker at a glance, through its management API: totals,
+    /// rates, alarms, store groups and the top queues.
+    Status(status::ListArgs),
+    /// Queues of a running broker (through its management API).
+    Queues {
+        #[command(subcommand)]
+        verb: ListVerb,
+    },
+    /// Exchanges of a running broker.
+    Exchanges {
+        #[command(subcommand)]
+        verb: ListVerb,
+    },
+    /// Connections of a running broker.
+    Connections {
+        #[command(subcommand)]
+        verb: ListVerb,
+    },
+}
+
+#[derive(Subcommand)]
+enum ListVerb {
+    /// One page, filtered and sorted by the broker.
+    List(status::ListArgs),
 }
 
 /// Every flag overrides the `berth.toml` key of the same name
@@ -44,6 +69,10 @@ struct ServeArgs {
     /// ADDR:PORT (repeatable; off unless given).
     #[arg(long = "http-listen", value_name = "ADDR:PORT")]
     http_listen: Vec<String>,
+    /// management.load_definitions: a RabbitMQ definitions file (JSON) to
+    /// import at startup.
+    #[arg(long = "load-definitions", value_name = "FILE")]
+    load_definitions: Option<PathBuf>,
     /// net.heartbeat_s: heartbeat interval proposed to clients (0 = off).
     #[arg(long, value_name = "SECONDS")]
     heartbeat_s: Option<u16>,
@@ -130,6 +159,9 @@ impl ServeArgs {
         }
         set_list(&mut c.net.amqp_listen, self.amqp_listen);
         set_list(&mut c.net.http_listen, self.http_listen);
+        if self.load_definitions.is_some() {
+            c.management.load_definitions = self.load_definitions;
+        }
         set(&mut c.net.heartbeat_s, self.heartbeat_s);
         set(&mut c.net.handshake_timeout_ms, self.handshake_timeout_ms);
         set_list(&mut c.store.data_dirs, self.data_dir);
@@ -257,6 +289,16 @@ fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Serve(args) => serve(args),
         Command::Store(args) => store_cmd::run(args),
+        Command::Status(args) => status::status(&args),
+        Command::Queues {
+            verb: ListVerb::List(a),
+        } => status::list(status::Kind::Queues, &a),
+        Command::Exchanges {
+            verb: ListVerb::List(a),
+        } => status::list(status::Kind::Exchanges, &a),
+        Command::Connections {
+            verb: ListVerb::List(a),
+        } => status::list(status::Kind::Connections, &a),
         Command::Bench(args) => match berth_bench::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -24,6 +24,16 @@ pub struct Config {
     pub limits: Limits,
     pub auth: Auth,
     pub log: Log,
+    pub management: Management,
+}
+
+/// `[management]`: the HTTP management side.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Management {
+    /// A RabbitMQ definitions file imported at startup (RabbitMQ's
+    /// `load_definitions`); none by default.
+    pub load_definitions: Option<PathBuf>,
 }
 
 /// `[net]`: listeners and connection timing.

@@ -13,6 +13,8 @@ pub mod http;
 pub mod journal;
 pub mod limits;
 pub mod outbound;
+pub mod registry;
+pub mod stats;
 
 use std::fs::File;
 use std::net::SocketAddr;
@@ -158,6 +160,32 @@ fn bind(addr: &str) -> Result<TcpListener, ServerError> {
     TcpListener::from_std(s.into()).map_err(err)
 }
 
+/// Imports a RabbitMQ definitions file (`management.load_definitions`).
+fn load_definitions(
+    broker: &berth_broker::Broker,
+    path: &std::path::Path,
+) -> Result<(), ServerError> {
+    let fail = |why: String| {
+        ServerError::Startup(format!(
+            "cannot load definitions from {}: {why} (fix the file or drop --load-definitions)",
+            path.display()
+        ))
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
+    let defs: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| fail(format!("not valid JSON: {e}")))?;
+    let report = http::import_definitions(broker, &defs, None).map_err(fail)?;
+    tracing::info!(
+        queues = report.queues,
+        exchanges = report.exchanges,
+        bindings = report.bindings,
+        not_imported = report.not_imported.len(),
+        "definitions loaded from {}",
+        path.display()
+    );
+    Ok(())
+}
+
 /// Starts the server: binds, logs the ready line, serves until shut down.
 pub async fn start(config: Config) -> Result<Running, ServerError> {
     config.validate()?;
@@ -192,16 +220,27 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
             .await
             .map_err(|e| ServerError::Startup(format!("store recovery did not finish: {e}")))??
     };
+    if let Some(path) = &config.management.load_definitions {
+        load_definitions(&broker, path)?;
+    }
     let shared = Arc::new(Shared {
         broker: Arc::clone(&broker),
         config: Arc::new(config),
+        registry: Arc::new(registry::Registry::default()),
     });
     let (tx, rx) = watch::channel(false);
     let open = Arc::new(AtomicUsize::new(0));
+    let all_addrs: Arc<Vec<SocketAddr>> =
+        Arc::new(amqp_addrs.iter().chain(&http_addrs).copied().collect());
+    if !http_listeners.is_empty() {
+        tokio::spawn(http::sample_rates(Arc::clone(&broker), rx.clone()));
+    }
     for l in http_listeners {
         let app = http::router(http::HttpState {
             shared: Arc::clone(&shared),
             connections: Arc::clone(&open),
+            listeners: Arc::clone(&all_addrs),
+            journal: Arc::clone(&journal),
         });
         let mut stop = rx.clone();
         tokio::spawn(async move {

@@ -104,3 +104,6 @@ pub const MEMORY_TOTAL_BYTES_FALLBACK: u64 = 4 << 30;
 /// Smallest `store.checkpoint_journal_bytes` accepted: below it a group
 /// would spend its time writing checkpoints.
 pub const CHECKPOINT_JOURNAL_BYTES_MIN: u64 = 64 * 1024;
+/// How long `POST /api/exchanges/{vhost}/{name}/publish` waits for the store
+/// to confirm a persistent message before it answers 503.
+pub const HTTP_PUBLISH_STORE_WAIT_MS: u64 = 10_000;

@@ -105,6 +105,7 @@ impl Conn {
     /// mandatory messages; confirm bookkeeping (acks are batched in
     /// `flush_confirms`).
     pub(super) fn after_publish(&mut self, channel: u16, p: &Published, seq: Option<u64>) {
+        crate::stats::count_publish(p.result.queues, p.mandatory);
         self.flow.pause_for(p.result.backlogged.as_ref());
         if p.mandatory && p.result.unroutable() {
             let frame_max = self.frame_max;

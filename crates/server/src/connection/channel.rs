@@ -40,11 +40,13 @@ impl Conn {
                 }
                 let session = Arc::clone(self.session.as_ref().expect("open after handshake"));
                 self.generations += 1;
+                let ch = Channel::new(channel, session);
+                self.registry_channel(channel, Some(&ch));
                 self.channels.insert(
                     channel,
                     Slot {
                         state: ChanState::Open,
-                        ch: Channel::new(channel, session),
+                        ch,
                         content: ContentAssembler::new(channel),
                         confirms: None,
                         last_queue: None,
@@ -78,6 +80,7 @@ impl Conn {
         match decoded {
             Ok(Method::Other(AMQPClass::Channel(chan::AMQPMethod::CloseOk(_)))) => {
                 self.channels.remove(&channel);
+                self.registry_channel(channel, None);
             }
             // The two closes crossed: answer the peer's, and keep waiting
             // for its close-ok to ours (as RabbitMQ does), which must not
@@ -106,6 +109,7 @@ impl Conn {
             chan::AMQPMethod::Close(_) => {
                 self.slot(channel).ch.close(Self::now());
                 self.channels.remove(&channel);
+                self.registry_channel(channel, None);
                 self.send_method(
                     channel,
                     &AMQPClass::Channel(chan::AMQPMethod::CloseOk(chan::CloseOk {})),

@@ -122,6 +122,7 @@ impl Conn {
             }
         };
         let capabilities = client_capabilities(&start_ok.client_properties);
+        self.client_properties = start_ok.client_properties.clone();
         self.flow.blocked_notify = capabilities.blocked_notify;
         let (user, password) =
             match parse_credentials(start_ok.mechanism.as_str(), start_ok.response.as_bytes()) {

@@ -64,6 +64,8 @@ use flow::Flow;
 pub struct Shared {
     pub broker: Arc<Broker>,
     pub config: Arc<Config>,
+    /// Live connections, for the management API.
+    pub registry: Arc<crate::registry::Registry>,
 }
 
 enum ChanState {
@@ -114,6 +116,10 @@ struct Conn {
     unconfirmed: usize,
     /// Channels opened so far: the next slot's generation.
     generations: u64,
+    /// The client's `client_properties` from `start-ok`.
+    client_properties: berth_protocol::FieldTable,
+    /// This connection's entry in the registry, once it is open.
+    info: Option<Arc<crate::registry::ConnInfo>>,
 }
 
 /// Serves one accepted TCP connection until it ends.
@@ -127,6 +133,7 @@ pub async fn serve(
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(%peer, error = %e, "could not set TCP_NODELAY");
     }
+    let local = stream.local_addr().unwrap_or(peer);
     let (rd, wr) = stream.into_split();
     let config = Arc::clone(&shared.config);
     let config_limits = &config.limits;
@@ -155,9 +162,14 @@ pub async fn serve(
         stored_rx,
         unconfirmed: 0,
         generations: 0,
+        client_properties: berth_protocol::FieldTable::default(),
+        info: None,
     };
     let end = match c.handshake().await {
-        Ok(true) => c.run(&mut shutdown).await,
+        Ok(true) => {
+            c.register(local);
+            c.run(&mut shutdown).await
+        }
         Ok(false) => End::Done,
         Err(e) => e,
     };
@@ -174,6 +186,9 @@ pub async fn serve(
         }
     }
     c.cleanup();
+    if let Some(info) = c.info.take() {
+        c.shared.registry.remove(info.id);
+    }
     let peer_closed = matches!(end, End::PeerClose);
     if peer_closed {
         // After the channels are closed, so that nothing of theirs follows.
@@ -284,6 +299,7 @@ impl Conn {
     async fn run(&mut self, shutdown: &mut watch::Receiver<bool>) -> End {
         let mut tick = tokio::time::interval(Duration::from_millis(limits::CONNECTION_TICK_MS));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let info = self.info.clone();
         loop {
             loop {
                 match decode_frame(&mut self.rbuf, self.frame_max) {
@@ -322,6 +338,10 @@ impl Conn {
                 () = out.drained.notified() => self.resume_consumers(),
                 _ = shutdown.changed() => {
                     return End::Error(AmqpError::new(CONNECTION_FORCED, "broker shutdown"));
+                }
+                () = async { info.as_ref().expect("checked").close_requested.notified().await }, if info.is_some() => {
+                    let reason = info.as_ref().and_then(|i| i.close_reason()).unwrap_or_default();
+                    return End::Error(AmqpError::new(CONNECTION_FORCED, reason));
                 }
             }
         }
@@ -514,6 +534,34 @@ impl Conn {
                 tracing::debug!(peer = %self.peer, "peer still had the socket open {limit:?} after close-ok");
             }
             _ = shutdown.changed() => {}
+        }
+    }
+
+    /// Lists this connection in the registry (after `open-ok`).
+    fn register(&mut self, local: SocketAddr) {
+        let info = Arc::new(crate::registry::ConnInfo::new(
+            self.id,
+            self.peer,
+            local,
+            self.user.clone(),
+            self.vhost().name.clone(),
+            self.frame_max,
+            self.channel_max,
+            self.heartbeat.as_secs(),
+            crate::http::table_json(&self.client_properties),
+        ));
+        self.shared.registry.insert(Arc::clone(&info));
+        self.info = Some(info);
+    }
+
+    /// Keeps the registry's channel list in step with `channels`.
+    fn registry_channel(&self, channel: u16, open: Option<&Arc<Channel>>) {
+        if let Some(info) = &self.info {
+            let mut chans = info.channels.lock();
+            match open {
+                Some(ch) => chans.insert(channel, Arc::clone(ch)),
+                None => chans.remove(&channel),
+            };
         }
     }
 

@@ -1,0 +1,476 @@
+//! `berth status` and `berth queues|connections|exchanges list`: a running
+//! broker seen through its management API, as tables sized to the
+//! terminal (`COLUMNS`), or as JSON for scripts.
+//!
+//! Invariants:
+//! - Every request is bounded by [`REQUEST_TIMEOUT_MS`]; lists ask the
+//!   broker for one page (`--limit`), filtered and sorted server-side, so
+//!   the command stays fast with thousands of queues.
+//! - `--watch` redraws in place until interrupted.
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use berth_bench::http::{get_body, BaseUrl};
+use clap::Args;
+use serde_json::{json, Value};
+
+/// How long one API request may take.
+pub const REQUEST_TIMEOUT_MS: u64 = 5_000;
+/// Table width when `COLUMNS` is not set.
+const DEFAULT_TERMINAL_COLUMNS: usize = 100;
+
+#[derive(Args, Debug, Clone)]
+pub struct ListArgs {
+    /// Management API of the broker (berth serve --http-listen ...).
+    #[arg(
+        long,
+        value_name = "URL",
+        default_value = "http://guest:guest@127.0.0.1:15672"
+    )]
+    url: String,
+    /// Only this vhost.
+    #[arg(long)]
+    vhost: Option<String>,
+    /// Sort by this field (name, messages, messages_ready, consumers, ...).
+    #[arg(long, default_value = "name")]
+    sort: String,
+    /// Reverse the sort (largest first).
+    #[arg(long)]
+    reverse: bool,
+    /// Only names matching this regex (case-insensitive).
+    #[arg(long, value_name = "REGEX")]
+    filter: Option<String>,
+    /// Rows to show (one page of the API, at most 500).
+    #[arg(long, default_value_t = 20)]
+    limit: usize,
+    /// Redraw every SECONDS until interrupted.
+    #[arg(long, value_name = "SECONDS")]
+    watch: Option<u64>,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+/// What `list` lists.
+#[derive(Debug, Clone, Copy)]
+pub enum Kind {
+    Queues,
+    Exchanges,
+    Connections,
+}
+
+impl Kind {
+    fn path(self) -> &'static str {
+        match self {
+            Kind::Queues => "queues",
+            Kind::Exchanges => "exchanges",
+            Kind::Connections => "connections",
+        }
+    }
+
+    /// (header, field, numeric) per column; the first column stretches.
+    fn columns(self) -> &'static [(&'static str, &'static str, bool)] {
+        match self {
+            Kind::Queues => &[
+                ("name", "name", false),
+                ("vhost", "vhost", false),
+                ("ready", "messages_ready", true),
+                ("unacked", "messages_unacknowledged", true),
+                ("consumers", "consumers", true),
+                ("pub/s", "message_stats.publish_details.rate", true),
+                ("ack/s", "message_stats.ack_details.rate", true),
+            ],
+            Kind::Exchanges => &[
+                ("name", "name", false),
+                ("vhost", "vhost", false),
+                ("type", "type", false),
+                ("durable", "durable", false),
+            ],
+            Kind::Connections => &[
+                ("name", "name", false),
+                ("user", "user", false),
+                ("vhost", "vhost", false),
+                ("channels", "channels", true),
+            ],
+        }
+    }
+}
+
+/// Percent-encodes a URL path segment or query value.
+fn enc(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+struct Client {
+    base: BaseUrl,
+}
+
+impl Client {
+    async fn get(&self, path: &str) -> Result<(u16, Value), String> {
+        let (status, body) = get_body(&self.base, path, Duration::from_millis(REQUEST_TIMEOUT_MS))
+            .await
+            .map_err(|e| format!("{e} (is berth running with --http-listen at this address?)"))?;
+        if status == 401 {
+            return Err(format!(
+                "GET {path}: 401 unauthorised: give a configured user in --url http://USER:PASS@HOST:PORT"
+            ));
+        }
+        let v = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        Ok((status, v))
+    }
+
+    async fn json(&self, path: &str) -> Result<Value, String> {
+        match self.get(path).await? {
+            (200, v) => Ok(v),
+            (s, v) => Err(format!(
+                "GET {path}: HTTP {s}: {}",
+                v["reason"].as_str().unwrap_or("")
+            )),
+        }
+    }
+
+    async fn text(&self, path: &str) -> Result<String, String> {
+        let (status, body) = get_body(&self.base, path, Duration::from_millis(REQUEST_TIMEOUT_MS))
+            .await
+            .map_err(|e| e.to_string())?;
+        if status != 200 {
+            return Err(format!("GET {path}: HTTP {status}"));
+        }
+        Ok(String::from_utf8_lossy(&body).into_owned())
+    }
+}
+
+fn list_path(kind: Kind, a: &ListArgs) -> String {
+    let mut p = format!("/api/{}", kind.path());
+    if let Some(v) = &a.vhost {
+        if matches!(kind, Kind::Connections) {
+            p = format!("/api/vhosts/{}/connections", enc(v));
+        } else {
+            let _ = write!(p, "/{}", enc(v));
+        }
+    }
+    let _ = write!(
+        p,
+        "?page=1&page_size={}&sort={}&sort_reverse={}",
+        a.limit.clamp(1, 500),
+        enc(&a.sort),
+        a.reverse
+    );
+    if let Some(f) = &a.filter {
+        let _ = write!(p, "&name={}&use_regex=true", enc(f));
+    }
+    p
+}
+
+fn field<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
+    path.split('.').try_fold(v, |v, k| v.get(k))
+}
+
+fn cell(v: Option<&Value>) -> String {
+    match v {
+        None | Some(Value::Null) => "-".into(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) if n.is_f64() => format!("{:.1}", n.as_f64().unwrap_or(0.0)),
+        Some(x) => x.to_string(),
+    }
+}
+
+fn terminal_columns() -> usize {
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .filter(|c| *c >= 40)
+        .unwrap_or(DEFAULT_TERMINAL_COLUMNS)
+}
+
+/// A table whose first column takes what the others leave of `width`.
+pub fn table(kind: Kind, items: &[Value], width: usize) -> String {
+    let cols = kind.columns();
+    let rows: Vec<Vec<String>> = items
+        .iter()
+        .map(|i| cols.iter().map(|(_, f, _)| cell(field(i, f))).collect())
+        .collect();
+    let mut widths: Vec<usize> = cols
+        .iter()
+        .enumerate()
+        .map(|(c, (h, _, _))| {
+            rows.iter()
+                .map(|r| r[c].chars().count())
+                .max()
+                .unwrap_or(0)
+                .max(h.len())
+        })
+        .collect();
+    let rest: usize = widths[1..].iter().map(|w| w + 2).sum();
+    widths[0] = widths[0].min(width.saturating_sub(rest).max(8));
+    let mut out = String::new();
+    let line = |out: &mut String, cells: &[String]| {
+        for (c, text) in cells.iter().enumerate() {
+            let w = widths[c];
+            let mut t: String = text.chars().take(w).collect();
+            if text.chars().count() > w {
+                t.pop();
+                t.push('…');
+            }
+            if c > 0 {
+                out.push_str("  ");
+            }
+            if cols[c].2 {
+                let _ = write!(out, "{t:>w$}");
+            } else {
+                let _ = write!(out, "{t:<w$}");
+            }
+        }
+        let trimmed = out.trim_end().len();
+        out.truncate(trimmed);
+        out.push('\n');
+    };
+    line(
+        &mut out,
+        &cols
+            .iter()
+            .map(|(h, _, _)| (*h).to_owned())
+            .collect::<Vec<_>>(),
+    );
+    for r in &rows {
+        line(&mut out, r);
+    }
+    out
+}
+
+/// Per log group: fsyncs, mean fsync latency and poisoning, from the
+/// `berth_store_*` lines of `/metrics`.
+fn store_health(metrics: &str) -> Vec<Value> {
+    let mut groups: std::collections::BTreeMap<String, [f64; 3]> = Default::default();
+    for line in metrics.lines().filter(|l| l.starts_with("berth_store_")) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Some((name, labels)) = series.split_once('{') else {
+            continue;
+        };
+        let group = labels
+            .trim_start_matches("group=\"")
+            .trim_end_matches("\"}")
+            .to_owned();
+        let slot = match name {
+            "berth_store_fsyncs_total" => 0,
+            "berth_store_fsync_seconds_total" => 1,
+            "berth_store_poisoned" => 2,
+            _ => continue,
+        };
+        groups.entry(group).or_default()[slot] = value.parse().unwrap_or(0.0);
+    }
+    groups
+        .into_iter()
+        .map(|(g, [syncs, secs, poisoned])| {
+            let mean_ms = if syncs > 0.0 { secs * 1000.0 / syncs } else { 0.0 };
+            json!({"group": g, "fsyncs": syncs, "fsync_ms_mean": mean_ms, "poisoned": poisoned > 0.0})
+        })
+        .collect()
+}
+
+async fn snapshot_status(c: &Client, a: &ListArgs) -> Result<Value, String> {
+    let overview = c.json("/api/overview").await?;
+    let queues = c.json(&list_path(Kind::Queues, a)).await?;
+    let (_, alarms) = c.get("/api/health/checks/alarms").await?;
+    let metrics = c.text("/metrics").await.unwrap_or_default();
+    Ok(json!({
+        "overview": overview,
+        "queues": queues,
+        "alarms": alarms,
+        "store_groups": store_health(&metrics),
+    }))
+}
+
+fn render_status(s: &Value, width: usize) -> String {
+    let o = &s["overview"];
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{} {}  queues {}  connections {}  channels {}  consumers {}",
+        cell(o.get("node")),
+        cell(o.get("product_version")),
+        cell(field(o, "object_totals.queues")),
+        cell(field(o, "object_totals.connections")),
+        cell(field(o, "object_totals.channels")),
+        cell(field(o, "object_totals.consumers")),
+    );
+    let _ = writeln!(
+        out,
+        "messages ready {}  unacked {}  publish {}/s  deliver {}/s  ack {}/s",
+        cell(field(o, "queue_totals.messages_ready")),
+        cell(field(o, "queue_totals.messages_unacknowledged")),
+        cell(field(o, "message_stats.publish_details.rate")),
+        cell(field(o, "message_stats.deliver_get_details.rate")),
+        cell(field(o, "message_stats.ack_details.rate")),
+    );
+    let alarm = if s["alarms"]["status"] == "ok" {
+        "none".to_owned()
+    } else {
+        cell(s["alarms"].get("reason"))
+    };
+    let _ = writeln!(out, "alarms: {alarm}");
+    for g in s["store_groups"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "store group {}: {} fsyncs, mean fsync {:.2} ms{}",
+            cell(g.get("group")),
+            cell(g.get("fsyncs")),
+            g["fsync_ms_mean"].as_f64().unwrap_or(0.0),
+            if g["poisoned"] == true {
+                ", POISONED (refuses writes)"
+            } else {
+                ""
+            }
+        );
+    }
+    let q = &s["queues"];
+    let _ = writeln!(
+        out,
+        "\nqueues {} of {} (filtered {})",
+        cell(q.get("item_count")),
+        cell(q.get("total_count")),
+        cell(q.get("filtered_count"))
+    );
+    out.push_str(&table(
+        Kind::Queues,
+        q["items"].as_array().map_or(&[], Vec::as_slice),
+        width,
+    ));
+    out
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))
+}
+
+/// Runs `once` (one fetch and render) once or, with `--watch`, forever.
+fn run(a: &ListArgs, once: impl Fn(&Client) -> Result<String, String>) -> ExitCode {
+    let client = match BaseUrl::parse(&a.url) {
+        Ok(base) => Client { base },
+        Err(e) => {
+            eprintln!("berth: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    loop {
+        match once(&client) {
+            Ok(text) => {
+                if a.watch.is_some() {
+                    // Home and clear: redraw in place.
+                    print!("\x1b[H\x1b[2J");
+                }
+                print!("{text}");
+            }
+            Err(e) => {
+                eprintln!("berth: {e}");
+                if a.watch.is_none() {
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        match a.watch {
+            Some(s) => std::thread::sleep(Duration::from_secs(s.max(1))),
+            None => return ExitCode::SUCCESS,
+        }
+    }
+}
+
+/// `berth status`.
+pub fn status(a: &ListArgs) -> ExitCode {
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("berth: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    run(a, |c| {
+        let s = rt.block_on(snapshot_status(c, a))?;
+        Ok(if a.json {
+            format!("{s}\n")
+        } else {
+            render_status(&s, terminal_columns())
+        })
+    })
+}
+
+/// `berth queues|exchanges|connections list`.
+pub fn list(kind: Kind, a: &ListArgs) -> ExitCode {
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("berth: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    run(a, |c| {
+        let page = rt.block_on(c.json(&list_path(kind, a)))?;
+        let items = page["items"].as_array().map_or(&[][..], Vec::as_slice);
+        Ok(if a.json {
+            format!("{}\n", Value::Array(items.to_vec()))
+        } else {
+            table(kind, items, terminal_columns())
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_name_column_shrinks_to_fit_the_terminal() {
+        let items = vec![
+            json!({"name": "a-very-long-queue-name-that-does-not-fit", "vhost": "/",
+            "messages_ready": 12, "messages_unacknowledged": 0, "consumers": 1,
+            "message_stats": {"publish_details": {"rate": 2.5}, "ack_details": {"rate": 0.0}}}),
+        ];
+        let t = table(Kind::Queues, &items, 60);
+        assert!(t.lines().all(|l| l.chars().count() <= 60), "{t}");
+        assert!(
+            t.contains('…') && t.contains("2.5") && t.contains("12"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn list_paths_encode_vhost_and_regex() {
+        let a = ListArgs {
+            url: String::new(),
+            vhost: Some("/".into()),
+            sort: "messages".into(),
+            reverse: true,
+            filter: Some("^ord.*".into()),
+            limit: 10,
+            watch: None,
+            json: false,
+        };
+        assert_eq!(
+            list_path(Kind::Queues, &a),
+            "/api/queues/%2F?page=1&page_size=10&sort=messages&sort_reverse=true&name=%5Eord.%2A&use_regex=true"
+        );
+    }
+
+    #[test]
+    fn store_health_reads_per_group_fsync_metrics() {
+        let m = "berth_store_fsyncs_total{group=\"0\"} 4\nberth_store_fsync_seconds_total{group=\"0\"} 0.002\nberth_store_poisoned{group=\"0\"} 0\n";
+        let g = store_health(m);
+        assert_eq!(g.len(), 1);
+        assert!((g[0]["fsync_ms_mean"].as_f64().unwrap_or(0.0) - 0.5).abs() < 1e-9);
+    }
+}

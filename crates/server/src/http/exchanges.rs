@@ -1,0 +1,150 @@
+//! Exchanges: list (all, per vhost) with RabbitMQ's list parameters, GET,
+//! PUT (declare) and DELETE (`if-unused`). The default exchange is named
+//! `amq.default` in URLs.
+
+use std::collections::HashMap;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use berth_broker::vhost::{ExchangeDeclare, VHost};
+use serde_json::{json, Value};
+
+use super::list::ListParams;
+use super::{
+    amqp_error, bad_request, exchange_name, flag, json_table, not_found, query_flag, sorted_vhosts,
+    table_json, vhost_or_404, Authed, HttpState,
+};
+
+pub(crate) fn exchanges_json(v: &VHost) -> Vec<Value> {
+    let mut es = v.exchanges();
+    es.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut out = vec![
+        json!({"name": "", "vhost": v.name, "type": "direct", "durable": true, "auto_delete": false, "internal": false, "arguments": {}}),
+    ];
+    out.extend(es.iter().map(|e| {
+        json!({
+            "name": e.name,
+            "vhost": v.name,
+            "type": e.kind.as_str(),
+            "durable": e.durable,
+            "auto_delete": e.auto_delete,
+            "internal": e.internal,
+            "arguments": table_json(&e.arguments),
+        })
+    }));
+    out
+}
+
+fn respond(vhosts: &[std::sync::Arc<VHost>], q: &HashMap<String, String>) -> Response {
+    let p = match ListParams::parse(q) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let all: Vec<Value> = vhosts.iter().flat_map(|v| exchanges_json(v)).collect();
+    let total = all.len();
+    let kept = all
+        .into_iter()
+        .filter(|e| p.keeps(e["name"].as_str().unwrap_or("")))
+        .collect();
+    p.respond(kept, total)
+}
+
+pub(super) async fn list_all(
+    State(st): State<HttpState>,
+    _: Authed,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    respond(&sorted_vhosts(&st), &q)
+}
+
+pub(super) async fn list_in(
+    State(st): State<HttpState>,
+    _: Authed,
+    Path(vhost): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    match vhost_or_404(&st, &vhost) {
+        Ok(v) => respond(&[v], &q),
+        Err(r) => r,
+    }
+}
+
+pub(super) async fn one(
+    State(st): State<HttpState>,
+    _: Authed,
+    Path((vhost, name)): Path<(String, String)>,
+) -> Response {
+    let v = match vhost_or_404(&st, &vhost) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let name = exchange_name(&name);
+    exchanges_json(&v)
+        .into_iter()
+        .find(|e| e["name"] == name)
+        .map_or_else(not_found, |e| Json(e).into_response())
+}
+
+/// `PUT /api/exchanges/{vhost}/{name}`: 201 if created, 204 if it existed
+/// with the same properties, 400 if they differ.
+pub(super) async fn put(
+    State(st): State<HttpState>,
+    _: Authed,
+    Path((vhost, name)): Path<(String, String)>,
+    body: Option<Json<Value>>,
+) -> Response {
+    let v = match vhost_or_404(&st, &vhost) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let body = body.map_or(Value::Null, |Json(b)| b);
+    let Some(kind) = body.get("type").and_then(Value::as_str) else {
+        return bad_request("exchange type is required (\"type\": \"direct\", \"fanout\", \"topic\" or \"headers\")");
+    };
+    let flags = (
+        flag(&body, "durable", true),
+        flag(&body, "auto_delete", false),
+        flag(&body, "internal", false),
+    );
+    let (durable, auto_delete, internal) = match flags {
+        (Ok(d), Ok(a), Ok(i)) => (d, a, i),
+        (Err(r), _, _) | (_, Err(r), _) | (_, _, Err(r)) => return r,
+    };
+    let existed = v.exchange(&name).is_ok();
+    let d = ExchangeDeclare {
+        kind: kind.to_owned(),
+        passive: false,
+        durable,
+        auto_delete,
+        internal,
+        arguments: json_table(body.get("arguments").unwrap_or(&Value::Null)),
+    };
+    match v.declare_exchange(&name, &d) {
+        Ok(()) if existed => StatusCode::NO_CONTENT.into_response(),
+        Ok(()) => StatusCode::CREATED.into_response(),
+        Err(e) => amqp_error(&e),
+    }
+}
+
+/// `DELETE /api/exchanges/{vhost}/{name}[?if-unused=true]`.
+pub(super) async fn delete(
+    State(st): State<HttpState>,
+    _: Authed,
+    Path((vhost, name)): Path<(String, String)>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let v = match vhost_or_404(&st, &vhost) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let name = exchange_name(&name);
+    if !name.is_empty() && v.exchange(name).is_err() {
+        return not_found();
+    }
+    match v.delete_exchange(name, query_flag(&q, "if-unused")) {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => amqp_error(&e),
+    }
+}

@@ -1,0 +1,330 @@
+//! Prometheus text format under `rabbitmq_prometheus`'s names, so the
+//! published Grafana dashboards work: `/metrics` aggregates queue metrics
+//! over all queues, `/metrics/per-object` has one series per queue
+//! (labels `vhost`, `queue`). Both carry `rabbitmq_identity_info`, which
+//! the dashboards join on, the global counters and berth's own store
+//! metrics per log group (`berth_store_*`, label `group`).
+//!
+//! Invariants:
+//! - Every family has exactly one `# HELP` and `# TYPE` line, before its
+//!   samples; counters end in `_total`.
+//! - A scrape takes each queue's lock once, briefly.
+
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use berth_broker::counters::CounterSnapshot;
+use berth_broker::queue::QueueStats;
+
+use super::overview::node_name;
+use super::HttpState;
+use crate::stats;
+
+fn escape_label(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Writes text into a `String`, which cannot fail.
+struct Out(String);
+
+impl Out {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.0, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &str, value: impl std::fmt::Display) {
+        if labels.is_empty() {
+            let _ = writeln!(self.0, "{name} {value}");
+        } else {
+            let _ = writeln!(self.0, "{name}{{{labels}}} {value}");
+        }
+    }
+
+    fn one(&mut self, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+        self.family(name, kind, help);
+        self.sample(name, "", value);
+    }
+}
+
+/// One queue's numbers.
+struct Row {
+    labels: String,
+    stats: QueueStats,
+    counters: CounterSnapshot,
+}
+
+fn rows(st: &HttpState) -> Vec<Row> {
+    let mut out = Vec::new();
+    for v in super::sorted_vhosts(st) {
+        for q in super::queues::sorted_queues(&v) {
+            out.push(Row {
+                labels: format!(
+                    "vhost=\"{}\",queue=\"{}\"",
+                    escape_label(&v.name),
+                    escape_label(&q.name)
+                ),
+                stats: q.stats(),
+                counters: q.counters.snapshot(),
+            });
+        }
+    }
+    out
+}
+
+type Pick = fn(&Row) -> u64;
+
+/// The queue families: name, type, help, value.
+const QUEUE_FAMILIES: [(&str, &str, &str, Pick); 7] = [
+    (
+        "rabbitmq_queue_messages_ready",
+        "gauge",
+        "Messages ready to be delivered to consumers.",
+        |r| r.stats.ready as u64,
+    ),
+    (
+        "rabbitmq_queue_messages_unacked",
+        "gauge",
+        "Messages delivered to consumers but not yet acknowledged.",
+        |r| r.stats.unacked as u64,
+    ),
+    (
+        "rabbitmq_queue_messages",
+        "gauge",
+        "Ready and unacknowledged messages.",
+        |r| (r.stats.ready + r.stats.unacked) as u64,
+    ),
+    (
+        "rabbitmq_queue_messages_ready_bytes",
+        "gauge",
+        "Size in bytes of ready messages.",
+        |r| r.stats.ready_bytes,
+    ),
+    (
+        "rabbitmq_queue_consumers",
+        "gauge",
+        "Consumers on the queue.",
+        |r| r.stats.consumers as u64,
+    ),
+    (
+        "rabbitmq_queue_messages_published_total",
+        "counter",
+        "Messages published into the queue.",
+        |r| r.counters.published,
+    ),
+    (
+        "rabbitmq_queue_messages_acked_total",
+        "counter",
+        "Messages acknowledged by consumers.",
+        |r| r.counters.acked,
+    ),
+];
+
+fn common(st: &HttpState, out: &mut Out, rows: &[Row]) {
+    let node = escape_label(node_name());
+    out.family(
+        "rabbitmq_identity_info",
+        "untyped",
+        "RabbitMQ node and cluster identity info.",
+    );
+    out.sample(
+        "rabbitmq_identity_info",
+        &format!("rabbitmq_node=\"{node}\",rabbitmq_cluster=\"{node}\",rabbitmq_cluster_permanent_id=\"{node}\""),
+        1,
+    );
+    out.family(
+        "rabbitmq_build_info",
+        "untyped",
+        "Build info (berth reports the RabbitMQ version it is compatible with).",
+    );
+    out.sample(
+        "rabbitmq_build_info",
+        &format!(
+            "rabbitmq_version=\"3.10.0\",product_name=\"berth\",product_version=\"{}\",prometheus_plugin_version=\"{}\"",
+            env!("CARGO_PKG_VERSION"),
+            env!("CARGO_PKG_VERSION")
+        ),
+        1,
+    );
+    let connections = st.connections.load(Ordering::Relaxed);
+    let channels: usize = st
+        .shared
+        .registry
+        .list()
+        .iter()
+        .map(|c| c.channels.lock().len())
+        .sum();
+    let consumers: usize = rows.iter().map(|r| r.stats.consumers).sum();
+    out.one(
+        "rabbitmq_connections",
+        "gauge",
+        "Open AMQP connections.",
+        connections,
+    );
+    out.one("rabbitmq_channels", "gauge", "Open channels.", channels);
+    out.one("rabbitmq_consumers", "gauge", "Consumers.", consumers);
+    out.one("rabbitmq_queues", "gauge", "Queues.", rows.len());
+    let sum = |f: fn(&CounterSnapshot) -> u64| rows.iter().map(|r| f(&r.counters)).sum::<u64>();
+    let globals: [(&str, &str, u64); 6] = [
+        (
+            "rabbitmq_global_messages_received_total",
+            "Messages received from publishers.",
+            stats::get(&stats::MESSAGES_RECEIVED),
+        ),
+        (
+            "rabbitmq_global_messages_routed_total",
+            "Messages routed to at least one queue.",
+            stats::get(&stats::MESSAGES_ROUTED),
+        ),
+        (
+            "rabbitmq_global_messages_unroutable_dropped_total",
+            "Unroutable messages dropped.",
+            stats::get(&stats::MESSAGES_UNROUTABLE_DROPPED),
+        ),
+        (
+            "rabbitmq_global_messages_unroutable_returned_total",
+            "Unroutable mandatory messages returned.",
+            stats::get(&stats::MESSAGES_UNROUTABLE_RETURNED),
+        ),
+        (
+            "rabbitmq_global_messages_delivered_total",
+            "Messages delivered to consumers or got.",
+            sum(|c| c.delivered),
+        ),
+        (
+            "rabbitmq_global_messages_acknowledged_total",
+            "Messages acknowledged by consumers.",
+            sum(|c| c.acked),
+        ),
+    ];
+    for (name, help, value) in globals {
+        out.family(name, "counter", help);
+        out.sample(name, "protocol=\"amqp091\"", value);
+    }
+    out.one(
+        "berth_message_bytes",
+        "gauge",
+        "Bytes of message data held in memory.",
+        berth_broker::message::message_bytes(),
+    );
+    store(st, out);
+}
+
+/// Per log group store metrics.
+fn store(st: &HttpState, out: &mut Out) {
+    let groups = st.journal.store.stats();
+    type G = berth_store::GroupStats;
+    /// Name, type, help, value.
+    type Family = (&'static str, &'static str, &'static str, fn(&G) -> String);
+    let families: [Family; 11] = [
+        (
+            "berth_store_fsyncs_total",
+            "counter",
+            "fdatasync calls.",
+            |g| g.syncs.to_string(),
+        ),
+        (
+            "berth_store_fsync_seconds_total",
+            "counter",
+            "Time spent in fdatasync.",
+            |g| format!("{}", g.sync_us_total as f64 / 1e6),
+        ),
+        (
+            "berth_store_batches_total",
+            "counter",
+            "Write batches (group commits).",
+            |g| g.batches.to_string(),
+        ),
+        (
+            "berth_store_records_total",
+            "counter",
+            "Records written.",
+            |g| g.records.to_string(),
+        ),
+        (
+            "berth_store_bytes_written_total",
+            "counter",
+            "Bytes written to segments.",
+            |g| g.bytes_written.to_string(),
+        ),
+        ("berth_store_segments", "gauge", "Segment files.", |g| {
+            g.segments.to_string()
+        }),
+        (
+            "berth_store_segments_deleted_total",
+            "counter",
+            "Segments deleted after their messages were acked.",
+            |g| g.segments_deleted.to_string(),
+        ),
+        (
+            "berth_store_bytes_compacted_total",
+            "counter",
+            "Bytes copied forward by compaction.",
+            |g| g.bytes_compacted.to_string(),
+        ),
+        (
+            "berth_store_live_messages",
+            "gauge",
+            "Messages stored and not yet removed.",
+            |g| g.live_messages.to_string(),
+        ),
+        (
+            "berth_store_checkpoints_total",
+            "counter",
+            "Index checkpoints written.",
+            |g| g.checkpoints.to_string(),
+        ),
+        (
+            "berth_store_poisoned",
+            "gauge",
+            "1 if the group refuses writes after an I/O error.",
+            |g| u8::from(g.poisoned).to_string(),
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        out.family(name, kind, help);
+        for g in &groups {
+            out.sample(name, &format!("group=\"{}\"", g.group), value(g));
+        }
+    }
+}
+
+fn text(out: Out) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        out.0,
+    )
+        .into_response()
+}
+
+/// `GET /metrics`: queue metrics summed over all queues.
+pub(super) async fn aggregated(State(st): State<HttpState>) -> Response {
+    let rows = rows(&st);
+    let mut out = Out(String::with_capacity(16 * 1024));
+    common(&st, &mut out, &rows);
+    for (name, kind, help, pick) in QUEUE_FAMILIES {
+        out.one(name, kind, help, rows.iter().map(pick).sum::<u64>());
+    }
+    text(out)
+}
+
+/// `GET /metrics/per-object`: one series per queue.
+pub(super) async fn per_object(State(st): State<HttpState>) -> Response {
+    let rows = rows(&st);
+    let mut out = Out(String::with_capacity(64 * 1024 + rows.len() * 512));
+    common(&st, &mut out, &rows);
+    for (name, kind, help, pick) in QUEUE_FAMILIES {
+        out.family(name, kind, help);
+        for r in &rows {
+            out.sample(name, &r.labels, pick(r));
+        }
+    }
+    text(out)
+}

@@ -1,0 +1,117 @@
+//! `GET /api/overview` (product, totals, rates) and `/api/nodes[/{name}]`.
+
+use std::sync::atomic::Ordering;
+use std::sync::OnceLock;
+
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::{not_found, Authed, HttpState};
+
+/// This node's name, `berth@HOSTNAME`, as RabbitMQ's `rabbit@HOSTNAME`.
+pub(crate) fn node_name() -> &'static str {
+    static NAME: OnceLock<String> = OnceLock::new();
+    NAME.get_or_init(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".to_owned());
+        format!("berth@{host}")
+    })
+}
+
+pub(super) async fn overview(State(st): State<HttpState>, _: Authed) -> Response {
+    let (mut queues, mut exchanges, mut ready, mut unacked, mut consumers) = (0, 0, 0, 0, 0);
+    let (mut published, mut delivered, mut acked) = (0u64, 0u64, 0u64);
+    let (mut pub_rate, mut del_rate, mut ack_rate) = (0f64, 0f64, 0f64);
+    for v in st.shared.broker.vhosts() {
+        for q in v.queues() {
+            let s = q.stats();
+            let c = q.counters.snapshot();
+            queues += 1;
+            ready += s.ready;
+            unacked += s.unacked;
+            consumers += s.consumers;
+            published += c.published;
+            delivered += c.delivered;
+            acked += c.acked;
+            pub_rate += c.published_rate;
+            del_rate += c.delivered_rate;
+            ack_rate += c.acked_rate;
+        }
+        exchanges += v.exchanges().len();
+    }
+    let channels: usize = st
+        .shared
+        .registry
+        .list()
+        .iter()
+        .map(|c| c.channels.lock().len())
+        .sum();
+    let listeners: Vec<Value> = st
+        .listeners
+        .iter()
+        .map(|a| json!({"node": node_name(), "ip_address": a.ip().to_string(), "port": a.port()}))
+        .collect();
+    Json(json!({
+        "product_name": "berth",
+        "product_version": env!("CARGO_PKG_VERSION"),
+        "management_version": env!("CARGO_PKG_VERSION"),
+        "rabbitmq_version": "3.10.0",
+        "cluster_name": node_name(),
+        "node": node_name(),
+        "listeners": listeners,
+        "object_totals": {
+            "queues": queues,
+            "exchanges": exchanges,
+            "connections": st.connections.load(Ordering::Relaxed),
+            "channels": channels,
+            "consumers": consumers,
+        },
+        "queue_totals": {
+            "messages": ready + unacked,
+            "messages_ready": ready,
+            "messages_unacknowledged": unacked,
+        },
+        "message_stats": {
+            "publish": published,
+            "publish_details": {"rate": pub_rate},
+            "deliver_get": delivered,
+            "deliver_get_details": {"rate": del_rate},
+            "ack": acked,
+            "ack_details": {"rate": ack_rate},
+        },
+    }))
+    .into_response()
+}
+
+fn node_json(st: &HttpState) -> Value {
+    json!({
+        "name": node_name(),
+        "type": "disc",
+        "running": true,
+        "mem_used": berth_broker::message::message_bytes(),
+        "mem_limit": st.shared.config.limits.memory_high_watermark(),
+        "mem_alarm": false,
+        "disk_free_alarm": false,
+    })
+}
+
+pub(super) async fn nodes(State(st): State<HttpState>, _: Authed) -> Response {
+    Json(vec![node_json(&st)]).into_response()
+}
+
+pub(super) async fn node(
+    State(st): State<HttpState>,
+    _: Authed,
+    Path(name): Path<String>,
+) -> Response {
+    if name == node_name() {
+        Json(node_json(&st)).into_response()
+    } else {
+        not_found()
+    }
+}
