@@ -12,6 +12,7 @@ pub mod connection;
 pub mod http;
 pub mod journal;
 pub mod limits;
+pub mod memory;
 pub mod outbound;
 
 use std::fs::File;

@@ -36,10 +36,11 @@ pub const READ_FREE_BYTES_MIN: usize = 4096;
 /// `limits.connection_output_bytes_max` before consumers are paused.
 pub const OUTPUT_BUFFER_BYTES_INITIAL: usize = 8 * 1024;
 
-/// Confirm-mode publishes waiting for the journal, per connection, before
-/// the server stops reading from it (back-pressure instead of unbounded
-/// bookkeeping).
-pub const UNCONFIRMED_PER_CONNECTION_MAX: usize = 65_536;
+/// Journal completions pending for one connection (confirm-mode publishes
+/// and `tx.commit` writes waiting for the journal) before the server stops
+/// reading from it: back-pressure instead of unbounded bookkeeping and an
+/// unbounded completion queue.
+pub const COMPLETIONS_PER_CONNECTION_MAX: usize = 65_536;
 
 /// Flow control, like RabbitMQ's credit flow: after a publish to a queue
 /// whose consumers are busy but not keeping up, the connection stops reading

@@ -46,6 +46,7 @@ impl Conn {
                         state: ChanState::Open,
                         ch: Channel::new(channel, session),
                         content: ContentAssembler::new(channel),
+                        assembling: crate::memory::Counted::new(&crate::memory::ASSEMBLING_BYTES),
                         confirms: None,
                         last_queue: None,
                         tx_waiting: 0,

@@ -1,13 +1,21 @@
 //! When a connection is not read: the memory alarm, flow pauses behind
-//! backlogged queues, too many unconfirmed publishes; and consumers paused
-//! by a full output buffer resuming once it drained.
+//! backlogged queues, too many journal completions pending, a full output
+//! buffer; and consumers paused by a full output buffer resuming once it
+//! drained.
 //!
 //! Invariants:
 //! - Back-pressure stops reading from the socket (TCP does the rest); it
 //!   never drops or refuses a frame.
 //! - Every pause ends: a flow pause after [`limits::FLOW_PAUSE_MS_MAX`], the
-//!   memory alarm once message memory is below the watermark, the
-//!   unconfirmed bound as the journal completes writes.
+//!   memory alarm once memory in use is below the watermark, the
+//!   completion bound as the journal completes writes, a full output
+//!   buffer once the writer took it (a peer that never reads is dropped by
+//!   the heartbeat it cannot answer, or holds at most its bounded buffer).
+//! - Journal completions in flight to this connection (its `stored`
+//!   channel) are at most [`limits::COMPLETIONS_PER_CONNECTION_MAX`]: each
+//!   is counted when its write is submitted and the socket is not read at
+//!   the bound, so the channel needs no bound of its own (a bounded one
+//!   would make a store thread wait on a client).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -73,14 +81,16 @@ impl Conn {
     pub(super) fn may_read(&self) -> bool {
         !self.flow.blocked
             && !self.flow.is_paused()
-            && self.unconfirmed < limits::UNCONFIRMED_PER_CONNECTION_MAX
+            && self.unconfirmed + self.tx_waits < limits::COMPLETIONS_PER_CONNECTION_MAX
+            && !self.out.is_full()
     }
 
     /// The memory alarm: publishing connections stop being read while
-    /// message memory is above the watermark (TCP back-pressure does the
-    /// rest), and are told so if they asked.
+    /// memory in use (messages, output buffers, bodies being assembled) is
+    /// above the watermark (TCP back-pressure does the rest), and are told
+    /// so if they asked.
     pub(super) fn update_blocked(&mut self) {
-        let over = berth_broker::message::message_bytes() > self.flow.memory_high_watermark_bytes;
+        let over = crate::memory::used_bytes() > self.flow.memory_high_watermark_bytes;
         if over && self.flow.has_published && !self.flow.blocked {
             self.flow.blocked = true;
             tracing::warn!(peer = %self.peer, "memory alarm: blocking publishing connection");

@@ -78,6 +78,8 @@ struct Slot {
     ch: Arc<Channel>,
     /// The publish whose content frames are arriving, if any.
     content: ContentAssembler,
+    /// `content`'s body bytes, counted for the memory alarm.
+    assembling: crate::memory::Counted,
     /// Set once the channel is in confirm mode.
     confirms: Option<Confirms>,
     /// The last queue declared on this channel, for empty queue names.
@@ -112,6 +114,9 @@ struct Conn {
     stored_rx: tokio::sync::mpsc::UnboundedReceiver<Stored>,
     /// Confirm-mode publishes waiting for the journal, all channels.
     unconfirmed: usize,
+    /// Journal writes of `tx.commit`s not completed yet, all channels
+    /// (with `unconfirmed`, bounds the `stored` channel; see [`flow`]).
+    tx_waits: usize,
     /// Channels opened so far: the next slot's generation.
     generations: u64,
 }
@@ -134,7 +139,7 @@ pub async fn serve(
         config_limits.connection_output_bytes_max,
         config_limits.frame_size_bytes_max,
     );
-    let writer = tokio::spawn(write_loop(wr, Arc::clone(&out)));
+    let mut writer = tokio::spawn(write_loop(wr, Arc::clone(&out)));
     let (stored_tx, stored_rx) = tokio::sync::mpsc::unbounded_channel();
     let mut c = Conn {
         frame_max: config_limits.frame_size_bytes_max,
@@ -154,6 +159,7 @@ pub async fn serve(
         stored_tx,
         stored_rx,
         unconfirmed: 0,
+        tx_waits: 0,
         generations: 0,
     };
     let end = match c.handshake().await {
@@ -183,10 +189,13 @@ pub async fn serve(
         );
     }
     out.close();
-    let wr = match tokio::time::timeout(close_timeout, writer).await {
+    let wr = match tokio::time::timeout(close_timeout, &mut writer).await {
         Ok(Ok(wr)) => Some(wr),
         _ => {
-            tracing::debug!(%peer, "writer did not finish in time");
+            // A peer that does not read would keep the writer, its buffer
+            // and the socket forever.
+            tracing::debug!(%peer, "writer did not finish in time; closing the socket");
+            writer.abort();
             None
         }
     };
@@ -202,8 +211,10 @@ pub async fn serve(
 /// when idle. Returns the write half once `out` is closed and flushed: when
 /// the socket closes is the connection's decision.
 async fn write_loop(mut wr: OwnedWriteHalf, out: Arc<Outbound>) -> OwnedWriteHalf {
+    // Dropped with the task, even an aborted one: the count never leaks.
+    let mut in_flight = crate::memory::Counted::new(&crate::memory::OUTPUT_BYTES);
     loop {
-        let buf = out.take();
+        let buf = out.take(&mut in_flight);
         if buf.is_empty() {
             if out.is_closed() {
                 break;
@@ -221,7 +232,9 @@ async fn write_loop(mut wr: OwnedWriteHalf, out: Arc<Outbound>) -> OwnedWriteHal
             }
             continue;
         }
-        if wr.write_all(&buf).await.is_err() {
+        let written = wr.write_all(&buf).await;
+        in_flight.set(0);
+        if written.is_err() {
             out.close();
             break;
         }
@@ -330,6 +343,11 @@ impl Conn {
     fn on_tick(&mut self) -> Result<(), End> {
         self.update_blocked();
         let now = Self::now();
+        if !self.may_read() {
+            // Not reading is our choice, not the peer's silence (RabbitMQ
+            // too stops its heartbeat monitor while it blocks a reader).
+            self.last_read = now;
+        }
         if !self.heartbeat.is_zero() && now.duration_since(self.last_read) > self.heartbeat * 2 {
             tracing::warn!(peer = %self.peer, user = %self.user, "missed heartbeats from client, timeout: {:?}", self.heartbeat * 2);
             return Err(End::Done);
