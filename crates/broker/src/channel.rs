@@ -174,6 +174,7 @@ impl Channel {
                     "attempt to reuse consumer tag '{tag}'"
                 )));
             }
+            (self.session.vhost.count_limits()).check_new_consumer(st.consumers.len())?;
             let c = Arc::new(Consumer {
                 tag: tag.clone(),
                 channel: Arc::clone(self) as Arc<dyn ConsumerChannel>,
