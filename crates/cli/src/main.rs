@@ -105,6 +105,10 @@ struct ServeArgs {
     /// limits.consumers_per_channel_max: consumers on one channel.
     #[arg(long, value_name = "N")]
     consumers_per_channel_max: Option<usize>,
+    /// limits.disk_free_bytes_min: free disk space below which publishers
+    /// are blocked.
+    #[arg(long, value_name = "BYTES")]
+    disk_free_bytes_min: Option<u64>,
     /// auth.vhosts: a virtual host to serve (repeatable).
     #[arg(long = "vhost", value_name = "NAME")]
     vhost: Vec<String>,
@@ -178,6 +182,7 @@ impl ServeArgs {
             &mut c.limits.consumers_per_channel_max,
             self.consumers_per_channel_max,
         );
+        set(&mut c.limits.disk_free_bytes_min, self.disk_free_bytes_min);
         set_list(&mut c.auth.vhosts, self.vhost);
         set(&mut c.log.log_level, self.log_level);
     }

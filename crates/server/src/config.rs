@@ -113,6 +113,9 @@ pub struct Limits {
     pub bindings_per_exchange_max: usize,
     /// Consumers per channel (RabbitMQ's `consumer_max_per_channel`).
     pub consumers_per_channel_max: usize,
+    /// Free space on every data directory's filesystem below which
+    /// publishers are blocked (RabbitMQ's `disk_free_limit`).
+    pub disk_free_bytes_min: u64,
 }
 
 /// `[auth]`: users and virtual hosts.
@@ -182,6 +185,7 @@ impl Default for Limits {
             exchanges_max: berth_broker::limits::EXCHANGES_MAX_DEFAULT,
             bindings_per_exchange_max: berth_broker::limits::BINDINGS_PER_EXCHANGE_MAX_DEFAULT,
             consumers_per_channel_max: berth_broker::limits::CONSUMERS_PER_CHANNEL_MAX_DEFAULT,
+            disk_free_bytes_min: limits::DEFAULT_DISK_FREE_BYTES_MIN,
         }
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod connection;
+pub mod disk;
 pub mod http;
 pub mod journal;
 pub mod limits;
@@ -193,8 +194,15 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
     let shared = Arc::new(Shared {
         broker: Arc::clone(&broker),
         config: Arc::new(config),
+        disk: Arc::default(),
     });
     let (tx, rx) = watch::channel(false);
+    disk::spawn_watch(
+        Arc::clone(&shared.disk),
+        shared.config.store.data_dirs.clone(),
+        shared.config.limits.disk_free_bytes_min,
+        rx.clone(),
+    );
     let open = Arc::new(AtomicUsize::new(0));
     for l in http_listeners {
         let app = http::router(http::HttpState {

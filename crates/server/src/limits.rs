@@ -101,3 +101,12 @@ pub const MEMORY_HIGH_WATERMARK_TENTHS_OF_RAM: u64 = 4;
 
 /// RAM assumed when `/proc/meminfo` cannot be read.
 pub const MEMORY_TOTAL_BYTES_FALLBACK: u64 = 4 << 30;
+
+/// `limits.disk_free_bytes_min`: 50 MB, RabbitMQ's `disk_free_limit`
+/// default.
+pub const DEFAULT_DISK_FREE_BYTES_MIN: u64 = 50_000_000;
+
+/// How often the disk free alarm measures free space (`statvfs`) on the
+/// data directories' filesystems (RabbitMQ checks every 10 s at most; a
+/// small filesystem fills faster, so more often).
+pub const DISK_CHECK_MS: u64 = 250;

@@ -85,20 +85,29 @@ impl Conn {
             && !self.out.is_full()
     }
 
-    /// The memory alarm: publishing connections stop being read while
+    /// The resource alarms: publishing connections stop being read while
     /// memory in use (messages, output buffers, bodies being assembled) is
-    /// above the watermark (TCP back-pressure does the rest), and are told
-    /// so if they asked.
+    /// above the watermark or a data directory is low on space (TCP
+    /// back-pressure does the rest), and are told so if they asked.
     pub(super) fn update_blocked(&mut self) {
-        let over = crate::memory::used_bytes() > self.flow.memory_high_watermark_bytes;
+        let memory_over = crate::memory::used_bytes() > self.flow.memory_high_watermark_bytes;
+        let reason = if memory_over {
+            Some("low on memory")
+        } else if self.shared.disk.is_on() {
+            Some("low on disk")
+        } else {
+            None
+        };
+        let over = reason.is_some();
         if over && self.flow.has_published && !self.flow.blocked {
             self.flow.blocked = true;
-            tracing::warn!(peer = %self.peer, "memory alarm: blocking publishing connection");
+            let reason = reason.unwrap_or_default();
+            tracing::warn!(peer = %self.peer, reason, "resource alarm: blocking publishing connection");
             if self.flow.blocked_notify {
                 self.send_method(
                     0,
                     &AMQPClass::Connection(conn::AMQPMethod::Blocked(conn::Blocked {
-                        reason: "low on memory".into(),
+                        reason: reason.into(),
                     })),
                 );
             }

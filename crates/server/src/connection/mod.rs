@@ -64,6 +64,8 @@ use flow::Flow;
 pub struct Shared {
     pub broker: Arc<Broker>,
     pub config: Arc<Config>,
+    /// Set while a data directory is low on space (see [`crate::disk`]).
+    pub disk: Arc<crate::disk::DiskAlarm>,
 }
 
 enum ChanState {
