@@ -5,12 +5,15 @@
 //! Invariants:
 //! - Every append is of whole frames, under one lock, so frames from
 //!   different producers never interleave.
-//! - Output is bounded: above `limit_bytes` the outlet reports congestion,
-//!   queues hold their messages back and the connection stops reading (so
-//!   replies it would make, `basic.return`s above all, stop too); the
+//! - Output is bounded: above `limit_bytes` the outlet reports congestion
+//!   and queues hold their messages back; above twice that the connection
+//!   stops reading too, so replies it would make (`basic.return`s above
+//!   all) stop growing. Deliveries alone stop at `limit_bytes`, so a client
+//!   that publishes while it is slow to read its deliveries is still read;
+//!   only replies it provokes and never reads fill the second half. The
 //!   writer signals `drained` when it has taken the backlog, so both
-//!   resume. At most `limit_bytes` plus one read's worth of replies is
-//!   buffered, plus what the writer has taken and not yet written.
+//!   resume. At most twice `limit_bytes` plus one read's worth of replies
+//!   is buffered, plus what the writer has taken and not yet written.
 //! - Every output byte is counted in [`crate::memory::OUTPUT_BYTES`] (for
 //!   the memory alarm) from its push until it is written or dropped.
 //! - Only server-sent `basic.cancel`s are ever held back, and only between
@@ -129,10 +132,14 @@ impl Outbound {
         self.buf.lock().bytes.len()
     }
 
-    /// Whether the buffer is at its bound: the connection then stops
-    /// reading (and queues stop delivering) until the writer took it.
+    /// Whether the buffer is at twice its bound: the connection then stops
+    /// reading until the writer took it.
     pub fn is_full(&self) -> bool {
-        self.is_congested()
+        let full = self.buf.lock().bytes.len() >= self.limit_bytes.saturating_mul(2);
+        if full {
+            self.congested.store(true, Ordering::Release);
+        }
+        full
     }
 
     /// Holds back server-sent `basic.cancel`s until [`Self::release_cancels`],

@@ -1,16 +1,16 @@
-//! When a connection is not read: the memory alarm, flow pauses behind
-//! backlogged queues, too many journal completions pending, a full output
-//! buffer; and consumers paused by a full output buffer resuming once it
-//! drained.
+//! When a connection is not read: the memory and disk alarms, flow pauses
+//! behind backlogged queues, too many journal completions pending, an
+//! output buffer at twice its bound; and consumers paused by a full output
+//! buffer resuming once it drained.
 //!
 //! Invariants:
 //! - Back-pressure stops reading from the socket (TCP does the rest); it
 //!   never drops or refuses a frame.
 //! - Every pause ends: a flow pause after [`limits::FLOW_PAUSE_MS_MAX`], the
-//!   memory alarm once memory in use is below the watermark, the
-//!   completion bound as the journal completes writes, a full output
-//!   buffer once the writer took it (a peer that never reads is dropped by
-//!   the heartbeat it cannot answer, or holds at most its bounded buffer).
+//!   alarms once memory in use is below the watermark and the disks have
+//!   space, the completion bound as the journal completes writes, a full
+//!   output buffer once the writer took it (a peer that never reads holds
+//!   at most its bounded buffers until it goes away).
 //! - Journal completions in flight to this connection (its `stored`
 //!   channel) are at most [`limits::COMPLETIONS_PER_CONNECTION_MAX`]: each
 //!   is counted when its write is submitted and the socket is not read at
