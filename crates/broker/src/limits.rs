@@ -28,6 +28,11 @@ pub const FLOW_ACTIVE_MS: u64 = 100;
 /// characters, as RabbitMQ names them.
 pub const SERVER_NAMED_TAIL_CHARS: usize = 22;
 
+/// Publishes, acks and nacks one open transaction may hold before
+/// `tx.commit`; one more is refused with 406 (RabbitMQ has no such limit;
+/// a transaction this large is a client bug or an attack).
+pub const TX_OPERATIONS_MAX: usize = 65_536;
+
 /// Default of `limits.queues_max` (per vhost). RabbitMQ's `max-queues`
 /// vhost limit is unlimited by default; berth bounds it (DESIGN.md
 /// invariant 3) far above what applications declare.
