@@ -331,33 +331,24 @@ fn beta_continued_fraction(a: f64, b: f64, x: f64) -> f64 {
     }
     d = 1.0 / d;
     let mut h = d;
+    // One Lentz step with coefficient `aa`: returns the factor h moves by.
+    let mut step = |aa: f64| {
+        d = 1.0 + aa * d;
+        if d.abs() < TINY {
+            d = TINY;
+        }
+        c = 1.0 + aa / c;
+        if c.abs() < TINY {
+            c = TINY;
+        }
+        d = 1.0 / d;
+        d * c
+    };
     for m in 1..10_000 {
         let m = f64::from(m);
         let m2 = 2.0 * m;
-        // Even step.
-        let aa = m * (b - m) * x / ((qam + m2) * (a + m2));
-        d = 1.0 + aa * d;
-        if d.abs() < TINY {
-            d = TINY;
-        }
-        c = 1.0 + aa / c;
-        if c.abs() < TINY {
-            c = TINY;
-        }
-        d = 1.0 / d;
-        h *= d * c;
-        // Odd step.
-        let aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2));
-        d = 1.0 + aa * d;
-        if d.abs() < TINY {
-            d = TINY;
-        }
-        c = 1.0 + aa / c;
-        if c.abs() < TINY {
-            c = TINY;
-        }
-        d = 1.0 / d;
-        let delta = d * c;
+        h *= step(m * (b - m) * x / ((qam + m2) * (a + m2))); // even step
+        let delta = step(-(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))); // odd step
         h *= delta;
         if (delta - 1.0).abs() < EPS {
             break;

@@ -98,6 +98,17 @@ impl Bindings {
     }
 }
 
+/// Arguments of `exchange.declare` other than the name.
+#[derive(Debug, Clone, Default)]
+pub struct ExchangeDeclare {
+    pub kind: String,
+    pub passive: bool,
+    pub durable: bool,
+    pub auto_delete: bool,
+    pub internal: bool,
+    pub arguments: FieldTable,
+}
+
 /// An exchange.
 pub struct Exchange {
     pub name: String,
@@ -127,6 +138,35 @@ impl Exchange {
             arguments,
             bindings: RwLock::default(),
         }
+    }
+
+    /// A redeclaration must match the exchange as it is (406 otherwise,
+    /// with RabbitMQ's text).
+    pub fn check_equivalent(
+        &self,
+        kind: ExchangeKind,
+        d: &ExchangeDeclare,
+        vhost: &str,
+    ) -> AmqpResult<()> {
+        let name = &self.name;
+        let mismatch = |arg: &str, got: String, cur: String| {
+            Err(AmqpError::precondition_failed(format!(
+                "inequivalent arg '{arg}' for exchange '{name}' in vhost '{vhost}': received '{got}' but current is '{cur}'"
+            )))
+        };
+        if self.kind != kind {
+            return mismatch("type", kind.as_str().into(), self.kind.as_str().into());
+        }
+        for (arg, got, cur) in [
+            ("durable", d.durable, self.durable),
+            ("auto_delete", d.auto_delete, self.auto_delete),
+            ("internal", d.internal, self.internal),
+        ] {
+            if got != cur {
+                return mismatch(arg, got.to_string(), cur.to_string());
+            }
+        }
+        Ok(())
     }
 
     /// The `alternate-exchange` argument, if set.

@@ -21,6 +21,7 @@ use crate::clock::Clock;
 use crate::dead_letter::{self, DeadLetter};
 use crate::durable::{self, Done, Durability, Journal};
 use crate::error::{AmqpError, AmqpResult};
+pub use crate::exchange::ExchangeDeclare;
 use crate::exchange::{Destination, Exchange, ExchangeKind};
 use crate::limits::{CountLimits, SERVER_NAMED_TAIL_CHARS};
 use crate::message::Message;
@@ -62,17 +63,6 @@ pub struct QueueDeclare {
     pub durable: bool,
     pub exclusive: bool,
     pub auto_delete: bool,
-    pub arguments: FieldTable,
-}
-
-/// Arguments of `exchange.declare` other than the name.
-#[derive(Debug, Clone, Default)]
-pub struct ExchangeDeclare {
-    pub kind: String,
-    pub passive: bool,
-    pub durable: bool,
-    pub auto_delete: bool,
-    pub internal: bool,
     pub arguments: FieldTable,
 }
 
@@ -290,29 +280,7 @@ impl VHost {
         }
         let mut ex = self.exchanges.write();
         if let Some(e) = ex.get(name) {
-            let mismatch = |arg: &str, got: String, cur: String| {
-                Err(AmqpError::precondition_failed(format!(
-                    "inequivalent arg '{arg}' for exchange '{name}' in vhost '{}': received '{got}' but current is '{cur}'",
-                    self.name
-                )))
-            };
-            if e.kind != kind {
-                return mismatch("type", kind.as_str().into(), e.kind.as_str().into());
-            }
-            if e.durable != d.durable {
-                return mismatch("durable", d.durable.to_string(), e.durable.to_string());
-            }
-            if e.auto_delete != d.auto_delete {
-                return mismatch(
-                    "auto_delete",
-                    d.auto_delete.to_string(),
-                    e.auto_delete.to_string(),
-                );
-            }
-            if e.internal != d.internal {
-                return mismatch("internal", d.internal.to_string(), e.internal.to_string());
-            }
-            return Ok(());
+            return e.check_equivalent(kind, d, &self.name);
         }
         ex.insert(
             name.to_owned(),

@@ -69,6 +69,11 @@ struct ServeArgs {
     /// memory; bodies beyond it are written to disk and read back on delivery.
     #[arg(long, value_name = "N")]
     queue_resident_messages_max: Option<usize>,
+    /// store.accept_missing_segments: start even if segments holding live
+    /// messages are missing, dropping those messages (they are listed in
+    /// the log). Use only after restoring from backup failed.
+    #[arg(long)]
+    accept_missing_segments: bool,
     /// limits.frame_size_bytes_max: largest frame accepted and proposed.
     #[arg(long, value_name = "BYTES")]
     frame_size_bytes_max: Option<u32>,
@@ -150,6 +155,9 @@ impl ServeArgs {
             &mut c.store.queue_resident_messages_max,
             self.queue_resident_messages_max,
         );
+        if self.accept_missing_segments {
+            c.store.accept_missing_segments = true;
+        }
         set(
             &mut c.limits.frame_size_bytes_max,
             self.frame_size_bytes_max,

@@ -83,6 +83,9 @@ pub struct Store {
     /// it leave memory once written to the store (transient ones as paging
     /// copies, dropped at restart) and are read back on delivery.
     pub queue_resident_messages_max: usize,
+    /// Open even if segments holding live messages are missing, dropping
+    /// those messages (reported). Off: such a store refuses to start.
+    pub accept_missing_segments: bool,
 }
 
 /// `[limits]`: every bound the broker enforces, with units in the names.
@@ -167,6 +170,7 @@ impl Default for Store {
             commit_delay_us_max: store.commit_delay_us_max,
             segment_size_bytes: store.segment_size_bytes,
             queue_resident_messages_max: berth_broker::limits::RESIDENT_MESSAGES_MAX_DEFAULT,
+            accept_missing_segments: store.accept_missing_segments,
         }
     }
 }
@@ -275,6 +279,7 @@ impl Config {
         c.sync_interval_ms = self.store.sync_interval_ms;
         c.commit_delay_us_max = self.store.commit_delay_us_max;
         c.segment_size_bytes = self.store.segment_size_bytes;
+        c.accept_missing_segments = self.store.accept_missing_segments;
         c
     }
 

@@ -282,6 +282,68 @@ mod tests {
     }
 
     #[test]
+    fn golden_bytes_checkpoint() {
+        let mut ix = Index::default();
+        ix.apply(
+            &Record::MetaPut {
+                key: b"k",
+                value: b"vv",
+            },
+            Loc {
+                seg: 3,
+                offset: 32,
+                len: 27,
+            },
+        );
+        ix.apply(
+            &Record::Publish {
+                msg: MsgId(5),
+                queues: Cow::Borrowed(&[QueueId(1), QueueId(2)]),
+                payload: b"x",
+            },
+            Loc {
+                seg: 3,
+                offset: 59,
+                len: 49,
+            },
+        );
+        let info = CheckpointInfo {
+            lsn: 9,
+            replay: ReplayFrom {
+                seg: 3,
+                offset: 108,
+            },
+        };
+        #[rustfmt::skip]
+        let expected: &[u8] = &[
+            b'B', b'E', b'R', b'T', b'H', b'C', b'K', b'P', // magic
+            1, 0, 0, 0,                   // format_version
+            2, 0, 0, 0,                   // group
+            9, 0, 0, 0, 0, 0, 0, 0,       // lsn
+            3, 0, 0, 0, 0, 0, 0, 0,       // replay_seg
+            108, 0, 0, 0, 0, 0, 0, 0,     // replay_offset
+            5, 0, 0, 0, 0, 0, 0, 0,       // msg_id_hw
+            1, 0, 0, 0, 0, 0, 0, 0,       // meta_count
+            1, 0, 0, 0, 0, 0, 0, 0,       // msg_count
+            1, 0, 0, 0,  2, 0, 0, 0,      // key_len, value_len
+            b'k', b'v', b'v',             // key, value
+            5, 0, 0, 0, 0, 0, 0, 0,       // msg
+            3, 0, 0, 0,                   // seg
+            59, 0, 0, 0,                  // offset
+            49, 0, 0, 0,                  // rec_len
+            2, 0, 0, 0,                   // queue_count
+            1, 0, 0, 0, 0, 0, 0, 0,       // queue
+            2, 0, 0, 0, 0, 0, 0, 0,       // queue
+            0x83, 0x54, 0x51, 0xd0,       // crc32c over all of the above
+        ];
+        let bytes = encode(2, info, &ix);
+        assert_eq!(&bytes[..], expected);
+        let (i2, ix2) = decode(2, &bytes, Path::new("c")).unwrap();
+        assert_eq!(i2, info);
+        assert_eq!(ix2.meta, ix.meta);
+    }
+
+    #[test]
     fn names_roundtrip() {
         assert_eq!(parse_checkpoint_name(&checkpoint_name(77)), Some(77));
         assert_eq!(parse_checkpoint_name("ckpt.tmp"), None);

@@ -30,6 +30,10 @@ pub enum StoreError {
         #[source]
         cause: Arc<StoreError>,
     },
+    /// A group's writer thread died (a bug: it panicked). Its group is
+    /// poisoned; this is the cause every waiter sees.
+    #[error("the writer thread of log group {group} died: {reason}")]
+    WriterDied { group: u32, reason: String },
     /// Bytes on disk do not pass their checksum or do not parse.
     #[error("corrupt data in {path} at offset {offset}: {reason}")]
     Corrupt {

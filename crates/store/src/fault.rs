@@ -13,6 +13,11 @@
 //! - A failed `sync_data` makes nothing durable.
 //! - Directories themselves are durable when created (the store creates
 //!   them once, at open, and syncs their parent is not modelled).
+//! - With [`FaultStorage::set_reorder_removals`], a removal is durable the
+//!   moment it returns, ahead of every unsynced write and directory change
+//!   (a journaling file system may commit an unlink before data written
+//!   earlier to another file): the worst case for code that deletes a file
+//!   because of data it has not synced yet.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -23,6 +28,7 @@ use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::clock::ManualClock;
 use crate::storage::{Storage, StorageFile};
 
 struct Node {
@@ -61,9 +67,18 @@ struct State {
     tear_on_crash: bool,
     sync_data_calls: u64,
     sync_latency: std::time::Duration,
+    /// Each `sync_data` also moves this clock forward by the duration.
+    sync_clock: Option<(Arc<ManualClock>, std::time::Duration)>,
     /// Between `crash` and `power_on`: every call fails, as a machine
     /// without power runs no code.
     down: bool,
+    /// Removals become durable at once (see the module invariants).
+    reorder_removals: bool,
+    /// Successful removals (of names ending in the suffix) left before the
+    /// power fails right after one.
+    removes_until_crash: Option<(u64, &'static str)>,
+    /// The next `sync_data` panics (a bug in the caller's thread).
+    panic_on_sync: bool,
 }
 
 /// The fault-injecting storage. Cheap to clone; clones share one state.
@@ -111,7 +126,11 @@ impl FaultStorage {
                 tear_on_crash: false,
                 sync_data_calls: 0,
                 sync_latency: std::time::Duration::ZERO,
+                sync_clock: None,
                 down: false,
+                reorder_removals: false,
+                removes_until_crash: None,
+                panic_on_sync: false,
             })),
         }
     }
@@ -120,13 +139,16 @@ impl FaultStorage {
     /// a completed sync is dropped (or torn, see [`Self::set_tear_on_crash`]),
     /// all open handles die, and every call fails until [`Self::power_on`].
     pub fn crash(&self) {
-        let mut st = self.state.lock();
+        Self::crash_locked(&mut self.state.lock());
+    }
+
+    fn crash_locked(st: &mut State) {
         st.generation += 1;
         st.down = true;
         let tear = st.tear_on_crash;
         let State {
             nodes, rng, dirs, ..
-        } = &mut *st;
+        } = st;
         for node in nodes.iter_mut() {
             let mut survived = node.durable.clone();
             if tear && node.volatile.len() > survived.len() && node.dirty_from >= survived.len() {
@@ -156,6 +178,31 @@ impl FaultStorage {
         self.state.lock().down = false;
     }
 
+    /// Whether the power is off (after a crash, before [`Self::power_on`]).
+    pub fn is_down(&self) -> bool {
+        self.state.lock().down
+    }
+
+    /// With `on`, every removal is durable as soon as it returns, ahead of
+    /// unsynced data and directory changes made before it, as a journaling
+    /// file system may order them.
+    pub fn set_reorder_removals(&self, on: bool) {
+        self.state.lock().reorder_removals = on;
+    }
+
+    /// The power fails right after the `n`-th next successful removal of a
+    /// file whose name ends in `suffix` (counting from 1), the moment a
+    /// deletion's consequences are at their most exposed. `None` disarms it.
+    pub fn crash_after_removes(&self, n: Option<u64>, suffix: &'static str) {
+        self.state.lock().removes_until_crash = n.map(|n| (n, suffix));
+    }
+
+    /// The next `sync_data` call panics instead of returning: stands for a
+    /// bug in the calling thread, to test that its death is contained.
+    pub fn panic_on_next_sync(&self) {
+        self.state.lock().panic_on_sync = true;
+    }
+
     /// With `on`, a crash keeps a random prefix of each file's unsynced
     /// bytes, sometimes ending in garbage (a torn write).
     pub fn set_tear_on_crash(&self, on: bool) {
@@ -172,6 +219,17 @@ impl FaultStorage {
     /// so group commit has something to batch behind.
     pub fn set_sync_latency(&self, latency: std::time::Duration) {
         self.state.lock().sync_latency = latency;
+    }
+
+    /// Makes every `sync_data` take `latency` on `clock` (simulated time,
+    /// read by a writer opened with that clock), on top of any real
+    /// latency set with [`Self::set_sync_latency`].
+    pub fn set_simulated_sync_latency(
+        &self,
+        clock: Arc<ManualClock>,
+        latency: std::time::Duration,
+    ) {
+        self.state.lock().sync_clock = Some((clock, latency));
     }
 
     /// Number of `sync_data` calls so far (successful or not).
@@ -321,11 +379,27 @@ impl Storage for FaultStorage {
         if st.down {
             return Err(power_lost());
         }
-        st.dirs
-            .get_mut(&dir)
-            .and_then(|d| d.volatile.remove(&name))
-            .map(|_| ())
-            .ok_or_else(|| not_found(path))
+        let d = st.dirs.get_mut(&dir).ok_or_else(|| not_found(path))?;
+        let id = d.volatile.remove(&name).ok_or_else(|| not_found(path))?;
+        if st.reorder_removals {
+            // Durable at once; other unsynced entries of `dir` stay unsynced.
+            let d = st.dirs.get_mut(&dir).expect("looked up above");
+            if d.durable.get(&name) == Some(&id) {
+                d.durable.remove(&name);
+            }
+        }
+        match &mut st.removes_until_crash {
+            Some((n, suffix)) if name.ends_with(*suffix) => {
+                if *n <= 1 {
+                    st.removes_until_crash = None;
+                    Self::crash_locked(&mut st);
+                } else {
+                    *n -= 1;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
@@ -379,7 +453,17 @@ impl StorageFile for FaultFile {
     }
 
     fn sync_data(&self) -> io::Result<()> {
-        let latency = self.state.lock().sync_latency;
+        let latency = {
+            let mut st = self.state.lock();
+            assert!(
+                !std::mem::take(&mut st.panic_on_sync),
+                "simulated bug: panic in sync_data"
+            );
+            if let Some((clock, simulated)) = &st.sync_clock {
+                clock.advance(*simulated);
+            }
+            st.sync_latency
+        };
         if !latency.is_zero() {
             // Outside the lock: other files' I/O proceeds meanwhile.
             std::thread::sleep(latency);
@@ -412,5 +496,53 @@ impl StorageFile for FaultFile {
             node.volatile.resize(len, 0);
             Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the power-loss model relies on: with reordering on, a removal
+    /// survives a crash that loses data written (but not synced) before it.
+    #[test]
+    fn removal_can_reach_the_disk_before_unsynced_data() {
+        let dir = Path::new("/d");
+        for reorder in [false, true] {
+            let fs = FaultStorage::new(1);
+            fs.set_reorder_removals(reorder);
+            fs.create_dir_all(dir).unwrap();
+            let old = fs.create(&dir.join("old")).unwrap();
+            old.write_all_at(b"copied away", 0).unwrap();
+            old.sync_data().unwrap();
+            let new = fs.create(&dir.join("new")).unwrap();
+            fs.sync_dir(dir).unwrap();
+            new.write_all_at(b"copied away", 0).unwrap(); // not synced
+            fs.remove(&dir.join("old")).unwrap();
+            fs.crash();
+            fs.power_on();
+            assert_eq!(fs.contents(&dir.join("new")).unwrap(), b"");
+            assert_eq!(
+                fs.names(dir).contains(&"old".to_owned()),
+                !reorder,
+                "reorder = {reorder}"
+            );
+        }
+    }
+
+    #[test]
+    fn crash_after_the_nth_matching_removal() {
+        let dir = Path::new("/d");
+        let fs = FaultStorage::new(2);
+        fs.create_dir_all(dir).unwrap();
+        for name in ["a.seg", "b.ckpt", "c.seg"] {
+            fs.create(&dir.join(name)).unwrap();
+        }
+        fs.crash_after_removes(Some(2), ".seg");
+        fs.remove(&dir.join("a.seg")).unwrap();
+        fs.remove(&dir.join("b.ckpt")).unwrap();
+        assert!(!fs.is_down());
+        fs.remove(&dir.join("c.seg")).unwrap();
+        assert!(fs.is_down());
     }
 }

@@ -11,7 +11,12 @@
 //! - `seg_live[s].count` equals the number of entries located in `s`
 //!   (checked by [`Index::check`] in tests).
 //! - RAM per message: one 8-byte key + a 24-byte [`Entry`] in a hash table
-//!   (plus a side entry only for messages held by several queues).
+//!   (plus a side entry only for messages held by several queues), and 8
+//!   to 16 bytes per holding queue in that queue's [`QueueList`].
+//! - Every (queue, message) the index holds is listed in the queue's
+//!   [`QueueList`], whose `live` counts them; a list may also hold stale ids
+//!   (removed since), at most about as many as live ones, so a purge costs
+//!   what the queue holds, never a scan of the index.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -69,10 +74,31 @@ pub struct SegLive {
     pub bytes: u64,
 }
 
+/// The messages of one queue, for purging it without scanning the index.
+#[derive(Default, Clone, Debug)]
+struct QueueList {
+    /// Ids it held when listed, in no order; stale ids (removed since, or
+    /// listed twice by a relocation) are skipped and compacted away.
+    ids: Vec<u64>,
+    /// How many of them it holds now.
+    live: u64,
+}
+
+/// Stale ids a list may carry beyond its live ones before it is compacted.
+const QUEUE_LIST_SLACK: usize = 32;
+
+/// Whether `queue` holds `msg`, on the index's parts (so a caller may hold
+/// another part mutably).
+fn holds(msgs: &IdMap<Entry>, multi: &IdMap<Vec<QueueId>>, queue: QueueId, msg: u64) -> bool {
+    msgs.get(&msg)
+        .is_some_and(|e| e.queue == queue.0 || (e.queue == MULTI && multi[&msg].contains(&queue)))
+}
+
 #[derive(Default, Clone)]
 pub struct Index {
     msgs: IdMap<Entry>,
     multi: IdMap<Vec<QueueId>>,
+    by_queue: IdMap<QueueList>,
     seg_live: BTreeMap<u32, SegLive>,
     pub meta: BTreeMap<Vec<u8>, Vec<u8>>,
     /// Highest message id ever published in this group.
@@ -108,16 +134,11 @@ impl Index {
                 }
             }
             Record::Purge { queue } => {
-                let held: Vec<u64> = self
-                    .msgs
-                    .iter()
-                    .filter(|(id, e)| {
-                        e.queue == queue.0 || (e.queue == MULTI && self.multi[*id].contains(queue))
-                    })
-                    .map(|(id, _)| *id)
-                    .collect();
-                for m in held {
-                    self.remove_from(*queue, m);
+                // Taken out first: removals below find no list to update.
+                if let Some(list) = self.by_queue.remove(&queue.0) {
+                    for m in list.ids {
+                        self.remove_from(*queue, m);
+                    }
                 }
             }
             Record::MetaPut { key, value } => {
@@ -135,6 +156,11 @@ impl Index {
         let mut qs: Vec<QueueId> = queues.to_vec();
         qs.sort_unstable();
         qs.dedup();
+        for q in &qs {
+            let list = self.by_queue.entry(q.0).or_default();
+            list.ids.push(msg.0);
+            list.live += 1;
+        }
         let queue = match qs.as_slice() {
             [] => return,
             [q] => q.0,
@@ -152,7 +178,11 @@ impl Index {
     fn forget(&mut self, msg: u64) {
         if let Some(e) = self.msgs.remove(&msg) {
             if e.queue == MULTI {
-                self.multi.remove(&msg);
+                for q in self.multi.remove(&msg).expect("multi entry") {
+                    self.unlist(q);
+                }
+            } else {
+                self.unlist(QueueId(e.queue));
             }
             let live = self
                 .seg_live
@@ -169,17 +199,39 @@ impl Index {
         };
         if e.queue == MULTI {
             let qs = self.multi.get_mut(&msg).expect("multi entry");
+            let before = qs.len();
             qs.retain(|q| *q != queue);
+            if qs.len() == before {
+                return;
+            }
             match qs.as_slice() {
-                [] => self.forget(msg),
+                [] => unreachable!("a multi entry names at least two queues"),
                 [last] => {
                     e.queue = last.0;
                     self.multi.remove(&msg);
                 }
                 _ => {}
             }
+            self.unlist(queue);
         } else if e.queue == queue.0 {
             self.forget(msg);
+        }
+    }
+
+    /// `queue` no longer holds one of its listed messages.
+    fn unlist(&mut self, queue: QueueId) {
+        // Absent while a purge of `queue` runs: nothing to keep then.
+        let Some(list) = self.by_queue.get_mut(&queue.0) else {
+            return;
+        };
+        list.live -= 1;
+        if list.live == 0 {
+            self.by_queue.remove(&queue.0);
+        } else if list.ids.len() > 2 * list.live as usize + QUEUE_LIST_SLACK {
+            let (msgs, multi) = (&self.msgs, &self.multi);
+            list.ids.retain(|&m| holds(msgs, multi, queue, m));
+            list.ids.sort_unstable();
+            list.ids.dedup();
         }
     }
 
@@ -211,7 +263,13 @@ impl Index {
         let slot = std::mem::size_of::<(u64, Entry)>() + 1;
         let multi_slot = std::mem::size_of::<(u64, Vec<QueueId>)>() + 1;
         let multi_heap: usize = self.multi.values().map(|v| v.capacity() * 8).sum();
-        self.msgs.capacity() * slot + self.multi.capacity() * multi_slot + multi_heap
+        let list_slot = std::mem::size_of::<(u64, QueueList)>() + 1;
+        let lists: usize = self.by_queue.values().map(|l| l.ids.capacity() * 8).sum();
+        self.msgs.capacity() * slot
+            + self.multi.capacity() * multi_slot
+            + multi_heap
+            + self.by_queue.capacity() * list_slot
+            + lists
     }
 
     pub fn live_messages(&self) -> usize {
@@ -281,6 +339,16 @@ impl Index {
                 "segment {seg} live count"
             );
         }
+        let mut held: BTreeMap<u64, u64> = BTreeMap::new();
+        for m in self.iter_live() {
+            for q in &m.queues {
+                *held.entry(q.0).or_default() += 1;
+                let list = self.by_queue.get(&q.0).expect("holding queue is listed");
+                assert!(list.ids.contains(&m.msg.0), "{q} does not list {}", m.msg);
+            }
+        }
+        let lives: BTreeMap<u64, u64> = self.by_queue.iter().map(|(q, l)| (*q, l.live)).collect();
+        assert_eq!(held, lives, "queue list live counts");
     }
 }
 
@@ -324,6 +392,111 @@ mod tests {
         assert_eq!(ix.live_messages(), 0);
         assert_eq!(ix.seg_live(1).count, 0);
         ix.check();
+    }
+
+    #[test]
+    fn queue_lists_stay_exact_under_random_operations() {
+        use rand::rngs::StdRng;
+        use rand::{Rng, SeedableRng};
+        let seed: u64 = std::env::var("BERTH_TEST_SEED")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0x1D3);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut ix = Index::default();
+        for step in 0..20_000u32 {
+            let queue = QueueId(rng.random_range(0..6));
+            let msg = MsgId(rng.random_range(0..300));
+            let at = loc(rng.random_range(1..4), step);
+            match rng.random_range(0..10) {
+                0..=3 => {
+                    let mut qs = vec![queue];
+                    if rng.random_bool(0.4) {
+                        qs.push(QueueId(rng.random_range(0..6)));
+                    }
+                    ix.apply(
+                        &Record::Publish {
+                            msg,
+                            queues: Cow::Owned(qs),
+                            payload: b"",
+                        },
+                        at,
+                    );
+                }
+                4..=7 => ix.apply(
+                    &Record::Remove {
+                        queue,
+                        msgs: Cow::Owned(vec![msg]),
+                    },
+                    at,
+                ),
+                8 => {
+                    let qs = ix.queues_of(msg);
+                    if !qs.is_empty() {
+                        ix.apply(
+                            &Record::Relocate {
+                                msg,
+                                queues: Cow::Owned(qs),
+                                payload: b"",
+                            },
+                            at,
+                        );
+                    }
+                }
+                _ => ix.apply(&Record::Purge { queue }, at),
+            }
+            if step % 97 == 0 {
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ix.check()));
+                assert!(result.is_ok(), "seed {seed} (BERTH_TEST_SEED), step {step}");
+            }
+        }
+        ix.check();
+    }
+
+    /// A purge costs what the purged queue holds, not what the index holds:
+    /// the broker purges every paging queue at startup, and a deleted queue
+    /// is purged too, so a scan per purge made those quadratic.
+    #[test]
+    fn purge_visits_the_queue_not_the_whole_index() {
+        let mut ix = Index::default();
+        let big = 1_000_000u64;
+        for m in 0..big {
+            ix.apply(
+                &Record::Publish {
+                    msg: MsgId(m),
+                    queues: Cow::Borrowed(&[QueueId(1)]),
+                    payload: b"",
+                },
+                loc(1, 32),
+            );
+        }
+        for q in 0..1_000u64 {
+            ix.apply(
+                &Record::Publish {
+                    msg: MsgId(big + q),
+                    queues: Cow::Borrowed(&[QueueId(1_000 + q)]),
+                    payload: b"",
+                },
+                loc(2, 32),
+            );
+        }
+        let started = std::time::Instant::now();
+        for q in 0..1_000u64 {
+            ix.apply(
+                &Record::Purge {
+                    queue: QueueId(1_000 + q),
+                },
+                loc(2, 64),
+            );
+        }
+        let took = started.elapsed();
+        assert_eq!(ix.live_messages() as u64, big);
+        assert_eq!(ix.seg_live(2).count, 0);
+        // A scan of the million entries per purge takes seconds at least.
+        assert!(
+            took < std::time::Duration::from_millis(500),
+            "1000 purges of one-message queues took {took:?} beside a million messages"
+        );
     }
 
     #[test]

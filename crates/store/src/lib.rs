@@ -13,6 +13,7 @@
 //!   the group count recorded in the manifest ([`group_of`]).
 
 pub mod checkpoint;
+pub mod clock;
 pub mod error;
 pub mod fault;
 pub mod index;
@@ -20,6 +21,7 @@ pub mod limits;
 pub mod manifest;
 pub mod record;
 pub mod recovery;
+mod report;
 pub mod segment;
 pub mod storage;
 mod store;

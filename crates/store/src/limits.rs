@@ -35,6 +35,12 @@ pub const COMMIT_DELAY_US_CEILING: u64 = 5_000;
 /// largest message RabbitMQ accepts by default.
 pub const RECORD_BODY_BYTES_MAX: u32 = 128 * 1024 * 1024;
 
+/// Most message ids one Remove record carries (512 KiB of ids). A removal
+/// of more (mass expiry, a huge `multiple` ack) is written as several
+/// records in one batch, so no request can exceed
+/// [`RECORD_BODY_BYTES_MAX`].
+pub const REMOVE_MSGS_PER_RECORD_MAX: usize = 64 * 1024;
+
 /// Configuration of a store. Build with [`StoreConfig::new`] and adjust
 /// fields; every field documents its default.
 #[derive(Clone, Debug)]
@@ -88,6 +94,12 @@ pub struct StoreConfig {
     pub compaction_pause_ms: u64,
     /// Period of recovery progress log lines. Default 2 000 ms.
     pub recovery_progress_interval_ms: u64,
+    /// What recovery does when a segment that should hold live messages is
+    /// missing. `false` (the default): refuse to open, naming the file, so
+    /// the operator restores it from a backup. `true`: open anyway, dropping
+    /// those messages, each listed in `Recovered::damage` and the log; an
+    /// explicit, one-off acceptance of the loss.
+    pub accept_missing_segments: bool,
 }
 
 /// Default number of log groups: one per core, at least 2 and at most 16.
@@ -118,6 +130,7 @@ impl StoreConfig {
             compaction_bytes_per_turn: 1024 * 1024,
             compaction_pause_ms: 10,
             recovery_progress_interval_ms: 2_000,
+            accept_missing_segments: false,
         }
     }
 

@@ -3,12 +3,18 @@
 //! it) and which directory of the set this is.
 //!
 //! ```text
-//!  0          8        12           16          20          24        32          36        40       44
-//!  +----------+--------+------------+-----------+-----------+---------+-----------+---------+--------+
-//!  | BERTHMAN | version| group_count| dir_count | dir_index | store_id| placement | reserved| crc32c |
-//!  |  8 bytes |  u32   |    u32     |    u32    |    u32    |   u64   |    u32    |  u32=0  |  u32   |
-//!  +----------+--------+------------+-----------+-----------+---------+-----------+---------+--------+
+//!  0          8        12           16          20          24        32          36          40       44
+//!  +----------+--------+------------+-----------+-----------+---------+-----------+-------------+--------+
+//!  | BERTHMAN | version| group_count| dir_count | dir_index | store_id| placement | record_salt | crc32c |
+//!  |  8 bytes |  u32   |    u32     |    u32    |    u32    |   u64   |    u32    |     u32     |  u32   |
+//!  +----------+--------+------------+-----------+-----------+---------+-----------+-------------+--------+
 //! ```
+//!
+//! Version 2 added `record_salt` (the seed of every record checksum, see
+//! `record.rs`) where version 1 had a reserved zero; a version 1 manifest
+//! is read as salt 0, the plain CRC32C its records were written with. The
+//! version was bumped so that a binary that ignores the salt refuses a
+//! salted store instead of taking every record for damage.
 //!
 //! Invariants:
 //! - Written once, at store creation, via temp file + fsync + rename +
@@ -18,8 +24,12 @@
 use std::path::Path;
 
 use crate::error::StoreError;
-use crate::segment::FORMAT_VERSION;
 use crate::storage::Storage;
+
+/// Version of the manifest written by this build.
+pub const MANIFEST_VERSION: u32 = 2;
+/// Oldest manifest version this build reads (1: no record salt).
+pub const MANIFEST_VERSION_MIN: u32 = 1;
 
 pub const MANIFEST_MAGIC: [u8; 8] = *b"BERTHMAN";
 pub const MANIFEST_NAME: &str = "MANIFEST";
@@ -29,8 +39,8 @@ pub const MAN_OFF_DIR_COUNT: usize = MAN_OFF_GROUP_COUNT + 4;
 pub const MAN_OFF_DIR_INDEX: usize = MAN_OFF_DIR_COUNT + 4;
 pub const MAN_OFF_STORE_ID: usize = MAN_OFF_DIR_INDEX + 4;
 pub const MAN_OFF_PLACEMENT: usize = MAN_OFF_STORE_ID + 8;
-pub const MAN_OFF_RESERVED: usize = MAN_OFF_PLACEMENT + 4;
-pub const MAN_OFF_CRC: usize = MAN_OFF_RESERVED + 4;
+pub const MAN_OFF_RECORD_SALT: usize = MAN_OFF_PLACEMENT + 4;
+pub const MAN_OFF_CRC: usize = MAN_OFF_RECORD_SALT + 4;
 pub const MANIFEST_BYTES: usize = MAN_OFF_CRC + 4;
 const _: () = assert!(MANIFEST_BYTES == 44);
 /// Queue placement 1: `splitmix64(queue) % group_count` ([`crate::group_of`]).
@@ -42,19 +52,22 @@ pub struct Manifest {
     pub dir_count: u32,
     pub dir_index: u32,
     pub store_id: u64,
+    /// Seed of every record checksum of this store; 0 for version 1.
+    pub record_salt: u32,
 }
 
 impl Manifest {
     pub fn encode(&self) -> [u8; MANIFEST_BYTES] {
         let mut b = [0u8; MANIFEST_BYTES];
         b[..8].copy_from_slice(&MANIFEST_MAGIC);
-        b[MAN_OFF_VERSION..MAN_OFF_GROUP_COUNT].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[MAN_OFF_VERSION..MAN_OFF_GROUP_COUNT].copy_from_slice(&MANIFEST_VERSION.to_le_bytes());
         b[MAN_OFF_GROUP_COUNT..MAN_OFF_DIR_COUNT].copy_from_slice(&self.group_count.to_le_bytes());
         b[MAN_OFF_DIR_COUNT..MAN_OFF_DIR_INDEX].copy_from_slice(&self.dir_count.to_le_bytes());
         b[MAN_OFF_DIR_INDEX..MAN_OFF_STORE_ID].copy_from_slice(&self.dir_index.to_le_bytes());
         b[MAN_OFF_STORE_ID..MAN_OFF_PLACEMENT].copy_from_slice(&self.store_id.to_le_bytes());
-        b[MAN_OFF_PLACEMENT..MAN_OFF_RESERVED]
+        b[MAN_OFF_PLACEMENT..MAN_OFF_RECORD_SALT]
             .copy_from_slice(&PLACEMENT_SPLITMIX_MOD.to_le_bytes());
+        b[MAN_OFF_RECORD_SALT..MAN_OFF_CRC].copy_from_slice(&self.record_salt.to_le_bytes());
         let crc = crc32c::crc32c(&b[..MAN_OFF_CRC]);
         b[MAN_OFF_CRC..].copy_from_slice(&crc.to_le_bytes());
         b
@@ -78,12 +91,18 @@ impl Manifest {
             return Err(corrupt("checksum or magic mismatch".into()));
         }
         let version = u32_at(MAN_OFF_VERSION);
-        if version != FORMAT_VERSION {
+        if !(MANIFEST_VERSION_MIN..=MANIFEST_VERSION).contains(&version) {
             return Err(StoreError::FormatVersion {
                 path: path.to_path_buf(),
                 found: version,
-                expected: FORMAT_VERSION,
+                expected: MANIFEST_VERSION,
             });
+        }
+        let record_salt = u32_at(MAN_OFF_RECORD_SALT);
+        if version == 1 && record_salt != 0 {
+            return Err(corrupt(format!(
+                "version 1 manifest with reserved bytes {record_salt:#x}"
+            )));
         }
         let placement = u32_at(MAN_OFF_PLACEMENT);
         if placement != PLACEMENT_SPLITMIX_MOD {
@@ -98,33 +117,9 @@ impl Manifest {
                     .try_into()
                     .expect("8 bytes"),
             ),
+            record_salt,
         })
     }
-}
-
-/// Writes `bytes` to `dir/name` atomically and durably: temp file, fsync,
-/// rename, directory fsync.
-pub fn write_atomically(
-    storage: &dyn Storage,
-    dir: &Path,
-    name: &str,
-    bytes: &[u8],
-) -> Result<(), StoreError> {
-    let tmp = dir.join(format!("{name}.tmp"));
-    let dst = dir.join(name);
-    let f = storage
-        .create(&tmp)
-        .map_err(|e| StoreError::io("create", &tmp, e))?;
-    f.write_all_at(bytes, 0)
-        .map_err(|e| StoreError::io("write", &tmp, e))?;
-    f.sync_data()
-        .map_err(|e| StoreError::io("fdatasync", &tmp, e))?;
-    storage
-        .rename(&tmp, &dst)
-        .map_err(|e| StoreError::io("rename", &tmp, e))?;
-    storage
-        .sync_dir(dir)
-        .map_err(|e| StoreError::io("fsync dir", dir, e))
 }
 
 /// Reads a whole small file.
@@ -157,18 +152,45 @@ mod tests {
             dir_count: 2,
             dir_index: 1,
             store_id: 0x0102_0304_0506_0708,
+            record_salt: 0xA1B2_C3D4,
         };
         let b = m.encode();
         #[rustfmt::skip]
         assert_eq!(&b[..40], &[
             b'B', b'E', b'R', b'T', b'H', b'M', b'A', b'N',
-            1, 0, 0, 0,   4, 0, 0, 0,   2, 0, 0, 0,   1, 0, 0, 0,
+            2, 0, 0, 0,   4, 0, 0, 0,   2, 0, 0, 0,   1, 0, 0, 0,
             8, 7, 6, 5, 4, 3, 2, 1,
-            1, 0, 0, 0,   0, 0, 0, 0,
+            1, 0, 0, 0,   0xD4, 0xC3, 0xB2, 0xA1,
         ]);
+        assert_eq!(b[40..], crc32c::crc32c(&b[..40]).to_le_bytes());
         assert_eq!(Manifest::decode(&b, Path::new("M")).unwrap(), m);
         let mut bad = b;
         bad[13] ^= 1;
         assert!(Manifest::decode(&bad, Path::new("M")).is_err());
+    }
+
+    /// A store created before the record salt (manifest version 1) still
+    /// opens, with salt 0: the plain CRC32C its records carry.
+    #[test]
+    fn version_1_manifest_reads_as_salt_0() {
+        #[rustfmt::skip]
+        let mut b: Vec<u8> = vec![
+            b'B', b'E', b'R', b'T', b'H', b'M', b'A', b'N',
+            1, 0, 0, 0,   4, 0, 0, 0,   2, 0, 0, 0,   1, 0, 0, 0,
+            8, 7, 6, 5, 4, 3, 2, 1,
+            1, 0, 0, 0,   0, 0, 0, 0,
+        ];
+        let crc = crc32c::crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        let m = Manifest::decode(&b, Path::new("M")).unwrap();
+        assert_eq!(m.record_salt, 0);
+        assert_eq!(m.group_count, 4);
+        b[8] = 3;
+        let crc = crc32c::crc32c(&b[..40]);
+        b[40..].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(
+            Manifest::decode(&b, Path::new("M")),
+            Err(StoreError::FormatVersion { found: 3, .. })
+        ));
     }
 }

@@ -19,8 +19,8 @@
 use std::path::{Path, PathBuf};
 
 pub const SEGMENT_MAGIC: [u8; 8] = *b"BERTHSEG";
-/// Version of every file format in the store (segments, checkpoints,
-/// manifest). Bumped on any incompatible change.
+/// Version of the segment and checkpoint formats (the manifest has its
+/// own, `manifest::MANIFEST_VERSION`). Bumped on any incompatible change.
 pub const FORMAT_VERSION: u32 = 1;
 
 pub const SEG_OFF_MAGIC: usize = 0;

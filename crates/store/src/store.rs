@@ -23,72 +23,17 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use rand::Rng;
 
+use crate::clock::{Clock, SystemClock};
 use crate::error::StoreError;
 use crate::index::{payload_len, Loc};
 use crate::manifest::{self, Manifest, MANIFEST_NAME};
 use crate::record;
-use crate::recovery::{self, DamageReport, GroupRecovery, Progress};
-use crate::storage::{OsStorage, Storage, StorageFile};
-use crate::writer::{Cmd, Done, GroupShared, Op, Writer, WriterInit};
+use crate::recovery::{self, GroupRecovery, Progress};
+use crate::storage::{self, OsStorage, Storage, StorageFile};
+use crate::writer::{self, Cmd, Done, GroupShared, Op, Waiter, Writer, WriterInit};
 use crate::{group_of, MsgId, QueueId, StoreConfig};
 
-/// One message of a recovered queue.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RecoveredMessage {
-    pub msg: MsgId,
-    /// Payload size in bytes (without store framing).
-    pub payload_len: u32,
-}
-
-/// What `Store::open` found on disk.
-#[derive(Debug)]
-pub struct Recovered {
-    /// Every metadata key with its last written value.
-    pub metadata: BTreeMap<Bytes, Bytes>,
-    /// Per queue, its live messages in id (= publish) order. A message that
-    /// survives a restart may have been delivered before it: the broker
-    /// should set `redelivered` on its first delivery.
-    pub queues: BTreeMap<QueueId, Vec<RecoveredMessage>>,
-    /// Damage found and quarantined (empty after a clean run).
-    pub damage: Vec<DamageReport>,
-    pub stats: RecoveryStats,
-    /// Above every message id ever stored: seed for a caller-side id
-    /// allocator ([`Store::next_msg_id`] already starts here).
-    pub next_msg_id: MsgId,
-}
-
-#[derive(Debug, Default, Clone)]
-pub struct RecoveryStats {
-    pub groups: u32,
-    pub records_replayed: u64,
-    pub bytes_scanned: u64,
-    pub truncated_bytes: u64,
-    pub checkpoints_used: u32,
-    pub checkpoints_ignored: Vec<PathBuf>,
-    pub duration: Duration,
-}
-
-/// Counters of one group.
-#[derive(Debug, Default, Clone)]
-pub struct GroupStats {
-    pub group: u32,
-    pub poisoned: bool,
-    pub live_messages: u64,
-    /// Estimated heap bytes of the group's message index (hash table
-    /// slots at their current capacity plus multi-queue side entries).
-    pub index_bytes: u64,
-    pub segments: u64,
-    pub batches: u64,
-    pub records: u64,
-    pub bytes_written: u64,
-    pub syncs: u64,
-    pub sync_us_total: u64,
-    pub gather_waits: u64,
-    pub netted_publishes: u64,
-    pub checkpoints: u64,
-    pub segments_deleted: u64,
-    pub bytes_compacted: u64,
-}
+pub use crate::report::{GroupStats, Recovered, RecoveredMessage, RecoveryStats};
 
 struct Group {
     tx: SyncSender<Cmd>,
@@ -172,9 +117,19 @@ impl Store {
         config: StoreConfig,
         storage: Arc<dyn Storage>,
     ) -> Result<(Store, Recovered), StoreError> {
+        Self::open_with_clock(config, storage, Arc::new(SystemClock))
+    }
+
+    /// Opens the store through `storage`, its writers reading time from
+    /// `clock` (tests pass one they move by hand).
+    pub fn open_with_clock(
+        config: StoreConfig,
+        storage: Arc<dyn Storage>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<(Store, Recovered), StoreError> {
         config.validate()?;
         let started = Instant::now();
-        let group_count = open_manifests(&config, storage.as_ref())?;
+        let (group_count, salt) = open_manifests(&config, storage.as_ref())?;
         let dirs: Vec<PathBuf> = (0..group_count)
             .map(|g| {
                 let d = &config.data_dirs[g as usize % config.data_dirs.len()];
@@ -193,7 +148,14 @@ impl Store {
                     std::thread::Builder::new()
                         .name(format!("berth-recover-{g}"))
                         .spawn_scoped(s, move || {
-                            recovery::recover_group(storage, g, dir, progress)
+                            recovery::recover_group(
+                                storage,
+                                g,
+                                dir,
+                                progress,
+                                salt,
+                                config.accept_missing_segments,
+                            )
                         })
                         .expect("spawn recovery thread")
                 })
@@ -267,6 +229,8 @@ impl Store {
                 next_lsn: rec.next_lsn,
                 checkpoints: rec.checkpoints,
                 next_checkpoint_no: rec.next_checkpoint_no,
+                index_from_journal: rec.index_from_journal,
+                salt,
             };
             let (writer, shared) = Writer::new(
                 g,
@@ -275,10 +239,11 @@ impl Store {
                 config.clone(),
                 rx,
                 init,
+                Arc::clone(&clock),
             );
             let thread = std::thread::Builder::new()
                 .name(format!("berth-group-{g}"))
-                .spawn(move || writer.run())
+                .spawn(move || writer.run_contained())
                 .map_err(|e| StoreError::io("spawn writer thread", &dirs[g as usize], e))?;
             groups.push(Group {
                 tx,
@@ -332,8 +297,12 @@ impl Store {
             fail(done, e);
             return;
         }
+        let done = done.map(|d| Waiter::new(d, group));
         if let Err(mpsc::SendError(Cmd::Write { done, .. })) = g.tx.send(Cmd::Write { op, done }) {
-            fail(done, StoreError::Closed);
+            match done {
+                Some(w) => w.complete(Err(StoreError::Closed)),
+                None => tracing::warn!("store request without a completion failed: store closed"),
+            }
         }
     }
 
@@ -377,6 +346,13 @@ impl Store {
         for qs in by_group.values_mut() {
             qs.sort_unstable();
             qs.dedup();
+        }
+        // Refused before any group writes a part of it.
+        for qs in by_group.values() {
+            if let Some(why) = writer::publish_invalid(qs.len(), payload.len()) {
+                fail(done, StoreError::Invalid(why));
+                return;
+            }
         }
         if by_group.len() == 1 {
             let (g, qs) = by_group.pop_first().expect("one");
@@ -527,6 +503,7 @@ impl Store {
                     Ok(()) => {
                         let from = (u64::from(l.offset) - start) as usize;
                         payload_of(
+                            group.shared.salt,
                             &buf.slice(from..from + l.len as usize),
                             msgs[i],
                             &path,
@@ -593,10 +570,13 @@ impl Store {
                     syncs: c.syncs.load(Ordering::Relaxed),
                     sync_us_total: c.sync_us_total.load(Ordering::Relaxed),
                     gather_waits: c.gather_waits.load(Ordering::Relaxed),
+                    gather_us_max: c.gather_us_max.load(Ordering::Relaxed),
                     netted_publishes: c.netted_publishes.load(Ordering::Relaxed),
                     checkpoints: c.checkpoints.load(Ordering::Relaxed),
+                    checkpoint_snapshots: c.checkpoint_snapshots.load(Ordering::Relaxed),
                     segments_deleted: c.segments_deleted.load(Ordering::Relaxed),
                     bytes_compacted: c.bytes_compacted.load(Ordering::Relaxed),
+                    unreadable_records: c.unreadable_records.load(Ordering::Relaxed),
                 }
             })
             .collect()
@@ -626,7 +606,14 @@ impl Store {
             if let Some(t) = g.thread.take() {
                 if t.join().is_err() {
                     tracing::error!(group = g.shared.group, "writer thread panicked");
+                    result = result.and(Err(StoreError::WriterDied {
+                        group: g.shared.group,
+                        reason: "its thread panicked while failing requests".into(),
+                    }));
                 }
+            }
+            if let (Some(e), Ok(())) = (g.shared.poison_error(), &result) {
+                result = Err(e);
             }
         }
         result
@@ -661,8 +648,9 @@ fn log_progress(p: &Progress, started: Instant, groups: u32) {
     );
 }
 
-/// Reads or creates the manifests; returns the group count.
-fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<u32, StoreError> {
+/// Reads or creates the manifests; returns the group count and the record
+/// salt.
+fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<(u32, u32), StoreError> {
     let dir_count = u32::try_from(config.data_dirs.len())
         .map_err(|e| StoreError::Config(format!("too many data_dirs: {e}")))?;
     let mut found: Vec<Option<Manifest>> = Vec::new();
@@ -684,21 +672,31 @@ fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<u32, St
     let existing: Vec<&Manifest> = found.iter().flatten().collect();
     let Some(first) = existing.first() else {
         let store_id: u64 = rand::rng().random();
+        // Secret from publishers (see record.rs); never 0, which means
+        // "unsalted" (stores created before manifest version 2).
+        let record_salt: u32 = rand::rng().random_range(1..=u32::MAX);
         for (i, dir) in config.data_dirs.iter().enumerate() {
             let m = Manifest {
                 group_count: config.log_groups,
                 dir_count,
                 dir_index: u32::try_from(i).expect("checked"),
                 store_id,
+                record_salt,
             };
-            manifest::write_atomically(storage, dir, MANIFEST_NAME, &m.encode())?;
+            storage::write_atomically(
+                storage,
+                dir,
+                &format!("{MANIFEST_NAME}.tmp"),
+                MANIFEST_NAME,
+                &m.encode(),
+            )?;
         }
         tracing::info!(
             groups = config.log_groups,
             dirs = dir_count,
             "created new store"
         );
-        return Ok(config.log_groups);
+        return Ok((config.log_groups, record_salt));
     };
     for (i, (m, dir)) in found.iter().zip(&config.data_dirs).enumerate() {
         let ok = m.is_some_and(|m| {
@@ -706,6 +704,7 @@ fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<u32, St
                 && m.dir_count == dir_count
                 && m.dir_index as usize == i
                 && m.group_count == first.group_count
+                && m.record_salt == first.record_salt
         });
         if !ok {
             return Err(StoreError::Config(format!(
@@ -718,13 +717,19 @@ fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<u32, St
         tracing::warn!(configured = config.log_groups, on_disk = first.group_count,
             "log_groups differs from the store's manifest; keeping the manifest's (queue placement depends on it)");
     }
-    Ok(first.group_count)
+    Ok((first.group_count, first.record_salt))
 }
 
 /// The payload of `msg` in `record` (its bytes as stored), after checking
 /// the record's CRC and that it is the message's publish or relocation.
-fn payload_of(record: &Bytes, msg: MsgId, path: &Path, offset: u32) -> Result<Bytes, StoreError> {
-    match record::message_payload(record, msg) {
+fn payload_of(
+    salt: u32,
+    record: &Bytes,
+    msg: MsgId,
+    path: &Path,
+    offset: u32,
+) -> Result<Bytes, StoreError> {
+    match record::message_payload(salt, record, msg) {
         Ok(payload) => Ok(record.slice_ref(payload)),
         Err(other) => Err(StoreError::Corrupt {
             path: path.to_path_buf(),

@@ -50,6 +50,15 @@ fn reopen(
     Store::open_with(cfg.clone(), Arc::new(fs.clone()))
 }
 
+/// The store's record salt, from its manifest: records a test writes into
+/// a segment must carry it to be valid.
+fn salt(fs: &FaultStorage) -> u32 {
+    let path = PathBuf::from("/data/MANIFEST");
+    berth_store::manifest::Manifest::decode(&fs.contents(&path).unwrap(), &path)
+        .unwrap()
+        .record_salt
+}
+
 fn msgs(rec: &berth_store::Recovered) -> Vec<MsgId> {
     rec.queues
         .get(&QueueId(1))
@@ -65,6 +74,7 @@ fn torn_tail_is_truncated_not_fatal() {
     let mut bytes = fs.contents(&seg(1)).unwrap();
     let mut torn = Vec::new();
     record::encode(
+        salt(&fs),
         11,
         &Record::MetaDelete {
             key: b"half-written",
@@ -180,9 +190,9 @@ fn checksummed_but_unparseable_record_fails_recovery() {
     populate(&fs, &cfg, 3);
     let mut bytes = fs.contents(&seg(1)).unwrap();
     let mut r = Vec::new();
-    record::encode(4, &Record::Purge { queue: QueueId(1) }, &mut r);
+    record::encode(salt(&fs), 4, &Record::Purge { queue: QueueId(1) }, &mut r);
     r[record::OFF_KIND] = 200; // a kind from the future
-    let crc = crc32c::crc32c(&r[4..]);
+    let crc = crc32c::crc32c_append(salt(&fs), &r[4..]);
     r[..4].copy_from_slice(&crc.to_le_bytes());
     bytes.extend_from_slice(&r);
     fs.put_durable(&seg(1), &bytes).unwrap();
@@ -295,4 +305,302 @@ fn damaged_header_over_valid_records_of_the_newest_segment_fails_recovery() {
     populate(&fs, &cfg, 3);
     fs.flip_bit(&seg(1), 2, 4).unwrap();
     expect_recovery_failure(&fs, &cfg, "damaged header over valid records");
+}
+
+/// Publishes `n` messages to queue 1 over several small segments, then
+/// checkpoints twice so replay starts past the first segment, and closes.
+fn populate_checkpointed(fs: &FaultStorage, cfg: &StoreConfig, n: usize) -> Vec<MsgId> {
+    let (store, _) = open(fs, cfg);
+    let ids: Vec<MsgId> = (0..n)
+        .map(|_| {
+            let m = store.next_msg_id();
+            wait(|d| store.publish(m, &[QueueId(1)], payload(m), Some(d))).unwrap();
+            m
+        })
+        .collect();
+    store.checkpoint().unwrap();
+    store.checkpoint().unwrap();
+    drop(store);
+    ids
+}
+
+#[test]
+fn missing_segment_with_live_messages_refuses_to_start() {
+    let fs = FaultStorage::new(13);
+    let mut cfg = config(1);
+    cfg.segment_size_bytes = 4096;
+    populate_checkpointed(&fs, &cfg, 100);
+    fs.remove(&seg(1)).unwrap();
+    fs.sync_dir(&group_dir(0)).unwrap();
+    let err = match reopen(&fs, &cfg) {
+        Ok((_, rec)) => panic!(
+            "opened with a segment of live messages missing; damage: {:?}",
+            rec.damage
+        ),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("0000000001.seg"), "{err}");
+    assert!(err.contains("restore"), "{err}");
+    assert!(err.contains("accept_missing_segments"), "{err}");
+}
+
+#[test]
+fn missing_segment_is_dropped_and_reported_only_when_the_loss_is_accepted() {
+    let fs = FaultStorage::new(14);
+    let mut cfg = config(1);
+    cfg.segment_size_bytes = 4096;
+    let ids = populate_checkpointed(&fs, &cfg, 100);
+    fs.remove(&seg(1)).unwrap();
+    fs.sync_dir(&group_dir(0)).unwrap();
+    cfg.accept_missing_segments = true;
+    let (store, rec) = reopen(&fs, &cfg).unwrap();
+    assert_eq!(rec.damage.len(), 1, "{:?}", rec.damage);
+    let lost = &rec.damage[0];
+    assert_eq!(lost.file, seg(1));
+    assert!(!lost.messages.is_empty());
+    let kept = msgs(&rec);
+    assert_eq!(kept.len() + lost.messages.len(), ids.len());
+    assert!(kept.iter().all(|m| !lost.messages.contains(m)));
+    // The loss was accepted once: the next start is clean, with or without
+    // the flag.
+    drop(store);
+    cfg.accept_missing_segments = false;
+    let (_store, rec) = reopen(&fs, &cfg).unwrap();
+    assert!(rec.damage.is_empty(), "{:?}", rec.damage);
+    assert_eq!(msgs(&rec), kept);
+}
+
+/// A storage that reports one file as 4 GiB longer than it is (as a
+/// segment grown past 32-bit offsets would be), without holding the bytes.
+struct Oversized {
+    inner: FaultStorage,
+    path: PathBuf,
+}
+
+struct OversizedFile(Arc<dyn berth_store::storage::StorageFile>);
+
+impl berth_store::storage::StorageFile for OversizedFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.0.read_exact_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.0.write_all_at(buf, offset)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.0.sync_data()
+    }
+    fn len(&self) -> std::io::Result<u64> {
+        Ok(self.0.len()? + (4 << 30))
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.0.set_len(len)
+    }
+}
+
+impl Storage for Oversized {
+    fn create_dir_all(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        self.inner.create_dir_all(dir)
+    }
+    fn list(&self, dir: &std::path::Path) -> std::io::Result<Vec<String>> {
+        self.inner.list(dir)
+    }
+    fn create(
+        &self,
+        path: &std::path::Path,
+    ) -> std::io::Result<Arc<dyn berth_store::storage::StorageFile>> {
+        self.inner.create(path)
+    }
+    fn open(
+        &self,
+        path: &std::path::Path,
+    ) -> std::io::Result<Arc<dyn berth_store::storage::StorageFile>> {
+        let f = self.inner.open(path)?;
+        Ok(if path == self.path {
+            Arc::new(OversizedFile(f))
+        } else {
+            f
+        })
+    }
+    fn rename(&self, from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+        self.inner.rename(from, to)
+    }
+    fn remove(&self, path: &std::path::Path) -> std::io::Result<()> {
+        self.inner.remove(path)
+    }
+    fn sync_dir(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        self.inner.sync_dir(dir)
+    }
+}
+
+#[test]
+fn segment_over_4_gib_is_refused_with_file_and_offset() {
+    let fs = FaultStorage::new(15);
+    let cfg = config(1);
+    populate(&fs, &cfg, 3);
+    let storage = Oversized {
+        inner: fs.clone(),
+        path: seg(1),
+    };
+    match Store::open_with(cfg.clone(), Arc::new(storage)) {
+        Err(StoreError::Recovery {
+            path,
+            offset,
+            reason,
+            ..
+        }) => {
+            assert_eq!(path, seg(1));
+            assert_eq!(offset, 1 << 32, "{reason}");
+            assert!(reason.contains("4 GiB"), "{reason}");
+        }
+        Err(e) => panic!("expected a recovery error at offset 4 GiB, got: {e}"),
+        Ok(_) => panic!("opened a segment over 4 GiB"),
+    }
+}
+
+#[test]
+fn damaged_range_larger_than_a_record_is_quarantined_under_several_holes() {
+    let fs = FaultStorage::new(16);
+    let cfg = config(1);
+    populate(&fs, &cfg, 1);
+    // Segment 1: header, record lsn 1, then 130 MiB of damage, then lsn 2.
+    let mut image = fs.contents(&seg(1)).unwrap();
+    assert_eq!(image.len(), SEGMENT_HEADER_BYTES + REC);
+    let damage = 130 << 20;
+    image.resize(image.len() + damage, 0xFF);
+    record::encode(
+        salt(&fs),
+        2,
+        &Record::Publish {
+            msg: MsgId(2),
+            queues: std::borrow::Cow::Borrowed(&[QueueId(1)]),
+            payload: &payload(MsgId(2)),
+        },
+        &mut image,
+    );
+    fs.put_durable(&seg(1), &image).unwrap();
+    drop(image);
+    let (store, rec) = reopen(&fs, &cfg).unwrap();
+    assert_eq!(msgs(&rec), vec![MsgId(1), MsgId(2)]);
+    assert_eq!(rec.damage.len(), 1);
+    assert_eq!(rec.damage[0].len, damage as u64);
+    assert_eq!(rec.damage[0].offset, (SEGMENT_HEADER_BYTES + REC) as u64);
+    drop(store);
+    let (_store, rec) = reopen(&fs, &cfg).unwrap();
+    assert!(rec.damage.is_empty(), "{:?}", rec.damage);
+    assert_eq!(msgs(&rec), vec![MsgId(1), MsgId(2)]);
+}
+
+#[test]
+fn checkpoint_of_another_format_version_is_refused_not_skipped() {
+    let fs = FaultStorage::new(17);
+    let cfg = config(1);
+    let (store, _) = open(&fs, &cfg);
+    for _ in 0..3 {
+        let m = store.next_msg_id();
+        wait(|d| store.publish(m, &[QueueId(1)], payload(m), Some(d))).unwrap();
+        store.checkpoint().unwrap();
+    }
+    drop(store);
+    let newest = fs
+        .names(&group_dir(0))
+        .into_iter()
+        .filter(|n| n.starts_with("ckpt-"))
+        .max()
+        .map(|n| group_dir(0).join(n))
+        .unwrap();
+    let mut bytes = fs.contents(&newest).unwrap();
+    bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+    let end = bytes.len() - 4;
+    let crc = crc32c::crc32c(&bytes[..end]);
+    bytes[end..].copy_from_slice(&crc.to_le_bytes());
+    fs.put_durable(&newest, &bytes).unwrap();
+    match reopen(&fs, &cfg) {
+        Err(StoreError::FormatVersion {
+            path,
+            found,
+            expected,
+        }) => {
+            assert_eq!(path, newest);
+            assert_eq!((found, expected), (2, 1));
+        }
+        Err(e) => panic!("expected a format version error, got: {e}"),
+        Ok(_) => panic!("opened past a checkpoint of another format version"),
+    }
+}
+
+/// A payload a publisher chose, holding a well-formed record: what the
+/// resynchronising scan after damage could mistake for a journal record.
+fn forged_payload(forged: &Record<'_>) -> Bytes {
+    let mut p = b"innocent-looking prefix".to_vec();
+    // The publisher cannot know the store's record salt: its best guess is
+    // the unsalted checksum.
+    record::encode(0, 1_000_000, forged, &mut p);
+    p.extend_from_slice(&[b'z'; 64]);
+    Bytes::from(p)
+}
+
+/// Publishes 3 victims to queue 1 and then an attacker's message to queue
+/// 2 whose payload embeds `forged`; returns the segment image and the
+/// offset of the attacker's record.
+fn victims_and_forgery(
+    fs: &FaultStorage,
+    cfg: &StoreConfig,
+    forged: &Record<'_>,
+) -> (Vec<u8>, usize) {
+    let (store, _) = open(fs, cfg);
+    for _ in 0..3 {
+        let m = store.next_msg_id();
+        wait(|d| store.publish(m, &[QueueId(1)], payload(m), Some(d))).unwrap();
+    }
+    let before = fs.contents(&seg(1)).unwrap().len();
+    let m = store.next_msg_id();
+    wait(|d| store.publish(m, &[QueueId(2)], forged_payload(forged), Some(d))).unwrap();
+    fs.crash();
+    drop(store);
+    fs.power_on();
+    (fs.contents(&seg(1)).unwrap(), before)
+}
+
+#[test]
+fn forged_purge_in_a_torn_payload_is_never_applied() {
+    let fs = FaultStorage::new(18);
+    let cfg = config(1);
+    let forged = Record::Purge { queue: QueueId(1) };
+    let (image, at) = victims_and_forgery(&fs, &cfg, &forged);
+    // Power failed while the attacker's record was being written: it is
+    // torn after the embedded record.
+    let cut = image.len() - 32;
+    assert!(cut > at);
+    fs.put_durable(&seg(1), &image[..cut]).unwrap();
+    let (_s, rec) = reopen(&fs, &cfg).unwrap();
+    assert_eq!(
+        msgs(&rec).len(),
+        3,
+        "queue 1 lost messages to a purge embedded in a payload: {:?}",
+        rec.damage
+    );
+    assert!(rec.damage.is_empty(), "{:?}", rec.damage);
+}
+
+#[test]
+fn forged_remove_in_a_damaged_payload_is_never_applied() {
+    let fs = FaultStorage::new(19);
+    let cfg = config(1);
+    let victims = [MsgId(1), MsgId(2), MsgId(3)];
+    let forged = Record::Remove {
+        queue: QueueId(1),
+        msgs: std::borrow::Cow::Borrowed(&victims),
+    };
+    let (mut image, at) = victims_and_forgery(&fs, &cfg, &forged);
+    // Bit rot in the attacker's record header (its lsn), so the scan
+    // resynchronises inside its payload.
+    image[at + record::OFF_LSN] ^= 0x40;
+    fs.put_durable(&seg(1), &image).unwrap();
+    let (_s, rec) = reopen(&fs, &cfg).unwrap();
+    assert_eq!(
+        msgs(&rec),
+        victims.to_vec(),
+        "queue 1 lost messages to a removal embedded in a payload: {:?}",
+        rec.damage
+    );
 }

@@ -51,24 +51,14 @@ impl Conn {
             }
             queue::AMQPMethod::Bind(b) => {
                 let q = self.queue_name(channel, b.queue.as_str())?;
-                vhost.bind_queue(
-                    conn_id,
-                    &q,
-                    b.exchange.as_str(),
-                    b.routing_key.as_str(),
-                    &b.arguments,
-                )?;
+                let (x, key) = (b.exchange.as_str(), b.routing_key.as_str());
+                vhost.bind_queue(conn_id, &q, x, key, &b.arguments)?;
                 (b.nowait, queue::AMQPMethod::BindOk(queue::BindOk {}))
             }
             queue::AMQPMethod::Unbind(b) => {
                 let q = self.queue_name(channel, b.queue.as_str())?;
-                vhost.unbind_queue(
-                    conn_id,
-                    &q,
-                    b.exchange.as_str(),
-                    b.routing_key.as_str(),
-                    &b.arguments,
-                )?;
+                let (x, key) = (b.exchange.as_str(), b.routing_key.as_str());
+                vhost.unbind_queue(conn_id, &q, x, key, &b.arguments)?;
                 // queue.unbind has no nowait flag.
                 (false, queue::AMQPMethod::UnbindOk(queue::UnbindOk {}))
             }

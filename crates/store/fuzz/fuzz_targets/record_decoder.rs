@@ -9,10 +9,10 @@ fuzz_target!(|data: &[u8]| {
     // Walk the input as a journal would be walked.
     let mut at = 0;
     while at < data.len() {
-        match decode(&data[at..]) {
+        match decode(0, &data[at..]) {
             Decoded::Record { lsn, record, len } => {
                 let mut again = Vec::new();
-                encode(lsn, &record, &mut again);
+                encode(0, lsn, &record, &mut again);
                 assert_eq!(&again[..], &data[at..at + len], "decode/encode disagree");
                 at += len;
             }

@@ -1,0 +1,77 @@
+//! What the store reports: what opening found on disk, and what each
+//! group has counted since.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::recovery::DamageReport;
+use crate::{MsgId, QueueId};
+
+/// One message of a recovered queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecoveredMessage {
+    pub msg: MsgId,
+    /// Payload size in bytes (without store framing).
+    pub payload_len: u32,
+}
+
+/// What `Store::open` found on disk.
+#[derive(Debug)]
+pub struct Recovered {
+    /// Every metadata key with its last written value.
+    pub metadata: BTreeMap<Bytes, Bytes>,
+    /// Per queue, its live messages in id (= publish) order. A message that
+    /// survives a restart may have been delivered before it: the broker
+    /// should set `redelivered` on its first delivery.
+    pub queues: BTreeMap<QueueId, Vec<RecoveredMessage>>,
+    /// Damage found and quarantined (empty after a clean run).
+    pub damage: Vec<DamageReport>,
+    pub stats: RecoveryStats,
+    /// Above every message id ever stored: seed for a caller-side id
+    /// allocator ([`Store::next_msg_id`] already starts here).
+    pub next_msg_id: MsgId,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct RecoveryStats {
+    pub groups: u32,
+    pub records_replayed: u64,
+    pub bytes_scanned: u64,
+    pub truncated_bytes: u64,
+    pub checkpoints_used: u32,
+    pub checkpoints_ignored: Vec<PathBuf>,
+    pub duration: Duration,
+}
+
+/// Counters of one group.
+#[derive(Debug, Default, Clone)]
+pub struct GroupStats {
+    pub group: u32,
+    pub poisoned: bool,
+    pub live_messages: u64,
+    /// Estimated heap bytes of the group's message index (hash table
+    /// slots at their current capacity plus multi-queue side entries).
+    pub index_bytes: u64,
+    pub segments: u64,
+    pub batches: u64,
+    pub records: u64,
+    pub bytes_written: u64,
+    pub syncs: u64,
+    pub sync_us_total: u64,
+    pub gather_waits: u64,
+    /// Longest gathering pause planned, µs (at most `commit_delay_us_max`).
+    pub gather_us_max: u64,
+    pub netted_publishes: u64,
+    pub checkpoints: u64,
+    /// Checkpoints that cloned the index on the writer's path (normally 0:
+    /// a checkpoint is rebuilt from the previous one and the journal).
+    pub checkpoint_snapshots: u64,
+    pub segments_deleted: u64,
+    pub bytes_compacted: u64,
+    /// Live records compaction found unreadable and left in place (each
+    /// also logged with its file and offset).
+    pub unreadable_records: u64,
+}

@@ -1,0 +1,548 @@
+//! The writer's housekeeping: checkpoints (written by a helper thread from
+//! an index rebuilt off the writer's path), deletion of dead segments, and
+//! compaction of mostly-dead ones.
+
+use super::*;
+
+/// Where a background checkpoint reports its outcome.
+pub(super) type CheckpointResult = Receiver<Result<(), StoreError>>;
+
+/// How often the writer looks for a finished background checkpoint.
+pub(super) const CHECKPOINT_POLL_MS: u64 = 2;
+
+/// Where a checkpoint's helper thread gets the index it writes.
+pub(super) enum IndexSource {
+    /// A copy taken on the writer's path, under the index lock: only when
+    /// the journal alone cannot rebuild the index.
+    Snapshot(Index),
+    /// The newest retained checkpoint (`None`: the start of the journal)
+    /// and the journal after it: each segment with the offset to read to.
+    Journal {
+        base: Option<(u64, CheckpointInfo)>,
+        segments: Vec<(u32, Arc<dyn StorageFile>, u64)>,
+    },
+}
+
+/// Rebuilds the index at `to` from `base` and the journal after it, as
+/// recovery would: the journal is immutable up to `to` (synced, and no
+/// segment at or after the newest checkpoint's replay position is deleted
+/// while a checkpoint is in flight). The replay must end exactly at
+/// `to.lsn`.
+pub(super) fn rebuild_index(
+    storage: &dyn Storage,
+    dir: &std::path::Path,
+    group: u32,
+    salt: u32,
+    base: Option<(u64, CheckpointInfo)>,
+    segments: Vec<(u32, Arc<dyn StorageFile>, u64)>,
+    to: CheckpointInfo,
+) -> Result<Index, StoreError> {
+    let (mut index, mut lsn, from) = match base {
+        Some((no, info)) => {
+            let path = dir.join(checkpoint::checkpoint_name(no));
+            let bytes = crate::manifest::read_all(storage, &path)?;
+            let (found, index) = checkpoint::decode(group, &bytes, &path)?;
+            if found != info {
+                return Err(StoreError::Corrupt {
+                    path,
+                    offset: 0,
+                    reason: format!("checkpoint reads as {found:?}, was written as {info:?}"),
+                });
+            }
+            (index, info.lsn, info.replay)
+        }
+        None => (
+            Index::default(),
+            0,
+            ReplayFrom {
+                seg: 1,
+                offset: SEGMENT_HEADER_BYTES as u64,
+            },
+        ),
+    };
+    for (seq, file, end) in segments {
+        let path = segment::segment_path(dir, seq);
+        let start = if seq == from.seg {
+            from.offset
+        } else {
+            SEGMENT_HEADER_BYTES as u64
+        };
+        let corrupt = |offset: u64, reason: String| StoreError::Corrupt {
+            path: path.clone(),
+            offset,
+            reason: format!("journal does not replay for a checkpoint: {reason}"),
+        };
+        let len = end
+            .checked_sub(start)
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| corrupt(start, format!("range {start}..{end}")))?;
+        let mut buf = vec![0u8; len];
+        file.read_exact_at(&mut buf, start)
+            .map_err(|e| StoreError::io("read", &path, e))?;
+        let mut at = 0;
+        while at < buf.len() {
+            let offset = start + at as u64;
+            match record::decode(salt, &buf[at..]) {
+                Decoded::Record {
+                    lsn: l,
+                    record,
+                    len,
+                } => {
+                    let loc = Loc {
+                        seg: seq,
+                        offset: u32::try_from(offset)
+                            .map_err(|e| corrupt(offset, e.to_string()))?,
+                        len: u32::try_from(len).map_err(|e| corrupt(offset, e.to_string()))?,
+                    };
+                    index.apply(&record, loc);
+                    if !matches!(record, Record::Hole { .. }) {
+                        lsn = l;
+                    }
+                    at += len;
+                }
+                Decoded::Incomplete { needed } => {
+                    return Err(corrupt(offset, format!("record needs {needed} bytes")))
+                }
+                Decoded::Corrupt(c) => return Err(corrupt(offset, format!("{c:?}"))),
+                Decoded::Unparseable { reason, .. } => return Err(corrupt(offset, reason)),
+            }
+        }
+    }
+    if lsn != to.lsn {
+        return Err(StoreError::Corrupt {
+            path: dir.to_path_buf(),
+            offset: 0,
+            reason: format!(
+                "journal replay for a checkpoint ended at lsn {lsn}, the checkpoint is at {}",
+                to.lsn
+            ),
+        });
+    }
+    Ok(index)
+}
+
+/// Writes checkpoint `no` durably (see [`crate::storage::write_atomically`]).
+pub(super) fn write_checkpoint(
+    storage: &dyn Storage,
+    dir: &std::path::Path,
+    group: u32,
+    no: u64,
+    info: CheckpointInfo,
+    index: &Index,
+) -> Result<(), StoreError> {
+    let bytes = checkpoint::encode(group, info, index);
+    crate::storage::write_atomically(
+        storage,
+        dir,
+        CHECKPOINT_TMP_NAME,
+        &checkpoint::checkpoint_name(no),
+        &bytes,
+    )
+}
+
+impl Writer {
+    /// The replay position a checkpoint taken now would record.
+    pub(super) fn position(&self) -> ReplayFrom {
+        match &self.active {
+            Some(a) => ReplayFrom {
+                seg: a.seq,
+                offset: a.len + self.buf.len() as u64,
+            },
+            None => ReplayFrom {
+                seg: self.next_seq,
+                offset: SEGMENT_HEADER_BYTES as u64,
+            },
+        }
+    }
+
+    /// Whether a checkpoint now would move the oldest retained one forward.
+    pub(super) fn checkpoint_wanted(&self) -> bool {
+        self.checkpoints.len() < 2 && self.next_lsn > 1
+            || self
+                .checkpoints
+                .first()
+                .is_some_and(|(_, c)| c.replay != self.position())
+    }
+
+    pub(super) fn housekeeping(&mut self) {
+        if self.shared.poisoned.lock().is_some() {
+            return;
+        }
+        let now = self.clock.now();
+        let result = (|| {
+            if self.dirty
+                && self.cfg.sync == SyncMode::Interval
+                && now >= self.last_sync + Duration::from_millis(self.cfg.sync_interval_ms)
+            {
+                self.sync()?;
+            }
+            if self
+                .active
+                .as_ref()
+                .is_some_and(|a| a.len > SEGMENT_HEADER_BYTES as u64)
+                && now >= self.last_write + Duration::from_millis(self.cfg.segment_idle_roll_ms)
+            {
+                self.seal()?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            self.poison(e);
+            return;
+        }
+        let ckpt_due = self.journal_bytes_since_checkpoint >= self.cfg.checkpoint_journal_bytes
+            || (self.checkpoint_wanted()
+                && now
+                    >= self.last_checkpoint
+                        + Duration::from_millis(self.cfg.checkpoint_interval_ms));
+        // A checkpoint still in flight when the next is due is waited for:
+        // that keeps the journal since the older retained checkpoint within
+        // 2 × checkpoint_journal_bytes (DURABILITY.md's space bound) even
+        // when the helper thread is slow to be scheduled.
+        let block = ckpt_due && self.checkpoint_in_flight.is_some();
+        if let Err(e) = self.finish_checkpoint(block) {
+            tracing::error!(group = self.group(), error = %e, "checkpoint failed; will retry");
+        }
+        if ckpt_due && self.checkpoint_in_flight.is_none() {
+            if let Err(e) = self.start_checkpoint() {
+                tracing::error!(group = self.group(), error = %e, "checkpoint failed; will retry");
+                self.last_checkpoint = now;
+            }
+        }
+        if self.compaction_candidate().is_some()
+            && now >= self.last_compaction + Duration::from_millis(self.cfg.compaction_pause_ms)
+        {
+            if let Err(e) = self.compact_step(self.cfg.compaction_bytes_per_turn) {
+                tracing::error!(group = self.group(), error = %e, "compaction failed");
+            }
+            self.last_compaction = self.clock.now();
+        }
+    }
+
+    /// Starts a checkpoint of the whole index at the current position. The
+    /// journal is synced and the index snapshotted here; encoding, writing
+    /// and fsyncing happen on a helper thread so commits are not held up.
+    pub(super) fn start_checkpoint(&mut self) -> Result<(), StoreError> {
+        if let Some(e) = self.shared.poison_error() {
+            return Err(e);
+        }
+        if self.checkpoint_in_flight.is_some() {
+            return Ok(());
+        }
+        // The journal the checkpoint points into must be durable first.
+        if let Err(e) = self.write_buf().and_then(|()| self.sync()) {
+            return Err(self.poison(e));
+        }
+        let info = CheckpointInfo {
+            lsn: self.next_lsn - 1,
+            replay: self.position(),
+        };
+        let source = self.index_source(info);
+        let snapshot = matches!(source, IndexSource::Snapshot(_));
+        if snapshot {
+            self.shared
+                .counters
+                .checkpoint_snapshots
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let no = self.next_checkpoint_no;
+        self.next_checkpoint_no += 1;
+        let (tx, rx) = mpsc::sync_channel(1);
+        let storage = Arc::clone(&self.storage);
+        let dir = self.shared.dir.clone();
+        let (group, salt) = (self.group(), self.shared.salt);
+        std::thread::Builder::new()
+            .name(format!("berth-ckpt-{group}"))
+            .spawn(move || {
+                let index = match source {
+                    IndexSource::Snapshot(index) => Ok(index),
+                    IndexSource::Journal { base, segments } => {
+                        rebuild_index(storage.as_ref(), &dir, group, salt, base, segments, info)
+                    }
+                };
+                let result = index.and_then(|index| {
+                    write_checkpoint(storage.as_ref(), &dir, group, no, info, &index)
+                });
+                if tx.send(result).is_err() {
+                    tracing::debug!(group, no, "checkpoint finished after its writer stopped");
+                }
+            })
+            .map_err(|e| StoreError::io("spawn checkpoint thread", &self.shared.dir, e))?;
+        self.checkpoint_in_flight = Some((no, info, rx, snapshot));
+        self.last_checkpoint = self.clock.now();
+        self.journal_bytes_since_checkpoint = 0;
+        Ok(())
+    }
+
+    /// What the checkpoint at `to` gets its index from: the journal since
+    /// the newest retained checkpoint, normally (no copy on this path);
+    /// a snapshot when that cannot rebuild it.
+    pub(super) fn index_source(&self, to: CheckpointInfo) -> IndexSource {
+        let snapshot = |w: &Self| IndexSource::Snapshot(w.shared.inner.lock().index.clone());
+        if self.snapshot_next {
+            return snapshot(self);
+        }
+        let base = self.checkpoints.last().copied();
+        let from = base.map_or(1, |(_, c)| c.replay.seg);
+        let inner = self.shared.inner.lock();
+        let mut segments = Vec::new();
+        for seq in from..=to.replay.seg {
+            let end = if seq == to.replay.seg {
+                to.replay.offset
+            } else if let Some(&len) = self.sealed.get(&seq) {
+                len
+            } else {
+                drop(inner);
+                return snapshot(self);
+            };
+            match inner.files.get(&seq) {
+                Some(f) => segments.push((seq, Arc::clone(f), end)),
+                // The position at the start of a segment not created yet.
+                None if seq == to.replay.seg && end == SEGMENT_HEADER_BYTES as u64 => {}
+                None => {
+                    drop(inner);
+                    return snapshot(self);
+                }
+            }
+        }
+        IndexSource::Journal { base, segments }
+    }
+
+    /// Collects the checkpoint in flight, if it finished (or waiting for it
+    /// with `block`): keeps it, drops the oldest beyond two, and deletes the
+    /// segments that are no longer needed.
+    pub(super) fn finish_checkpoint(&mut self, block: bool) -> Result<(), StoreError> {
+        let Some((no, info, rx, snapshot)) = &self.checkpoint_in_flight else {
+            return Ok(());
+        };
+        let result = if block {
+            rx.recv().unwrap_or(Err(StoreError::Closed))
+        } else {
+            match rx.try_recv() {
+                Ok(r) => r,
+                Err(TryRecvError::Empty) => return Ok(()),
+                Err(TryRecvError::Disconnected) => Err(StoreError::Closed),
+            }
+        };
+        let (no, info, snapshot) = (*no, *info, *snapshot);
+        self.checkpoint_in_flight = None;
+        if let Err(e) = result {
+            // Whatever failed (the previous checkpoint unreadable, a write),
+            // the next attempt does not depend on the journal replaying.
+            self.snapshot_next = true;
+            return Err(e);
+        }
+        if snapshot {
+            self.snapshot_next = false;
+        }
+        self.checkpoints.push((no, info));
+        self.shared
+            .counters
+            .checkpoints
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            group = self.group(),
+            no,
+            lsn = info.lsn,
+            "checkpoint written"
+        );
+        while self.checkpoints.len() > 2 {
+            let (old, _) = self.checkpoints.remove(0);
+            let path = self.shared.dir.join(checkpoint::checkpoint_name(old));
+            if let Err(e) = self.storage.remove(&path) {
+                tracing::warn!(group = self.group(), file = %path.display(), error = %e, "could not remove old checkpoint");
+            }
+        }
+        self.delete_dead_segments()
+    }
+
+    /// A checkpoint, start to finish (explicit requests and shutdown).
+    pub(super) fn checkpoint(&mut self) -> Result<(), StoreError> {
+        if let Err(e) = self.finish_checkpoint(true) {
+            tracing::error!(group = self.group(), error = %e, "background checkpoint failed");
+        }
+        self.start_checkpoint()?;
+        match self.finish_checkpoint(true) {
+            // The journal did not replay (damaged since it was written):
+            // the same checkpoint from a snapshot of the index instead.
+            Err(e) if self.snapshot_next && self.shared.poisoned.lock().is_none() => {
+                tracing::error!(group = self.group(), error = %e,
+                    "checkpoint could not be rebuilt from the journal; writing it from a snapshot");
+                self.start_checkpoint()?;
+                self.finish_checkpoint(true)
+            }
+            other => other,
+        }
+    }
+
+    /// Deletes the sealed segments no live message and neither retained
+    /// checkpoint needs. Their messages may have left them through
+    /// compaction's `Relocate` records, which must be on stable storage
+    /// before the deletion can be: a file system may make an unlink durable
+    /// ahead of unsynced data, and a power loss would then leave index
+    /// entries pointing at a missing segment. So the journal is synced
+    /// first, and the directory after the unlinks.
+    pub(super) fn delete_dead_segments(&mut self) -> Result<(), StoreError> {
+        if self.checkpoints.len() < 2 {
+            return Ok(());
+        }
+        let horizon = self
+            .checkpoints
+            .iter()
+            .map(|(_, c)| c.replay.seg)
+            .min()
+            .expect("two checkpoints");
+        let dead: Vec<u32> = {
+            let inner = self.shared.inner.lock();
+            self.sealed
+                .keys()
+                .copied()
+                .filter(|&s| s < horizon && inner.index.seg_live(s).count == 0)
+                .collect()
+        };
+        if dead.is_empty() {
+            return Ok(());
+        }
+        if let Err(e) = self.write_buf().and_then(|()| self.sync()) {
+            return Err(self.poison(e));
+        }
+        let mut deleted = 0;
+        for seq in dead {
+            let path = segment::segment_path(&self.shared.dir, seq);
+            match self.storage.remove(&path) {
+                Ok(()) => {
+                    deleted += 1;
+                    self.sealed.remove(&seq);
+                    self.unmovable.remove(&seq);
+                    self.shared.inner.lock().files.remove(&seq);
+                    self.shared
+                        .counters
+                        .segments_deleted
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(group = self.group(), seq, "segment deleted");
+                }
+                Err(e) => {
+                    tracing::warn!(group = self.group(), file = %path.display(), error = %e, "could not delete dead segment");
+                }
+            }
+        }
+        if deleted > 0 {
+            // Not needed for safety (a resurrected dead segment is deleted
+            // again), but space is only reclaimed for good once it is durable.
+            self.storage
+                .sync_dir(&self.shared.dir)
+                .map_err(self.err("fsync dir", &self.shared.dir))?;
+        }
+        Ok(())
+    }
+
+    /// The oldest sealed segment that is mostly dead and still holds live
+    /// records compaction can move.
+    pub(super) fn compaction_candidate(&self) -> Option<u32> {
+        let inner = self.shared.inner.lock();
+        let pct = u64::from(self.cfg.compaction_live_percent_max);
+        self.sealed
+            .iter()
+            .find(|(s, len)| {
+                let live = inner.index.seg_live(**s);
+                let stuck = self.unmovable.get(*s).map_or(0, |v| {
+                    v.iter().filter(|(m, l)| inner.index.is_at(*m, *l)).count() as u64
+                });
+                live.count > stuck && live.bytes * 100 < **len * pct
+            })
+            .map(|(s, _)| *s)
+    }
+
+    /// Copies up to `bytes_max` of live records out of the candidate
+    /// segment into the active one (as `Relocate` records). A record that
+    /// cannot be read or does not verify is reported and skipped for good.
+    pub(super) fn compact_step(&mut self, bytes_max: usize) -> Result<(), StoreError> {
+        if let Some(e) = self.shared.poison_error() {
+            return Err(e);
+        }
+        let Some(seq) = self.compaction_candidate() else {
+            return Ok(());
+        };
+        let (file, live) = {
+            let inner = self.shared.inner.lock();
+            (
+                inner.files.get(&seq).cloned(),
+                inner.index.live_in_segment(seq),
+            )
+        };
+        let Some(file) = file else { return Ok(()) };
+        let path = segment::segment_path(&self.shared.dir, seq);
+        let mut copied = 0usize;
+        let mut moved: Vec<(MsgId, Vec<QueueId>, Loc)> = Vec::new();
+        for (msg, loc) in live {
+            if copied >= bytes_max {
+                break;
+            }
+            if self
+                .unmovable
+                .get(&seq)
+                .is_some_and(|v| v.contains(&(msg, loc)))
+            {
+                continue;
+            }
+            let mut rec = vec![0u8; loc.len as usize];
+            let payload = match file.read_exact_at(&mut rec, u64::from(loc.offset)) {
+                Err(e) => Err(format!("read failed: {e}")),
+                Ok(()) => record::message_payload(self.shared.salt, &rec, msg)
+                    .map_err(|found| format!("record does not verify: {found:?}")),
+            };
+            let payload = match payload {
+                Ok(payload) => payload,
+                Err(why) => {
+                    let queues = self.shared.inner.lock().index.queues_of(msg);
+                    tracing::error!(group = self.group(), file = %path.display(), offset = loc.offset,
+                        %msg, ?queues, "live record unreadable ({why}); left in place, compaction moves on");
+                    self.unmovable.entry(seq).or_default().push((msg, loc));
+                    self.shared
+                        .counters
+                        .unreadable_records
+                        .fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            };
+            let queues = self.shared.inner.lock().index.queues_of(msg);
+            let new_loc = match self.encode(&Record::Relocate {
+                msg,
+                queues: queues.as_slice().into(),
+                payload,
+            }) {
+                Ok(l) => l,
+                Err(e) => return Err(self.poison(e)),
+            };
+            moved.push((msg, queues, new_loc));
+            copied += loc.len as usize;
+        }
+        if let Err(e) = self.write_buf() {
+            return Err(self.poison(e));
+        }
+        let mut inner = self.shared.inner.lock();
+        for (msg, queues, loc) in &moved {
+            inner.index.apply(
+                &Record::Relocate {
+                    msg: *msg,
+                    queues: queues.as_slice().into(),
+                    payload: &[],
+                },
+                *loc,
+            );
+        }
+        drop(inner);
+        self.shared
+            .counters
+            .bytes_compacted
+            .fetch_add(copied as u64, Ordering::Relaxed);
+        tracing::debug!(
+            group = self.group(),
+            seq,
+            messages = moved.len(),
+            bytes = copied,
+            "compacted"
+        );
+        Ok(())
+    }
+}

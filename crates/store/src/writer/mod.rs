@@ -1,0 +1,654 @@
+//! The group writer: one dedicated thread per log group that turns requests
+//! into journal records with adaptive group commit, and keeps the group's
+//! space in check (segment roll, checkpoints, deletion, compaction).
+//!
+//! Invariants:
+//! - Only this thread writes the group's files and mutates its index, so
+//!   journal order is the order of [`Index::apply`] calls.
+//! - A request's completion runs after its batch was written, and — in
+//!   `SyncMode::Always`, or for a `Flush` — after a successful fdatasync
+//!   covering it. Every completion runs exactly once.
+//! - A failed write or fdatasync poisons the group: the batch fails, every
+//!   later request fails, and nothing reports success that was not synced.
+//! - No request can make the writer panic: a request too large for one
+//!   record is split (Remove) or refused (see [`Op::invalid`]). Should the
+//!   thread die anyway (a bug), its group is poisoned, every request it
+//!   held or receives later fails ([`Waiter`] completes on drop), and
+//!   shutdown reports it.
+//! - A lone committer never waits: the gathering pause is taken only when
+//!   the previous batch was shared by several committers and they came
+//!   back straight away (see [`GatherPolicy`]), and never exceeds
+//!   `commit_delay_us_max`. Every reading of time goes through the
+//!   injected [`Clock`].
+//! - A checkpoint's index is rebuilt on its helper thread from the previous
+//!   checkpoint and the (synced, immutable) journal after it; the writer
+//!   copies the live index only when the journal cannot rebuild it.
+//! - A segment is sealed (fdatasync'ed) before the next one is created, and
+//!   deleted only when it holds no live message and lies wholly before the
+//!   replay position of both retained checkpoints.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+use crate::checkpoint::{self, CheckpointInfo, ReplayFrom, CHECKPOINT_TMP_NAME};
+use crate::clock::Clock;
+use crate::error::StoreError;
+use crate::index::{Index, Loc};
+use crate::limits::{StoreConfig, SyncMode, RECORD_BODY_BYTES_MAX, REMOVE_MSGS_PER_RECORD_MAX};
+use crate::record::{self, Decoded, Record};
+use crate::segment::{self, SEGMENT_HEADER_BYTES};
+use crate::storage::{Storage, StorageFile};
+use crate::{MsgId, QueueId};
+
+mod checkpoints;
+mod gather;
+mod requests;
+
+use checkpoints::{CheckpointResult, CHECKPOINT_POLL_MS};
+use gather::GatherPolicy;
+pub use requests::Done;
+use requests::{cmd_size, net_out};
+pub(crate) use requests::{publish_invalid, Cmd, Op, Waiter};
+
+/// Counters of one group, readable at any time.
+#[derive(Default)]
+pub struct GroupCounters {
+    pub batches: AtomicU64,
+    pub records: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub syncs: AtomicU64,
+    pub sync_us_total: AtomicU64,
+    pub gather_waits: AtomicU64,
+    /// Longest gathering pause planned, in µs (never above the cap).
+    pub gather_us_max: AtomicU64,
+    pub netted_publishes: AtomicU64,
+    pub checkpoints: AtomicU64,
+    /// Checkpoints whose index was cloned on the writer's path, under the
+    /// index lock (only when the journal alone cannot rebuild it).
+    pub checkpoint_snapshots: AtomicU64,
+    pub segments_deleted: AtomicU64,
+    pub bytes_compacted: AtomicU64,
+    /// Live records compaction found unreadable (I/O error or checksum):
+    /// reported and left in place.
+    pub unreadable_records: AtomicU64,
+}
+
+/// What readers share with the writer.
+pub(crate) struct Shared {
+    pub index: Index,
+    pub files: BTreeMap<u32, Arc<dyn StorageFile>>,
+}
+
+pub(crate) struct GroupShared {
+    pub group: u32,
+    /// The store's record salt: seeds every record checksum.
+    pub salt: u32,
+    pub dir: PathBuf,
+    pub inner: Mutex<Shared>,
+    pub poisoned: Mutex<Option<Arc<StoreError>>>,
+    pub counters: GroupCounters,
+}
+
+impl GroupShared {
+    pub fn poison_error(&self) -> Option<StoreError> {
+        self.poisoned
+            .lock()
+            .as_ref()
+            .map(|cause| StoreError::Poisoned {
+                group: self.group,
+                cause: Arc::clone(cause),
+            })
+    }
+}
+
+struct Active {
+    seq: u32,
+    file: Arc<dyn StorageFile>,
+    /// Bytes written to the file.
+    len: u64,
+}
+
+pub(crate) struct Writer {
+    shared: Arc<GroupShared>,
+    storage: Arc<dyn Storage>,
+    cfg: StoreConfig,
+    rx: Receiver<Cmd>,
+    active: Option<Active>,
+    /// Lengths of sealed segments.
+    sealed: BTreeMap<u32, u64>,
+    next_seq: u32,
+    next_lsn: u64,
+    /// Encoded bytes not yet written to `active`.
+    buf: Vec<u8>,
+    /// Written since the last fdatasync of `active`.
+    dirty: bool,
+    last_sync: Instant,
+    last_write: Instant,
+    last_checkpoint: Instant,
+    journal_bytes_since_checkpoint: u64,
+    /// Retained checkpoints (number, header), oldest first.
+    checkpoints: Vec<(u64, CheckpointInfo)>,
+    next_checkpoint_no: u64,
+    /// What adaptive group commit remembers of recent batches.
+    gather: GatherPolicy,
+    clock: Arc<dyn Clock>,
+    last_compaction: Instant,
+    /// A checkpoint being written by its helper thread, and whether its
+    /// index is a snapshot.
+    checkpoint_in_flight: Option<(u64, CheckpointInfo, CheckpointResult, bool)>,
+    /// The next checkpoint must snapshot the index: the journal since the
+    /// newest checkpoint cannot rebuild it (recovery dropped messages of a
+    /// missing segment, or the last rebuild failed).
+    snapshot_next: bool,
+    /// Live records compaction could not read or verify, by segment: left
+    /// where they are (the broker's read reports them), not retried, and
+    /// not counted when choosing what to compact, so one bad record never
+    /// stalls reclamation of the rest.
+    unmovable: BTreeMap<u32, Vec<(MsgId, Loc)>>,
+}
+
+pub(crate) struct WriterInit {
+    pub index: Index,
+    pub files: BTreeMap<u32, (Arc<dyn StorageFile>, u64)>,
+    pub next_seq: u32,
+    pub next_lsn: u64,
+    pub checkpoints: Vec<(u64, CheckpointInfo)>,
+    pub next_checkpoint_no: u64,
+    /// The index is what the newest checkpoint and the journal after it
+    /// give (false if recovery dropped messages without a record).
+    pub index_from_journal: bool,
+    /// The store's record salt (from the manifest).
+    pub salt: u32,
+}
+
+impl Writer {
+    pub fn new(
+        group: u32,
+        dir: PathBuf,
+        storage: Arc<dyn Storage>,
+        cfg: StoreConfig,
+        rx: Receiver<Cmd>,
+        init: WriterInit,
+        clock: Arc<dyn Clock>,
+    ) -> (Self, Arc<GroupShared>) {
+        let sealed = init.files.iter().map(|(s, (_, len))| (*s, *len)).collect();
+        let files = init.files.into_iter().map(|(s, (f, _))| (s, f)).collect();
+        let shared = Arc::new(GroupShared {
+            group,
+            salt: init.salt,
+            dir,
+            inner: Mutex::new(Shared {
+                index: init.index,
+                files,
+            }),
+            poisoned: Mutex::new(None),
+            counters: GroupCounters::default(),
+        });
+        let now = clock.now();
+        let w = Writer {
+            shared: Arc::clone(&shared),
+            storage,
+            cfg,
+            rx,
+            active: None,
+            sealed,
+            next_seq: init.next_seq,
+            next_lsn: init.next_lsn,
+            buf: Vec::new(),
+            dirty: false,
+            last_sync: now,
+            last_write: now,
+            last_checkpoint: now,
+            journal_bytes_since_checkpoint: 0,
+            checkpoints: init.checkpoints,
+            next_checkpoint_no: init.next_checkpoint_no,
+            gather: GatherPolicy::default(),
+            clock,
+            last_compaction: now,
+            checkpoint_in_flight: None,
+            snapshot_next: !init.index_from_journal,
+            unmovable: BTreeMap::new(),
+        };
+        (w, shared)
+    }
+
+    fn group(&self) -> u32 {
+        self.shared.group
+    }
+
+    fn err(
+        &self,
+        op: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> StoreError {
+        let path = path.into();
+        move |e| StoreError::io(op, path, e)
+    }
+
+    /// The writer thread's body: runs the group until shutdown and, should
+    /// it panic (a bug), poisons the group and fails every request instead
+    /// of leaving its callers waiting.
+    pub fn run_contained(mut self) {
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run()));
+        if let Err(panic) = outcome {
+            let reason = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "panic".to_owned());
+            self.died(reason);
+        }
+    }
+
+    /// After a panic: poison the group and fail everything sent to it until
+    /// the store shuts it down.
+    fn died(&mut self, reason: String) {
+        let cause = StoreError::WriterDied {
+            group: self.group(),
+            reason,
+        };
+        tracing::error!(group = self.group(), error = %cause, "log group poisoned");
+        *self.shared.poisoned.lock() = Some(Arc::new(cause));
+        let e = self.shared.poison_error().expect("just poisoned");
+        while let Ok(cmd) = self.rx.recv() {
+            match cmd {
+                Cmd::Write { done, .. } => {
+                    if let Some(w) = done {
+                        w.complete(Err(e.clone()));
+                    }
+                }
+                Cmd::Checkpoint { done } | Cmd::Compact { done } => done(Err(e.clone())),
+                Cmd::Shutdown { done } => {
+                    if let Some(done) = done {
+                        done(Err(e));
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    fn run(&mut self) {
+        let mut batch: Vec<Cmd> = Vec::new();
+        loop {
+            let first = match self.next_deadline() {
+                None => self
+                    .rx
+                    .recv()
+                    .map_err(|mpsc::RecvError| RecvTimeoutError::Disconnected),
+                Some(at) => self
+                    .rx
+                    .recv_timeout(at.saturating_duration_since(self.clock.now())),
+            };
+            let mut disconnected = false;
+            match first {
+                Ok(cmd) => batch.push(cmd),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => disconnected = true,
+            }
+            if !batch.is_empty() {
+                disconnected |= self.drain(&mut batch);
+                self.gather(&mut batch);
+            }
+            let mut shutdown: Option<Option<Done>> = disconnected.then_some(None);
+            let mut writes = Vec::new();
+            let mut controls = Vec::new();
+            for cmd in batch.drain(..) {
+                match cmd {
+                    Cmd::Write { op, done } => writes.push((op, done)),
+                    Cmd::Shutdown { done } => shutdown = Some(done),
+                    other => controls.push(other),
+                }
+            }
+            if !writes.is_empty() {
+                self.commit(writes);
+            }
+            for c in controls {
+                self.control(c);
+            }
+            if let Some(done) = shutdown {
+                let result = self.close();
+                if let Some(done) = done {
+                    done(result);
+                }
+                // Nothing can be sent after shutdown; be sure anyway.
+                while let Ok(cmd) = self.rx.try_recv() {
+                    if let Cmd::Write { done: Some(w), .. } = cmd {
+                        w.complete(Err(StoreError::Closed));
+                    }
+                }
+                return;
+            }
+            self.housekeeping();
+        }
+    }
+
+    /// Takes everything already queued, up to `batch_bytes_max`. Returns
+    /// whether the channel is disconnected.
+    fn drain(&mut self, batch: &mut Vec<Cmd>) -> bool {
+        let mut bytes: usize = batch.iter().map(cmd_size).sum();
+        while bytes < self.cfg.batch_bytes_max {
+            match self.rx.try_recv() {
+                Ok(cmd) => {
+                    bytes += cmd_size(&cmd);
+                    batch.push(cmd);
+                }
+                Err(TryRecvError::Empty) => return false,
+                Err(TryRecvError::Disconnected) => return true,
+            }
+        }
+        false
+    }
+
+    /// Adaptive group commit: when the previous batch was shared by several
+    /// committers who came straight back, wait (at most
+    /// `commit_delay_us_max`, and at most about one fsync) for as many as
+    /// usually come. A lone committer never waits.
+    fn gather(&mut self, batch: &mut Vec<Cmd>) {
+        let writes = batch
+            .iter()
+            .filter(|c| matches!(c, Cmd::Write { .. }))
+            .count();
+        let now = self.clock.now();
+        let Some((expected, delay)) = self.gather.plan(writes, now, &self.cfg) else {
+            return;
+        };
+        let deadline = now + delay;
+        let mut got = writes;
+        let mut bytes: usize = batch.iter().map(cmd_size).sum();
+        let c = &self.shared.counters;
+        c.gather_waits.fetch_add(1, Ordering::Relaxed);
+        c.gather_us_max.fetch_max(
+            u64::try_from(delay.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        while got < expected && bytes < self.cfg.batch_bytes_max {
+            match self
+                .rx
+                .recv_timeout(deadline.saturating_duration_since(self.clock.now()))
+            {
+                Ok(cmd) => {
+                    if matches!(cmd, Cmd::Write { .. }) {
+                        got += 1;
+                    }
+                    bytes += cmd_size(&cmd);
+                    batch.push(cmd);
+                }
+                Err(_) => break,
+            }
+        }
+    }
+
+    fn commit(&mut self, writes: Vec<(Op, Option<Waiter>)>) {
+        let batch_writes = writes.len();
+        if let Some(e) = self.shared.poison_error() {
+            for w in writes.into_iter().filter_map(|(_, d)| d) {
+                w.complete(Err(e.clone()));
+            }
+            return;
+        }
+        let mut writes: Vec<(Op, Option<Waiter>)> = writes
+            .into_iter()
+            .filter_map(|(op, done)| match op.invalid() {
+                None => Some((op, done)),
+                Some(why) => {
+                    match done {
+                        Some(w) => w.complete(Err(StoreError::Invalid(why))),
+                        None => tracing::warn!(group = self.group(), "request refused: {why}"),
+                    }
+                    None
+                }
+            })
+            .collect();
+        net_out(&mut writes, &self.shared.counters);
+        let force_sync = writes.iter().any(|(op, _)| matches!(op, Op::Flush));
+        let result = self.append(&writes, force_sync);
+        self.gather.batch_done(batch_writes, self.clock.now());
+        match result {
+            Ok(()) => {
+                for w in writes.into_iter().filter_map(|(_, d)| d) {
+                    w.complete(Ok(()));
+                }
+            }
+            Err(e) => {
+                let e = self.poison(e);
+                for w in writes.into_iter().filter_map(|(_, d)| d) {
+                    w.complete(Err(e.clone()));
+                }
+            }
+        }
+    }
+
+    /// Encodes, writes, applies and (per mode) syncs a batch.
+    fn append(
+        &mut self,
+        writes: &[(Op, Option<Waiter>)],
+        force_sync: bool,
+    ) -> Result<(), StoreError> {
+        let mut placed: Vec<(Record<'_>, Loc)> = Vec::with_capacity(writes.len());
+        for (op, _) in writes {
+            for rec in op.records() {
+                let loc = self.encode(&rec)?;
+                placed.push((rec, loc));
+            }
+        }
+        self.write_buf()?;
+        {
+            let mut inner = self.shared.inner.lock();
+            for (rec, loc) in &placed {
+                inner.index.apply(rec, *loc);
+            }
+        }
+        let c = &self.shared.counters;
+        c.batches.fetch_add(1, Ordering::Relaxed);
+        c.records.fetch_add(placed.len() as u64, Ordering::Relaxed);
+        let due = match self.cfg.sync {
+            SyncMode::Always => true,
+            SyncMode::Interval => {
+                self.clock.now().saturating_duration_since(self.last_sync)
+                    >= Duration::from_millis(self.cfg.sync_interval_ms)
+            }
+            SyncMode::Never => false,
+        };
+        if due || force_sync {
+            self.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Encodes one record into `buf`, rolling the segment if needed.
+    fn encode(&mut self, rec: &Record<'_>) -> Result<Loc, StoreError> {
+        let len = rec.encoded_len() as u64;
+        if let Some(a) = &self.active {
+            let cur = a.len + self.buf.len() as u64;
+            if cur + len > self.cfg.segment_size_bytes && cur > SEGMENT_HEADER_BYTES as u64 {
+                self.write_buf()?;
+                self.seal()?;
+            }
+        }
+        if self.active.is_none() {
+            self.open_segment()?;
+        }
+        let a = self.active.as_ref().expect("opened");
+        let loc = Loc {
+            seg: a.seq,
+            offset: u32::try_from(a.len + self.buf.len() as u64)
+                .expect("segment_size_bytes < 4 GiB"),
+            len: u32::try_from(len).expect("record < 4 GiB"),
+        };
+        let lsn = self.next_lsn;
+        self.next_lsn += 1;
+        record::encode(self.shared.salt, lsn, rec, &mut self.buf);
+        Ok(loc)
+    }
+
+    fn open_segment(&mut self) -> Result<(), StoreError> {
+        let seq = self.next_seq;
+        let path = segment::segment_path(&self.shared.dir, seq);
+        let file = self
+            .storage
+            .create(&path)
+            .map_err(self.err("create", &path))?;
+        // The entry must be durable before any record in it is completed.
+        self.storage
+            .sync_dir(&self.shared.dir)
+            .map_err(self.err("fsync dir", &self.shared.dir))?;
+        self.next_seq += 1;
+        self.buf
+            .extend_from_slice(&segment::encode_header(self.group(), seq));
+        self.shared
+            .inner
+            .lock()
+            .files
+            .insert(seq, Arc::clone(&file));
+        self.active = Some(Active { seq, file, len: 0 });
+        tracing::debug!(group = self.group(), seq, "segment opened");
+        Ok(())
+    }
+
+    fn write_buf(&mut self) -> Result<(), StoreError> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let a = self
+            .active
+            .as_mut()
+            .expect("buffered bytes belong to a segment");
+        let path = segment::segment_path(&self.shared.dir, a.seq);
+        a.file
+            .write_all_at(&self.buf, a.len)
+            .map_err(|e| StoreError::io("write", path, e))?;
+        a.len += self.buf.len() as u64;
+        self.journal_bytes_since_checkpoint += self.buf.len() as u64;
+        self.shared
+            .counters
+            .bytes_written
+            .fetch_add(self.buf.len() as u64, Ordering::Relaxed);
+        self.buf.clear();
+        self.dirty = true;
+        self.last_write = self.clock.now();
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<(), StoreError> {
+        let Some(a) = &self.active else { return Ok(()) };
+        if !self.dirty {
+            return Ok(());
+        }
+        let started = self.clock.now();
+        let path = segment::segment_path(&self.shared.dir, a.seq);
+        a.file
+            .sync_data()
+            .map_err(|e| StoreError::io("fdatasync", path, e))?;
+        let us = u64::try_from(
+            self.clock
+                .now()
+                .saturating_duration_since(started)
+                .as_micros(),
+        )
+        .unwrap_or(u64::MAX);
+        self.gather.sync_took(us);
+        let c = &self.shared.counters;
+        c.syncs.fetch_add(1, Ordering::Relaxed);
+        c.sync_us_total.fetch_add(us, Ordering::Relaxed);
+        self.dirty = false;
+        self.last_sync = self.clock.now();
+        Ok(())
+    }
+
+    /// fdatasyncs and closes the active segment; the next write opens a new one.
+    fn seal(&mut self) -> Result<(), StoreError> {
+        self.write_buf()?;
+        self.sync()?;
+        if let Some(a) = self.active.take() {
+            tracing::debug!(
+                group = self.group(),
+                seq = a.seq,
+                bytes = a.len,
+                "segment sealed"
+            );
+            self.sealed.insert(a.seq, a.len);
+        }
+        Ok(())
+    }
+
+    fn poison(&mut self, cause: StoreError) -> StoreError {
+        tracing::error!(group = self.group(), error = %cause,
+            "log group poisoned: refusing writes until the store is reopened");
+        let cause = Arc::new(cause);
+        *self.shared.poisoned.lock() = Some(Arc::clone(&cause));
+        // Nothing buffered may be written after the failure.
+        self.buf.clear();
+        StoreError::Poisoned {
+            group: self.group(),
+            cause,
+        }
+    }
+
+    fn control(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Checkpoint { done } => done(self.checkpoint()),
+            Cmd::Compact { done } => {
+                let mut result = Ok(());
+                while result.is_ok() && self.compaction_candidate().is_some() {
+                    result = self.compact_step(usize::MAX);
+                }
+                done(result);
+            }
+            Cmd::Write { .. } | Cmd::Shutdown { .. } => unreachable!("handled by run"),
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        if self.shared.poisoned.lock().is_some() {
+            return None;
+        }
+        let mut at: Option<Instant> = None;
+        let mut consider = |t: Instant| at = Some(at.map_or(t, |a| a.min(t)));
+        if self.dirty && self.cfg.sync == SyncMode::Interval {
+            consider(self.last_sync + Duration::from_millis(self.cfg.sync_interval_ms));
+        }
+        if self
+            .active
+            .as_ref()
+            .is_some_and(|a| a.len > SEGMENT_HEADER_BYTES as u64)
+        {
+            consider(self.last_write + Duration::from_millis(self.cfg.segment_idle_roll_ms));
+        }
+        if self.checkpoint_in_flight.is_some() {
+            consider(self.clock.now() + Duration::from_millis(CHECKPOINT_POLL_MS));
+        } else if self.checkpoint_wanted() {
+            consider(self.last_checkpoint + Duration::from_millis(self.cfg.checkpoint_interval_ms));
+        }
+        if self.compaction_candidate().is_some() {
+            consider(self.last_compaction + Duration::from_millis(self.cfg.compaction_pause_ms));
+        }
+        at
+    }
+
+    /// Clean shutdown: everything written and synced, and a checkpoint so
+    /// the next start replays nothing.
+    fn close(&mut self) -> Result<(), StoreError> {
+        if let Some(e) = self.shared.poison_error() {
+            return Err(e);
+        }
+        if let Err(e) = self.write_buf().and_then(|()| self.sync()) {
+            return Err(self.poison(e));
+        }
+        if self
+            .checkpoints
+            .last()
+            .is_none_or(|(_, c)| c.replay != self.position())
+        {
+            self.checkpoint()?;
+        }
+        Ok(())
+    }
+}
