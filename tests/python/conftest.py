@@ -83,6 +83,7 @@ class Broker:
     log_path: str = ""
     # The HTTP (management API) port, when started with --http-listen.
     http_port: int = 0
+    pid: int = 0  # of a berth this run started (for /proc/<pid>/status)
 
     @property
     def uri(self):
@@ -110,7 +111,7 @@ class Broker:
 class BerthProcess:
     """A berth child process on a free loopback port with its own data dir."""
 
-    def __init__(self, extra_args=()):
+    def __init__(self, extra_args=(), data_dir=None):
         binary = os.environ.get("BERTH_BIN") or os.path.join(ROOT, "target", "release", "berth")
         if not os.access(binary, os.X_OK):
             pytest.exit(f"berth binary {binary} not found (cargo build --release, "
@@ -118,7 +119,7 @@ class BerthProcess:
         self.dir = tempfile.mkdtemp(prefix="berth-pytest-")
         self.log_path = os.path.join(self.dir, "berth.log")
         args = [binary, "serve", "--amqp-listen", "127.0.0.1:0",
-                "--data-dir", os.path.join(self.dir, "data"), *extra_args]
+                "--data-dir", data_dir or os.path.join(self.dir, "data"), *extra_args]
         env = dict(os.environ, NO_COLOR="1")
         env.setdefault("RUST_LOG", "info")
         self._log = open(self.log_path, "wb")
@@ -130,7 +131,8 @@ class BerthProcess:
         except BaseException:
             self.stop()
             raise
-        self.broker = Broker(host, port, is_berth=True, log_path=self.log_path)
+        self.broker = Broker(host, port, is_berth=True, log_path=self.log_path,
+                             pid=self.proc.pid)
         with open(self.log_path, errors="replace") as f:
             m = READY_HTTP_RE.search(ANSI_RE.sub("", f.read()))
         if m:
@@ -192,14 +194,15 @@ def broker():
 
 @pytest.fixture
 def start_berth(request):
-    """Start a berth with extra flags for this test only (skipped against an
-    external broker). Returns a Broker."""
+    """Start a berth with extra flags (and optionally a data directory of the
+    test's own, which survives the broker) for this test only (skipped
+    against an external broker). Returns a Broker."""
     if external_uri():
         pytest.skip("needs a berth started with special flags (BERTH_TEST_URI is set)")
     started = []
 
-    def start(*flags):
-        proc = BerthProcess([str(f) for f in flags])
+    def start(*flags, data_dir=None):
+        proc = BerthProcess([str(f) for f in flags], data_dir=data_dir)
         started.append(proc)
         return proc.broker
 

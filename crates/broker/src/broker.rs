@@ -73,6 +73,14 @@ impl Broker {
         self.dur.set_resident_messages_max(n);
     }
 
+    /// How many queues, exchanges, bindings and consumers clients may make
+    /// (every vhost).
+    pub fn set_count_limits(&self, l: crate::limits::CountLimits) {
+        for v in self.vhosts.values() {
+            v.set_count_limits(l);
+        }
+    }
+
     pub fn vhost(&self, name: &str) -> Option<Arc<VHost>> {
         self.vhosts.get(name).cloned()
     }

@@ -174,6 +174,7 @@ impl Channel {
                     "attempt to reuse consumer tag '{tag}'"
                 )));
             }
+            (self.session.vhost.count_limits()).check_new_consumer(st.consumers.len())?;
             let c = Arc::new(Consumer {
                 tag: tag.clone(),
                 channel: Arc::clone(self) as Arc<dyn ConsumerChannel>,
@@ -267,6 +268,7 @@ impl Channel {
             if let Some(tx) = st.tx.as_mut() {
                 // Check the exchange now so the error points at the publish.
                 self.session.vhost.check_publish_target(exchange)?;
+                check_tx_room(tx)?;
                 tx.push(TxOp::Publish {
                     exchange: exchange.to_owned(),
                     msg,
@@ -289,6 +291,7 @@ impl Channel {
             let mut st = self.state.lock();
             check_tag(&st, tag, multiple)?;
             if let Some(tx) = st.tx.as_mut() {
+                check_tx_room(tx)?;
                 tx.push(TxOp::Ack { tag, multiple });
                 return Ok(());
             }
@@ -302,6 +305,7 @@ impl Channel {
             let mut st = self.state.lock();
             check_tag(&st, tag, multiple)?;
             if let Some(tx) = st.tx.as_mut() {
+                check_tx_room(tx)?;
                 tx.push(TxOp::Nack {
                     tag,
                     multiple,
@@ -581,6 +585,19 @@ enum Settle {
     Ack,
     Requeue,
     Reject,
+}
+
+/// An open transaction takes one more operation only below
+/// [`crate::limits::TX_OPERATIONS_MAX`] (its messages count toward the
+/// memory alarm already; this bounds the bookkeeping around them).
+fn check_tx_room(tx: &[TxOp]) -> AmqpResult<()> {
+    if tx.len() >= crate::limits::TX_OPERATIONS_MAX {
+        return Err(AmqpError::precondition_failed(format!(
+            "the transaction holds {} publishes and acks, the maximum (TX_OPERATIONS_MAX); commit or roll back first",
+            tx.len()
+        )));
+    }
+    Ok(())
 }
 
 fn check_tag(st: &ChannelState, tag: u64, multiple: bool) -> AmqpResult<()> {

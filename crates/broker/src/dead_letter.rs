@@ -139,7 +139,8 @@ fn clear_expiration(props: &mut berth_protocol::AMQPProperties) {
 }
 
 fn x_death_entries(msg: &Message) -> Vec<FieldTable> {
-    match msg.headers.as_ref().and_then(|h| h.inner().get("x-death")) {
+    let headers = msg.headers();
+    match headers.as_ref().and_then(|h| h.inner().get("x-death")) {
         Some(AMQPValue::FieldArray(a)) => a
             .as_slice()
             .iter()

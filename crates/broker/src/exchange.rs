@@ -272,12 +272,15 @@ impl Exchange {
                         .map(|x| x.destination.clone()),
                 );
             }
-            ExchangeKind::Headers => out.extend(
-                b.list
-                    .iter()
-                    .filter(|x| headers_match(&x.arguments, msg.headers.as_ref()))
-                    .map(|x| x.destination.clone()),
-            ),
+            ExchangeKind::Headers => {
+                let headers = msg.headers();
+                out.extend(
+                    b.list
+                        .iter()
+                        .filter(|x| headers_match(&x.arguments, headers.as_ref()))
+                        .map(|x| x.destination.clone()),
+                );
+            }
         }
     }
 }

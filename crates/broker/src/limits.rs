@@ -1,6 +1,8 @@
 //! Every limit and default of the broker core, with its unit in its name:
 //! the one place to look a number up or change it.
 
+use crate::error::{AmqpError, AmqpResult};
+
 /// Default of `store.queue_resident_messages_max`: ready messages per queue
 /// whose bodies stay in memory; beyond it, bodies already written to the
 /// journal are read back when needed.
@@ -25,3 +27,126 @@ pub const FLOW_ACTIVE_MS: u64 = 100;
 /// Length of the random tail of a server-named queue (`amq.gen-…`), in
 /// characters, as RabbitMQ names them.
 pub const SERVER_NAMED_TAIL_CHARS: usize = 22;
+
+/// Publishes, acks and nacks one open transaction may hold before
+/// `tx.commit`; one more is refused with 406 (RabbitMQ has no such limit;
+/// a transaction this large is a client bug or an attack).
+pub const TX_OPERATIONS_MAX: usize = 65_536;
+
+/// Default of `limits.queues_max` (per vhost). RabbitMQ's `max-queues`
+/// vhost limit is unlimited by default; berth bounds it (DESIGN.md
+/// invariant 3) far above what applications declare.
+pub const QUEUES_MAX_DEFAULT: usize = 100_000;
+
+/// Default of `limits.exchanges_max` (per vhost, the standard `amq.*`
+/// exchanges included).
+pub const EXCHANGES_MAX_DEFAULT: usize = 10_000;
+
+/// Default of `limits.bindings_per_exchange_max`.
+pub const BINDINGS_PER_EXCHANGE_MAX_DEFAULT: usize = 100_000;
+
+/// Default of `limits.consumers_per_channel_max` (RabbitMQ's
+/// `consumer_max_per_channel`, unlimited there by default).
+pub const CONSUMERS_PER_CHANNEL_MAX_DEFAULT: usize = 4096;
+
+/// How many of each thing a client can make the broker hold. The server
+/// sets them from `[limits]` (docs/CONFIG.md); going past one is refused
+/// with 406 PRECONDITION_FAILED, as RabbitMQ refuses its `max-queues` and
+/// `consumer_max_per_channel`, and nothing is created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CountLimits {
+    pub queues_max: usize,
+    pub exchanges_max: usize,
+    pub bindings_per_exchange_max: usize,
+    pub consumers_per_channel_max: usize,
+}
+
+impl Default for CountLimits {
+    fn default() -> Self {
+        Self {
+            queues_max: QUEUES_MAX_DEFAULT,
+            exchanges_max: EXCHANGES_MAX_DEFAULT,
+            bindings_per_exchange_max: BINDINGS_PER_EXCHANGE_MAX_DEFAULT,
+            consumers_per_channel_max: CONSUMERS_PER_CHANNEL_MAX_DEFAULT,
+        }
+    }
+}
+
+impl CountLimits {
+    /// A new queue when the vhost has `queues` (RabbitMQ's text).
+    pub fn check_new_queue(&self, queues: usize, name: &str, vhost: &str) -> AmqpResult<()> {
+        if queues >= self.queues_max {
+            return Err(AmqpError::precondition_failed(format!(
+                "cannot declare queue '{name}' in vhost '{vhost}': vhost queue limit ({}) is reached (limits.queues_max)",
+                self.queues_max
+            )));
+        }
+        Ok(())
+    }
+
+    /// A new exchange when the vhost has `exchanges`.
+    pub fn check_new_exchange(&self, exchanges: usize, name: &str, vhost: &str) -> AmqpResult<()> {
+        if exchanges >= self.exchanges_max {
+            return Err(AmqpError::precondition_failed(format!(
+                "cannot declare exchange '{name}' in vhost '{vhost}': vhost exchange limit ({}) is reached (limits.exchanges_max)",
+                self.exchanges_max
+            )));
+        }
+        Ok(())
+    }
+
+    /// A binding from an exchange that has `bindings`.
+    pub fn check_new_binding(
+        &self,
+        bindings: usize,
+        exchange: &str,
+        vhost: &str,
+    ) -> AmqpResult<()> {
+        if bindings >= self.bindings_per_exchange_max {
+            return Err(AmqpError::precondition_failed(format!(
+                "cannot bind to exchange '{exchange}' in vhost '{vhost}': it has {bindings} bindings, the limit (limits.bindings_per_exchange_max)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// A new consumer on a channel that has `consumers` (RabbitMQ's text).
+    pub fn check_new_consumer(&self, consumers: usize) -> AmqpResult<()> {
+        if consumers >= self.consumers_per_channel_max {
+            return Err(AmqpError::precondition_failed(format!(
+                "reached maximum ({}) of consumers per channel (limits.consumers_per_channel_max)",
+                self.consumers_per_channel_max
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_count_is_refused_at_its_limit_and_not_below() {
+        let l = CountLimits {
+            queues_max: 2,
+            exchanges_max: 3,
+            bindings_per_exchange_max: 4,
+            consumers_per_channel_max: 5,
+        };
+        assert!(l.check_new_queue(1, "q", "/").is_ok());
+        let e = l.check_new_queue(2, "q", "/").unwrap_err();
+        assert_eq!(e.reply_code, 406);
+        assert!(
+            e.reply_text().contains("vhost queue limit (2) is reached"),
+            "{}",
+            e.reply_text()
+        );
+        assert!(l.check_new_exchange(2, "x", "/").is_ok());
+        assert!(l.check_new_exchange(3, "x", "/").is_err());
+        assert!(l.check_new_binding(3, "x", "/").is_ok());
+        assert!(l.check_new_binding(4, "x", "/").is_err());
+        assert!(l.check_new_consumer(4).is_ok());
+        assert!(l.check_new_consumer(5).is_err());
+    }
+}

@@ -38,8 +38,6 @@ pub struct Message {
     pub priority: u8,
     /// `expiration` property, parsed (milliseconds).
     pub expiration_ms: Option<u64>,
-    /// `headers` property, needed by the headers exchange and dead-lettering.
-    pub headers: Option<FieldTable>,
 }
 
 impl Message {
@@ -111,7 +109,6 @@ impl Message {
             persistent: props.delivery_mode() == &Some(2),
             priority: props.priority().unwrap_or(0),
             expiration_ms,
-            headers: props.headers().clone(),
         }))
     }
 
@@ -143,9 +140,20 @@ impl Message {
         Self::from_props(exchange, routing_key, &props, raw, self.body.clone())
     }
 
+    /// The `headers` property (for the headers exchange and
+    /// dead-lettering), decoded from the properties when asked. It is not
+    /// kept decoded: a decoded table costs ~20 times its wire size in
+    /// memory, and a client can send tables as large as a frame.
+    pub fn headers(&self) -> Option<FieldTable> {
+        // The properties were decoded once when the message was built.
+        decode_properties(&self.properties)
+            .ok()
+            .and_then(|p| p.headers().clone())
+    }
+
     /// A header as a string, if present and textual.
     pub fn header_str(&self, key: &str) -> Option<String> {
-        match self.headers.as_ref()?.inner().get(key)? {
+        match self.headers()?.inner().get(key)? {
             AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
             AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
             _ => None,

@@ -23,7 +23,7 @@ use crate::durable::{self, Done, Durability, Journal};
 use crate::error::{AmqpError, AmqpResult};
 pub use crate::exchange::ExchangeDeclare;
 use crate::exchange::{Destination, Exchange, ExchangeKind};
-use crate::limits::SERVER_NAMED_TAIL_CHARS;
+use crate::limits::{CountLimits, SERVER_NAMED_TAIL_CHARS};
 use crate::message::Message;
 use crate::queue::{Queue, QueueEnv, QueueOwner};
 pub use crate::routing::PublishResult;
@@ -42,6 +42,8 @@ pub struct VHost {
     /// (which waits for the disk) without holding the maps' write locks that
     /// publishers read.
     definitions: Mutex<()>,
+    /// How many queues, exchanges, bindings and consumers clients may make.
+    counts: RwLock<CountLimits>,
     me: Weak<VHost>,
 }
 
@@ -79,6 +81,7 @@ impl VHost {
             dur,
             clock,
             definitions: Mutex::new(()),
+            counts: RwLock::new(CountLimits::default()),
             me: me.clone(),
         });
         {
@@ -219,6 +222,15 @@ impl VHost {
         self.queues.read().keys().cloned().collect()
     }
 
+    /// Sets how many queues, exchanges, bindings and consumers clients may make.
+    pub fn set_count_limits(&self, l: CountLimits) {
+        *self.counts.write() = l;
+    }
+
+    pub fn count_limits(&self) -> CountLimits {
+        *self.counts.read()
+    }
+
     pub fn queue_count(&self) -> usize {
         self.queues.read().len()
     }
@@ -255,6 +267,10 @@ impl VHost {
             }
         }
         let existing = self.exchanges.read().get(name).cloned();
+        if existing.is_none() {
+            let n = self.exchanges.read().len();
+            self.counts.read().check_new_exchange(n, name, &self.name)?;
+        }
         if existing.is_none() && d.durable {
             // Durable before it exists: a declare-ok survives a crash.
             self.meta_put(
@@ -398,6 +414,7 @@ impl VHost {
         arguments: &FieldTable,
     ) -> AmqpResult<()> {
         let (q, e, dest) = self.queue_binding(connection, queue, exchange)?;
+        (self.counts.read()).check_new_binding(e.binding_count(), exchange, &self.name)?;
         if self.binding_is_durable(&e, &dest) {
             self.meta_put(
                 &self.binding_key(exchange, &dest, routing_key, arguments),
@@ -456,6 +473,7 @@ impl VHost {
         }
         self.exchange(destination)?;
         let dest = Destination::Exchange(destination.to_owned());
+        (self.counts.read()).check_new_binding(s.binding_count(), source, &self.name)?;
         if self.binding_is_durable(&s, &dest) {
             self.meta_put(
                 &self.binding_key(source, &dest, routing_key, arguments),
@@ -545,6 +563,8 @@ impl VHost {
             let s = q.stats();
             return Ok((name, s.ready, s.consumers));
         }
+        let n = self.queues.read().len();
+        self.counts.read().check_new_queue(n, &name, &self.name)?;
         // Exclusive queues die with their connection, so they are never stored.
         let store_id = (d.durable && !d.exclusive).then(|| self.dur.new_queue_id());
         if let Some(id) = store_id {

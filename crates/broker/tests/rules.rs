@@ -413,6 +413,30 @@ fn tx_rollback_discards_publishes_and_commit_applies_them() {
 }
 
 #[test]
+fn a_transaction_holds_at_most_tx_operations_max_publishes() {
+    let w = world();
+    w.declare("q", FieldTable::default());
+    w.ch.tx_select();
+    let m = msg("", "q", "", AMQPProperties::default());
+    for _ in 0..berth_broker::limits::TX_OPERATIONS_MAX {
+        w.ch.publish("", Arc::clone(&m), false, w.t0, &mut no_wait)
+            .unwrap();
+    }
+    let e =
+        w.ch.publish("", m, false, w.t0, &mut no_wait)
+            .err()
+            .expect("one publish past TX_OPERATIONS_MAX is refused");
+    assert_eq!(e.reply_code, 406, "{}", e.reply_text());
+    assert!(
+        e.reply_text().contains("TX_OPERATIONS_MAX"),
+        "{}",
+        e.reply_text()
+    );
+    w.ch.tx_commit(w.t0, &mut no_wait).unwrap();
+    assert_eq!(w.ready("q"), berth_broker::limits::TX_OPERATIONS_MAX);
+}
+
+#[test]
 fn congested_connection_holds_messages_in_the_queue() {
     let w = world();
     w.declare("q", FieldTable::default());

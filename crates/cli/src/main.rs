@@ -137,6 +137,22 @@ struct ServeArgs {
     /// which publishers are blocked (0 = 40% of RAM).
     #[arg(long, value_name = "BYTES")]
     memory_high_watermark_bytes: Option<u64>,
+    /// limits.queues_max: queues per vhost.
+    #[arg(long, value_name = "N")]
+    queues_max: Option<usize>,
+    /// limits.exchanges_max: exchanges per vhost (amq.* included).
+    #[arg(long, value_name = "N")]
+    exchanges_max: Option<usize>,
+    /// limits.bindings_per_exchange_max: bindings from one exchange.
+    #[arg(long, value_name = "N")]
+    bindings_per_exchange_max: Option<usize>,
+    /// limits.consumers_per_channel_max: consumers on one channel.
+    #[arg(long, value_name = "N")]
+    consumers_per_channel_max: Option<usize>,
+    /// limits.disk_free_bytes_min: free disk space below which publishers
+    /// are blocked.
+    #[arg(long, value_name = "BYTES")]
+    disk_free_bytes_min: Option<u64>,
     /// auth.vhosts: a virtual host to serve (repeatable).
     #[arg(long = "vhost", value_name = "NAME")]
     vhost: Vec<String>,
@@ -210,6 +226,17 @@ impl ServeArgs {
             &mut c.limits.memory_high_watermark_bytes,
             self.memory_high_watermark_bytes,
         );
+        set(&mut c.limits.queues_max, self.queues_max);
+        set(&mut c.limits.exchanges_max, self.exchanges_max);
+        set(
+            &mut c.limits.bindings_per_exchange_max,
+            self.bindings_per_exchange_max,
+        );
+        set(
+            &mut c.limits.consumers_per_channel_max,
+            self.consumers_per_channel_max,
+        );
+        set(&mut c.limits.disk_free_bytes_min, self.disk_free_bytes_min);
         set_list(&mut c.auth.vhosts, self.vhost);
         set(&mut c.log.log_level, self.log_level);
     }

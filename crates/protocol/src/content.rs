@@ -108,6 +108,15 @@ impl ContentAssembler {
         matches!(self.state, State::Idle)
     }
 
+    /// Body bytes held for the message being assembled (for memory
+    /// accounting; the declared size is never reserved up front).
+    pub fn buffered_bytes(&self) -> usize {
+        match &self.state {
+            State::Body { body, .. } => body.len(),
+            _ => 0,
+        }
+    }
+
     /// Drops whatever was being assembled (the channel is closing).
     pub fn reset(&mut self) {
         self.state = State::Idle;

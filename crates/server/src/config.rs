@@ -122,6 +122,17 @@ pub struct Limits {
     /// blocked (`connection.blocked`) until consumers drain them. 0 = 40% of
     /// the machine's RAM, as RabbitMQ's default.
     pub memory_high_watermark_bytes: u64,
+    /// Queues per vhost (RabbitMQ's `max-queues` vhost limit).
+    pub queues_max: usize,
+    /// Exchanges per vhost, the standard `amq.*` ones included.
+    pub exchanges_max: usize,
+    /// Bindings whose source is one exchange.
+    pub bindings_per_exchange_max: usize,
+    /// Consumers per channel (RabbitMQ's `consumer_max_per_channel`).
+    pub consumers_per_channel_max: usize,
+    /// Free space on every data directory's filesystem below which
+    /// publishers are blocked (RabbitMQ's `disk_free_limit`).
+    pub disk_free_bytes_min: u64,
 }
 
 /// `[auth]`: users and virtual hosts.
@@ -189,6 +200,11 @@ impl Default for Limits {
             connection_output_bytes_max: limits::DEFAULT_CONNECTION_OUTPUT_BYTES_MAX,
             connections_max: 0,
             memory_high_watermark_bytes: 0,
+            queues_max: berth_broker::limits::QUEUES_MAX_DEFAULT,
+            exchanges_max: berth_broker::limits::EXCHANGES_MAX_DEFAULT,
+            bindings_per_exchange_max: berth_broker::limits::BINDINGS_PER_EXCHANGE_MAX_DEFAULT,
+            consumers_per_channel_max: berth_broker::limits::CONSUMERS_PER_CHANNEL_MAX_DEFAULT,
+            disk_free_bytes_min: limits::DEFAULT_DISK_FREE_BYTES_MIN,
         }
     }
 }
@@ -238,6 +254,16 @@ pub enum ConfigError {
 }
 
 impl Limits {
+    /// The counts the broker enforces.
+    pub fn count_limits(&self) -> berth_broker::limits::CountLimits {
+        berth_broker::limits::CountLimits {
+            queues_max: self.queues_max,
+            exchanges_max: self.exchanges_max,
+            bindings_per_exchange_max: self.bindings_per_exchange_max,
+            consumers_per_channel_max: self.consumers_per_channel_max,
+        }
+    }
+
     /// The memory watermark in bytes, resolving 0 to 40% of RAM.
     pub fn memory_high_watermark(&self) -> u64 {
         if self.memory_high_watermark_bytes > 0 {

@@ -9,9 +9,11 @@
 
 pub mod config;
 pub mod connection;
+pub mod disk;
 pub mod http;
 pub mod journal;
 pub mod limits;
+pub mod memory;
 pub mod outbound;
 pub mod registry;
 pub mod stats;
@@ -227,8 +229,15 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         broker: Arc::clone(&broker),
         config: Arc::new(config),
         registry: Arc::new(registry::Registry::default()),
+        disk: Arc::default(),
     });
     let (tx, rx) = watch::channel(false);
+    disk::spawn_watch(
+        Arc::clone(&shared.disk),
+        shared.config.store.data_dirs.clone(),
+        shared.config.limits.disk_free_bytes_min,
+        rx.clone(),
+    );
     let open = Arc::new(AtomicUsize::new(0));
     let all_addrs: Arc<Vec<SocketAddr>> =
         Arc::new(amqp_addrs.iter().chain(&http_addrs).copied().collect());

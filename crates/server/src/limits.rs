@@ -36,10 +36,11 @@ pub const READ_FREE_BYTES_MIN: usize = 4096;
 /// `limits.connection_output_bytes_max` before consumers are paused.
 pub const OUTPUT_BUFFER_BYTES_INITIAL: usize = 8 * 1024;
 
-/// Confirm-mode publishes waiting for the journal, per connection, before
-/// the server stops reading from it (back-pressure instead of unbounded
-/// bookkeeping).
-pub const UNCONFIRMED_PER_CONNECTION_MAX: usize = 65_536;
+/// Journal completions pending for one connection (confirm-mode publishes
+/// and `tx.commit` writes waiting for the journal) before the server stops
+/// reading from it: back-pressure instead of unbounded bookkeeping and an
+/// unbounded completion queue.
+pub const COMPLETIONS_PER_CONNECTION_MAX: usize = 65_536;
 
 /// Flow control, like RabbitMQ's credit flow: after a publish to a queue
 /// whose consumers are busy but not keeping up, the connection stops reading
@@ -107,3 +108,11 @@ pub const CHECKPOINT_JOURNAL_BYTES_MIN: u64 = 64 * 1024;
 /// How long `POST /api/exchanges/{vhost}/{name}/publish` waits for the store
 /// to confirm a persistent message before it answers 503.
 pub const HTTP_PUBLISH_STORE_WAIT_MS: u64 = 10_000;
+/// `limits.disk_free_bytes_min`: 50 MB, RabbitMQ's `disk_free_limit`
+/// default.
+pub const DEFAULT_DISK_FREE_BYTES_MIN: u64 = 50_000_000;
+
+/// How often the disk free alarm measures free space (`statvfs`) on the
+/// data directories' filesystems (RabbitMQ checks every 10 s at most; a
+/// small filesystem fills faster, so more often).
+pub const DISK_CHECK_MS: u64 = 250;

@@ -6,8 +6,16 @@
 //! - Every append is of whole frames, under one lock, so frames from
 //!   different producers never interleave.
 //! - Output is bounded: above `limit_bytes` the outlet reports congestion
-//!   and queues hold their messages back; the writer signals `drained` when
-//!   it has taken the backlog, so the connection can let them resume.
+//!   and queues hold their messages back; above twice that the connection
+//!   stops reading too, so replies it would make (`basic.return`s above
+//!   all) stop growing. Deliveries alone stop at `limit_bytes`, so a client
+//!   that publishes while it is slow to read its deliveries is still read;
+//!   only replies it provokes and never reads fill the second half. The
+//!   writer signals `drained` when it has taken the backlog, so both
+//!   resume. At most twice `limit_bytes` plus one read's worth of replies
+//!   is buffered, plus what the writer has taken and not yet written.
+//! - Every output byte is counted in [`crate::memory::OUTPUT_BYTES`] (for
+//!   the memory alarm) from its push until it is written or dropped.
 //! - Only server-sent `basic.cancel`s are ever held back, and only between
 //!   `hold_cancels` and `release_cancels`, which sends them in order.
 
@@ -21,9 +29,17 @@ use bytes::BytesMut;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use crate::memory::{Counted, OUTPUT_BYTES};
+
+/// The buffer and its share of [`OUTPUT_BYTES`].
+struct Buffer {
+    bytes: BytesMut,
+    counted: Counted,
+}
+
 /// The shared output buffer of one connection.
 pub struct Outbound {
-    buf: Mutex<BytesMut>,
+    buf: Mutex<Buffer>,
     /// Wakes the writer.
     pub ready: Notify,
     /// Wakes the connection task when a congested buffer was taken.
@@ -42,9 +58,10 @@ pub struct Outbound {
 impl Outbound {
     pub fn new(limit_bytes: usize, frame_max: u32) -> Arc<Self> {
         Arc::new(Self {
-            buf: Mutex::new(BytesMut::with_capacity(
-                crate::limits::OUTPUT_BUFFER_BYTES_INITIAL,
-            )),
+            buf: Mutex::new(Buffer {
+                bytes: BytesMut::with_capacity(crate::limits::OUTPUT_BUFFER_BYTES_INITIAL),
+                counted: Counted::new(&OUTPUT_BYTES),
+            }),
             ready: Notify::new(),
             drained: Notify::new(),
             congested: AtomicBool::new(false),
@@ -77,13 +94,24 @@ impl Outbound {
         if self.closed.load(Ordering::Relaxed) {
             return;
         }
-        f(&mut self.buf.lock());
+        {
+            let mut buf = self.buf.lock();
+            f(&mut buf.bytes);
+            let len = buf.bytes.len() as u64;
+            buf.counted.set(len);
+        }
         self.ready.notify_one();
     }
 
-    /// Takes everything buffered (the writer's side).
-    pub fn take(&self) -> BytesMut {
-        let out = std::mem::take(&mut *self.buf.lock());
+    /// Takes everything buffered (the writer's side). The bytes stay
+    /// counted in `in_flight` until the writer lets go of them.
+    pub fn take(&self, in_flight: &mut Counted) -> BytesMut {
+        let out = {
+            let mut buf = self.buf.lock();
+            buf.counted.set(0);
+            std::mem::take(&mut buf.bytes)
+        };
+        in_flight.set(out.len() as u64);
         if self.congested.swap(false, Ordering::AcqRel) {
             self.drained.notify_one();
         }
@@ -101,7 +129,17 @@ impl Outbound {
     }
 
     pub fn buffered_bytes(&self) -> usize {
-        self.buf.lock().len()
+        self.buf.lock().bytes.len()
+    }
+
+    /// Whether the buffer is at twice its bound: the connection then stops
+    /// reading until the writer took it.
+    pub fn is_full(&self) -> bool {
+        let full = self.buf.lock().bytes.len() >= self.limit_bytes.saturating_mul(2);
+        if full {
+            self.congested.store(true, Ordering::Release);
+        }
+        full
     }
 
     /// Holds back server-sent `basic.cancel`s until [`Self::release_cancels`],
@@ -194,7 +232,7 @@ impl Outlet for Outbound {
         if self.closed.load(Ordering::Relaxed) {
             return true;
         }
-        let over = self.buf.lock().len() >= self.limit_bytes;
+        let over = self.buf.lock().bytes.len() >= self.limit_bytes;
         if over {
             self.congested.store(true, Ordering::Release);
         }

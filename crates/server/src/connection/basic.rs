@@ -59,7 +59,9 @@ impl Conn {
         if matches!(slot.state, ChanState::Closing) {
             return Ok(());
         }
-        match slot.content.push(f, body_size_max) {
+        let pushed = slot.content.push(f, body_size_max);
+        slot.assembling.set(slot.content.buffered_bytes() as u64);
+        match pushed {
             Ok(Some(message)) => {
                 self.publish(channel, message);
                 Ok(())

@@ -48,6 +48,7 @@ impl Conn {
                         state: ChanState::Open,
                         ch,
                         content: ContentAssembler::new(channel),
+                        assembling: crate::memory::Counted::new(&crate::memory::ASSEMBLING_BYTES),
                         confirms: None,
                         last_queue: None,
                         tx_waiting: 0,

@@ -219,6 +219,7 @@ impl Conn {
         generation: u64,
         result: Result<(), String>,
     ) -> Result<(), End> {
+        self.tx_waits = self.tx_waits.saturating_sub(1);
         if let Err(e) = result {
             return Err(AmqpError::internal(format!(
                 "transaction on channel {channel} could not be stored: {e}"

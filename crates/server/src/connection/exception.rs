@@ -116,6 +116,7 @@ impl Conn {
         if let Some(slot) = self.channels.get_mut(&channel) {
             slot.state = ChanState::Closing;
             slot.content.reset();
+            slot.assembling.set(0);
             slot.ch.close(Self::now());
         }
         self.send_method(

@@ -1,13 +1,21 @@
-//! When a connection is not read: the memory alarm, flow pauses behind
-//! backlogged queues, too many unconfirmed publishes; and consumers paused
-//! by a full output buffer resuming once it drained.
+//! When a connection is not read: the memory and disk alarms, flow pauses
+//! behind backlogged queues, too many journal completions pending, an
+//! output buffer at twice its bound; and consumers paused by a full output
+//! buffer resuming once it drained.
 //!
 //! Invariants:
 //! - Back-pressure stops reading from the socket (TCP does the rest); it
 //!   never drops or refuses a frame.
 //! - Every pause ends: a flow pause after [`limits::FLOW_PAUSE_MS_MAX`], the
-//!   memory alarm once message memory is below the watermark, the
-//!   unconfirmed bound as the journal completes writes.
+//!   alarms once memory in use is below the watermark and the disks have
+//!   space, the completion bound as the journal completes writes, a full
+//!   output buffer once the writer took it (a peer that never reads holds
+//!   at most its bounded buffers until it goes away).
+//! - Journal completions in flight to this connection (its `stored`
+//!   channel) are at most [`limits::COMPLETIONS_PER_CONNECTION_MAX`]: each
+//!   is counted when its write is submitted and the socket is not read at
+//!   the bound, so the channel needs no bound of its own (a bounded one
+//!   would make a store thread wait on a client).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -73,22 +81,33 @@ impl Conn {
     pub(super) fn may_read(&self) -> bool {
         !self.flow.blocked
             && !self.flow.is_paused()
-            && self.unconfirmed < limits::UNCONFIRMED_PER_CONNECTION_MAX
+            && self.unconfirmed + self.tx_waits < limits::COMPLETIONS_PER_CONNECTION_MAX
+            && !self.out.is_full()
     }
 
-    /// The memory alarm: publishing connections stop being read while
-    /// message memory is above the watermark (TCP back-pressure does the
-    /// rest), and are told so if they asked.
+    /// The resource alarms: publishing connections stop being read while
+    /// memory in use (messages, output buffers, bodies being assembled) is
+    /// above the watermark or a data directory is low on space (TCP
+    /// back-pressure does the rest), and are told so if they asked.
     pub(super) fn update_blocked(&mut self) {
-        let over = berth_broker::message::message_bytes() > self.flow.memory_high_watermark_bytes;
+        let memory_over = crate::memory::used_bytes() > self.flow.memory_high_watermark_bytes;
+        let reason = if memory_over {
+            Some("low on memory")
+        } else if self.shared.disk.is_on() {
+            Some("low on disk")
+        } else {
+            None
+        };
+        let over = reason.is_some();
         if over && self.flow.has_published && !self.flow.blocked {
             self.flow.blocked = true;
-            tracing::warn!(peer = %self.peer, "memory alarm: blocking publishing connection");
+            let reason = reason.unwrap_or_default();
+            tracing::warn!(peer = %self.peer, reason, "resource alarm: blocking publishing connection");
             if self.flow.blocked_notify {
                 self.send_method(
                     0,
                     &AMQPClass::Connection(conn::AMQPMethod::Blocked(conn::Blocked {
-                        reason: "low on memory".into(),
+                        reason: reason.into(),
                     })),
                 );
             }

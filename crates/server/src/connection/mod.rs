@@ -66,6 +66,8 @@ pub struct Shared {
     pub config: Arc<Config>,
     /// Live connections, for the management API.
     pub registry: Arc<crate::registry::Registry>,
+    /// Set while a data directory is low on space (see [`crate::disk`]).
+    pub disk: Arc<crate::disk::DiskAlarm>,
 }
 
 enum ChanState {
@@ -80,6 +82,8 @@ struct Slot {
     ch: Arc<Channel>,
     /// The publish whose content frames are arriving, if any.
     content: ContentAssembler,
+    /// `content`'s body bytes, counted for the memory alarm.
+    assembling: crate::memory::Counted,
     /// Set once the channel is in confirm mode.
     confirms: Option<Confirms>,
     /// The last queue declared on this channel, for empty queue names.
@@ -114,6 +118,9 @@ struct Conn {
     stored_rx: tokio::sync::mpsc::UnboundedReceiver<Stored>,
     /// Confirm-mode publishes waiting for the journal, all channels.
     unconfirmed: usize,
+    /// Journal writes of `tx.commit`s not completed yet, all channels
+    /// (with `unconfirmed`, bounds the `stored` channel; see [`flow`]).
+    tx_waits: usize,
     /// Channels opened so far: the next slot's generation.
     generations: u64,
     /// The client's `client_properties` from `start-ok`.
@@ -141,7 +148,7 @@ pub async fn serve(
         config_limits.connection_output_bytes_max,
         config_limits.frame_size_bytes_max,
     );
-    let writer = tokio::spawn(write_loop(wr, Arc::clone(&out)));
+    let mut writer = tokio::spawn(write_loop(wr, Arc::clone(&out)));
     let (stored_tx, stored_rx) = tokio::sync::mpsc::unbounded_channel();
     let mut c = Conn {
         frame_max: config_limits.frame_size_bytes_max,
@@ -161,6 +168,7 @@ pub async fn serve(
         stored_tx,
         stored_rx,
         unconfirmed: 0,
+        tx_waits: 0,
         generations: 0,
         client_properties: berth_protocol::FieldTable::default(),
         info: None,
@@ -198,10 +206,13 @@ pub async fn serve(
         );
     }
     out.close();
-    let wr = match tokio::time::timeout(close_timeout, writer).await {
+    let wr = match tokio::time::timeout(close_timeout, &mut writer).await {
         Ok(Ok(wr)) => Some(wr),
         _ => {
-            tracing::debug!(%peer, "writer did not finish in time");
+            // A peer that does not read would keep the writer, its buffer
+            // and the socket forever.
+            tracing::debug!(%peer, "writer did not finish in time; closing the socket");
+            writer.abort();
             None
         }
     };
@@ -217,8 +228,10 @@ pub async fn serve(
 /// when idle. Returns the write half once `out` is closed and flushed: when
 /// the socket closes is the connection's decision.
 async fn write_loop(mut wr: OwnedWriteHalf, out: Arc<Outbound>) -> OwnedWriteHalf {
+    // Dropped with the task, even an aborted one: the count never leaks.
+    let mut in_flight = crate::memory::Counted::new(&crate::memory::OUTPUT_BYTES);
     loop {
-        let buf = out.take();
+        let buf = out.take(&mut in_flight);
         if buf.is_empty() {
             if out.is_closed() {
                 break;
@@ -236,7 +249,9 @@ async fn write_loop(mut wr: OwnedWriteHalf, out: Arc<Outbound>) -> OwnedWriteHal
             }
             continue;
         }
-        if wr.write_all(&buf).await.is_err() {
+        let written = wr.write_all(&buf).await;
+        in_flight.set(0);
+        if written.is_err() {
             out.close();
             break;
         }
@@ -350,6 +365,11 @@ impl Conn {
     fn on_tick(&mut self) -> Result<(), End> {
         self.update_blocked();
         let now = Self::now();
+        if !self.may_read() {
+            // Not reading is our choice, not the peer's silence (RabbitMQ
+            // too stops its heartbeat monitor while it blocks a reader).
+            self.last_read = now;
+        }
         if !self.heartbeat.is_zero() && now.duration_since(self.last_read) > self.heartbeat * 2 {
             tracing::warn!(peer = %self.peer, user = %self.user, "missed heartbeats from client, timeout: {:?}", self.heartbeat * 2);
             return Err(End::Done);

@@ -61,6 +61,7 @@ impl Conn {
         for p in published {
             self.after_publish(channel, &p, None);
         }
+        self.tx_waits += waits;
         let slot = self.slot(channel);
         slot.tx_waiting += waits;
         if partial {
