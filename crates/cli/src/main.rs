@@ -8,8 +8,8 @@ use clap::{Args, Parser, Subcommand};
 
 mod backup_cmd;
 mod compact_cmd;
-mod store_cmd;
 mod status;
+mod store_cmd;
 
 #[derive(Parser)]
 #[command(name = "berth", version, about = "A durable AMQP 0-9-1 message broker")]
