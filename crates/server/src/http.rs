@@ -21,7 +21,6 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use base64::Engine;
 use berth_broker::queue::Queue;
 use berth_broker::vhost::VHost;
 use berth_protocol::{AMQPValue, FieldTable};
@@ -38,6 +37,7 @@ pub struct HttpState {
 
 pub fn router(state: HttpState) -> Router {
     Router::new()
+        .merge(crate::auth::http::routes())
         .route("/api/overview", get(overview))
         .route("/api/vhosts", get(vhosts))
         .route("/api/queues", get(queues_all))
@@ -49,44 +49,8 @@ pub fn router(state: HttpState) -> Router {
         .with_state(state)
 }
 
-fn unauthorized(why: &str) -> Response {
-    (
-        StatusCode::UNAUTHORIZED,
-        [(header::WWW_AUTHENTICATE, "Basic realm=\"berth\"")],
-        Json(json!({"error": "not_authorised", "reason": why})),
-    )
-        .into_response()
-}
-
 fn check_auth(state: &HttpState, headers: &HeaderMap, peer: SocketAddr) -> Result<(), Response> {
-    let Some(value) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-    else {
-        return Err(unauthorized("HTTP basic authentication required"));
-    };
-    let Some(encoded) = value.strip_prefix("Basic ") else {
-        return Err(unauthorized("only HTTP basic authentication is supported"));
-    };
-    let decoded = base64::engine::general_purpose::STANDARD
-        .decode(encoded.trim())
-        .ok()
-        .and_then(|b| String::from_utf8(b).ok());
-    let Some((user, password)) = decoded.as_deref().and_then(|s| s.split_once(':')) else {
-        return Err(unauthorized("malformed basic authentication header"));
-    };
-    let auth = &state.shared.config.auth;
-    if !auth
-        .users
-        .iter()
-        .any(|u| u.name == user && u.password == password)
-    {
-        return Err(unauthorized("Login failed"));
-    }
-    if auth.loopback_users.iter().any(|u| u == user) && !peer.ip().is_loopback() {
-        return Err(unauthorized("user can only log in via localhost"));
-    }
-    Ok(())
+    crate::auth::http::authenticate(&state.shared, headers, peer).map(|_| ())
 }
 
 fn value_json(v: &AMQPValue) -> Value {
@@ -197,8 +161,8 @@ async fn vhosts(
     if let Err(r) = check_auth(&st, &headers, peer) {
         return r;
     }
-    let mut names: Vec<&str> = st.shared.broker.vhosts().map(|v| v.name.as_str()).collect();
-    names.sort_unstable();
+    let vhosts = st.shared.broker.vhosts();
+    let names: Vec<&str> = vhosts.iter().map(|v| v.name.as_str()).collect();
     Json(names.iter().map(|n| json!({"name": n})).collect::<Vec<_>>()).into_response()
 }
 
@@ -210,8 +174,7 @@ async fn queues_all(
     if let Err(r) = check_auth(&st, &headers, peer) {
         return r;
     }
-    let mut vs: Vec<_> = st.shared.broker.vhosts().cloned().collect();
-    vs.sort_by(|a, b| a.name.cmp(&b.name));
+    let vs = st.shared.broker.vhosts();
     let all: Vec<Value> = vs
         .iter()
         .flat_map(|v| sorted_queues(v))
@@ -296,6 +259,7 @@ async fn exchanges_all(
         .shared
         .broker
         .vhosts()
+        .iter()
         .flat_map(|v| exchanges_json(v))
         .collect();
     Json(all).into_response()
@@ -349,7 +313,7 @@ async fn metrics(State(st): State<HttpState>) -> Response {
         ("berth_queue_consumers", "Consumers attached to the queue."),
     ] {
         let _ = writeln!(out, "# HELP {metric} {help}\n# TYPE {metric} gauge");
-        for v in st.shared.broker.vhosts() {
+        for v in &st.shared.broker.vhosts() {
             for q in sorted_queues(v) {
                 let s = q.stats();
                 let value = match metric {

@@ -169,6 +169,7 @@ pub fn open_broker(
         next_queue,
     );
     broker.set_resident_messages_max(config.store.queue_resident_messages_max);
+    crate::auth::init(&broker, config, &br.meta)?;
     let report = broker.restore(br, Instant::now());
     for s in &report.skipped {
         tracing::warn!("not restored: {s}");

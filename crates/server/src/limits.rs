@@ -100,3 +100,12 @@ pub const MEMORY_HIGH_WATERMARK_TENTHS_OF_RAM: u64 = 4;
 
 /// RAM assumed when `/proc/meminfo` cannot be read.
 pub const MEMORY_TOTAL_BYTES_FALLBACK: u64 = 4 << 30;
+
+/// Wait before refusing a login from an address that failed more than
+/// `auth.login_failures_per_s_max` times this second (slows guessing).
+pub const LOGIN_FAILURE_DELAY_MS: u64 = 200;
+/// Source addresses the login throttle remembers before it forgets the
+/// stale ones.
+pub const LOGIN_THROTTLE_ADDRESSES_MAX: usize = 10_000;
+/// Default of `auth.login_failures_per_s_max`.
+pub const DEFAULT_LOGIN_FAILURES_PER_S_MAX: u32 = 10;
