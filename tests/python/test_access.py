@@ -383,3 +383,34 @@ def test_a_password_guessing_client_does_not_starve_another_clients_login(berth)
     print(f"failed logins/s: {rate:.0f}; other client's login ms: "
           f"min {min(times_ms):.1f} median {statistics.median(times_ms):.1f} max {max(times_ms):.1f}")
     assert len(times_ms) == 20
+
+
+def test_cli_manages_users_vhosts_and_permissions_through_the_http_api(berth):
+    def cli(*args, ok=True):
+        r = subprocess.run([berth.binary, *args, "--url", berth.http], capture_output=True,
+                           text=True, timeout=30,
+                           env=dict(os.environ, BERTH_USERNAME="guest", BERTH_PASSWORD="guest"))
+        assert (r.returncode == 0) == ok, (args, r.stdout, r.stderr)
+        return r.stdout + r.stderr
+
+    cli("vhost", "add", "cli-v")
+    cli("user", "add", "cli-u", "pw1", "--tags", "management")
+    cli("permissions", "set", "cli-u", "^c-", "^c-", "^c-", "--vhost", "cli-v")
+    assert "cli-u\t[management]" in cli("user", "list")
+    assert "cli-v" in cli("vhost", "list").split()
+    assert "cli-v\tcli-u\t^c-\t^c-\t^c-" in cli("permissions", "list", "--vhost", "cli-v")
+    c = berth.connect("cli-u", "pw1", vhost="cli-v")
+    c.channel().queue_declare("c-q")
+    c.close()
+    cli("user", "passwd", "cli-u", "pw2")
+    berth.connect("cli-u", "pw2", vhost="cli-v").close()
+    cli("permissions", "clear", "cli-u", "--vhost", "cli-v")
+    with pytest.raises(pika.exceptions.ProbableAccessDeniedError):
+        berth.connect("cli-u", "pw2", vhost="cli-v")
+    cli("user", "delete", "cli-u")
+    cli("vhost", "delete", "cli-v")
+    assert "HTTP 404" in cli("user", "delete", "cli-u", ok=False)
+    # wrong credentials are reported, not hidden
+    r = subprocess.run([berth.binary, "user", "list", "--url", berth.http, "--password", "bad"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "HTTP 401" in r.stderr

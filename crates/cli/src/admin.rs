@@ -23,14 +23,20 @@ const RESPONSE_BYTES_MAX: u64 = 64 << 20;
 #[derive(Args, Debug)]
 pub struct ApiArgs {
     /// The broker's HTTP API (net.http_listen of the broker).
-    #[arg(long, env = "BERTH_URL", default_value = "http://127.0.0.1:15672")]
+    #[arg(
+        long,
+        global = true,
+        env = "BERTH_URL",
+        default_value = "http://127.0.0.1:15672"
+    )]
     url: String,
     /// An administrator's user name.
-    #[arg(long, env = "BERTH_USERNAME", default_value = "guest")]
+    #[arg(long, global = true, env = "BERTH_USERNAME", default_value = "guest")]
     username: String,
     /// Its password.
     #[arg(
         long,
+        global = true,
         env = "BERTH_PASSWORD",
         default_value = "guest",
         hide_env_values = true
@@ -43,12 +49,17 @@ pub enum UserCommand {
     /// Create a user (tags: comma-separated, e.g. administrator).
     Add {
         name: String,
-        password: String,
+        #[arg(value_name = "PASSWORD")]
+        new_password: String,
         #[arg(long, default_value = "")]
         tags: String,
     },
     /// Change a user's password (keeps its tags).
-    Passwd { name: String, password: String },
+    Passwd {
+        name: String,
+        #[arg(value_name = "PASSWORD")]
+        new_password: String,
+    },
     /// Delete a user and its permissions.
     Delete { name: String },
     /// List users and their tags.
@@ -206,23 +217,23 @@ pub fn user(args: &UserArgs) -> Result<(), String> {
     match &args.command {
         UserCommand::Add {
             name,
-            password,
+            new_password,
             tags,
         } => {
             api.call(
                 "PUT",
                 &format!("/api/users/{}", seg(name)),
-                Some(&json!({"password": password, "tags": tags})),
+                Some(&json!({"password": new_password, "tags": tags})),
             )?;
             println!("user '{name}' added");
         }
-        UserCommand::Passwd { name, password } => {
+        UserCommand::Passwd { name, new_password } => {
             let u = api.call("GET", &format!("/api/users/{}", seg(name)), None)?;
             let tags = u.get("tags").cloned().unwrap_or(Value::Null);
             api.call(
                 "PUT",
                 &format!("/api/users/{}", seg(name)),
-                Some(&json!({"password": password, "tags": tags})),
+                Some(&json!({"password": new_password, "tags": tags})),
             )?;
             println!("password of user '{name}' changed");
         }
