@@ -27,8 +27,16 @@ broker_start() {
     return 1
   fi
   _broker_dir=$(mktemp -d "${TMPDIR:-/tmp}/berth-clients.XXXXXX")
+  # AMQPS too, when the openssl CLI can make a CA, a server certificate and
+  # a client certificate for guest (EXTERNAL logs in by the CN).
+  local tls_args=()
+  if _broker_make_certs "$_broker_dir/tls"; then
+    tls_args=(--amqps-listen 127.0.0.1:0
+      --tls-cert-file "$_broker_dir/tls/server.crt" --tls-key-file "$_broker_dir/tls/server.key"
+      --tls-ca-file "$_broker_dir/tls/ca.crt" --tls-verify-peer true)
+  fi
   NO_COLOR=1 RUST_LOG=${RUST_LOG:-info} "$bin" serve \
-    --amqp-listen 127.0.0.1:0 --data-dir "$_broker_dir/data" \
+    --amqp-listen 127.0.0.1:0 --data-dir "$_broker_dir/data" "${tls_args[@]}" \
     2>"$_broker_dir/berth.log" >/dev/null &
   _broker_pid=$!
 
@@ -52,7 +60,34 @@ broker_start() {
     sleep 0.1
   done
   export BERTH_TEST_URI="amqp://guest:guest@$addr/"
+  local tls_addr
+  tls_addr=$(sed 's/\x1b\[[0-9;]*m//g' "$_broker_dir/berth.log" |
+    sed -n 's/.*berth ready .*amqps=\([^ ,]*\).*/\1/p' | head -n 1)
+  if [ -n "$tls_addr" ]; then
+    export BERTH_TEST_AMQPS_URI="amqps://127.0.0.1:${tls_addr##*:}/"
+    export BERTH_TEST_TLS_DIR="$_broker_dir/tls"
+  fi
   echo "broker: started berth pid $_broker_pid at $BERTH_TEST_URI"
+}
+
+# A CA, a server certificate for localhost and a client certificate with
+# CN=guest in DIR (ca.crt, server.crt/key, client.crt/key). Fails quietly
+# without openssl.
+_broker_make_certs() {
+  local d=$1
+  command -v openssl >/dev/null 2>&1 || return 1
+  mkdir -p "$d" && (
+    cd "$d" &&
+      openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 \
+        -subj /CN=berth-clients-ca &&
+      for who in server:localhost client:guest; do
+        n=${who%%:*}; cn=${who#*:}
+        openssl req -new -newkey rsa:2048 -nodes -keyout "$n.key" -out "$n.csr" -subj "/CN=$cn" &&
+          printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' >"$n.ext" &&
+          openssl x509 -req -in "$n.csr" -CA ca.crt -CAkey ca.key -CAcreateserial \
+            -out "$n.crt" -days 2 -extfile "$n.ext" || exit 1
+      done
+  ) >/dev/null 2>&1
 }
 
 # SIGTERM, up to 10 s of grace, then SIGKILL; prints the log if asked to.

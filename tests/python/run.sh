@@ -25,6 +25,11 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 
+# The TLS tests generate their CA and certificates with the openssl CLI.
+command -v openssl >/dev/null 2>&1 || dpkg -s openssl >/dev/null 2>&1 || {
+  apt-get update -qq && apt-get install -y -qq openssl
+}
+
 # Install only when a pinned requirement is not satisfied already.
 if ! "$venv/bin/python" - "$requirements" <<'PY' 2>/dev/null
 import sys

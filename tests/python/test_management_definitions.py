@@ -66,12 +66,14 @@ def test_a_rabbitmq_3_10_export_imports_and_reports_what_it_did_not(fresh_berth)
     report = r.json()
     assert report["imported"] == {"queues": 3, "exchanges": 3, "bindings": 3}
     skipped = "\n".join(report["not_imported"])
-    # Nothing dropped silently: users, permissions, the policy, the vhost
-    # limit and the global parameter are each named.
-    for what in ("user for 'ops'", "user for 'guest'", "permission for 'ops'",
-                 "policies 'ttl-all'", "parameters 'limits'",
+    # Nothing dropped silently: the policy, the vhost limit and the global
+    # parameter are each named; users and permissions are imported.
+    for what in ("policies 'ttl-all'", "parameters 'limits'",
                  "global_parameters 'internal_cluster_id'"):
         assert what in skipped, skipped
+    assert "user" not in skipped and "permission for" not in skipped, skipped
+    ops = api.get("users", "ops")
+    assert ops.status_code == 200 and ops.json()["tags"] in (["administrator"], "administrator"), ops.text
     _check_imported_objects(api, berth)
 
 

@@ -1,10 +1,14 @@
-//! The whole broker: its vhosts, the timer service and the journal they
-//! share, and the clock every "now" comes from.
+//! The whole broker: its vhosts (created and deleted at runtime), users
+//! and permissions, the timer service and the journal they share, and the
+//! clock every "now" comes from.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use parking_lot::{Mutex, RwLock};
+
+use crate::access::{Access, AccessError};
 use crate::clock::{Clock, SystemClock};
 use crate::durable::{Durability, Journal, NoJournal};
 use crate::timers::Timers;
@@ -12,10 +16,17 @@ use crate::vhost::VHost;
 
 /// The whole broker.
 pub struct Broker {
-    pub(crate) vhosts: HashMap<String, Arc<VHost>>,
+    /// Written only when a vhost is added or deleted; connections read it.
+    pub(crate) vhosts: RwLock<HashMap<String, Arc<VHost>>>,
+    /// Serialises vhost additions and deletions with their journal writes.
+    vhost_changes: Mutex<()>,
+    access: Access,
     timers: Arc<Timers>,
     dur: Arc<Durability>,
     clock: Arc<dyn Clock>,
+    /// What clients may create in each vhost, applied to vhosts created
+    /// later too.
+    count_limits: RwLock<crate::limits::CountLimits>,
 }
 
 impl Broker {
@@ -55,11 +66,26 @@ impl Broker {
             })
             .collect();
         Arc::new(Self {
-            vhosts,
+            vhosts: RwLock::new(vhosts),
+            vhost_changes: Mutex::new(()),
+            access: Access::new(Arc::clone(&dur.journal)),
             timers,
             dur,
             clock,
+            count_limits: RwLock::new(crate::limits::CountLimits::default()),
         })
+    }
+
+    /// A new vhost with this broker's timers, journal, clock and limits.
+    fn new_vhost(&self, name: &str) -> Arc<VHost> {
+        let v = VHost::new(
+            name,
+            Arc::clone(&self.timers),
+            Arc::clone(&self.dur),
+            Arc::clone(&self.clock),
+        );
+        v.set_count_limits(*self.count_limits.read());
+        v
     }
 
     /// Now, by the broker's clock.
@@ -76,17 +102,110 @@ impl Broker {
     /// How many queues, exchanges, bindings and consumers clients may make
     /// (every vhost).
     pub fn set_count_limits(&self, l: crate::limits::CountLimits) {
-        for v in self.vhosts.values() {
+        *self.count_limits.write() = l;
+        for v in self.vhosts.read().values() {
             v.set_count_limits(l);
         }
     }
 
     pub fn vhost(&self, name: &str) -> Option<Arc<VHost>> {
-        self.vhosts.get(name).cloned()
+        self.vhosts.read().get(name).cloned()
     }
 
-    pub fn vhosts(&self) -> impl Iterator<Item = &Arc<VHost>> {
-        self.vhosts.values()
+    /// Every vhost, by name.
+    pub fn vhosts(&self) -> Vec<Arc<VHost>> {
+        let mut v: Vec<Arc<VHost>> = self.vhosts.read().values().cloned().collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    /// Is `v` still this broker's vhost of its name (not deleted)?
+    /// Connections ask on their tick and close with 320 when not.
+    pub fn vhost_is_live(&self, v: &Arc<VHost>) -> bool {
+        self.vhosts
+            .read()
+            .get(&v.name)
+            .is_some_and(|cur| Arc::ptr_eq(cur, v))
+    }
+
+    /// Users and permissions.
+    pub fn access(&self) -> &Access {
+        &self.access
+    }
+
+    /// Creates a vhost (durably) unless it exists; returns it either way.
+    pub fn add_vhost(&self, name: &str) -> Result<Arc<VHost>, AccessError> {
+        if name.is_empty() {
+            return Err(AccessError::Invalid("a vhost name cannot be empty".into()));
+        }
+        let _g = self.vhost_changes.lock();
+        self.dur
+            .journal
+            .put_meta(&crate::access::vhost_key(name), &[])?;
+        let mut map = self.vhosts.write();
+        let v = map
+            .entry(name.to_owned())
+            .or_insert_with(|| self.new_vhost(name));
+        Ok(Arc::clone(v))
+    }
+
+    /// Restores stored vhosts, users and permissions (before
+    /// [`Broker::restore`], which needs the vhosts). Returns what could not
+    /// be used, and whether the defaults marker was found.
+    pub fn restore_access(&self, meta: &[(Vec<u8>, Vec<u8>)]) -> (Vec<String>, bool) {
+        let mut defaults_done = false;
+        {
+            let mut map = self.vhosts.write();
+            for (k, _) in meta {
+                if k.as_slice() == crate::access::DEFAULTS_KEY {
+                    defaults_done = true;
+                }
+                let Some(name) = k.strip_prefix(b"v\0") else {
+                    continue;
+                };
+                let name = String::from_utf8_lossy(name).into_owned();
+                map.entry(name.clone())
+                    .or_insert_with(|| self.new_vhost(&name));
+            }
+        }
+        let skipped = self
+            .access
+            .restore(meta.iter().map(|(k, v)| (k.as_slice(), v.as_slice())));
+        (skipped, defaults_done)
+    }
+
+    /// Records that the defaults were created (see
+    /// [`crate::access::DEFAULTS_KEY`]).
+    pub fn mark_defaults_created(&self) -> Result<(), AccessError> {
+        Ok(self
+            .dur
+            .journal
+            .put_meta(crate::access::DEFAULTS_KEY, &[])?)
+    }
+
+    /// Deletes a vhost: it leaves the map at once (its connections see it
+    /// on their next tick and are closed with 320), then its queues,
+    /// exchanges and permissions are removed durably.
+    pub fn delete_vhost(&self, name: &str) -> Result<(), AccessError> {
+        let _g = self.vhost_changes.lock();
+        let Some(v) = self.vhosts.write().remove(name) else {
+            return Err(AccessError::NotFound(format!("no vhost '{name}'")));
+        };
+        for q in v.queues() {
+            v.remove_queue(&q.name);
+        }
+        for e in v.exchanges() {
+            if !e.name.is_empty() && !e.name.starts_with("amq.") {
+                if let Err(err) = v.delete_exchange(&e.name, false) {
+                    tracing::error!(vhost = name, exchange = %e.name, error = %err, "could not delete exchange of a deleted vhost");
+                }
+            }
+        }
+        self.access.vhost_deleted(name)?;
+        self.dur
+            .journal
+            .delete_meta(&crate::access::vhost_key(name))?;
+        Ok(())
     }
 
     /// Runs due timers (TTL expiry, `x-expires`); the server calls this

@@ -12,6 +12,7 @@
 //! [`queue::QueueEnv`] and [`queue::QueueOwner`], and delivers through
 //! [`queue::ConsumerChannel`], which the channel implements.
 
+pub mod access;
 pub mod args;
 mod broker;
 pub mod channel;
@@ -24,6 +25,7 @@ pub mod exchange;
 pub mod limits;
 pub mod message;
 mod paging;
+pub mod password;
 pub mod queue;
 mod ready;
 mod restore;

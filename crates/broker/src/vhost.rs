@@ -512,6 +512,20 @@ impl VHost {
         d: &QueueDeclare,
         now: Instant,
     ) -> AmqpResult<(String, usize, usize)> {
+        self.declare_queue_authorised(connection, name, d, now, &|_| Ok(()))
+    }
+
+    /// `queue.declare`, with `authorise` asked about the final name (a
+    /// server-named queue's too) before a non-passive declare changes
+    /// anything: the permission check.
+    pub fn declare_queue_authorised(
+        &self,
+        connection: u64,
+        name: &str,
+        d: &QueueDeclare,
+        now: Instant,
+        authorise: &dyn Fn(&str) -> AmqpResult<()>,
+    ) -> AmqpResult<(String, usize, usize)> {
         if d.passive {
             let q = self.queue(connection, name)?;
             q.touch(now);
@@ -528,6 +542,7 @@ impl VHost {
         } else {
             name.to_owned()
         };
+        authorise(&name)?;
         let args = QueueArgs::parse(&name, &self.name, &d.arguments)?;
         if args.queue_type == QueueType::Quorum && (d.exclusive || d.auto_delete || !d.durable) {
             return Err(AmqpError::precondition_failed(format!(

@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod admin;
+
 use berth_server::Config;
 use clap::{Args, Parser, Subcommand};
 
@@ -46,6 +48,12 @@ enum Command {
         #[command(subcommand)]
         verb: ListVerb,
     },
+    /// Manage users of a running broker (through its HTTP API).
+    User(admin::UserArgs),
+    /// Manage vhosts of a running broker (through its HTTP API).
+    Vhost(admin::VhostArgs),
+    /// Manage permissions of a running broker (through its HTTP API).
+    Permissions(admin::PermissionsArgs),
 }
 
 #[derive(Subcommand)]
@@ -73,6 +81,25 @@ struct ServeArgs {
     /// import at startup.
     #[arg(long = "load-definitions", value_name = "FILE")]
     load_definitions: Option<PathBuf>,
+    /// net.amqps_listen: address to accept AMQP over TLS on, ADDR:PORT
+    /// (repeatable; off unless given; needs --tls-cert-file, --tls-key-file).
+    #[arg(long = "amqps-listen", value_name = "ADDR:PORT")]
+    amqps_listen: Vec<String>,
+    /// tls.cert_file: the server certificate chain (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_cert_file: Option<PathBuf>,
+    /// tls.key_file: the server's private key (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_key_file: Option<PathBuf>,
+    /// tls.ca_file: CA certificates client certificates are verified against.
+    #[arg(long, value_name = "FILE")]
+    tls_ca_file: Option<PathBuf>,
+    /// tls.verify_peer: ask for and verify client certificates.
+    #[arg(long, value_name = "BOOL")]
+    tls_verify_peer: Option<bool>,
+    /// tls.fail_if_no_peer_cert: refuse clients without a certificate.
+    #[arg(long, value_name = "BOOL")]
+    tls_fail_if_no_peer_cert: Option<bool>,
     /// net.heartbeat_s: heartbeat interval proposed to clients (0 = off).
     #[arg(long, value_name = "SECONDS")]
     heartbeat_s: Option<u16>,
@@ -156,6 +183,20 @@ struct ServeArgs {
     /// auth.vhosts: a virtual host to serve (repeatable).
     #[arg(long = "vhost", value_name = "NAME")]
     vhost: Vec<String>,
+    /// auth.default_user: user created with a new store (empty = none).
+    #[arg(long, value_name = "NAME")]
+    default_user: Option<String>,
+    /// auth.default_pass: that user's password.
+    #[arg(long, value_name = "PASSWORD")]
+    default_pass: Option<String>,
+    /// auth.loopback_users: a user allowed to log in from localhost only
+    /// (repeatable; "none" for nobody).
+    #[arg(long = "loopback-user", value_name = "NAME")]
+    loopback_user: Vec<String>,
+    /// auth.login_failures_per_s_max: failed logins per second from one
+    /// address answered at once; beyond, each waits 200 ms.
+    #[arg(long, value_name = "N")]
+    login_failures_per_s_max: Option<u32>,
     /// log.log_level: error, warn, info, debug, trace, or a tracing filter.
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<String>,
@@ -178,6 +219,21 @@ impl ServeArgs {
         if self.load_definitions.is_some() {
             c.management.load_definitions = self.load_definitions;
         }
+        set_list(&mut c.net.amqps_listen, self.amqps_listen);
+        if self.tls_cert_file.is_some() {
+            c.tls.cert_file = self.tls_cert_file;
+        }
+        if self.tls_key_file.is_some() {
+            c.tls.key_file = self.tls_key_file;
+        }
+        if self.tls_ca_file.is_some() {
+            c.tls.ca_file = self.tls_ca_file;
+        }
+        set(&mut c.tls.verify_peer, self.tls_verify_peer);
+        set(
+            &mut c.tls.fail_if_no_peer_cert,
+            self.tls_fail_if_no_peer_cert,
+        );
         set(&mut c.net.heartbeat_s, self.heartbeat_s);
         set(&mut c.net.handshake_timeout_ms, self.handshake_timeout_ms);
         set_list(&mut c.store.data_dirs, self.data_dir);
@@ -238,6 +294,17 @@ impl ServeArgs {
         );
         set(&mut c.limits.disk_free_bytes_min, self.disk_free_bytes_min);
         set_list(&mut c.auth.vhosts, self.vhost);
+        set(&mut c.auth.default_user, self.default_user);
+        set(&mut c.auth.default_pass, self.default_pass);
+        set(
+            &mut c.auth.login_failures_per_s_max,
+            self.login_failures_per_s_max,
+        );
+        if self.loopback_user.iter().any(|u| u == "none") {
+            c.auth.loopback_users.clear();
+        } else {
+            set_list(&mut c.auth.loopback_users, self.loopback_user);
+        }
         set(&mut c.log.log_level, self.log_level);
     }
 }
@@ -312,6 +379,16 @@ async fn wait_for_signal() {
     }
 }
 
+fn admin_result(r: Result<(), String>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("berth: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Serve(args) => serve(args),
@@ -326,6 +403,9 @@ fn main() -> ExitCode {
         Command::Connections {
             verb: ListVerb::List(a),
         } => status::list(status::Kind::Connections, &a),
+        Command::User(a) => admin_result(admin::user(&a)),
+        Command::Vhost(a) => admin_result(admin::vhost(&a)),
+        Command::Permissions(a) => admin_result(admin::permissions(&a)),
         Command::Bench(args) => match berth_bench::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -23,6 +23,7 @@ pub struct Config {
     pub store: Store,
     pub limits: Limits,
     pub auth: Auth,
+    pub tls: Tls,
     pub log: Log,
     pub management: Management,
 }
@@ -36,6 +37,24 @@ pub struct Management {
     pub load_definitions: Option<PathBuf>,
 }
 
+/// `[tls]`: certificates for AMQPS (`net.amqps_listen`). Flags carry a
+/// `tls-` prefix (`tls.cert_file` ↔ `--tls-cert-file`).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Tls {
+    /// The server's certificate chain (PEM), leaf first.
+    pub cert_file: Option<PathBuf>,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key_file: Option<PathBuf>,
+    /// CA certificates (PEM) client certificates are verified against.
+    pub ca_file: Option<PathBuf>,
+    /// Ask clients for a certificate and verify it against `ca_file`
+    /// (RabbitMQ's `verify_peer`); needed for `EXTERNAL`.
+    pub verify_peer: bool,
+    /// With `verify_peer`: refuse clients without a certificate.
+    pub fail_if_no_peer_cert: bool,
+}
+
 /// `[net]`: listeners and connection timing.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -46,6 +65,9 @@ pub struct Net {
     /// Empty (the default) = off, as RabbitMQ's management plugin is off
     /// until enabled; e.g. `["0.0.0.0:15672"]`.
     pub http_listen: Vec<String>,
+    /// AMQPS (AMQP over TLS) listen addresses; empty = off; 5671 by
+    /// convention. Needs `tls.cert_file` and `tls.key_file`.
+    pub amqps_listen: Vec<String>,
     /// Heartbeat interval the server proposes in `connection.tune` (0 = off).
     pub heartbeat_s: u16,
     /// Time a client has to complete the AMQP handshake.
@@ -135,22 +157,26 @@ pub struct Limits {
     pub disk_free_bytes_min: u64,
 }
 
-/// `[auth]`: users and virtual hosts.
+/// `[auth]`: the defaults a new store starts with, and login rules. Users,
+/// vhosts and permissions themselves are stored in the store (managed over
+/// HTTP or with `berth user|vhost|permissions`).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Auth {
-    pub users: Vec<User>,
+    /// Vhosts created at startup if missing (the first is the one the
+    /// default user gets permissions on).
     pub vhosts: Vec<String>,
+    /// User created (administrator, all permissions on the first vhost)
+    /// when a store is new, as RabbitMQ's `default_user`. Empty = none.
+    pub default_user: String,
+    /// Its password (`default_pass`).
+    pub default_pass: String,
     /// Users that may only connect from a loopback address.
     pub loopback_users: Vec<String>,
-}
-
-/// One user.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct User {
-    pub name: String,
-    pub password: String,
+    /// Failed logins per second from one address answered at once; each
+    /// one beyond waits `LOGIN_FAILURE_DELAY_MS` (slows password guessing
+    /// without delaying anyone else).
+    pub login_failures_per_s_max: u32,
 }
 
 /// `[log]`.
@@ -166,6 +192,7 @@ impl Default for Net {
         Self {
             amqp_listen: vec!["0.0.0.0:5672".into(), "[::]:5672".into()],
             http_listen: Vec::new(),
+            amqps_listen: Vec::new(),
             heartbeat_s: limits::DEFAULT_HEARTBEAT_S,
             handshake_timeout_ms: limits::DEFAULT_HANDSHAKE_TIMEOUT_MS,
         }
@@ -212,12 +239,11 @@ impl Default for Limits {
 impl Default for Auth {
     fn default() -> Self {
         Self {
-            users: vec![User {
-                name: "guest".into(),
-                password: "guest".into(),
-            }],
             vhosts: vec!["/".into()],
+            default_user: "guest".into(),
+            default_pass: "guest".into(),
             loopback_users: vec!["guest".into()],
+            login_failures_per_s_max: limits::DEFAULT_LOGIN_FAILURES_PER_S_MAX,
         }
     }
 }
@@ -339,6 +365,22 @@ impl Config {
                     "expected ADDRESS:PORT, e.g. 0.0.0.0:5672 or [::1]:5672",
                 );
             }
+        }
+        for a in &self.net.amqps_listen {
+            if a.parse::<SocketAddr>().is_err() {
+                return invalid(
+                    "net.amqps_listen",
+                    a.clone(),
+                    "expected ADDRESS:PORT, e.g. 0.0.0.0:5671",
+                );
+            }
+        }
+        if self.tls.fail_if_no_peer_cert && !self.tls.verify_peer {
+            return invalid(
+                "tls.fail_if_no_peer_cert",
+                "true".into(),
+                "needs tls.verify_peer = true (and tls.ca_file)",
+            );
         }
         for a in &self.net.http_listen {
             if a.parse::<SocketAddr>().is_err() {

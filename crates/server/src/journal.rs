@@ -170,6 +170,7 @@ pub fn open_broker(
     );
     broker.set_resident_messages_max(config.store.queue_resident_messages_max);
     broker.set_count_limits(config.limits.count_limits());
+    crate::auth::init(&broker, config, &br.meta)?;
     let report = broker.restore(br, Instant::now());
     for s in &report.skipped {
         tracing::warn!("not restored: {s}");

@@ -7,6 +7,7 @@
 //! - On shutdown every connection is sent `connection.close 320` and given a
 //!   bounded time to go.
 
+pub mod auth;
 pub mod config;
 pub mod connection;
 pub mod disk;
@@ -17,6 +18,9 @@ pub mod memory;
 pub mod outbound;
 pub mod registry;
 pub mod stats;
+pub mod stream;
+pub mod tls;
+mod tls_side;
 
 use std::fs::File;
 use std::net::SocketAddr;
@@ -50,6 +54,8 @@ pub enum ServerError {
     },
     #[error("{0}")]
     Startup(String),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
     #[error("cannot open the store: {source}")]
     Store {
         #[source]
@@ -62,6 +68,7 @@ pub enum ServerError {
 /// A running server's handle: where it listens and how to stop it.
 pub struct Running {
     pub amqp_addrs: Vec<SocketAddr>,
+    pub amqps_addrs: Vec<SocketAddr>,
     pub http_addrs: Vec<SocketAddr>,
     journal: Arc<journal::StoreJournal>,
     /// For the removals still waiting at shutdown (dead-lettering).
@@ -208,6 +215,19 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         .iter()
         .filter_map(|l| l.local_addr().ok())
         .collect();
+    let tls = if config.net.amqps_listen.is_empty() {
+        None
+    } else {
+        Some(Arc::new(tls::Tls::new(&config.tls)?))
+    };
+    let mut amqps_listeners = Vec::new();
+    for a in &config.net.amqps_listen {
+        amqps_listeners.push(bind(a)?);
+    }
+    let amqps_addrs: Vec<SocketAddr> = amqps_listeners
+        .iter()
+        .filter_map(|l| l.local_addr().ok())
+        .collect();
     let mut http_listeners = Vec::new();
     for a in &config.net.http_listen {
         http_listeners.push(bind(a)?);
@@ -230,6 +250,7 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         config: Arc::new(config),
         registry: Arc::new(registry::Registry::default()),
         disk: Arc::default(),
+        logins: auth::LoginThrottle::default(),
     });
     let (tx, rx) = watch::channel(false);
     disk::spawn_watch(
@@ -263,16 +284,24 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
             }
         });
     }
+    if let Some(tls) = &tls {
+        tls_side::start(tls, amqps_listeners, &shared, &rx, &open);
+    }
     let task = tokio::spawn(serve(listeners, shared, rx, open));
     let list: Vec<String> = amqp_addrs.iter().map(ToString::to_string).collect();
-    if http_addrs.is_empty() {
-        tracing::info!("berth ready amqp={}", list.join(","));
-    } else {
+    let mut ready = format!("berth ready amqp={}", list.join(","));
+    if !http_addrs.is_empty() {
         let h: Vec<String> = http_addrs.iter().map(ToString::to_string).collect();
-        tracing::info!("berth ready amqp={} http={}", list.join(","), h.join(","));
+        ready.push_str(&format!(" http={}", h.join(",")));
     }
+    if !amqps_addrs.is_empty() {
+        let s: Vec<String> = amqps_addrs.iter().map(ToString::to_string).collect();
+        ready.push_str(&format!(" amqps={}", s.join(",")));
+    }
+    tracing::info!("{ready}");
     Ok(Running {
         amqp_addrs,
+        amqps_addrs,
         http_addrs,
         journal,
         broker,

@@ -116,3 +116,11 @@ pub const DEFAULT_DISK_FREE_BYTES_MIN: u64 = 50_000_000;
 /// data directories' filesystems (RabbitMQ checks every 10 s at most; a
 /// small filesystem fills faster, so more often).
 pub const DISK_CHECK_MS: u64 = 250;
+/// Wait before refusing a login from an address that failed more than
+/// `auth.login_failures_per_s_max` times this second (slows guessing).
+pub const LOGIN_FAILURE_DELAY_MS: u64 = 200;
+/// Source addresses the login throttle remembers before it forgets the
+/// stale ones.
+pub const LOGIN_THROTTLE_ADDRESSES_MAX: usize = 10_000;
+/// Default of `auth.login_failures_per_s_max`.
+pub const DEFAULT_LOGIN_FAILURES_PER_S_MAX: u32 = 10;

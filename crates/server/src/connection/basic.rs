@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use berth_broker::access::{Perm, Resource};
 use berth_broker::channel::Published;
 use berth_broker::message::Message;
 use berth_broker::{AmqpError, AmqpResult};
@@ -43,6 +44,8 @@ impl Conn {
         if p.immediate {
             return Err(AmqpError::not_implemented("immediate=true"));
         }
+        self.check(Resource::Exchange(&p.exchange), Perm::Write)?;
+        self.check_topic(&p.exchange, &p.routing_key, Perm::Write)?;
         self.slot(channel).content.start(p).map_err(content_error)
     }
 
@@ -159,6 +162,7 @@ impl Conn {
             basic::AMQPMethod::CancelOk(_) => {}
             basic::AMQPMethod::Get(g) => {
                 let qname = self.queue_name(channel, g.queue.as_str())?;
+                self.check(Resource::Queue(&qname), Perm::Read)?;
                 let q = self.vhost().queue(self.id, &qname)?;
                 if !ch.get(&q, g.no_ack, now) {
                     self.send_method(
@@ -196,6 +200,7 @@ impl Conn {
         let now = Self::now();
         let ch = Arc::clone(&self.slot(channel).ch);
         let qname = self.queue_name(channel, c.queue.as_str())?;
+        self.check(Resource::Queue(&qname), Perm::Read)?;
         let q = self.vhost().queue(self.id, &qname)?;
         let out = Arc::clone(&self.out);
         let nowait = c.nowait;

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use berth_broker::access::{Perm, Resource};
+use berth_broker::args::as_string;
 use berth_broker::vhost::ExchangeDeclare;
 use berth_broker::AmqpResult;
 use berth_protocol::methods::exchange;
@@ -21,6 +23,21 @@ impl Conn {
         let vhost = Arc::clone(self.vhost());
         let (nowait, ok) = match m {
             exchange::AMQPMethod::Declare(d) => {
+                let name = d.exchange.as_str();
+                // The default exchange is refused by the vhost, as RabbitMQ
+                // refuses it before any permission check.
+                if !d.passive && !name.is_empty() {
+                    self.check(Resource::Exchange(name), Perm::Configure)?;
+                    let ae = d
+                        .arguments
+                        .inner()
+                        .get("alternate-exchange")
+                        .and_then(as_string);
+                    if let (Some(ae), Err(_)) = (ae, vhost.exchange(name)) {
+                        self.check(Resource::Exchange(name), Perm::Read)?;
+                        self.check(Resource::Exchange(&ae), Perm::Write)?;
+                    }
+                }
                 vhost.declare_exchange(
                     d.exchange.as_str(),
                     &ExchangeDeclare {
@@ -38,6 +55,10 @@ impl Conn {
                 )
             }
             exchange::AMQPMethod::Delete(d) => {
+                let name = d.exchange.as_str();
+                if !name.is_empty() && !name.starts_with("amq.") {
+                    self.check(Resource::Exchange(name), Perm::Configure)?;
+                }
                 vhost.delete_exchange(d.exchange.as_str(), d.if_unused)?;
                 (
                     d.nowait,
@@ -45,6 +66,11 @@ impl Conn {
                 )
             }
             exchange::AMQPMethod::Bind(b) => {
+                self.check_bind(
+                    Resource::Exchange(b.destination.as_str()),
+                    b.source.as_str(),
+                    b.routing_key.as_str(),
+                )?;
                 vhost.bind_exchange(
                     b.destination.as_str(),
                     b.source.as_str(),
@@ -54,6 +80,11 @@ impl Conn {
                 (b.nowait, exchange::AMQPMethod::BindOk(exchange::BindOk {}))
             }
             exchange::AMQPMethod::Unbind(b) => {
+                self.check_bind(
+                    Resource::Exchange(b.destination.as_str()),
+                    b.source.as_str(),
+                    b.routing_key.as_str(),
+                )?;
                 vhost.unbind_exchange(
                     b.destination.as_str(),
                     b.source.as_str(),

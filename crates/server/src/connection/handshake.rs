@@ -6,7 +6,6 @@
 //! - A peer gets no session (and so no vhost) before its credentials were
 //!   checked and its `tune-ok` stays within the server's limits.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -109,7 +108,11 @@ impl Conn {
                 version_major: 0,
                 version_minor: 9,
                 server_properties: server_properties(),
-                mechanisms: "PLAIN AMQPLAIN".into(),
+                mechanisms: if self.peer_cert_name.is_some() {
+                    "PLAIN AMQPLAIN EXTERNAL".into()
+                } else {
+                    "PLAIN AMQPLAIN".into()
+                },
                 locales: "en_US".into(),
             })),
         );
@@ -124,21 +127,38 @@ impl Conn {
         let capabilities = client_capabilities(&start_ok.client_properties);
         self.client_properties = start_ok.client_properties.clone();
         self.flow.blocked_notify = capabilities.blocked_notify;
-        let (user, password) =
-            match parse_credentials(start_ok.mechanism.as_str(), start_ok.response.as_bytes()) {
-                Some(c) => c,
-                None => {
-                    return Err(AmqpError::access_refused(format!(
+        let external = start_ok.mechanism.as_str() == "EXTERNAL";
+        let credentials = if external {
+            self.peer_cert_name.clone().map(|u| (u, String::new()))
+        } else {
+            parse_credentials(start_ok.mechanism.as_str(), start_ok.response.as_bytes())
+        };
+        let (user, password) = match credentials {
+            Some(c) => c,
+            None => {
+                return Err(AmqpError::access_refused(format!(
                     "unsupported or malformed authentication mechanism '{}'; use PLAIN or AMQPLAIN",
                     start_ok.mechanism
                 ))
-                    .during(CLASS_CONNECTION, METHOD_CONNECTION_START_OK)
-                    .into())
-                }
-            };
+                .during(CLASS_CONNECTION, METHOD_CONNECTION_START_OK)
+                .into())
+            }
+        };
         self.user.clone_from(&user);
-        if let Err(why) = self.authenticate(&user, &password) {
+        let checked = if external {
+            crate::auth::login_external(&self.shared, &user, self.peer).map(|_| ())
+        } else {
+            self.authenticate(&user, &password)
+        };
+        if let Err(why) = checked {
             tracing::warn!(peer = %self.peer, %user, "login refused: {why}");
+            let wait = self.shared.logins.failed(
+                self.peer.ip(),
+                self.shared.config.auth.login_failures_per_s_max,
+            );
+            if !wait.is_zero() {
+                tokio::time::sleep(wait).await;
+            }
             return Err(AmqpError::access_refused(format!(
                 "Login was refused using authentication mechanism {}. For details see the broker logfile.",
                 start_ok.mechanism
@@ -226,6 +246,11 @@ impl Conn {
                     .into(),
             );
         };
+        self.shared
+            .broker
+            .access()
+            .check_vhost_access(&self.user, &vhost.name)
+            .map_err(|e| e.during(CLASS_CONNECTION, METHOD_CONNECTION_OPEN))?;
         self.session = Some(Arc::new(Session {
             connection_id: self.id,
             vhost,
@@ -243,28 +268,7 @@ impl Conn {
     }
 
     fn authenticate(&self, user: &str, password: &str) -> Result<(), &'static str> {
-        let auth = &self.shared.config.auth;
-        let ok = auth
-            .users
-            .iter()
-            .any(|u| u.name == user && u.password == password);
-        if !ok {
-            return Err("unknown user or wrong password");
-        }
-        if auth.loopback_users.iter().any(|u| u == user)
-            && !self.peer.ip().is_loopback()
-            && !is_mapped_loopback(self.peer)
-        {
-            return Err("user may only connect via localhost (loopback_users)");
-        }
-        Ok(())
-    }
-}
-
-fn is_mapped_loopback(peer: SocketAddr) -> bool {
-    match peer {
-        SocketAddr::V6(a) => a.ip().to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
-        SocketAddr::V4(_) => false,
+        crate::auth::login(&self.shared, user, password, self.peer).map(|_| ())
     }
 }
 

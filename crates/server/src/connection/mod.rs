@@ -26,6 +26,7 @@ mod exception;
 mod exchange;
 mod flow;
 mod handshake;
+mod permissions;
 mod queue;
 mod tx;
 
@@ -48,13 +49,13 @@ use berth_protocol::reply::{CONNECTION_FORCED, UNEXPECTED_FRAME};
 use berth_protocol::AMQPClass;
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::limits;
 use crate::outbound::Outbound;
+use crate::stream::{ReadStream, WriteStream};
 
 use confirms::{Confirms, Stored};
 use exception::{decode_error, frame_error, End};
@@ -68,6 +69,8 @@ pub struct Shared {
     pub registry: Arc<crate::registry::Registry>,
     /// Set while a data directory is low on space (see [`crate::disk`]).
     pub disk: Arc<crate::disk::DiskAlarm>,
+    /// Failed logins per source address (AMQP and HTTP).
+    pub logins: crate::auth::LoginThrottle,
 }
 
 enum ChanState {
@@ -100,7 +103,7 @@ struct Conn {
     shared: Arc<Shared>,
     id: u64,
     peer: SocketAddr,
-    rd: OwnedReadHalf,
+    rd: ReadStream,
     rbuf: BytesMut,
     out: Arc<Outbound>,
     frame_max: u32,
@@ -111,6 +114,9 @@ struct Conn {
     channels: HashMap<u16, Slot>,
     last_read: Instant,
     user: String,
+    /// The client certificate's user name on a TLS connection that
+    /// presented one (what `EXTERNAL` logs in as).
+    peer_cert_name: Option<String>,
     /// Memory alarm and flow pauses: when the connection is not read.
     flow: Flow,
     /// Journal completions for this connection arrive here.
@@ -135,13 +141,27 @@ pub async fn serve(
     peer: SocketAddr,
     id: u64,
     shared: Arc<Shared>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(%peer, error = %e, "could not set TCP_NODELAY");
     }
     let local = stream.local_addr().unwrap_or(peer);
-    let (rd, wr) = stream.into_split();
+    let (rd, wr) = crate::stream::plain(stream);
+    serve_stream(rd, wr, (peer, local), id, shared, shutdown, None).await;
+}
+
+/// Serves one connection (plain or TLS, already split) until it ends.
+/// `addrs`: the peer's address and ours.
+pub async fn serve_stream(
+    rd: ReadStream,
+    wr: WriteStream,
+    (peer, local): (SocketAddr, SocketAddr),
+    id: u64,
+    shared: Arc<Shared>,
+    mut shutdown: watch::Receiver<bool>,
+    peer_cert_name: Option<String>,
+) {
     let config = Arc::clone(&shared.config);
     let config_limits = &config.limits;
     let out = Outbound::new(
@@ -164,6 +184,7 @@ pub async fn serve(
         channels: HashMap::new(),
         last_read: Instant::now(),
         user: String::new(),
+        peer_cert_name,
         flow: Flow::new(config_limits.memory_high_watermark()),
         stored_tx,
         stored_rx,
@@ -227,7 +248,7 @@ pub async fn serve(
 /// Writes whatever the connection and its queues buffered; sends heartbeats
 /// when idle. Returns the write half once `out` is closed and flushed: when
 /// the socket closes is the connection's decision.
-async fn write_loop(mut wr: OwnedWriteHalf, out: Arc<Outbound>) -> OwnedWriteHalf {
+async fn write_loop(mut wr: WriteStream, out: Arc<Outbound>) -> WriteStream {
     // Dropped with the task, even an aborted one: the count never leaks.
     let mut in_flight = crate::memory::Counted::new(&crate::memory::OUTPUT_BYTES);
     loop {
@@ -260,7 +281,7 @@ async fn write_loop(mut wr: OwnedWriteHalf, out: Arc<Outbound>) -> OwnedWriteHal
 }
 
 /// Reads more bytes from the socket; EOF is an error (the peer went away).
-async fn read_into(rd: &mut OwnedReadHalf, rbuf: &mut BytesMut) -> Result<(), End> {
+async fn read_into(rd: &mut ReadStream, rbuf: &mut BytesMut) -> Result<(), End> {
     if rbuf.capacity() - rbuf.len() < limits::READ_FREE_BYTES_MIN {
         rbuf.reserve(limits::READ_CHUNK_BYTES);
     }
@@ -364,6 +385,13 @@ impl Conn {
 
     fn on_tick(&mut self) -> Result<(), End> {
         self.update_blocked();
+        if !self.shared.broker.vhost_is_live(self.vhost()) {
+            return Err(AmqpError::new(
+                CONNECTION_FORCED,
+                format!("vhost '{}' is deleted", self.vhost().name),
+            )
+            .into());
+        }
         let now = Self::now();
         if !self.may_read() {
             // Not reading is our choice, not the peer's silence (RabbitMQ

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use berth_broker::access::{Perm, Resource};
+use berth_broker::args::as_string;
 use berth_broker::vhost::QueueDeclare;
 use berth_broker::AmqpResult;
 use berth_protocol::methods::queue;
@@ -29,7 +31,23 @@ impl Conn {
                 } else {
                     d.queue.to_string()
                 };
-                let (name, messages, consumers) = vhost.declare_queue(
+                let dlx = d
+                    .arguments
+                    .inner()
+                    .get("x-dead-letter-exchange")
+                    .and_then(as_string);
+                // Configure on the final name (server-named too); a
+                // dead-letter exchange needs read on the queue and write on
+                // the exchange, as RabbitMQ checks.
+                let authorise = |q: &str| -> AmqpResult<()> {
+                    self.check(Resource::Queue(q), Perm::Configure)?;
+                    if let Some(x) = &dlx {
+                        self.check(Resource::Queue(q), Perm::Read)?;
+                        self.check(Resource::Exchange(x), Perm::Write)?;
+                    }
+                    Ok(())
+                };
+                let (name, messages, consumers) = vhost.declare_queue_authorised(
                     conn_id,
                     &name,
                     &QueueDeclare {
@@ -40,6 +58,7 @@ impl Conn {
                         arguments: d.arguments,
                     },
                     now,
+                    &authorise,
                 )?;
                 self.slot(channel).last_queue = Some(name.clone());
                 let ok = queue::DeclareOk {
@@ -52,18 +71,21 @@ impl Conn {
             queue::AMQPMethod::Bind(b) => {
                 let q = self.queue_name(channel, b.queue.as_str())?;
                 let (x, key) = (b.exchange.as_str(), b.routing_key.as_str());
+                self.check_bind(Resource::Queue(&q), x, key)?;
                 vhost.bind_queue(conn_id, &q, x, key, &b.arguments)?;
                 (b.nowait, queue::AMQPMethod::BindOk(queue::BindOk {}))
             }
             queue::AMQPMethod::Unbind(b) => {
                 let q = self.queue_name(channel, b.queue.as_str())?;
                 let (x, key) = (b.exchange.as_str(), b.routing_key.as_str());
+                self.check_bind(Resource::Queue(&q), x, key)?;
                 vhost.unbind_queue(conn_id, &q, x, key, &b.arguments)?;
                 // queue.unbind has no nowait flag.
                 (false, queue::AMQPMethod::UnbindOk(queue::UnbindOk {}))
             }
             queue::AMQPMethod::Purge(p) => {
                 let q = self.queue_name(channel, p.queue.as_str())?;
+                self.check(Resource::Queue(&q), Perm::Read)?;
                 let n = vhost.purge_queue(conn_id, &q, now)?;
                 let ok = queue::PurgeOk {
                     message_count: count_u32(n),
@@ -72,6 +94,7 @@ impl Conn {
             }
             queue::AMQPMethod::Delete(d) => {
                 let q = self.queue_name(channel, d.queue.as_str())?;
+                self.check(Resource::Queue(&q), Perm::Configure)?;
                 // RabbitMQ answers with delete-ok before it sends
                 // basic.cancel to the queue's consumers on this channel;
                 // amqplib relies on it.

@@ -1,17 +1,17 @@
 //! The seam between definitions and access control: users, vhosts,
-//! permissions and topic permissions in a definitions file. Issue 8 (users,
-//! runtime vhosts, permissions) replaces these two functions; until then
-//! vhosts come from the configuration and the other sections are reported
-//! as not imported.
+//! permissions and topic permissions in a definitions file.
 
 use berth_broker::Broker;
+
+use crate::auth::definitions::AccessDefinitions;
 use serde_json::{json, Map, Value};
 
 /// The access sections of an export: `vhosts` (the configured ones);
 /// `users`, `permissions` and `topic_permissions` empty, since berth's
 /// configured users have no RabbitMQ password hash to export yet.
 pub(crate) fn export_access(broker: &Broker, out: &mut Map<String, Value>) {
-    let mut names: Vec<&str> = broker.vhosts().map(|v| v.name.as_str()).collect();
+    let vhosts = broker.vhosts();
+    let mut names: Vec<&str> = vhosts.iter().map(|v| v.name.as_str()).collect();
     names.sort_unstable();
     out.insert(
         "vhosts".into(),
@@ -22,32 +22,14 @@ pub(crate) fn export_access(broker: &Broker, out: &mut Map<String, Value>) {
     }
 }
 
-/// Imports the access sections of `defs`; returns what was not imported,
-/// one line per object, saying why.
-pub(crate) fn import_access(broker: &Broker, defs: &Value) -> Vec<String> {
-    let mut skipped = Vec::new();
-    for v in defs["vhosts"].as_array().into_iter().flatten() {
-        let name = v["name"].as_str().unwrap_or("");
-        if broker.vhost(name).is_none() {
-            skipped.push(format!(
-                "vhost '{name}': creating vhosts at runtime is not supported yet; add it to auth.vhosts in berth.toml"
-            ));
-        }
-    }
-    for (section, what) in [
-        ("users", "user"),
-        ("permissions", "permission"),
-        ("topic_permissions", "topic permission"),
-    ] {
-        for item in defs[section].as_array().into_iter().flatten() {
-            let name = item["user"]
-                .as_str()
-                .or(item["name"].as_str())
-                .unwrap_or("?");
-            skipped.push(format!(
-                "{what} for '{name}': importing {section} is not supported yet; configure users in auth.users in berth.toml"
-            ));
-        }
-    }
-    skipped
+/// Imports the access sections of `defs` (users with their RabbitMQ
+/// password hashes, vhosts, permissions, topic permissions) through
+/// [`crate::auth::definitions::import_access`], which checks everything
+/// before it stores anything. Returns what was not imported (nothing, when
+/// it succeeds), or why the whole import is refused.
+pub(crate) fn import_access(broker: &Broker, defs: &Value) -> Result<Vec<String>, String> {
+    let access: AccessDefinitions = serde_json::from_value(defs.clone())
+        .map_err(|e| format!("definitions are not valid JSON for users/vhosts/permissions: {e}"))?;
+    crate::auth::definitions::import_access(broker, &access).map_err(|e| e.to_string())?;
+    Ok(Vec::new())
 }

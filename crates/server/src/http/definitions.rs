@@ -152,7 +152,7 @@ pub fn import(
     }
     let mut report = ImportReport::default();
     if only_vhost.is_none() {
-        report.not_imported.extend(import_access(broker, defs));
+        report.not_imported.extend(import_access(broker, defs)?);
     }
     for section in [
         "parameters",

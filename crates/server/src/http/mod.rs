@@ -34,11 +34,10 @@ use std::sync::Arc;
 
 use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use base64::Engine;
 use berth_broker::vhost::VHost;
 use berth_broker::{AmqpError, Broker};
 use berth_protocol::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
@@ -59,6 +58,7 @@ pub struct HttpState {
 
 pub fn router(state: HttpState) -> Router {
     Router::new()
+        .merge(crate::auth::http::routes())
         .route("/api/overview", get(overview::overview))
         .route("/api/nodes", get(overview::nodes))
         .route("/api/nodes/{name}", get(overview::node))
@@ -160,44 +160,8 @@ pub fn router(state: HttpState) -> Router {
         .with_state(state)
 }
 
-fn unauthorized(why: &str) -> Response {
-    (
-        StatusCode::UNAUTHORIZED,
-        [(header::WWW_AUTHENTICATE, "Basic realm=\"berth\"")],
-        Json(json!({"error": "not_authorised", "reason": why})),
-    )
-        .into_response()
-}
-
 fn check_auth(state: &HttpState, headers: &HeaderMap, peer: SocketAddr) -> Result<(), Response> {
-    let Some(value) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-    else {
-        return Err(unauthorized("HTTP basic authentication required"));
-    };
-    let Some(encoded) = value.strip_prefix("Basic ") else {
-        return Err(unauthorized("only HTTP basic authentication is supported"));
-    };
-    let decoded = base64::engine::general_purpose::STANDARD
-        .decode(encoded.trim())
-        .ok()
-        .and_then(|b| String::from_utf8(b).ok());
-    let Some((user, password)) = decoded.as_deref().and_then(|s| s.split_once(':')) else {
-        return Err(unauthorized("malformed basic authentication header"));
-    };
-    let auth = &state.shared.config.auth;
-    if !auth
-        .users
-        .iter()
-        .any(|u| u.name == user && u.password == password)
-    {
-        return Err(unauthorized("Login failed"));
-    }
-    if auth.loopback_users.iter().any(|u| u == user) && !peer.ip().is_loopback() {
-        return Err(unauthorized("user can only log in via localhost"));
-    }
-    Ok(())
+    crate::auth::http::authenticate(&state.shared, headers, peer).map(|_| ())
 }
 
 /// A request that passed [`check_auth`]: handlers that take it as an
@@ -258,9 +222,7 @@ pub(crate) fn vhost_or_404(state: &HttpState, name: &str) -> Result<Arc<VHost>, 
 
 /// Every vhost, sorted by name.
 pub(crate) fn sorted_vhosts(state: &HttpState) -> Vec<Arc<VHost>> {
-    let mut vs: Vec<_> = state.shared.broker.vhosts().cloned().collect();
-    vs.sort_by(|a, b| a.name.cmp(&b.name));
-    vs
+    state.shared.broker.vhosts()
 }
 
 /// RabbitMQ's 400 body.

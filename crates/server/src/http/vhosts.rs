@@ -8,7 +8,8 @@ use serde_json::json;
 use super::{Authed, HttpState};
 
 pub(super) async fn list(State(st): State<HttpState>, _: Authed) -> Response {
-    let mut names: Vec<&str> = st.shared.broker.vhosts().map(|v| v.name.as_str()).collect();
+    let vhosts = st.shared.broker.vhosts();
+    let mut names: Vec<&str> = vhosts.iter().map(|v| v.name.as_str()).collect();
     names.sort_unstable();
     Json(names.iter().map(|n| json!({"name": n})).collect::<Vec<_>>()).into_response()
 }
