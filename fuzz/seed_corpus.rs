@@ -203,7 +203,7 @@ fn records() {
     ];
     for (i, (lsn, r)) in records.iter().enumerate() {
         let mut one = Vec::new();
-        encode_record(*lsn, r, &mut one);
+        encode_record(0, *lsn, r, &mut one);
         write("record", &format!("{i}-{:?}", r.kind()), &one);
         segment.extend_from_slice(&one);
     }
