@@ -24,6 +24,7 @@ pub mod error;
 pub mod exchange;
 pub mod limits;
 pub mod message;
+mod naming;
 mod paging;
 pub mod password;
 pub mod queue;

@@ -14,7 +14,6 @@ use std::time::Instant;
 
 use berth_protocol::FieldTable;
 use parking_lot::{Mutex, RwLock};
-use rand::Rng;
 
 use crate::args::{as_string, check_equivalent, QueueArgs, QueueType};
 use crate::clock::Clock;
@@ -23,8 +22,9 @@ use crate::durable::{self, Done, Durability, Journal};
 use crate::error::{AmqpError, AmqpResult};
 pub use crate::exchange::ExchangeDeclare;
 use crate::exchange::{Destination, Exchange, ExchangeKind};
-use crate::limits::{CountLimits, SERVER_NAMED_TAIL_CHARS};
+use crate::limits::CountLimits;
 use crate::message::Message;
+use crate::naming::server_named;
 use crate::queue::{Queue, QueueEnv, QueueOwner};
 pub use crate::routing::PublishResult;
 use crate::routing::{self, Names};
@@ -795,15 +795,4 @@ impl QueueOwner for VHost {
     fn delete_queue(&self, name: &str) {
         self.remove_queue(name);
     }
-}
-
-/// `amq.gen-` followed by 22 URL-safe base64 characters, as RabbitMQ names
-/// server-named queues.
-fn server_named() -> String {
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut rng = rand::rng();
-    let tail: String = (0..SERVER_NAMED_TAIL_CHARS)
-        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
-        .collect();
-    format!("amq.gen-{tail}")
 }
