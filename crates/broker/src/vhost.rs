@@ -770,7 +770,6 @@ impl QueueOwner for VHost {
     /// `from`: its removal is deferred to that moment or, when no durable
     /// copy is made, journaled now.
     fn dead_letter(&self, from: &Queue, letters: Vec<DeadLetter>, now: Instant) {
-        self.dur.flush_removals();
         for mut d in letters {
             let Some((id, qid)) = d.stored.zip(from.store_id) else {
                 self.republish(from, &d, now, None);
@@ -787,9 +786,11 @@ impl QueueOwner for VHost {
             if let Some(now_done) = removal.take() {
                 // No durable copy was made: nothing to wait for.
                 now_done(Ok(()));
-                self.dur.flush_removals();
             }
         }
+        // One Remove per queue for every removal now due (this batch's and
+        // earlier ones'), not one per letter: a mass expiry stays batched.
+        self.dur.flush_removals();
     }
 
     fn delete_queue(&self, name: &str) {
