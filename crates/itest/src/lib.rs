@@ -458,58 +458,47 @@ pub fn expect_reply<T: std::fmt::Debug>(
 /// Runs an asynchronous command (publish, ack, ...) that the broker answers
 /// with a channel or connection exception, and returns that exception.
 ///
-/// Asynchronous commands have no reply, so a synchronous probe
-/// (`queue.declare` of a server-named exclusive queue) is sent right behind
-/// the command, in the same poll, before the broker's `channel.close` can
-/// arrive; the broker ignores the probe on the closing channel and lapin
-/// fails it with the exception.
+/// Asynchronous commands have no reply, so the exception is observed
+/// through a watcher: a consumer on a server-named exclusive queue, started
+/// on the same channel before the command. lapin ends every consumer of a
+/// channel with the exception that closed it, whatever the order in which
+/// its own frames and the broker's `channel.close` cross. (A synchronous
+/// probe sent behind the command raced with the close: when the close won,
+/// lapin failed the probe with "invalid channel state" instead.)
 pub async fn closes_channel<T, F>(ch: &Channel, command: F) -> lapin::Error
 where
     F: Future<Output = lapin::Result<T>>,
 {
-    let probe = ch.queue_declare(
-        "".into(),
-        QueueDeclareOptions {
-            exclusive: true,
-            ..QueueDeclareOptions::default()
-        },
+    let watched = bounded(
+        "queue.declare (watcher)",
+        ch.queue_declare(
+            "".into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("declare the watcher's queue");
+    let mut watcher = try_consume(
+        ch,
+        watched.name().as_str(),
+        "",
+        BasicConsumeOptions::default(),
         FieldTable::default(),
-    );
-    let mut command = std::pin::pin!(command);
-    let mut probe = std::pin::pin!(probe);
-    let mut command_out = None;
-    let mut probe_out = None;
-    // Polls the command before the probe, every time, so that the
-    // command's frames are queued first.
-    let both = std::future::poll_fn(|cx| {
-        if command_out.is_none() {
-            if let std::task::Poll::Ready(v) = command.as_mut().poll(cx) {
-                command_out = Some(v);
-            }
-        }
-        if probe_out.is_none() {
-            if let std::task::Poll::Ready(v) = probe.as_mut().poll(cx) {
-                probe_out = Some(v);
-            }
-        }
-        if command_out.is_some() && probe_out.is_some() {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    });
-    bounded("asynchronous command and its probe", both).await;
-    if let Some(Err(e)) = command_out {
+    )
+    .await
+    .expect("start the watcher");
+    if let Err(e) = bounded("asynchronous command", command).await {
         if reply_code(&e).is_some() {
             return e;
         }
     }
-    match probe_out.expect("probe finished") {
-        Ok(q) => panic!(
-            "expected the broker to close the channel, but it still works (declared {})",
-            q.name()
-        ),
-        Err(e) => e,
+    match watcher.next_event(EVENT_TIMEOUT).await {
+        Some(ConsumerEvent::Error(e)) => e,
+        other => panic!("expected the broker to close the channel, but the watcher saw {other:?}"),
     }
 }
 
