@@ -6,6 +6,11 @@
 //! the management API's queue listing (`GET /api/queues`) when the target
 //! has one (`--mgmt-url`), and always the AMQP equivalent (a passive
 //! declare of every queue, which is how the bench reads depths anywhere).
+//! With a management URL, a second sampler times, every 250 ms, the page an
+//! operator looks at (`GET /api/queues?page=1&page_size=100`) and the
+//! requests `berth status` makes (overview, the first 20 queues by name,
+//! the alarms health check and `/metrics`; a 404 for `/metrics`, as
+//! RabbitMQ's management port answers, counts as answered).
 //!
 //! Figures: end-to-end latency of the load messages (publish → delivery),
 //! the achieved publish rate, and status-query latencies.
@@ -332,6 +337,7 @@ async fn load(
     }
 
     // Status queries while under load.
+    let fast = mgmt_url_sampler(target.mgmt_url.as_deref(), deadline)?;
     let mut status_api_ms = Vec::new();
     let mut status_amqp_ms = Vec::new();
     let mgmt = target
@@ -358,6 +364,10 @@ async fn load(
         status_amqp_ms.push(amqp::ms(t0.elapsed()));
     }
     let sent = join_all(tasks).await;
+    let (page_ms, status_cmd_ms) = match fast {
+        Some(h) => h.await.map_err(|e| BenchError::Task(e.to_string()))??,
+        None => (Vec::new(), Vec::new()),
+    };
     let load_s = started.elapsed().as_secs_f64();
     ticker.abort();
     pb.finish_and_clear();
@@ -435,10 +445,62 @@ async fn load(
             .into_iter()
             .filter(|m| m.name.ends_with("median") || m.name.ends_with("max")),
     );
+    out.metrics
+        .extend(latency_metrics("status_page100", page_ms));
+    out.metrics
+        .extend(latency_metrics("status_cmd", status_cmd_ms));
     if mgmt.is_none() {
         out.notes
             .push("no --mgmt-url: management API status latency not measured".into());
     }
     out.messages = want;
     Ok(out)
+}
+
+/// Interval of the operator-facing status sampler.
+const STATUS_SAMPLE_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Requests `berth status` makes, in order; the first 20 queues by name is
+/// its default table.
+const STATUS_CMD_PATHS: [&str; 4] = [
+    "/api/overview",
+    "/api/queues?page=1&page_size=20&sort=name",
+    "/api/health/checks/alarms",
+    "/metrics",
+];
+
+type Samples = (Vec<f64>, Vec<f64>);
+
+/// Starts the 250 ms sampler of the queue page and of `berth status`'s
+/// requests until `deadline`, when a management URL is given.
+fn mgmt_url_sampler(
+    url: Option<&str>,
+    deadline: Instant,
+) -> Result<Option<tokio::task::JoinHandle<Result<Samples, BenchError>>>, BenchError> {
+    let Some(url) = url else { return Ok(None) };
+    let base = crate::http::BaseUrl::parse(url)?;
+    let timeout = Duration::from_secs(60);
+    Ok(Some(tokio::spawn(async move {
+        let (mut page, mut cmd) = (Vec::new(), Vec::new());
+        while Instant::now() + STATUS_SAMPLE_INTERVAL < deadline {
+            tokio::time::sleep(STATUS_SAMPLE_INTERVAL).await;
+            let (code, _, took) =
+                crate::http::get(&base, "/api/queues?page=1&page_size=100", timeout).await?;
+            if code != 200 {
+                return Err(BenchError::Http(format!(
+                    "GET /api/queues?page=1&page_size=100 answered {code}"
+                )));
+            }
+            page.push(amqp::ms(took));
+            let t0 = Instant::now();
+            for path in STATUS_CMD_PATHS {
+                let (code, _, _) = crate::http::get(&base, path, timeout).await?;
+                if code != 200 && !(path == "/metrics" && code == 404) {
+                    return Err(BenchError::Http(format!("GET {path} answered {code}")));
+                }
+            }
+            cmd.push(amqp::ms(t0.elapsed()));
+        }
+        Ok((page, cmd))
+    })))
 }
