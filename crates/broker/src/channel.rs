@@ -79,14 +79,13 @@ enum TxOp {
         msg: Arc<Message>,
         mandatory: bool,
     },
-    Ack {
-        tag: u64,
-        multiple: bool,
-    },
-    Nack {
-        tag: u64,
-        multiple: bool,
-        requeue: bool,
+    /// Deliveries acked, rejected or nacked inside the transaction: out of
+    /// `unacked` at once (a second ack of the same tag is refused, as in
+    /// RabbitMQ), settled at commit, put back at rollback, requeued if the
+    /// channel closes first. Their prefetch credit returns at commit.
+    Settle {
+        taken: BTreeMap<u64, Unacked>,
+        how: Settle,
     },
 }
 
@@ -287,94 +286,57 @@ impl Channel {
 
     /// `basic.ack`.
     pub fn ack(&self, tag: u64, multiple: bool, now: Instant) -> AmqpResult<()> {
-        {
-            let mut st = self.state.lock();
-            check_tag(&st, tag, multiple)?;
-            if let Some(tx) = st.tx.as_mut() {
-                check_tx_room(tx)?;
-                tx.push(TxOp::Ack { tag, multiple });
-                return Ok(());
-            }
-        }
-        self.settle(tag, multiple, Settle::Ack, now, None)
+        self.settle_or_buffer(tag, multiple, Settle::Ack, now)
     }
 
     /// `basic.nack` / `basic.reject`.
     pub fn nack(&self, tag: u64, multiple: bool, requeue: bool, now: Instant) -> AmqpResult<()> {
-        {
-            let mut st = self.state.lock();
-            check_tag(&st, tag, multiple)?;
-            if let Some(tx) = st.tx.as_mut() {
-                check_tx_room(tx)?;
-                tx.push(TxOp::Nack {
-                    tag,
-                    multiple,
-                    requeue,
-                });
-                return Ok(());
-            }
-        }
         let how = if requeue {
             Settle::Requeue
         } else {
             Settle::Reject
         };
-        self.settle(tag, multiple, how, now, None)
+        self.settle_or_buffer(tag, multiple, how, now)
     }
 
-    fn take_unacked(st: &mut ChannelState, tag: u64, multiple: bool) -> Vec<Unacked> {
-        let taken: Vec<Unacked> = if multiple {
-            let rest = if tag == 0 {
-                BTreeMap::new()
-            } else {
-                st.unacked.split_off(&(tag + 1))
-            };
-            std::mem::replace(&mut st.unacked, rest)
-                .into_values()
-                .collect()
-        } else {
-            st.unacked.remove(&tag).into_iter().collect()
-        };
-        for u in &taken {
-            if let Some(c) = &u.consumer {
-                c.in_flight.fetch_sub(1, Ordering::Relaxed);
-                st.channel_in_flight = st.channel_in_flight.saturating_sub(1);
-            }
-        }
-        taken
-    }
-
-    fn settle(
+    /// Settles the deliveries `tag`/`multiple` name now, or moves them into
+    /// the open transaction.
+    fn settle_or_buffer(
         &self,
         tag: u64,
         multiple: bool,
         how: Settle,
         now: Instant,
-        mut durable: Option<&mut dyn FnMut() -> Done>,
     ) -> AmqpResult<()> {
-        let (taken, mut kick) = {
+        let (taken, kick) = {
             let mut st = self.state.lock();
-            // multiple with tag 0 means "everything outstanding"
-            let taken = if multiple && tag == 0 {
-                let all = std::mem::take(&mut st.unacked);
-                for u in all.values() {
-                    if let Some(c) = &u.consumer {
-                        c.in_flight.fetch_sub(1, Ordering::Relaxed);
-                    }
+            check_tag(&st, tag, multiple)?;
+            if let Some(tx) = st.tx.as_ref() {
+                check_tx_room(tx)?;
+                let taken = remove_unacked(&mut st, tag, multiple);
+                if let Some(tx) = st.tx.as_mut() {
+                    tx.push(TxOp::Settle { taken, how });
                 }
-                st.channel_in_flight = 0;
-                all.into_values().collect()
-            } else {
-                Self::take_unacked(&mut st, tag, multiple)
-            };
-            let kick = if st.channel_prefetch > 0 {
-                consumer_queues(&st)
-            } else {
-                Vec::new()
-            };
-            (taken, kick)
+                return Ok(());
+            }
+            let taken = remove_unacked(&mut st, tag, multiple);
+            release_credit(&mut st, &taken);
+            (taken, prefetch_waiters(&st))
         };
-        for (queue, msgs) in group_by_queue(taken) {
+        Self::settle(taken, how, now, kick, None);
+        Ok(())
+    }
+
+    /// Hands settled deliveries to their queues, then lets the queues in
+    /// `kick` (waiting on the channel's prefetch) deliver again.
+    fn settle(
+        taken: BTreeMap<u64, Unacked>,
+        how: Settle,
+        now: Instant,
+        mut kick: Vec<Arc<Queue>>,
+        mut durable: Option<&mut dyn FnMut() -> Done>,
+    ) {
+        for (queue, msgs) in group_by_queue(taken.into_values().collect()) {
             kick.retain(|q| !Arc::ptr_eq(q, &queue));
             let done = durable.as_mut().map(|f| f());
             match how {
@@ -386,7 +348,6 @@ impl Channel {
         for q in kick {
             q.kick(now);
         }
-        Ok(())
     }
 
     /// `tx.commit`: applies buffered publishes and acks, in order. Returns the
@@ -424,56 +385,45 @@ impl Channel {
                         result,
                     });
                 }
-                TxOp::Ack { tag, multiple } => {
-                    self.settle(tag, multiple, Settle::Ack, now, Some(durable))?
-                }
-                TxOp::Nack {
-                    tag,
-                    multiple,
-                    requeue,
-                } => {
-                    let how = if requeue {
-                        Settle::Requeue
-                    } else {
-                        Settle::Reject
+                TxOp::Settle { taken, how } => {
+                    let kick = {
+                        let mut st = self.state.lock();
+                        release_credit(&mut st, &taken);
+                        prefetch_waiters(&st)
                     };
-                    self.settle(tag, multiple, how, now, Some(durable))?;
+                    Self::settle(taken, how, now, kick, Some(durable));
                 }
             }
         }
         Ok(published)
     }
 
-    /// `tx.rollback`: drops buffered publishes and acks.
+    /// `tx.rollback`: drops buffered publishes; deliveries acked in the
+    /// transaction are unacknowledged again, under their tags.
     pub fn tx_rollback(&self) -> AmqpResult<()> {
         let mut st = self.state.lock();
-        match st.tx.as_mut() {
-            None => Err(AmqpError::precondition_failed(
+        let Some(tx) = st.tx.as_mut() else {
+            return Err(AmqpError::precondition_failed(
                 "channel is not transactional",
-            )),
-            Some(tx) => {
-                tx.clear();
-                Ok(())
+            ));
+        };
+        for op in std::mem::take(tx) {
+            if let TxOp::Settle { taken, .. } = op {
+                st.unacked.extend(taken);
             }
         }
+        Ok(())
     }
 
     /// `basic.recover requeue=true`: every unacked delivery goes back.
     pub fn recover(&self, now: Instant) {
         let taken = {
             let mut st = self.state.lock();
-            let all = std::mem::take(&mut st.unacked);
-            for u in all.values() {
-                if let Some(c) = &u.consumer {
-                    c.in_flight.fetch_sub(1, Ordering::Relaxed);
-                }
-            }
-            st.channel_in_flight = 0;
-            all.into_values().collect::<Vec<_>>()
+            let all = remove_unacked(&mut st, 0, true);
+            release_credit(&mut st, &all);
+            all
         };
-        for (queue, msgs) in group_by_queue(taken) {
-            queue.requeue(msgs, now, None);
-        }
+        Self::settle(taken, Settle::Requeue, now, Vec::new(), None);
     }
 
     /// The consumer timeout that expired first, if any delivery is overdue.
@@ -511,16 +461,18 @@ impl Channel {
                 return;
             }
             st.closed = true;
-            st.tx = None;
-            (
-                std::mem::take(&mut st.consumers),
-                std::mem::take(&mut st.unacked),
-            )
+            let mut unacked: Vec<Unacked> = std::mem::take(&mut st.unacked).into_values().collect();
+            for op in st.tx.take().unwrap_or_default() {
+                if let TxOp::Settle { taken, .. } = op {
+                    unacked.extend(taken.into_values());
+                }
+            }
+            (std::mem::take(&mut st.consumers), unacked)
         };
         for c in consumers.into_values() {
             c.queue.remove_consumer(&c, now);
         }
-        for (queue, msgs) in group_by_queue(unacked.into_values().collect()) {
+        for (queue, msgs) in group_by_queue(unacked) {
             queue.requeue(msgs, now, None);
         }
     }
@@ -598,6 +550,41 @@ fn check_tx_room(tx: &[TxOp]) -> AmqpResult<()> {
         )));
     }
     Ok(())
+}
+
+/// Takes the deliveries `tag`/`multiple` name out of `unacked` (multiple
+/// with tag 0: all of them), leaving their prefetch credit taken.
+fn remove_unacked(st: &mut ChannelState, tag: u64, multiple: bool) -> BTreeMap<u64, Unacked> {
+    if !multiple {
+        return st.unacked.remove_entry(&tag).into_iter().collect();
+    }
+    let rest = if tag == 0 {
+        BTreeMap::new()
+    } else {
+        st.unacked.split_off(&(tag + 1))
+    };
+    std::mem::replace(&mut st.unacked, rest)
+}
+
+/// Returns the prefetch credit of settled deliveries to their consumers
+/// and to the channel.
+fn release_credit(st: &mut ChannelState, settled: &BTreeMap<u64, Unacked>) {
+    for u in settled.values() {
+        if let Some(c) = &u.consumer {
+            c.in_flight.fetch_sub(1, Ordering::Relaxed);
+            st.channel_in_flight = st.channel_in_flight.saturating_sub(1);
+        }
+    }
+}
+
+/// The queues to kick after credit returned: with a channel-wide prefetch,
+/// every queue this channel consumes from may be waiting on it.
+fn prefetch_waiters(st: &ChannelState) -> Vec<Arc<Queue>> {
+    if st.channel_prefetch > 0 {
+        consumer_queues(st)
+    } else {
+        Vec::new()
+    }
 }
 
 fn check_tag(st: &ChannelState, tag: u64, multiple: bool) -> AmqpResult<()> {

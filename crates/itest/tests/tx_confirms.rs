@@ -164,6 +164,43 @@ async fn tx_acks_take_effect_on_commit_and_are_dropped_on_rollback() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tag_acked_twice_in_one_tx_fails_406_and_a_rolled_back_ack_can_be_repeated() {
+    within(async {
+        let broker = Broker::start();
+        let conn = broker.connect().await;
+        let feeder = open_channel(&conn).await;
+        let q = declare_queue(&feeder, "q-tx-double-ack", FieldTable::default()).await;
+        publish(&feeder, "", &q, b"m0").await;
+        let ch = open_channel(&conn).await;
+        tx_select(&ch).await;
+        let mut c = consume(&ch, &q).await;
+        let tag = c.recv().await.delivery_tag;
+        let ack = || ch.basic_ack(tag, BasicAckOptions::default());
+        // Rolled back: the delivery is unacknowledged again, under its tag.
+        bounded("basic.ack", ack()).await.expect("ack");
+        bounded("tx.rollback", ch.tx_rollback())
+            .await
+            .expect("tx.rollback");
+        bounded("basic.ack", ack())
+            .await
+            .expect("ack after rollback");
+        // A second ack of the same tag in the same transaction: RabbitMQ
+        // answers 406, the tag is no longer outstanding.
+        let err = closes_channel(&ch, ack()).await;
+        let text = assert_reply(&err, 406, &[&tag.to_string()]);
+        assert_eq!(
+            text,
+            format!("PRECONDITION_FAILED - unknown delivery tag {tag}")
+        );
+        // The channel closed with the ack uncommitted: m0 is back.
+        let m = get_no_ack(&feeder, &q).await.expect("m0 requeued");
+        assert_eq!(body(&m.delivery), "m0");
+        assert!(m.delivery.redelivered);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tx_commit_or_rollback_without_select_fails_406() {
     within(async {
         let broker = Broker::start();
