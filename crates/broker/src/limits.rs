@@ -8,6 +8,12 @@ use crate::error::{AmqpError, AmqpResult};
 /// journal are read back when needed.
 pub const RESIDENT_MESSAGES_MAX_DEFAULT: usize = 4096;
 
+/// Bytes a stored message payload holds beside the body and the
+/// properties: exchange and routing key (shortstrs, at most 255 bytes
+/// each, with their length bytes) and the properties length (docs/FORMAT.md,
+/// "Message payload"). The properties fit in one content-header frame.
+pub const MESSAGE_PAYLOAD_NAMES_BYTES_MAX: u64 = 1 + 255 + 1 + 255 + 4;
+
 /// Enqueues between two paging scans of a queue past its resident window.
 pub const PAGE_SCAN_EVERY_MESSAGES: u64 = 64;
 

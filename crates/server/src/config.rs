@@ -398,6 +398,23 @@ impl Config {
                 "must be at least 4096 (the AMQP minimum)",
             );
         }
+        // Every message accepted must fit in one store record: body,
+        // properties (one content-header frame at most) and names.
+        let stored_max = self.limits.message_size_bytes_max
+            + u64::from(self.limits.frame_size_bytes_max)
+            + berth_broker::limits::MESSAGE_PAYLOAD_NAMES_BYTES_MAX;
+        if stored_max > u64::from(berth_store::PAYLOAD_BYTES_MAX) {
+            return invalid(
+                "limits.message_size_bytes_max",
+                self.limits.message_size_bytes_max.to_string(),
+                &format!(
+                    "with limits.frame_size_bytes_max = {} a message could need {stored_max} bytes in \
+                     the store, which holds at most {} per message; lower one of the two",
+                    self.limits.frame_size_bytes_max,
+                    berth_store::PAYLOAD_BYTES_MAX
+                ),
+            );
+        }
         if self.limits.channels_per_connection_max == 0 {
             return invalid(
                 "limits.channels_per_connection_max",
@@ -434,6 +451,27 @@ mod tests {
     fn empty_file_gives_the_embedded_defaults() {
         assert_eq!(Config::from_toml("").unwrap(), Config::default());
         Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn every_message_the_limits_accept_fits_in_one_store_record() {
+        let c = Config::default();
+        let needed = c.limits.message_size_bytes_max
+            + u64::from(c.limits.frame_size_bytes_max)
+            + berth_broker::limits::MESSAGE_PAYLOAD_NAMES_BYTES_MAX;
+        assert!(
+            needed <= u64::from(c.store_config().payload_bytes_max),
+            "a {} byte message needs {needed} bytes, the store holds {}",
+            c.limits.message_size_bytes_max,
+            c.store_config().payload_bytes_max
+        );
+        let mut c = Config::default();
+        c.limits.message_size_bytes_max = 200 << 20;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("limits.message_size_bytes_max") && e.contains("lower one"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -31,7 +31,7 @@ mod store;
 mod writer;
 
 pub use error::StoreError;
-pub use limits::{StoreConfig, SyncMode};
+pub use limits::{StoreConfig, SyncMode, PAYLOAD_BYTES_MAX};
 pub use recovery::DamageReport;
 pub use store::{GroupStats, Recovered, RecoveredMessage, RecoveryStats, Store, Ticket};
 pub use writer::Done;

@@ -31,9 +31,15 @@ pub enum SyncMode {
 pub const COMMIT_DELAY_US_CEILING: u64 = 5_000;
 
 /// Largest record body the decoder accepts. Bounded so that a corrupt length
-/// field can never make recovery allocate gigabytes; 128 MiB matches the
-/// largest message RabbitMQ accepts by default.
-pub const RECORD_BODY_BYTES_MAX: u32 = 128 * 1024 * 1024;
+/// field can never make recovery allocate gigabytes. 129 MiB: the largest
+/// message RabbitMQ accepts by default (128 MiB) plus room for what the
+/// broker stores beside a body (names and properties, under 1 MiB with any
+/// frame size a client can negotiate by default).
+pub const RECORD_BODY_BYTES_MAX: u32 = 129 * 1024 * 1024;
+
+/// Largest payload of one message: [`RECORD_BODY_BYTES_MAX`] minus room
+/// for the publish record's own header (64 KiB).
+pub const PAYLOAD_BYTES_MAX: u32 = RECORD_BODY_BYTES_MAX - 64 * 1024;
 
 /// Most message ids one Remove record carries (512 KiB of ids). A removal
 /// of more (mass expiry, a huge `multiple` ack) is written as several
@@ -72,7 +78,7 @@ pub struct StoreConfig {
     /// bytes. Default 8 MiB.
     pub batch_bytes_max: usize,
     /// Largest payload accepted for one message. Default and ceiling:
-    /// [`RECORD_BODY_BYTES_MAX`] minus the publish header.
+    /// [`PAYLOAD_BYTES_MAX`].
     pub payload_bytes_max: u32,
     /// A checkpoint is written once this much journal accumulated since
     /// the previous one, bounding replay work at restart. Default 64 MiB.
@@ -122,7 +128,7 @@ impl StoreConfig {
             segment_size_bytes: 64 * 1024 * 1024,
             channel_requests_max: 8192,
             batch_bytes_max: 8 * 1024 * 1024,
-            payload_bytes_max: RECORD_BODY_BYTES_MAX - 64 * 1024,
+            payload_bytes_max: PAYLOAD_BYTES_MAX,
             checkpoint_journal_bytes: 64 * 1024 * 1024,
             checkpoint_interval_ms: 30_000,
             segment_idle_roll_ms: 10_000,
@@ -158,8 +164,7 @@ impl StoreConfig {
                 self.segment_size_bytes
             ));
         }
-        if self.payload_bytes_max == 0 || self.payload_bytes_max > RECORD_BODY_BYTES_MAX - 64 * 1024
-        {
+        if self.payload_bytes_max == 0 || self.payload_bytes_max > PAYLOAD_BYTES_MAX {
             return bad(format!("payload_bytes_max = {}", self.payload_bytes_max));
         }
         if self.channel_requests_max == 0 || self.batch_bytes_max == 0 {
