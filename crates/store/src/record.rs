@@ -345,6 +345,11 @@ fn parse_body<'a>(
                 .chunks_exact(8)
                 .map(|c| QueueId(u64_at(c, 0)))
                 .collect();
+            if queues.contains(&QueueId(u64::MAX)) {
+                // The index's "several queues" marker; the store's API
+                // never writes it (Store::publish refuses it).
+                return Err("publish names the reserved queue id u64::MAX".into());
+            }
             let payload = &body[queues_end..];
             let queues = Cow::Owned(queues);
             if kind == Kind::Publish {
@@ -668,6 +673,24 @@ mod tests {
                 payload: &[],
             },
         );
+    }
+
+    #[test]
+    fn a_publish_naming_the_reserved_queue_id_is_unparseable() {
+        // A checksum-valid record naming u64::MAX (the index's "several
+        // queues" marker) once reached the index and broke it at the
+        // next Remove of that message.
+        let mut buf = Vec::new();
+        let r = Record::Publish {
+            msg: MsgId(5),
+            queues: Cow::Borrowed(&[QueueId(1), QueueId(u64::MAX)]),
+            payload: b"x",
+        };
+        encode(0, 1, &r, &mut buf);
+        match decode(0, &buf) {
+            Decoded::Unparseable { reason, .. } => assert!(reason.contains("u64::MAX"), "{reason}"),
+            other => panic!("expected Unparseable, got {other:?}"),
+        }
     }
 
     #[test]
