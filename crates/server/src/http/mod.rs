@@ -16,6 +16,7 @@
 mod access;
 mod bindings;
 mod connections;
+mod console;
 mod definitions;
 mod exchanges;
 mod health;
@@ -158,6 +159,8 @@ pub fn router(state: HttpState) -> Router {
         .route("/api/openapi.json", get(openapi::openapi))
         .route("/metrics", get(metrics::aggregated))
         .route("/metrics/per-object", get(metrics::per_object))
+        .layer(axum::middleware::from_fn(console::quiet_challenge))
+        .merge(console::routes())
         .with_state(state)
 }
 
