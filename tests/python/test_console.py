@@ -38,6 +38,8 @@ def browser_page():
     if not os.access(CHROMIUM, os.X_OK):
         pytest.fail(f"{CHROMIUM} is missing: tests/python/run.sh installs Debian's chromium package")
     from playwright.sync_api import sync_playwright
+    # The console's CSP forbids eval, so waits use selectors and expect(),
+    # never wait_for_function with a string.
     with sync_playwright() as pw:
         # --no-sandbox: the test runs as root in a container.
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
@@ -85,6 +87,8 @@ def test_assets_are_served_with_types_cache_and_security_headers(console_berth):
 
 @pytest.mark.timeout(CONSOLE_TEST_BUDGET_S)
 def test_console_logs_in_creates_publishes_gets_and_purges_a_queue(console_berth, browser_page):
+    from playwright.sync_api import expect
+    expect.set_options(timeout=STEP_TIMEOUT_MS)
     page = browser_page
     base = f"http://127.0.0.1:{console_berth.http_port}"
     page.goto(base + "/")
@@ -117,18 +121,18 @@ def test_console_logs_in_creates_publishes_gets_and_purges_a_queue(console_berth
     page.fill("#publish textarea[name=payload]", "hello from the console")
     page.click("#publish button[type=submit]")
     page.wait_for_selector("#publish-result:has-text('Message published.')")
-    page.wait_for_function("document.getElementById('queue-messages').textContent === '1'")
+    expect(page.locator("#queue-messages")).to_have_text("1")
 
     # Get it (requeued): the payload shows, the depth stays 1.
     page.click("#get-messages button[type=submit]")
     page.wait_for_selector("#got-messages pre:has-text('hello from the console')")
-    page.wait_for_function("document.getElementById('queue-messages').textContent === '1'")
+    expect(page.locator("#queue-messages")).to_have_text("1")
     os.makedirs(ARTIFACTS, exist_ok=True)
     page.screenshot(path=os.path.join(ARTIFACTS, "console.png"), full_page=True)
 
     # Purge: depth 0, as the API says too.
     page.click("#purge")
-    page.wait_for_function("document.getElementById('queue-messages').textContent === '0'")
+    expect(page.locator("#queue-messages")).to_have_text("0")
     r = requests.get(base + "/api/queues/%2F/console-q", auth=("guest", "guest"), timeout=10)
     assert r.json()["messages"] == 0
 
@@ -140,6 +144,17 @@ def test_console_logs_in_creates_publishes_gets_and_purges_a_queue(console_berth
         assert page.is_visible("#policies")
     else:
         assert r.json()["reason"] in page.text_content("#policies-error")
+
+    # Every other page renders without an error (and without JavaScript
+    # errors, which the fixture checks).
+    for hash_, selector in (("#/", "#chart-rates"), ("#/connections", "#connections"),
+                            ("#/channels", "#channels"), ("#/exchanges", "#exchanges"),
+                            ("#/exchanges/%2F/amq.direct", "#exchange-bindings"),
+                            ("#/users", "#users"), ("#/vhosts", "#vhosts"),
+                            ("#/definitions", "#export")):
+        page.goto(base + "/" + hash_)
+        page.wait_for_selector(selector)
+        assert not page.is_visible("#page-error"), (hash_, page.text_content("#page-error"))
 
     # Logging out forgets the credentials.
     page.click("#logout")
