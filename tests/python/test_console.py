@@ -8,6 +8,7 @@ Starts its own berth with the HTTP API on a free port. The whole test has
 a fixed time budget (CONSOLE_TEST_BUDGET_S). A screenshot of the queue
 page is saved to target/test-artifacts/console.png."""
 
+import json
 import os
 
 import pytest
@@ -155,6 +156,21 @@ def test_console_logs_in_creates_publishes_gets_and_purges_a_queue(console_berth
         page.goto(base + "/" + hash_)
         page.wait_for_selector(selector)
         assert not page.is_visible("#page-error"), (hash_, page.text_content("#page-error"))
+
+    # Definitions: the export downloads as a file, an import uploads one.
+    with page.expect_download() as download:
+        page.click("#export")
+    exported = json.loads(open(download.value.path()).read())
+    assert "console-q" in [q["name"] for q in exported["queues"]]
+    assert "guest" in [u["name"] for u in exported["users"]]
+    defs = {"queues": [{"name": "from-upload", "vhost": "/", "durable": True,
+                        "auto_delete": False, "arguments": {}}]}
+    page.set_input_files("#import-file", files=[{
+        "name": "defs.json", "mimeType": "application/json", "buffer": json.dumps(defs).encode()}])
+    page.click("#import")
+    expect(page.locator("#import-result")).to_contain_text('"queues": 1')
+    r = requests.get(base + "/api/queues/%2F/from-upload", auth=("guest", "guest"), timeout=10)
+    assert r.status_code == 200
 
     # Logging out forgets the credentials.
     page.click("#logout")
