@@ -73,6 +73,16 @@ def test_a_management_user_lists_only_objects_of_its_vhosts(berths):
             assert {"a", "b"} <= everything, (what, everything)
             assert _vhosts_in(berth, what, "guest", "guest") == everything, what
 
+        # The overview's totals cover what the user sees.
+        status, mine_totals = berth.api("GET", "/api/overview", user="ua", password="pw")
+        assert status == 200
+        assert mine_totals["object_totals"]["queues"] == 1, mine_totals
+        assert mine_totals["object_totals"]["connections"] == 1, mine_totals
+        assert mine_totals["object_totals"]["consumers"] == 1, mine_totals
+        status, all_totals = berth.api("GET", "/api/overview", user="watcher", password="pw")
+        assert all_totals["object_totals"]["queues"] == 2, all_totals
+        assert all_totals["object_totals"]["connections"] == 3, all_totals
+
         # Connections: a management user sees its own only, even in a.
         status, conns = berth.api("GET", "/api/connections", user="ua", password="pw")
         assert status == 200 and {c["user"] for c in conns} == {"ua"}, conns

@@ -189,10 +189,16 @@ impl Authed {
         Ok(v)
     }
 
+    /// Whether this user sees every vhost and connection (`administrator`
+    /// and `monitoring`).
+    pub(crate) fn sees_all(&self) -> bool {
+        self.0.has_tag(TAG_ADMINISTRATOR) || self.0.has_tag(TAG_MONITORING)
+    }
+
     /// Whether this user may see a connection and its channels (RabbitMQ's
     /// rule: `administrator` and `monitoring` see all, others their own).
     pub(crate) fn sees_connection(&self, c: &crate::registry::ConnInfo) -> bool {
-        self.0.has_tag(TAG_ADMINISTRATOR) || self.0.has_tag(TAG_MONITORING) || c.user == self.0.name
+        self.sees_all() || c.user == self.0.name
     }
 
     /// Whether this user may close a connection (`administrator`, or its
