@@ -46,6 +46,12 @@ then
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements"
 fi
 
+# The console test (test_console.py) drives Debian's chromium with
+# Playwright (`playwright install` cannot download browsers here).
+if ! dpkg -s chromium >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
+
 # rabbitmqadmin (test_management.py) ships in Debian's rabbitmq-server;
 # the package starts the system service, which the tests do not want.
 if ! dpkg -s rabbitmq-server >/dev/null 2>&1; then

@@ -64,7 +64,8 @@ def test_a_rabbitmq_3_10_export_imports_and_reports_what_it_did_not(fresh_berth)
     r = api.post("definitions", body=_load_export())
     assert r.status_code == 200, r.text
     report = r.json()
-    assert report["imported"] == {"queues": 3, "exchanges": 3, "bindings": 3}
+    assert report["imported"] == {"queues": 3, "exchanges": 3, "bindings": 3, "users": 2,
+                                  "vhosts": 1, "permissions": 2, "topic_permissions": 0}
     skipped = "\n".join(report["not_imported"])
     # Nothing dropped silently: the policy, the vhost limit and the global
     # parameter are each named; users and permissions are imported.

@@ -188,6 +188,8 @@ fn load_definitions(
         queues = report.queues,
         exchanges = report.exchanges,
         bindings = report.bindings,
+        users = report.access.users,
+        permissions = report.access.permissions,
         not_imported = report.not_imported.len(),
         "definitions loaded from {}",
         path.display()

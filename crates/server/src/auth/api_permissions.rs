@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use super::http::{access_error, authenticate_admin, bad_request, not_found};
 use crate::http::HttpState;
 
-fn permission_json(vhost: &str, user: &str, p: &Permission) -> Value {
+pub(super) fn permission_json(vhost: &str, user: &str, p: &Permission) -> Value {
     json!({
         "user": user,
         "vhost": vhost,
@@ -25,7 +25,7 @@ fn permission_json(vhost: &str, user: &str, p: &Permission) -> Value {
     })
 }
 
-fn topic_json(vhost: &str, user: &str, t: &TopicPermission) -> Value {
+pub(super) fn topic_json(vhost: &str, user: &str, t: &TopicPermission) -> Value {
     json!({
         "user": user,
         "vhost": vhost,

@@ -106,6 +106,51 @@ pub enum ImportError {
     },
 }
 
+/// The access sections of an export as RabbitMQ 3.10 writes them: `users`
+/// (name, `password_hash` in base64, `hashing_algorithm`, `tags` as a
+/// list, `limits`), `vhosts`, `permissions` and `topic_permissions`, each
+/// sorted by name.
+pub fn export_access(broker: &Broker) -> serde_json::Map<String, serde_json::Value> {
+    use serde_json::{json, Value};
+    let mut users = broker.access().users();
+    users.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut vhosts: Vec<String> = broker.vhosts().iter().map(|v| v.name.clone()).collect();
+    vhosts.sort_unstable();
+    let mut permissions = broker.access().permissions();
+    permissions.sort_by(|a, b| (&a.1, &a.0).cmp(&(&b.1, &b.0)));
+    let mut topic = broker.access().topic_permissions();
+    topic.sort_by(|a, b| (&a.1, &a.0, &a.2.exchange).cmp(&(&b.1, &b.0, &b.2.exchange)));
+    let mut out = serde_json::Map::new();
+    out.insert(
+        "users".into(),
+        users
+            .iter()
+            .map(|u| super::api_users::user_json(u))
+            .collect(),
+    );
+    out.insert(
+        "vhosts".into(),
+        vhosts.iter().map(|n| json!({ "name": n })).collect(),
+    );
+    out.insert(
+        "permissions".into(),
+        permissions
+            .iter()
+            .map(|(vhost, user, p)| super::api_permissions::permission_json(vhost, user, p))
+            .collect::<Vec<Value>>()
+            .into(),
+    );
+    out.insert(
+        "topic_permissions".into(),
+        topic
+            .iter()
+            .map(|(vhost, user, t)| super::api_permissions::topic_json(vhost, user, t))
+            .collect::<Vec<Value>>()
+            .into(),
+    );
+    out
+}
+
 /// Reads a whole definitions document (as JSON text).
 pub fn parse(text: &str) -> Result<AccessDefinitions, ImportError> {
     Ok(serde_json::from_str(text)?)

@@ -23,8 +23,8 @@ use serde_json::{json, Value};
 use super::list::ListParams;
 use super::queues::{sorted_queues, API_CONNECTION_ID};
 use super::{
-    amqp_error, bad_request, exchange_name, json_table, not_found, sorted_vhosts, table_json,
-    vhost_or_404, Authed, HttpState,
+    amqp_error, bad_request, exchange_name, json_table, not_found, table_json, vhost_or_404,
+    Authed, HttpState,
 };
 
 /// URL-quotes like Erlang's `quote_plus`, and `~` too (it separates the
@@ -118,10 +118,11 @@ fn respond(items: Vec<Value>, q: &HashMap<String, String>) -> Response {
 
 pub(super) async fn list_all(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    let all = sorted_vhosts(&st)
+    let all = user
+        .vhosts(&st)
         .iter()
         .flat_map(|v| vhost_bindings(v))
         .collect();
@@ -130,11 +131,11 @@ pub(super) async fn list_all(
 
 pub(super) async fn list_in(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path(vhost): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    match vhost_or_404(&st, &vhost) {
+    match user.vhost(&st, &vhost) {
         Ok(v) => respond(vhost_bindings(&v), &q),
         Err(r) => r,
     }

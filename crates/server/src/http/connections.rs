@@ -12,7 +12,7 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::list::ListParams;
-use super::{not_found, sorted_vhosts, vhost_or_404, Authed, HttpState};
+use super::{not_found, Authed, HttpState};
 use crate::registry::ConnInfo;
 
 /// RabbitMQ's reason when `X-Reason` is absent.
@@ -81,22 +81,31 @@ fn respond(items: Vec<Value>, q: &HashMap<String, String>) -> Response {
     }
 }
 
-fn connections(st: &HttpState, vhost: Option<&str>) -> Vec<Arc<ConnInfo>> {
+/// The connections `user` may see, of one vhost or all.
+fn connections(st: &HttpState, user: &Authed, vhost: Option<&str>) -> Vec<Arc<ConnInfo>> {
     st.shared
         .registry
         .list()
         .into_iter()
-        .filter(|c| vhost.is_none_or(|v| c.vhost == v))
+        .filter(|c| vhost.is_none_or(|v| c.vhost == v) && user.sees_connection(c))
         .collect()
+}
+
+/// The connection named in a URL, when `user` may see it.
+fn visible(st: &HttpState, user: &Authed, name: &str) -> Option<Arc<ConnInfo>> {
+    st.shared
+        .registry
+        .by_name(name)
+        .filter(|c| user.sees_connection(c))
 }
 
 pub(super) async fn list(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
     respond(
-        connections(&st, None)
+        connections(&st, &user, None)
             .iter()
             .map(|c| connection_json(c))
             .collect(),
@@ -106,15 +115,15 @@ pub(super) async fn list(
 
 pub(super) async fn list_in(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path(vhost): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    if let Err(r) = vhost_or_404(&st, &vhost) {
+    if let Err(r) = user.vhost(&st, &vhost) {
         return r;
     }
     respond(
-        connections(&st, Some(&vhost))
+        connections(&st, &user, Some(&vhost))
             .iter()
             .map(|c| connection_json(c))
             .collect(),
@@ -124,25 +133,25 @@ pub(super) async fn list_in(
 
 pub(super) async fn one(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path(name): Path<String>,
 ) -> Response {
-    st.shared
-        .registry
-        .by_name(&name)
-        .map_or_else(not_found, |c| Json(connection_json(&c)).into_response())
+    visible(&st, &user, &name).map_or_else(not_found, |c| Json(connection_json(&c)).into_response())
 }
 
 /// `DELETE /api/connections/{name}`: 204 once the close is requested.
 pub(super) async fn close(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path(name): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let Some(c) = st.shared.registry.by_name(&name) else {
+    let Some(c) = visible(&st, &user, &name) else {
         return not_found();
     };
+    if !user.may_close(&c) {
+        return crate::auth::http::unauthorized("Not administrator user");
+    }
     let reason = headers
         .get("x-reason")
         .and_then(|v| v.to_str().ok())
@@ -154,22 +163,19 @@ pub(super) async fn close(
 
 pub(super) async fn channels_of(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path(name): Path<String>,
 ) -> Response {
-    st.shared
-        .registry
-        .by_name(&name)
-        .map_or_else(not_found, |c| Json(channels_json(&c)).into_response())
+    visible(&st, &user, &name).map_or_else(not_found, |c| Json(channels_json(&c)).into_response())
 }
 
 pub(super) async fn channels(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
     respond(
-        connections(&st, None)
+        connections(&st, &user, None)
             .iter()
             .flat_map(|c| channels_json(c))
             .collect(),
@@ -179,15 +185,15 @@ pub(super) async fn channels(
 
 pub(super) async fn channels_in(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path(vhost): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    if let Err(r) = vhost_or_404(&st, &vhost) {
+    if let Err(r) = user.vhost(&st, &vhost) {
         return r;
     }
     respond(
-        connections(&st, Some(&vhost))
+        connections(&st, &user, Some(&vhost))
             .iter()
             .flat_map(|c| channels_json(c))
             .collect(),
@@ -216,16 +222,16 @@ fn consumers_json(vhosts: &[Arc<berth_broker::vhost::VHost>]) -> Vec<Value> {
     out
 }
 
-pub(super) async fn consumers(State(st): State<HttpState>, _: Authed) -> Response {
-    Json(consumers_json(&sorted_vhosts(&st))).into_response()
+pub(super) async fn consumers(State(st): State<HttpState>, user: Authed) -> Response {
+    Json(consumers_json(&user.vhosts(&st))).into_response()
 }
 
 pub(super) async fn consumers_in(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path(vhost): Path<String>,
 ) -> Response {
-    match vhost_or_404(&st, &vhost) {
+    match user.vhost(&st, &vhost) {
         Ok(v) => Json(consumers_json(&[v])).into_response(),
         Err(r) => r,
     }

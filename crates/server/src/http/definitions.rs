@@ -23,7 +23,7 @@ use serde_json::{json, Map, Value};
 use super::access::{export_access, import_access};
 use super::bindings::vhost_bindings;
 use super::queues::{sorted_queues, API_CONNECTION_ID};
-use super::{bad_request, json_table, table_json, vhost_or_404, Authed, HttpState};
+use super::{bad_request, json_table, table_json, vhost_or_404, AdminAuthed, HttpState};
 
 /// What an import did.
 #[derive(Debug, Default)]
@@ -31,6 +31,9 @@ pub struct ImportReport {
     pub queues: usize,
     pub exchanges: usize,
     pub bindings: usize,
+    /// Users, vhosts, permissions and topic permissions (whole imports
+    /// only).
+    pub access: crate::auth::definitions::Imported,
     /// One line per object not imported, saying why.
     pub not_imported: Vec<String>,
 }
@@ -89,7 +92,9 @@ fn header() -> Map<String, Value> {
     m
 }
 
-pub(super) async fn export_all(State(st): State<HttpState>, _: Authed) -> Response {
+/// `GET /api/definitions` (administrator only, as in RabbitMQ: it carries
+/// password hashes).
+pub(super) async fn export_all(State(st): State<HttpState>, _: AdminAuthed) -> Response {
     let mut out = header();
     export_access(&st.shared.broker, &mut out);
     let (mut qs, mut es, mut bs) = (Vec::new(), Vec::new(), Vec::new());
@@ -110,7 +115,7 @@ pub(super) async fn export_all(State(st): State<HttpState>, _: Authed) -> Respon
 
 pub(super) async fn export_vhost(
     State(st): State<HttpState>,
-    _: Authed,
+    _: AdminAuthed,
     Path(vhost): Path<String>,
 ) -> Response {
     let v = match vhost_or_404(&st, &vhost) {
@@ -152,7 +157,7 @@ pub fn import(
     }
     let mut report = ImportReport::default();
     if only_vhost.is_none() {
-        report.not_imported.extend(import_access(broker, defs)?);
+        report.access = import_access(broker, defs)?;
     }
     for section in [
         "parameters",
@@ -256,7 +261,12 @@ pub fn import(
 fn answer(r: Result<ImportReport, String>) -> Response {
     match r {
         Ok(r) => Json(json!({
-            "imported": {"queues": r.queues, "exchanges": r.exchanges, "bindings": r.bindings},
+            "imported": {
+                "queues": r.queues, "exchanges": r.exchanges, "bindings": r.bindings,
+                "users": r.access.users, "vhosts": r.access.vhosts,
+                "permissions": r.access.permissions,
+                "topic_permissions": r.access.topic_permissions,
+            },
             "not_imported": r.not_imported,
         }))
         .into_response(),
@@ -266,7 +276,7 @@ fn answer(r: Result<ImportReport, String>) -> Response {
 
 pub(super) async fn import_all(
     State(st): State<HttpState>,
-    _: Authed,
+    _: AdminAuthed,
     Json(defs): Json<Value>,
 ) -> Response {
     answer(import(&st.shared.broker, &defs, None))
@@ -274,7 +284,7 @@ pub(super) async fn import_all(
 
 pub(super) async fn import_vhost(
     State(st): State<HttpState>,
-    _: Authed,
+    _: AdminAuthed,
     Path(vhost): Path<String>,
     Json(defs): Json<Value>,
 ) -> Response {

@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 
 use super::list::ListParams;
 use super::{
-    amqp_error, bad_request, exchange_name, flag, json_table, not_found, query_flag, sorted_vhosts,
-    table_json, vhost_or_404, Authed, HttpState,
+    amqp_error, bad_request, exchange_name, flag, json_table, not_found, query_flag, table_json,
+    vhost_or_404, Authed, HttpState,
 };
 
 pub(crate) fn exchanges_json(v: &VHost) -> Vec<Value> {
@@ -53,19 +53,19 @@ fn respond(vhosts: &[std::sync::Arc<VHost>], q: &HashMap<String, String>) -> Res
 
 pub(super) async fn list_all(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    respond(&sorted_vhosts(&st), &q)
+    respond(&user.vhosts(&st), &q)
 }
 
 pub(super) async fn list_in(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path(vhost): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    match vhost_or_404(&st, &vhost) {
+    match user.vhost(&st, &vhost) {
         Ok(v) => respond(&[v], &q),
         Err(r) => r,
     }

@@ -16,6 +16,7 @@
 mod access;
 mod bindings;
 mod connections;
+mod console;
 mod definitions;
 mod exchanges;
 mod health;
@@ -34,10 +35,11 @@ use std::sync::Arc;
 
 use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
+use berth_broker::access::{User, TAG_ADMINISTRATOR, TAG_MONITORING};
 use berth_broker::vhost::VHost;
 use berth_broker::{AmqpError, Broker};
 use berth_protocol::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
@@ -157,16 +159,61 @@ pub fn router(state: HttpState) -> Router {
         .route("/api/openapi.json", get(openapi::openapi))
         .route("/metrics", get(metrics::aggregated))
         .route("/metrics/per-object", get(metrics::per_object))
+        .layer(axum::middleware::from_fn(console::quiet_challenge))
+        .merge(console::routes())
         .with_state(state)
 }
 
-fn check_auth(state: &HttpState, headers: &HeaderMap, peer: SocketAddr) -> Result<(), Response> {
-    crate::auth::http::authenticate(&state.shared, headers, peer).map(|_| ())
-}
+/// A request that passed HTTP basic auth with a management user (and the
+/// loopback rule): handlers that take it as an argument answer 401 before
+/// they run. It carries the user, for the vhosts it may see.
+pub(crate) struct Authed(pub Arc<User>);
 
-/// A request that passed [`check_auth`]: handlers that take it as an
-/// argument answer 401 before they run.
-pub(crate) struct Authed;
+impl Authed {
+    /// Whether this user may see objects of `vhost` (RabbitMQ's rule:
+    /// `administrator` and `monitoring` see every vhost, others only those
+    /// they have permissions in).
+    pub(crate) fn sees(&self, st: &HttpState, vhost: &str) -> bool {
+        crate::auth::http::sees_vhost(&st.shared, &self.0, vhost)
+    }
+
+    /// The vhost named in a URL: 404 when it does not exist, 401 when this
+    /// user may not see it (RabbitMQ's answer).
+    pub(crate) fn vhost(&self, st: &HttpState, name: &str) -> Result<Arc<VHost>, Response> {
+        let v = vhost_or_404(st, name)?;
+        if !self.sees(st, name) {
+            return Err(crate::auth::http::unauthorized(
+                "User not authorised to access virtual host",
+            ));
+        }
+        Ok(v)
+    }
+
+    /// Whether this user sees every vhost and connection (`administrator`
+    /// and `monitoring`).
+    pub(crate) fn sees_all(&self) -> bool {
+        self.0.has_tag(TAG_ADMINISTRATOR) || self.0.has_tag(TAG_MONITORING)
+    }
+
+    /// Whether this user may see a connection and its channels (RabbitMQ's
+    /// rule: `administrator` and `monitoring` see all, others their own).
+    pub(crate) fn sees_connection(&self, c: &crate::registry::ConnInfo) -> bool {
+        self.sees_all() || c.user == self.0.name
+    }
+
+    /// Whether this user may close a connection (`administrator`, or its
+    /// owner).
+    pub(crate) fn may_close(&self, c: &crate::registry::ConnInfo) -> bool {
+        self.0.has_tag(TAG_ADMINISTRATOR) || c.user == self.0.name
+    }
+
+    /// The vhosts this user may see, sorted by name.
+    pub(crate) fn vhosts(&self, st: &HttpState) -> Vec<Arc<VHost>> {
+        let mut all = sorted_vhosts(st);
+        all.retain(|v| self.sees(st, &v.name));
+        all
+    }
+}
 
 impl FromRequestParts<HttpState> for Authed {
     type Rejection = Response;
@@ -175,8 +222,22 @@ impl FromRequestParts<HttpState> for Authed {
         let ConnectInfo(peer) = ConnectInfo::<SocketAddr>::from_request_parts(parts, st)
             .await
             .map_err(IntoResponse::into_response)?;
-        check_auth(st, &parts.headers, peer)?;
-        Ok(Authed)
+        crate::auth::http::authenticate(&st.shared, &parts.headers, peer).map(Authed)
+    }
+}
+
+/// A request that passed HTTP basic auth with an `administrator` user.
+pub(crate) struct AdminAuthed;
+
+impl FromRequestParts<HttpState> for AdminAuthed {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, st: &HttpState) -> Result<Self, Response> {
+        let ConnectInfo(peer) = ConnectInfo::<SocketAddr>::from_request_parts(parts, st)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        crate::auth::http::authenticate_admin(&st.shared, &parts.headers, peer)?;
+        Ok(AdminAuthed)
     }
 }
 

@@ -23,11 +23,13 @@ pub(crate) fn node_name() -> &'static str {
     })
 }
 
-pub(super) async fn overview(State(st): State<HttpState>, _: Authed) -> Response {
+/// The totals cover the vhosts the user may see (and, for users who see
+/// only their vhosts, their own connections), as RabbitMQ's do.
+pub(super) async fn overview(State(st): State<HttpState>, user: Authed) -> Response {
     let (mut queues, mut exchanges, mut ready, mut unacked, mut consumers) = (0, 0, 0, 0, 0);
     let (mut published, mut delivered, mut acked) = (0u64, 0u64, 0u64);
     let (mut pub_rate, mut del_rate, mut ack_rate) = (0f64, 0f64, 0f64);
-    for v in st.shared.broker.vhosts() {
+    for v in user.vhosts(&st) {
         for q in v.queues() {
             let s = q.stats();
             let c = q.counters.snapshot();
@@ -44,13 +46,19 @@ pub(super) async fn overview(State(st): State<HttpState>, _: Authed) -> Response
         }
         exchanges += v.exchanges().len();
     }
-    let channels: usize = st
+    let visible: Vec<_> = st
         .shared
         .registry
         .list()
-        .iter()
-        .map(|c| c.channels.lock().len())
-        .sum();
+        .into_iter()
+        .filter(|c| user.sees_connection(c))
+        .collect();
+    let channels: usize = visible.iter().map(|c| c.channels.lock().len()).sum();
+    let connections = if user.sees_all() {
+        st.connections.load(Ordering::Relaxed)
+    } else {
+        visible.len()
+    };
     let listeners: Vec<Value> = st
         .listeners
         .iter()
@@ -67,7 +75,7 @@ pub(super) async fn overview(State(st): State<HttpState>, _: Authed) -> Response
         "object_totals": {
             "queues": queues,
             "exchanges": exchanges,
-            "connections": st.connections.load(Ordering::Relaxed),
+            "connections": connections,
             "channels": channels,
             "consumers": consumers,
         },
