@@ -32,6 +32,7 @@ pub(crate) fn exchanges_json(v: &VHost) -> Vec<Value> {
             "auto_delete": e.auto_delete,
             "internal": e.internal,
             "arguments": table_json(&e.arguments),
+            "policy": e.applied_policies().policy.map_or(json!(""), |p| json!(p.name)),
         })
     }));
     out
