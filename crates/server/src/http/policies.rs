@@ -219,10 +219,10 @@ pub(super) async fn delete(
 }
 
 /// `policy`, `operator_policy` and `effective_policy_definition` of a
-/// queue, as RabbitMQ shows them (`null`-free: absent policy → "").
+/// queue, as RabbitMQ 3.10 shows them (`null` when none applies).
 pub(crate) fn queue_policy_fields(q: &berth_broker::queue::Queue) -> [(&'static str, Value); 3] {
     let a = q.applied_policies();
-    let name = |p: &Option<Arc<Policy>>| p.as_ref().map_or(json!(""), |p| json!(p.name));
+    let name = |p: &Option<Arc<Policy>>| p.as_ref().map_or(Value::Null, |p| json!(p.name));
     [
         ("policy", name(&a.policy)),
         ("operator_policy", name(&a.operator)),
