@@ -12,6 +12,7 @@ import time
 import pika
 import pika.exceptions
 import pytest
+import requests
 
 from conftest import BerthProcess, Broker, external_uri
 from helpers import unique
@@ -282,3 +283,25 @@ def test_policies_survive_kill_9(berth, tmp_path):
         ch.basic_publish("", "kept-q", str(i).encode())
     _eventually(lambda: _ready(api, "kept-q") == 2, "restored policy applies to a new queue")
     conn.close()
+
+
+def test_policymaker_changes_policies_but_only_administrator_operator_policies(berth):
+    b = berth().broker
+    api = Api(b)
+    body = {"pattern": "^never$", "definition": {"max-length": 1}}
+    for user, tags in (("pol-mgmt", "management"), ("pol-maker", "policymaker")):
+        assert api.put("users", user, body={"password": "pw", "tags": tags}).status_code in (201, 204)
+        r = api.put("permissions", "/", user, body={"configure": ".*", "write": ".*", "read": ".*"})
+        assert r.status_code in (201, 204), r.text
+    try:
+        url = f"http://127.0.0.1:{b.http_port}/api"
+        put = lambda user, path: requests.put(f"{url}/{path}", json=body,
+                                              auth=(user, "pw"), timeout=10)
+        assert put("pol-mgmt", "policies/%2F/by-mgmt").status_code == 401
+        assert put("pol-maker", "policies/%2F/by-maker").status_code == 201
+        assert put("pol-maker", "operator-policies/%2F/by-maker").status_code == 401
+        assert api.get("policies", "/", "by-mgmt").status_code == 404
+        assert api.get("operator-policies", "/", "by-maker").status_code == 404
+    finally:
+        for user in ("pol-mgmt", "pol-maker"):
+            api.delete("users", user)

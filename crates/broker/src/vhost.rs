@@ -609,6 +609,9 @@ impl VHost {
         ));
         self.apply_policies_to_queue(&q, now);
         self.queues.write().insert(name.clone(), Arc::clone(&q));
+        // Again, now that it is in the map: a policy change that ran
+        // meanwhile did not see it (see `vhost/policies.rs`).
+        self.apply_policies_to_queue(&q, now);
         drop(guard);
         // Start the x-expires clock.
         q.touch(now);

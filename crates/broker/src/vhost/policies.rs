@@ -3,9 +3,12 @@
 //! set as it is when it is declared (or restored).
 //!
 //! Invariants:
-//! - The set is replaced, never edited in place, so a declare sees either
-//!   the old set or the new one; the broker serialises replacements, and a
-//!   queue declared during one is re-applied by it or declared after it.
+//! - The set is replaced, never edited in place, and the broker serialises
+//!   replacements. A new queue gets the set before it is put in the map (so
+//!   no message reaches it without its policy) and again after (so a
+//!   replacement that iterated the map before it was there is not missed);
+//!   a new exchange gets it under the exchanges' write lock, which a
+//!   replacement's iteration waits for.
 
 use std::sync::Arc;
 use std::time::Instant;
