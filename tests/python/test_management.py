@@ -348,3 +348,17 @@ def test_openapi_describes_the_served_routes(api):
         if "{" not in path and "get" in ops:
             url = api.base[:-len("/api")] + path
             assert requests.get(url, auth=AUTH, timeout=10).status_code == 200, path
+
+
+def test_rabbitmqadmin_declares_lists_and_deletes_a_policy(admin, api):
+    name = unique("adm-pol")
+    admin("declare", "policy", f"name={name}", "pattern=^adm-pol-never$",
+          'definition={"max-length": 7, "dead-letter-exchange": "dlx"}', "priority=3",
+          "apply-to=queues")
+    try:
+        listed = {p["name"]: p for p in json.loads(admin("list", "policies"))}
+        assert listed[name]["definition"] == {"max-length": 7, "dead-letter-exchange": "dlx"}
+        assert (listed[name]["priority"], listed[name]["apply-to"]) == (3, "queues")
+    finally:
+        admin("delete", "policy", f"name={name}")
+    assert name not in [p["name"] for p in json.loads(admin("list", "policies"))]

@@ -1,8 +1,7 @@
 """Definitions in RabbitMQ's format (import of a real RabbitMQ 3.10.8
 export, export/import round trip, `--load-definitions` at startup),
 Prometheus metrics under rabbitmq_prometheus's names (parsed with
-prometheus_client's parser), and the policies endpoints berth does not
-implement yet (501)."""
+prometheus_client's parser)."""
 
 import json
 import os
@@ -64,12 +63,13 @@ def test_a_rabbitmq_3_10_export_imports_and_reports_what_it_did_not(fresh_berth)
     r = api.post("definitions", body=_load_export())
     assert r.status_code == 200, r.text
     report = r.json()
-    assert report["imported"] == {"queues": 3, "exchanges": 3, "bindings": 3, "users": 2,
-                                  "vhosts": 1, "permissions": 2, "topic_permissions": 0}
+    assert report["imported"] == {"queues": 3, "exchanges": 3, "bindings": 3, "policies": 1,
+                                  "users": 2, "vhosts": 1, "permissions": 2,
+                                  "topic_permissions": 0}
     skipped = "\n".join(report["not_imported"])
-    # Nothing dropped silently: the policy, the vhost limit and the global
-    # parameter are each named; users and permissions are imported.
-    for what in ("policies 'ttl-all'", "parameters 'limits'",
+    # Nothing dropped silently: the vhost limit and the global parameter
+    # are each named; users, permissions and the policy are imported.
+    for what in ("parameters 'limits'",
                  "global_parameters 'internal_cluster_id'"):
         assert what in skipped, skipped
     assert "user" not in skipped and "permission for" not in skipped, skipped
@@ -91,6 +91,7 @@ def test_load_definitions_at_startup_and_export_round_trip(fresh_berth, tmp_path
         ("orders", "orders.eu", "queue", "order.eu.*"),
         ("dlx", "dead-letters", "queue", ""),
         ("orders", "audit", "exchange", "#")}
+    assert exported["policies"] == _load_export()["policies"]
     per_vhost = api.get("definitions", "/").json()
     assert "vhost" not in per_vhost["queues"][0]
 
@@ -98,6 +99,8 @@ def test_load_definitions_at_startup_and_export_round_trip(fresh_berth, tmp_path
     other = Api(fresh_berth())
     r = other.post("definitions", "/", body=per_vhost)
     assert r.status_code == 200 and r.json()["imported"]["bindings"] == 3
+    assert r.json()["imported"]["policies"] == 1
+    assert other.get("policies", "/", "ttl-all").json()["definition"] == {"message-ttl": 30000}
     assert other.get("exchanges", "/", "audit").json()["type"] == "headers"
 
 
@@ -118,15 +121,6 @@ def test_an_import_the_broker_refuses_is_a_400_naming_the_object(fresh_berth):
                         "auto_delete": False, "arguments": {}}]}
     r = api.post("definitions", body=defs)
     assert r.status_code == 400 and "queue 'amq.nope'" in r.json()["reason"]
-
-
-def test_policies_are_not_implemented_yet_and_say_so(fresh_berth):
-    api = Api(fresh_berth())
-    assert api.get("policies").json() == []
-    assert api.get("policies", "/").json() == []
-    r = api.put("policies", "/", "p", body={"pattern": ".*", "definition": {"message-ttl": 1}})
-    assert r.status_code == 501 and "policies" in r.json()["reason"]
-    assert api.put("operator-policies", "/", "p", body={}).status_code == 501
 
 
 def _scrape(berth, path):

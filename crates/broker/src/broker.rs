@@ -14,6 +14,8 @@ use crate::durable::{Durability, Journal, NoJournal};
 use crate::timers::Timers;
 use crate::vhost::VHost;
 
+mod policies;
+
 /// The whole broker.
 pub struct Broker {
     /// Written only when a vhost is added or deleted; connections read it.
@@ -168,9 +170,10 @@ impl Broker {
                     .or_insert_with(|| self.new_vhost(&name));
             }
         }
-        let skipped = self
+        let mut skipped = self
             .access
             .restore(meta.iter().map(|(k, v)| (k.as_slice(), v.as_slice())));
+        skipped.extend(self.restore_policies(meta));
         (skipped, defaults_done)
     }
 
@@ -201,6 +204,7 @@ impl Broker {
                 }
             }
         }
+        self.delete_vhost_policies(&v)?;
         self.access.vhost_deleted(name)?;
         self.dur
             .journal

@@ -508,7 +508,7 @@ impl ConsumerChannel for Channel {
             consumer.in_flight.fetch_add(1, Ordering::Relaxed);
             st.channel_in_flight += 1;
             let timeout = queue
-                .args
+                .args()
                 .consumer_timeout_ms
                 .or(self.session.consumer_timeout_ms);
             st.unacked.insert(

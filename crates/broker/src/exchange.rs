@@ -16,6 +16,7 @@ use parking_lot::RwLock;
 use crate::args::{as_string, values_equal};
 use crate::error::{AmqpError, AmqpResult};
 use crate::message::Message;
+use crate::policy::Applied;
 use crate::queue::Queue;
 
 /// The exchange types berth implements.
@@ -118,6 +119,8 @@ pub struct Exchange {
     pub internal: bool,
     pub arguments: FieldTable,
     bindings: RwLock<Bindings>,
+    /// The policy in force (for `alternate-exchange`).
+    applied: RwLock<Applied>,
 }
 
 impl Exchange {
@@ -137,6 +140,7 @@ impl Exchange {
             internal,
             arguments,
             bindings: RwLock::default(),
+            applied: RwLock::default(),
         }
     }
 
@@ -169,12 +173,25 @@ impl Exchange {
         Ok(())
     }
 
-    /// The `alternate-exchange` argument, if set.
+    /// The alternate exchange: the `alternate-exchange` argument if set,
+    /// else the policy's (RabbitMQ's precedence).
     pub fn alternate_exchange(&self) -> Option<String> {
-        self.arguments
+        let declared = self
+            .arguments
             .inner()
             .get("alternate-exchange")
-            .and_then(as_string)
+            .and_then(as_string);
+        self.applied.read().alternate_exchange(declared)
+    }
+
+    /// The policy in force, for the management API.
+    pub fn applied_policies(&self) -> Applied {
+        self.applied.read().clone()
+    }
+
+    /// Puts a policy in force.
+    pub fn set_policies(&self, applied: Applied) {
+        *self.applied.write() = applied;
     }
 
     /// Adds a binding; binding twice is a no-op, as in AMQP. Returns whether

@@ -27,6 +27,7 @@ pub mod message;
 mod naming;
 mod paging;
 pub mod password;
+pub mod policy;
 pub mod queue;
 mod ready;
 mod restore;

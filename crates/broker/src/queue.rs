@@ -18,9 +18,11 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use berth_protocol::FieldTable;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use crate::args::{Overflow, QueueArgs};
+
+mod settings;
 use crate::dead_letter::{DeadLetter, DeathReason};
 use crate::durable::{split_done, Done, Durability, PAGING_BIT};
 use crate::limits::{FLOW_ACTIVE_MS, FLOW_READY_MAX, PAGE_SCAN_EVERY_MESSAGES};
@@ -143,7 +145,10 @@ pub struct Queue {
     pub store_id: Option<u64>,
     /// Arguments as declared, for equivalence checks.
     pub arguments: FieldTable,
-    pub args: QueueArgs,
+    /// `arguments` parsed; [`Queue::args`] is what is in force.
+    pub declared_args: QueueArgs,
+    /// Declared arguments combined with the policies in force.
+    effective: RwLock<settings::Effective>,
     state: Mutex<QueueState>,
     /// See [`FLOW_READY_MAX`]; updated after every operation, read without
     /// the lock on publish.
@@ -191,7 +196,8 @@ impl Queue {
             exclusive_owner,
             store_id,
             arguments,
-            args,
+            effective: RwLock::new(settings::Effective::declared(&args)),
+            declared_args: args,
             bound_from: Mutex::new(Vec::new()),
             counters: crate::counters::QueueCounters::default(),
             backlogged: AtomicBool::new(false),
@@ -319,7 +325,7 @@ impl Queue {
     fn schedule(&self, s: &mut QueueState, now: Instant) -> Option<Instant> {
         let ttl = s.ready.front().and_then(|m| m.expires_at);
         let expiry = self
-            .args
+            .args()
             .expires_ms
             .filter(|_| s.consumers.is_empty())
             .map(|ms| s.last_used + Duration::from_millis(ms));
@@ -345,7 +351,7 @@ impl Queue {
                 s.timer_at = None;
             }
             q.expire_head(s, now, fx);
-            if let Some(ms) = q.args.expires_ms {
+            if let Some(ms) = q.args().expires_ms {
                 if s.consumers.is_empty()
                     && now >= s.last_used + Duration::from_millis(ms)
                     && !s.deleted
@@ -386,7 +392,7 @@ impl Queue {
     /// was stored, and it is dead-lettered if a reason is given and the
     /// queue has a dead-letter exchange.
     fn drop_message(&self, m: QueuedMessage, reason: Option<DeathReason>, fx: &mut Effects) {
-        let dead_letter = reason.filter(|_| self.args.dead_letter_exchange.is_some());
+        let dead_letter = reason.filter(|_| self.args().dead_letter_exchange.is_some());
         // A stored message that is dead-lettered leaves the journal only
         // once its copy is durable; paging copies are never waited for.
         let durable_id = m.stored.filter(|id| id & PAGING_BIT == 0);
@@ -415,7 +421,7 @@ impl Queue {
         now: Instant,
         fx: &mut Effects,
     ) {
-        let dead_letter = reason.is_some() && self.args.dead_letter_exchange.is_some();
+        let dead_letter = reason.is_some() && self.args().dead_letter_exchange.is_some();
         if dead_letter || matches!(e.body, Body::Resident(_)) {
             if let Some(m) = self.load(s, e, now, fx) {
                 self.drop_message(m, reason, fx);
@@ -473,7 +479,7 @@ impl Queue {
         redelivered: bool,
         now: Instant,
     ) -> u64 {
-        let ttl = match (self.args.message_ttl_ms, msg.expiration_ms) {
+        let ttl = match (self.args().message_ttl_ms, msg.expiration_ms) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
@@ -499,9 +505,9 @@ impl Queue {
             if s.deleted {
                 return true;
             }
-            if q.args.overflow != Overflow::DropHead && q.would_overflow(s, &msg) {
-                let reason =
-                    (q.args.overflow == Overflow::RejectPublishDlx).then_some(DeathReason::MaxLen);
+            if q.args().overflow != Overflow::DropHead && q.would_overflow(s, &msg) {
+                let reason = (q.args().overflow == Overflow::RejectPublishDlx)
+                    .then_some(DeathReason::MaxLen);
                 let refused = QueuedMessage {
                     msg,
                     seq: 0,
@@ -523,36 +529,6 @@ impl Queue {
             }
             true
         })
-    }
-
-    fn would_overflow(&self, s: &QueueState, msg: &Message) -> bool {
-        self.args
-            .max_length
-            .is_some_and(|max| s.ready.len as u64 >= max)
-            || self
-                .args
-                .max_length_bytes
-                .is_some_and(|max| s.ready.bytes + msg.body_bytes() > max)
-    }
-
-    fn trim_to_limits(&self, s: &mut QueueState, now: Instant, fx: &mut Effects) {
-        loop {
-            let over = self
-                .args
-                .max_length
-                .is_some_and(|max| s.ready.len as u64 > max)
-                || self
-                    .args
-                    .max_length_bytes
-                    .is_some_and(|max| s.ready.bytes > max);
-            if !over {
-                break;
-            }
-            match s.ready.pop_front() {
-                Some(e) => self.drop_entry(s, e, Some(DeathReason::MaxLen), now, fx),
-                None => break,
-            }
-        }
     }
 
     /// Hands ready messages to consumers with credit, round-robin.
@@ -658,7 +634,7 @@ impl Queue {
             for mut m in msgs {
                 m.returns += 1;
                 m.redelivered = true;
-                if q.args
+                if q.args()
                     .delivery_limit
                     .is_some_and(|l| u64::from(m.returns) > l)
                 {
@@ -775,7 +751,7 @@ impl Queue {
                 returns: 0,
                 redelivered: true,
                 expires_at: q
-                    .args
+                    .args()
                     .message_ttl_ms
                     .map(|ms| now + Duration::from_millis(ms)),
                 stored: Some(stored),

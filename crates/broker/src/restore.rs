@@ -117,7 +117,9 @@ impl Broker {
                             // A priority queue needs each message's priority
                             // now; other queues read bodies on delivery.
                             let body = match body {
-                                StoredBody::OnDisk { len } if q.args.max_priority.is_none() => {
+                                StoredBody::OnDisk { len }
+                                    if q.declared_args.max_priority.is_none() =>
+                                {
                                     q.restore_paged(mid, len, 0, now);
                                     report.messages += 1;
                                     continue;

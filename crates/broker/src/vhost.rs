@@ -30,6 +30,9 @@ pub use crate::routing::PublishResult;
 use crate::routing::{self, Names};
 use crate::timers::Timers;
 
+mod owner;
+mod policies;
+
 /// A virtual host.
 pub struct VHost {
     pub name: String,
@@ -44,6 +47,8 @@ pub struct VHost {
     definitions: Mutex<()>,
     /// How many queues, exchanges, bindings and consumers clients may make.
     counts: RwLock<CountLimits>,
+    /// Policies and operator policies (see `vhost/policies.rs`).
+    policies: RwLock<Arc<crate::policy::VhostPolicies>>,
     me: Weak<VHost>,
 }
 
@@ -82,6 +87,7 @@ impl VHost {
             clock,
             definitions: Mutex::new(()),
             counts: RwLock::new(CountLimits::default()),
+            policies: RwLock::default(),
             me: me.clone(),
         });
         {
@@ -119,11 +125,13 @@ impl VHost {
 
     /// Adds an exchange as it is (restore after a restart).
     pub(crate) fn insert_exchange(&self, e: Arc<Exchange>) {
+        self.apply_policies_to_exchange(&e);
         self.exchanges.write().insert(e.name.clone(), e);
     }
 
     /// Adds a queue as it is (restore after a restart).
     pub(crate) fn insert_queue(&self, q: Arc<Queue>) {
+        self.apply_policies_to_queue(&q, self.clock.now());
         self.queues.write().insert(q.name.clone(), q);
     }
 
@@ -282,17 +290,16 @@ impl VHost {
         if let Some(e) = ex.get(name) {
             return e.check_equivalent(kind, d, &self.name);
         }
-        ex.insert(
+        let e = Arc::new(Exchange::new(
             name.to_owned(),
-            Arc::new(Exchange::new(
-                name.to_owned(),
-                kind,
-                d.durable,
-                d.auto_delete,
-                d.internal,
-                d.arguments.clone(),
-            )),
-        );
+            kind,
+            d.durable,
+            d.auto_delete,
+            d.internal,
+            d.arguments.clone(),
+        ));
+        self.apply_policies_to_exchange(&e);
+        ex.insert(name.to_owned(), e);
         Ok(())
     }
 
@@ -600,7 +607,11 @@ impl VHost {
             args,
             now,
         ));
+        self.apply_policies_to_queue(&q, now);
         self.queues.write().insert(name.clone(), Arc::clone(&q));
+        // Again, now that it is in the map: a policy change that ran
+        // meanwhile did not see it (see `vhost/policies.rs`).
+        self.apply_policies_to_queue(&q, now);
         drop(guard);
         // Start the x-expires clock.
         q.touch(now);
@@ -726,7 +737,7 @@ impl VHost {
     ) {
         let (dlx, msg) = match dead_letter::rewrite(
             &from.name,
-            &from.args,
+            &from.args(),
             d,
             self.clock.unix_time_s(),
         ) {
@@ -751,49 +762,5 @@ impl VHost {
         let mut targets = routing::resolve(self, exchange, &msg);
         targets.retain(|q| dead_letter::may_reach(&msg, &q.name, d.reason));
         routing::deliver_to(&self.dur, &targets, &msg, now, durable);
-    }
-}
-
-impl Names for VHost {
-    fn exchange(&self, name: &str) -> Option<Arc<Exchange>> {
-        self.exchanges.read().get(name).cloned()
-    }
-
-    fn queue(&self, name: &str) -> Option<Arc<Queue>> {
-        self.find_queue(name)
-    }
-}
-
-impl QueueOwner for VHost {
-    /// Republishes dead letters through the queue's dead-letter exchange.
-    /// Until its copy is stored somewhere, a stored message stays stored in
-    /// `from`: its removal is deferred to that moment or, when no durable
-    /// copy is made, journaled now.
-    fn dead_letter(&self, from: &Queue, letters: Vec<DeadLetter>, now: Instant) {
-        for mut d in letters {
-            let Some((id, qid)) = d.stored.zip(from.store_id) else {
-                self.republish(from, &d, now, None);
-                continue;
-            };
-            let done = d.done.take();
-            let mut removal = Some(self.dur.defer_removal(qid, id, done));
-            let mut make = || -> Done {
-                removal
-                    .take()
-                    .expect("a message is journaled once per publish")
-            };
-            self.republish(from, &d, now, Some(&mut make));
-            if let Some(now_done) = removal.take() {
-                // No durable copy was made: nothing to wait for.
-                now_done(Ok(()));
-            }
-        }
-        // One Remove per queue for every removal now due (this batch's and
-        // earlier ones'), not one per letter: a mass expiry stays batched.
-        self.dur.flush_removals();
-    }
-
-    fn delete_queue(&self, name: &str) {
-        self.remove_queue(name);
     }
 }

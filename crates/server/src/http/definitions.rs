@@ -16,6 +16,7 @@ use std::time::Instant;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use berth_broker::policy::PolicyKind;
 use berth_broker::vhost::{ExchangeDeclare, QueueDeclare, VHost};
 use berth_broker::Broker;
 use serde_json::{json, Map, Value};
@@ -34,6 +35,7 @@ pub struct ImportReport {
     /// Users, vhosts, permissions and topic permissions (whole imports
     /// only).
     pub access: crate::auth::definitions::Imported,
+    pub policies: usize,
     /// One line per object not imported, saying why.
     pub not_imported: Vec<String>,
 }
@@ -104,9 +106,16 @@ pub(super) async fn export_all(State(st): State<HttpState>, _: AdminAuthed) -> R
         es.extend(e);
         bs.extend(b);
     }
-    for k in ["parameters", "global_parameters", "policies"] {
+    for k in ["parameters", "global_parameters"] {
         out.insert(k.into(), json!([]));
     }
+    out.insert(
+        "policies".into(),
+        Value::Array(super::policies::all_json(
+            &st.shared.broker,
+            PolicyKind::Policy,
+        )),
+    );
     out.insert("queues".into(), Value::Array(qs));
     out.insert("exchanges".into(), Value::Array(es));
     out.insert("bindings".into(), Value::Array(bs));
@@ -125,7 +134,17 @@ pub(super) async fn export_vhost(
     let mut out = header();
     let (q, e, b) = vhost_objects(&v, false);
     out.insert("parameters".into(), json!([]));
-    out.insert("policies".into(), json!([]));
+    let mut policies: Vec<Value> = v
+        .policies()
+        .policies
+        .values()
+        .map(|p| super::policies::policy_json(p))
+        .collect();
+    for p in &mut policies {
+        // A per-vhost export's objects carry no vhost.
+        p.as_object_mut().map(|m| m.remove("vhost"));
+    }
+    out.insert("policies".into(), Value::Array(policies));
     out.insert("queues".into(), Value::Array(q));
     out.insert("exchanges".into(), Value::Array(e));
     out.insert("bindings".into(), Value::Array(b));
@@ -159,12 +178,31 @@ pub fn import(
     if only_vhost.is_none() {
         report.access = import_access(broker, defs)?;
     }
-    for section in [
-        "parameters",
-        "global_parameters",
-        "policies",
-        "operator_policies",
+    for (section, kind) in [
+        ("policies", PolicyKind::Policy),
+        ("operator_policies", PolicyKind::Operator),
     ] {
+        for p in defs[section].as_array().into_iter().flatten() {
+            let (name, vhost) = (
+                str_of(p, "name"),
+                only_vhost.unwrap_or_else(|| str_of(p, "vhost")),
+            );
+            let what = || format!("{section} '{name}' in vhost '{vhost}'");
+            if broker.vhost(vhost).is_none() {
+                report
+                    .not_imported
+                    .push(format!("{}: vhost does not exist", what()));
+                continue;
+            }
+            let policy = super::policies::from_json(kind, vhost, name, p)
+                .map_err(|e| format!("{}: {}", what(), e.trim()))?;
+            broker
+                .set_policy(policy)
+                .map_err(|e| format!("{}: {e}", what()))?;
+            report.policies += 1;
+        }
+    }
+    for section in ["parameters", "global_parameters"] {
         for p in defs[section].as_array().into_iter().flatten() {
             report.not_imported.push(format!(
                 "{section} '{}' in vhost '{}': not supported yet",
@@ -263,6 +301,7 @@ fn answer(r: Result<ImportReport, String>) -> Response {
         Ok(r) => Json(json!({
             "imported": {
                 "queues": r.queues, "exchanges": r.exchanges, "bindings": r.bindings,
+                "policies": r.policies,
                 "users": r.access.users, "vhosts": r.access.vhosts,
                 "permissions": r.access.permissions,
                 "topic_permissions": r.access.topic_permissions,

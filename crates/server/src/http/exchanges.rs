@@ -24,7 +24,7 @@ pub(crate) fn exchanges_json(v: &VHost) -> Vec<Value> {
         json!({"name": "", "vhost": v.name, "type": "direct", "durable": true, "auto_delete": false, "internal": false, "arguments": {}}),
     ];
     out.extend(es.iter().map(|e| {
-        json!({
+        let mut x = json!({
             "name": e.name,
             "vhost": v.name,
             "type": e.kind.as_str(),
@@ -32,7 +32,12 @@ pub(crate) fn exchanges_json(v: &VHost) -> Vec<Value> {
             "auto_delete": e.auto_delete,
             "internal": e.internal,
             "arguments": table_json(&e.arguments),
-        })
+        });
+        // RabbitMQ 3.10 shows `policy` only when one applies.
+        if let Some(p) = e.applied_policies().policy {
+            x["policy"] = json!(p.name);
+        }
+        x
     }));
     out
 }

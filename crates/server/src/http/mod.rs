@@ -128,16 +128,16 @@ pub fn router(state: HttpState) -> Router {
         .route(
             "/api/policies/{vhost}/{name}",
             get(policies::one)
-                .put(policies::change)
-                .delete(policies::change),
+                .put(policies::put)
+                .delete(policies::delete),
         )
         .route("/api/operator-policies", get(policies::list))
         .route("/api/operator-policies/{vhost}", get(policies::list_in))
         .route(
             "/api/operator-policies/{vhost}/{name}",
             get(policies::one)
-                .put(policies::change)
-                .delete(policies::change),
+                .put(policies::put)
+                .delete(policies::delete),
         )
         .route("/api/connections", get(connections::list))
         .route(

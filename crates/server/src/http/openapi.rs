@@ -107,35 +107,27 @@ const ROUTES: &[(&str, &[&str], &str)] = &[
         &["get", "post"],
         "Export or import one vhost's definitions",
     ),
-    (
-        "/api/policies",
-        &["get"],
-        "Policies (none: not implemented yet)",
-    ),
-    (
-        "/api/policies/{vhost}",
-        &["get"],
-        "Policies of a vhost (none)",
-    ),
+    ("/api/policies", &["get"], "Policies of every vhost"),
+    ("/api/policies/{vhost}", &["get"], "Policies of a vhost"),
     (
         "/api/policies/{vhost}/{name}",
         &["get", "put", "delete"],
-        "PUT and DELETE answer 501",
+        "Get, create or replace, delete one",
     ),
     (
         "/api/operator-policies",
         &["get"],
-        "Operator policies (none: not implemented yet)",
+        "Operator policies of every vhost",
     ),
     (
         "/api/operator-policies/{vhost}",
         &["get"],
-        "Operator policies of a vhost (none)",
+        "Operator policies of a vhost",
     ),
     (
         "/api/operator-policies/{vhost}/{name}",
         &["get", "put", "delete"],
-        "PUT and DELETE answer 501",
+        "Get, create or replace, delete one",
     ),
     (
         "/api/connections",

@@ -39,7 +39,7 @@ pub(crate) fn queue_json(q: &Queue, stats: bool) -> Value {
         "auto_delete": q.auto_delete,
         "exclusive": q.exclusive_owner.is_some(),
         "arguments": table_json(&q.arguments),
-        "type": match q.args.queue_type { QueueType::Classic => "classic", QueueType::Quorum => "quorum" },
+        "type": match q.declared_args.queue_type { QueueType::Classic => "classic", QueueType::Quorum => "quorum" },
         "node": super::overview::node_name(),
         "messages": s.ready + s.unacked,
         "messages_ready": s.ready,
@@ -50,6 +50,9 @@ pub(crate) fn queue_json(q: &Queue, stats: bool) -> Value {
         "consumers": s.consumers,
         "state": "running",
     });
+    for (k, x) in super::policies::queue_policy_fields(q) {
+        v[k] = x;
+    }
     if stats {
         let c = q.counters.snapshot();
         v["message_stats"] = json!({
@@ -78,6 +81,9 @@ fn listed(q: &Queue, p: &ListParams) -> Value {
         "exclusive",
         "arguments",
         "type",
+        "policy",
+        "operator_policy",
+        "effective_policy_definition",
         "node",
         "state",
     ];
