@@ -25,6 +25,7 @@ pub mod manifest;
 pub mod record;
 pub mod recovery;
 mod report;
+pub mod reshape;
 pub mod segment;
 pub mod storage;
 mod store;
