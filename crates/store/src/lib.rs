@@ -18,6 +18,7 @@ pub mod checkpoint;
 pub mod clock;
 pub mod error;
 pub mod fault;
+pub mod histogram;
 pub mod index;
 pub mod inspect;
 pub mod limits;
