@@ -144,7 +144,12 @@ fn seg(s: &str) -> String {
 impl ApiArgs {
     /// One request; returns the JSON answer (Null for none) or an error
     /// saying what the broker answered.
-    fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, String> {
+    pub(crate) fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, String> {
         let rest = self.url.strip_prefix("http://").ok_or_else(|| {
             format!(
                 "--url must start with http:// (got {}); HTTPS is not supported by the CLI yet",

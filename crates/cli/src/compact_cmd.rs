@@ -5,6 +5,10 @@
 //! emptied segments lie behind both and are deleted, and reports the bytes
 //! freed. A running broker does the same in the background.
 //!
+//! With `--online` it asks the running broker instead, through
+//! `POST /api/berth/store/compact` (an administrator's credentials, as
+//! `berth user` takes them), and prints what the broker freed.
+//!
 //! Exit codes: 0 = done; 2 = could not open or compact the store.
 
 use std::path::{Path, PathBuf};
@@ -20,8 +24,18 @@ use crate::store_cmd::EXIT_UNREADABLE;
 pub struct CompactArgs {
     /// A data directory of the store (repeat for each, in the store's
     /// order as in store.data_dirs).
-    #[arg(long = "data-dir", value_name = "DIR", required = true)]
+    #[arg(
+        long = "data-dir",
+        value_name = "DIR",
+        required_unless_present = "online"
+    )]
     data_dir: Vec<PathBuf>,
+    /// Ask the running broker to compact now, through its HTTP API
+    /// (--url, --username, --password), instead of opening the directories.
+    #[arg(long)]
+    online: bool,
+    #[command(flatten)]
+    api: crate::admin::ApiArgs,
     /// Print one JSON document instead of text.
     #[arg(long)]
     json: bool,
@@ -47,6 +61,26 @@ pub fn compact(a: &CompactArgs) -> ExitCode {
         eprintln!("berth store compact: {e}");
         ExitCode::from(EXIT_UNREADABLE)
     };
+    if a.online {
+        return match a.api.call("POST", "/api/berth/store/compact", None) {
+            Err(e) => fail(&e),
+            Ok(v) => {
+                let n = |k: &str| v.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+                if a.json {
+                    println!("{v}");
+                } else {
+                    println!(
+                        "compacted {} log group(s) of the running broker: {} segment bytes before, {} after, {} freed",
+                        n("groups"),
+                        n("bytes_before"),
+                        n("bytes_after"),
+                        n("bytes_freed")
+                    );
+                }
+                ExitCode::SUCCESS
+            }
+        };
+    }
     for d in &a.data_dir {
         if !d.join(berth_store::manifest::MANIFEST_NAME).exists() {
             return fail(&format!(

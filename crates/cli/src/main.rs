@@ -140,6 +140,11 @@ struct ServeArgs {
     /// the log). Use only after restoring from backup failed.
     #[arg(long)]
     accept_missing_segments: bool,
+    /// store.reshape: rewrite an existing store whose log group count or
+    /// data directories differ from the configuration (needs free space
+    /// about the store's size; the old store is kept aside).
+    #[arg(long)]
+    reshape: bool,
     /// limits.frame_size_bytes_max: largest frame accepted and proposed.
     #[arg(long, value_name = "BYTES")]
     frame_size_bytes_max: Option<u32>,
@@ -259,6 +264,9 @@ impl ServeArgs {
         );
         if self.accept_missing_segments {
             c.store.accept_missing_segments = true;
+        }
+        if self.reshape {
+            c.store.reshape = true;
         }
         set(
             &mut c.limits.frame_size_bytes_max,

@@ -122,6 +122,10 @@ pub struct Store {
     /// Open even if segments holding live messages are missing, dropping
     /// those messages (reported). Off: such a store refuses to start.
     pub accept_missing_segments: bool,
+    /// Rewrite an existing store whose group count or data directories
+    /// differ from the configuration (without it such a store refuses to
+    /// start and says what would change). See docs/OPERATIONS.md.
+    pub reshape: bool,
 }
 
 /// `[limits]`: every bound the broker enforces, with units in the names.
@@ -213,6 +217,7 @@ impl Default for Store {
             checkpoint_journal_bytes: store.checkpoint_journal_bytes,
             queue_resident_messages_max: berth_broker::limits::RESIDENT_MESSAGES_MAX_DEFAULT,
             accept_missing_segments: store.accept_missing_segments,
+            reshape: false,
         }
     }
 }

@@ -115,6 +115,7 @@ pub fn open_broker(
 ) -> Result<(Arc<Broker>, Arc<StoreJournal>), crate::ServerError> {
     let started = Instant::now();
     let sc = config.store_config();
+    crate::reshape::apply(config, &sc)?;
     let (store, recovered) =
         Store::open(sc).map_err(|source| crate::ServerError::Store { source })?;
     for d in &recovered.damage {

@@ -17,6 +17,7 @@ pub mod limits;
 pub mod memory;
 pub mod outbound;
 pub mod registry;
+pub mod reshape;
 pub mod stats;
 pub mod stream;
 pub mod tls;

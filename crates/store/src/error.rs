@@ -65,6 +65,11 @@ pub enum StoreError {
     /// Bad configuration.
     #[error("invalid store configuration: {0}")]
     Config(String),
+    /// A reshape (rewriting the store for another group count or set of
+    /// data directories) is needed, refused, or failed; the message says
+    /// what and what to do.
+    #[error("{0}")]
+    Reshape(String),
     /// The store is shutting down.
     #[error("store is closed")]
     Closed,

@@ -74,4 +74,14 @@ pub struct GroupStats {
     /// Live records compaction found unreadable and left in place (each
     /// also logged with its file and offset).
     pub unreadable_records: u64,
+    /// fdatasync latency, µs.
+    pub sync_latency_us: crate::histogram::HistogramSnapshot,
+    /// Records per write batch.
+    pub batch_records: crate::histogram::HistogramSnapshot,
+    /// Bytes of the group's segment files.
+    pub segment_bytes: u64,
+    /// Bytes of live records in them (the rest is dead: reclaimable).
+    pub live_bytes: u64,
+    /// Time this group's recovery took when the store opened.
+    pub recovery: Duration,
 }

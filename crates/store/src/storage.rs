@@ -39,6 +39,14 @@ pub trait Storage: Send + Sync + 'static {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Removes a file.
     fn remove(&self, path: &Path) -> io::Result<()>;
+    /// Removes an empty directory (a reshape discarding its staging copy).
+    /// Storages that never hold one need not support it.
+    fn remove_dir(&self, dir: &Path) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("removing directory {} is not supported here", dir.display()),
+        ))
+    }
     /// Makes the directory's entries durable (fsync of the directory).
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
 }
@@ -117,6 +125,9 @@ impl Storage for OsStorage {
     }
     fn remove(&self, path: &Path) -> io::Result<()> {
         std::fs::remove_file(path)
+    }
+    fn remove_dir(&self, dir: &Path) -> io::Result<()> {
+        std::fs::remove_dir(dir)
     }
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         File::open(dir)?.sync_all()

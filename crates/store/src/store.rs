@@ -36,6 +36,8 @@ use crate::{group_of, MsgId, QueueId, StoreConfig};
 pub use crate::report::{GroupStats, Recovered, RecoveredMessage, RecoveryStats};
 
 struct Group {
+    /// How long this group's recovery took when the store opened.
+    recovery: Duration,
     tx: SyncSender<Cmd>,
     shared: Arc<GroupShared>,
     thread: Option<JoinHandle<()>>,
@@ -137,7 +139,7 @@ impl Store {
             })
             .collect();
         let progress = Progress::default();
-        let results: Vec<Result<GroupRecovery, StoreError>> = std::thread::scope(|s| {
+        let results: Vec<(Result<GroupRecovery, StoreError>, Duration)> = std::thread::scope(|s| {
             let handles: Vec<_> = dirs
                 .iter()
                 .enumerate()
@@ -148,14 +150,16 @@ impl Store {
                     std::thread::Builder::new()
                         .name(format!("berth-recover-{g}"))
                         .spawn_scoped(s, move || {
-                            recovery::recover_group(
+                            let started = Instant::now();
+                            let r = recovery::recover_group(
                                 storage,
                                 g,
                                 dir,
                                 progress,
                                 salt,
                                 config.accept_missing_segments,
-                            )
+                            );
+                            (r, started.elapsed())
                         })
                         .expect("spawn recovery thread")
                 })
@@ -185,10 +189,10 @@ impl Store {
         let mut groups = Vec::with_capacity(results.len());
         let mut msg_id_hw = 0u64;
         let mut per_group = Vec::new();
-        for r in results {
-            per_group.push(r?);
+        for (r, took) in results {
+            per_group.push((r?, took));
         }
-        for (g, rec) in per_group.into_iter().enumerate() {
+        for (g, (rec, recovery)) in per_group.into_iter().enumerate() {
             let g = u32::try_from(g).expect("validated");
             msg_id_hw = msg_id_hw.max(rec.index.msg_id_hw);
             for (k, v) in &rec.index.meta {
@@ -246,6 +250,7 @@ impl Store {
                 .spawn(move || writer.run_contained())
                 .map_err(|e| StoreError::io("spawn writer thread", &dirs[g as usize], e))?;
             groups.push(Group {
+                recovery,
                 tx,
                 shared,
                 thread: Some(thread),
@@ -557,13 +562,34 @@ impl Store {
             .iter()
             .map(|g| {
                 let c = &g.shared.counters;
-                let inner = g.shared.inner.lock();
+                let (files, live_bytes, live_messages, index_bytes) = {
+                    let inner = g.shared.inner.lock();
+                    let files: Vec<Arc<dyn StorageFile>> = inner.files.values().cloned().collect();
+                    let live: u64 = inner
+                        .files
+                        .keys()
+                        .map(|s| inner.index.seg_live(*s).bytes)
+                        .sum();
+                    (
+                        files,
+                        live,
+                        inner.index.live_messages() as u64,
+                        inner.index.heap_bytes() as u64,
+                    )
+                };
+                // One fstat per segment, outside the lock the writer takes.
+                let segment_bytes = files.iter().map(|f| f.len().unwrap_or(0)).sum();
                 GroupStats {
+                    sync_latency_us: c.sync_latency_us.0.snapshot(),
+                    batch_records: c.batch_records.0.snapshot(),
+                    segment_bytes,
+                    live_bytes,
+                    recovery: g.recovery,
                     group: g.shared.group,
                     poisoned: g.shared.poisoned.lock().is_some(),
-                    live_messages: inner.index.live_messages() as u64,
-                    index_bytes: inner.index.heap_bytes() as u64,
-                    segments: inner.files.len() as u64,
+                    live_messages,
+                    index_bytes,
+                    segments: files.len() as u64,
                     batches: c.batches.load(Ordering::Relaxed),
                     records: c.records.load(Ordering::Relaxed),
                     bytes_written: c.bytes_written.load(Ordering::Relaxed),

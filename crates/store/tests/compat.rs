@@ -89,3 +89,42 @@ fn golden_store_image_of_format_1_opens_with_every_message_and_verifies() {
     store.close().unwrap();
     let _cleanup = std::fs::remove_dir_all(&dir);
 }
+
+/// The golden image (written by berth 0.1.0) reshapes to another group
+/// count and another number of data directories with every message.
+#[test]
+fn golden_store_image_of_format_1_reshapes_with_every_message() {
+    use berth_store::reshape;
+    use std::sync::Arc;
+
+    let base = std::env::temp_dir().join(format!("berth-golden-reshape-{}", std::process::id()));
+    let _may_not_exist = std::fs::remove_dir_all(&base);
+    let (a, b) = (base.join("a"), base.join("b"));
+    copy_image(&a);
+    let read_all = |dirs: &[PathBuf]| {
+        let mut cfg = StoreConfig::new(dirs[0].clone());
+        cfg.data_dirs = dirs.to_vec();
+        let (store, rec) = Store::open(cfg).expect("opens");
+        let mut out = Vec::new();
+        for (q, msgs) in &rec.queues {
+            for m in msgs {
+                out.push((*q, m.msg, store.read(*q, m.msg).expect("reads")));
+            }
+        }
+        store.close().unwrap();
+        (out, rec.metadata)
+    };
+    let before = read_all(std::slice::from_ref(&a));
+    let dirs = vec![a.clone(), b.clone()];
+    let plan = reshape::plan(&OsStorage, &dirs, Some(5))
+        .unwrap()
+        .expect("a reshape is needed");
+    assert_eq!((plan.old_groups, plan.new_groups), (2, 5));
+    let mut cfg = StoreConfig::new(a.clone());
+    cfg.data_dirs.clone_from(&dirs);
+    reshape::run(&plan, &cfg, Arc::new(OsStorage), 1).unwrap();
+    let layout = Layout::open(&OsStorage, &dirs).unwrap();
+    assert_eq!(layout.manifest.group_count, 5);
+    assert_eq!(read_all(&dirs), before);
+    let _cleanup = std::fs::remove_dir_all(&base);
+}

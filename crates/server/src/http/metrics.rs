@@ -18,6 +18,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use berth_broker::counters::CounterSnapshot;
 use berth_broker::queue::QueueStats;
+use berth_store::histogram::HistogramSnapshot;
 
 use super::overview::node_name;
 use super::HttpState;
@@ -220,7 +221,7 @@ fn store(st: &HttpState, out: &mut Out) {
     type G = berth_store::GroupStats;
     /// Name, type, help, value.
     type Family = (&'static str, &'static str, &'static str, fn(&G) -> String);
-    let families: [Family; 11] = [
+    let families: [Family; 15] = [
         (
             "berth_store_fsyncs_total",
             "counter",
@@ -279,6 +280,30 @@ fn store(st: &HttpState, out: &mut Out) {
             |g| g.checkpoints.to_string(),
         ),
         (
+            "berth_store_segment_bytes",
+            "gauge",
+            "Bytes of segment files.",
+            |g| g.segment_bytes.to_string(),
+        ),
+        (
+            "berth_store_live_bytes",
+            "gauge",
+            "Bytes of segment records holding live messages.",
+            |g| g.live_bytes.to_string(),
+        ),
+        (
+            "berth_store_dead_bytes",
+            "gauge",
+            "Segment bytes not holding live messages (removed messages, acks, metadata since checkpointed): what compaction and segment deletion reclaim at most.",
+            |g| g.segment_bytes.saturating_sub(g.live_bytes).to_string(),
+        ),
+        (
+            "berth_store_recovery_seconds",
+            "gauge",
+            "Time the group's recovery took at the last start.",
+            |g| format!("{}", g.recovery.as_secs_f64()),
+        ),
+        (
             "berth_store_poisoned",
             "gauge",
             "1 if the group refuses writes after an I/O error.",
@@ -291,6 +316,57 @@ fn store(st: &HttpState, out: &mut Out) {
             out.sample(name, &format!("group=\"{}\"", g.group), value(g));
         }
     }
+    /// Name, help, the histogram, the divisor turning its unit into the metric's.
+    type Hist = (
+        &'static str,
+        &'static str,
+        fn(&G) -> &HistogramSnapshot,
+        f64,
+    );
+    let histograms: [Hist; 2] = [
+        (
+            "berth_store_fsync_duration_seconds",
+            "fdatasync latency.",
+            |g| &g.sync_latency_us,
+            1e6,
+        ),
+        (
+            "berth_store_batch_records",
+            "Records per write batch (one write and at most one fdatasync each).",
+            |g| &g.batch_records,
+            1.0,
+        ),
+    ];
+    for (name, help, pick, unit) in histograms {
+        out.family(name, "histogram", help);
+        for g in &groups {
+            histogram(out, name, &format!("group=\"{}\"", g.group), pick(g), unit);
+        }
+    }
+}
+
+/// One series of a Prometheus histogram: cumulative `_bucket`s, `_sum`, `_count`.
+fn histogram(out: &mut Out, name: &str, labels: &str, h: &HistogramSnapshot, unit: f64) {
+    let mut cumulative = 0u64;
+    for (bound, count) in h.bounds.iter().zip(&h.counts) {
+        cumulative += count;
+        #[allow(clippy::cast_precision_loss)] // bucket bounds are small
+        let le = *bound as f64 / unit;
+        out.sample(
+            &format!("{name}_bucket"),
+            &format!("{labels},le=\"{le}\""),
+            cumulative,
+        );
+    }
+    out.sample(
+        &format!("{name}_bucket"),
+        &format!("{labels},le=\"+Inf\""),
+        h.count(),
+    );
+    #[allow(clippy::cast_precision_loss)] // a sum of µs or records
+    let sum = h.sum as f64 / unit;
+    out.sample(&format!("{name}_sum"), labels, sum);
+    out.sample(&format!("{name}_count"), labels, h.count());
 }
 
 fn text(out: Out) -> Response {

@@ -27,6 +27,7 @@ mod openapi;
 mod overview;
 mod policies;
 mod queues;
+mod store;
 mod vhosts;
 
 use std::net::SocketAddr;
@@ -157,6 +158,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/api/consumers", get(connections::consumers))
         .route("/api/consumers/{vhost}", get(connections::consumers_in))
         .route("/api/openapi.json", get(openapi::openapi))
+        .route("/api/berth/store/compact", post(store::compact))
         .route("/metrics", get(metrics::aggregated))
         .route("/metrics/per-object", get(metrics::per_object))
         .layer(axum::middleware::from_fn(console::quiet_challenge))

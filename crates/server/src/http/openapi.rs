@@ -159,6 +159,11 @@ const ROUTES: &[(&str, &[&str], &str)] = &[
     ("/api/consumers/{vhost}", &["get"], "Consumers in a vhost"),
     ("/api/openapi.json", &["get"], "This description"),
     (
+        "/api/berth/store/compact",
+        &["post"],
+        "Compact the store now; answers the segment bytes freed (administrator)",
+    ),
+    (
         "/metrics",
         &["get"],
         "Prometheus metrics, queues aggregated (no auth)",

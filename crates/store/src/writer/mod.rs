@@ -78,6 +78,10 @@ pub struct GroupCounters {
     /// Live records compaction found unreadable (I/O error or checksum):
     /// reported and left in place.
     pub unreadable_records: AtomicU64,
+    /// fdatasync latency, µs.
+    pub sync_latency_us: crate::histogram::SyncLatencyUs,
+    /// Records per write batch.
+    pub batch_records: crate::histogram::BatchRecords,
 }
 
 /// What readers share with the writer.
@@ -449,6 +453,7 @@ impl Writer {
         let c = &self.shared.counters;
         c.batches.fetch_add(1, Ordering::Relaxed);
         c.records.fetch_add(placed.len() as u64, Ordering::Relaxed);
+        c.batch_records.0.observe(placed.len() as u64);
         let due = match self.cfg.sync {
             SyncMode::Always => true,
             SyncMode::Interval => {
@@ -558,6 +563,7 @@ impl Writer {
         let c = &self.shared.counters;
         c.syncs.fetch_add(1, Ordering::Relaxed);
         c.sync_us_total.fetch_add(us, Ordering::Relaxed);
+        c.sync_latency_us.0.observe(us);
         self.dirty = false;
         self.last_sync = self.clock.now();
         Ok(())
