@@ -157,6 +157,10 @@ pub fn router(state: HttpState) -> Router {
         .route("/api/openapi.json", get(openapi::openapi))
         .route("/metrics", get(metrics::aggregated))
         .route("/metrics/per-object", get(metrics::per_object))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::auth::http::throttle_failed_logins,
+        ))
         .with_state(state)
 }
 
