@@ -21,6 +21,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per run: the size of its largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run the broker. With no options it uses the embedded defaults

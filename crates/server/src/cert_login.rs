@@ -121,8 +121,11 @@ fn tbs_fields(der: &[u8]) -> Option<Vec<(u8, &[u8])>> {
     Some(out)
 }
 
-/// The subject's RDNs, each a list of (attribute OID, value TLV tag, value).
-fn subject(der: &[u8]) -> Option<Vec<Vec<(&[u8], u8, &[u8])>>> {
+/// One attribute of an RDN: (attribute OID, value's DER tag, value).
+type Attribute<'a> = (&'a [u8], u8, &'a [u8]);
+
+/// The subject's RDNs, each a list of attributes.
+fn subject(der: &[u8]) -> Option<Vec<Vec<Attribute<'_>>>> {
     let fields = tbs_fields(der)?;
     let &(_, mut name) = fields.get(4)?;
     let mut rdns = Vec::new();
@@ -288,7 +291,7 @@ fn text(tag: u8, v: &[u8]) -> Option<String> {
         0x0C | 0x13 | 0x16 => String::from_utf8(v.to_vec()).ok(),
         0x14 => Some(v.iter().map(|&b| char::from(b)).collect()),
         0x1E => {
-            if v.len() % 2 != 0 {
+            if !v.len().is_multiple_of(2) {
                 return None;
             }
             let units: Vec<u16> = v
