@@ -22,7 +22,8 @@ const RESPONSE_BYTES_MAX: u64 = 64 << 20;
 /// Where the broker's HTTP API is and who we are there.
 #[derive(Args, Debug)]
 pub struct ApiArgs {
-    /// The broker's HTTP API (net.http_listen of the broker).
+    /// The broker's HTTP API: http://HOST:PORT (net.http_listen of the
+    /// broker) or https://HOST:PORT (net.https_listen).
     #[arg(
         long,
         global = true,
@@ -42,6 +43,10 @@ pub struct ApiArgs {
         hide_env_values = true
     )]
     password: String,
+    /// CA certificates (PEM) that an https --url's server certificate is
+    /// verified against; default: the system's CA bundle.
+    #[arg(long, global = true, env = "BERTH_CA_FILE", value_name = "FILE")]
+    ca_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -150,12 +155,16 @@ impl ApiArgs {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Value, String> {
-        let rest = self.url.strip_prefix("http://").ok_or_else(|| {
-            format!(
-                "--url must start with http:// (got {}); HTTPS is not supported by the CLI yet",
+        let (tls, rest) = if let Some(rest) = self.url.strip_prefix("https://") {
+            (true, rest)
+        } else if let Some(rest) = self.url.strip_prefix("http://") {
+            (false, rest)
+        } else {
+            return Err(format!(
+                "--url must start with http:// or https:// (got {})",
                 self.url
-            )
-        })?;
+            ));
+        };
         let (host_port, base) = match rest.find('/') {
             Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
             None => (rest, ""),
@@ -166,13 +175,19 @@ impl ApiArgs {
             .map_err(|e| format!("cannot resolve {host_port}: {e}"))?
             .next()
             .ok_or_else(|| format!("{host_port} has no address"))?;
-        let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| {
-            format!("cannot reach the broker's HTTP API at {}: {e} (is it started with --http-listen? set --url)", self.url)
+        let tcp = TcpStream::connect_timeout(&addr, timeout).map_err(|e| {
+            format!("cannot reach the broker's HTTP API at {}: {e} (is it started with --http-listen or --https-listen? set --url)", self.url)
         })?;
-        s.set_read_timeout(Some(timeout))
+        tcp.set_read_timeout(Some(timeout))
             .map_err(|e| e.to_string())?;
-        s.set_write_timeout(Some(timeout))
+        tcp.set_write_timeout(Some(timeout))
             .map_err(|e| e.to_string())?;
+        let mut s: Box<dyn crate::https_client::Stream> = if tls {
+            let host = host_port.rsplit_once(':').map_or(host_port, |(h, _)| h);
+            crate::https_client::wrap(tcp, host, self.ca_file.as_deref())?
+        } else {
+            Box::new(tcp)
+        };
         let token = base64::engine::general_purpose::STANDARD
             .encode(format!("{}:{}", self.username, self.password));
         let payload = body.map(Value::to_string).unwrap_or_default();

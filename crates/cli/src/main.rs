@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod backup_cmd;
 mod compact_cmd;
+mod https_client;
 mod status;
 mod store_cmd;
 
@@ -20,6 +21,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per run: the size of its largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run the broker. With no options it uses the embedded defaults
@@ -85,6 +88,20 @@ struct ServeArgs {
     /// (repeatable; off unless given; needs --tls-cert-file, --tls-key-file).
     #[arg(long = "amqps-listen", value_name = "ADDR:PORT")]
     amqps_listen: Vec<String>,
+    /// net.https_listen: address for the management API over TLS, ADDR:PORT
+    /// (repeatable; off unless given; needs --tls-cert-file, --tls-key-file).
+    #[arg(long = "https-listen", value_name = "ADDR:PORT")]
+    https_listen: Vec<String>,
+    /// tls.cert_login_from: what names the EXTERNAL user: common_name,
+    /// distinguished_name or subject_alternative_name.
+    #[arg(long, value_name = "FROM")]
+    tls_cert_login_from: Option<berth_server::cert_login::LoginFrom>,
+    /// tls.cert_login_san_type: dns, email, uri or other_name.
+    #[arg(long, value_name = "TYPE")]
+    tls_cert_login_san_type: Option<berth_server::cert_login::SanType>,
+    /// tls.cert_login_san_index: 0-based index among SANs of that type.
+    #[arg(long, value_name = "N")]
+    tls_cert_login_san_index: Option<u32>,
     /// tls.cert_file: the server certificate chain (PEM).
     #[arg(long, value_name = "FILE")]
     tls_cert_file: Option<PathBuf>,
@@ -235,6 +252,13 @@ impl ServeArgs {
             c.tls.ca_file = self.tls_ca_file;
         }
         set(&mut c.tls.verify_peer, self.tls_verify_peer);
+        set_list(&mut c.net.https_listen, self.https_listen);
+        set(&mut c.tls.cert_login_from, self.tls_cert_login_from);
+        set(&mut c.tls.cert_login_san_type, self.tls_cert_login_san_type);
+        set(
+            &mut c.tls.cert_login_san_index,
+            self.tls_cert_login_san_index,
+        );
         set(
             &mut c.tls.fail_if_no_peer_cert,
             self.tls_fail_if_no_peer_cert,

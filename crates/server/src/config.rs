@@ -53,6 +53,24 @@ pub struct Tls {
     pub verify_peer: bool,
     /// With `verify_peer`: refuse clients without a certificate.
     pub fail_if_no_peer_cert: bool,
+    /// What of a client certificate names the `EXTERNAL` user (RabbitMQ's
+    /// `ssl_cert_login_from`).
+    pub cert_login_from: crate::cert_login::LoginFrom,
+    /// With `subject_alternative_name`: which SAN type counts.
+    pub cert_login_san_type: crate::cert_login::SanType,
+    /// With `subject_alternative_name`: 0-based index among SANs of that type.
+    pub cert_login_san_index: u32,
+}
+
+impl Tls {
+    /// How `EXTERNAL` names the user of a client certificate.
+    pub fn cert_login(&self) -> crate::cert_login::CertLogin {
+        crate::cert_login::CertLogin {
+            from: self.cert_login_from,
+            san_type: self.cert_login_san_type,
+            san_index: self.cert_login_san_index,
+        }
+    }
 }
 
 /// `[net]`: listeners and connection timing.
@@ -68,6 +86,9 @@ pub struct Net {
     /// AMQPS (AMQP over TLS) listen addresses; empty = off; 5671 by
     /// convention. Needs `tls.cert_file` and `tls.key_file`.
     pub amqps_listen: Vec<String>,
+    /// HTTPS listen addresses for the same API as `http_listen`, with the
+    /// `[tls]` certificate; empty = off; 15671 by RabbitMQ's convention.
+    pub https_listen: Vec<String>,
     /// Heartbeat interval the server proposes in `connection.tune` (0 = off).
     pub heartbeat_s: u16,
     /// Time a client has to complete the AMQP handshake.
@@ -196,6 +217,7 @@ impl Default for Net {
         Self {
             amqp_listen: vec!["0.0.0.0:5672".into(), "[::]:5672".into()],
             http_listen: Vec::new(),
+            https_listen: Vec::new(),
             amqps_listen: Vec::new(),
             heartbeat_s: limits::DEFAULT_HEARTBEAT_S,
             handshake_timeout_ms: limits::DEFAULT_HANDSHAKE_TIMEOUT_MS,
@@ -377,6 +399,15 @@ impl Config {
                     "net.amqps_listen",
                     a.clone(),
                     "expected ADDRESS:PORT, e.g. 0.0.0.0:5671",
+                );
+            }
+        }
+        for a in &self.net.https_listen {
+            if a.parse::<SocketAddr>().is_err() {
+                return invalid(
+                    "net.https_listen",
+                    a.clone(),
+                    "expected ADDRESS:PORT, e.g. 0.0.0.0:15671",
                 );
             }
         }

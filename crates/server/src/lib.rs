@@ -8,10 +8,12 @@
 //!   bounded time to go.
 
 pub mod auth;
+pub mod cert_login;
 pub mod config;
 pub mod connection;
 pub mod disk;
 pub mod http;
+mod https;
 pub mod journal;
 pub mod limits;
 pub mod memory;
@@ -218,7 +220,7 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         .iter()
         .filter_map(|l| l.local_addr().ok())
         .collect();
-    let tls = if config.net.amqps_listen.is_empty() {
+    let tls = if config.net.amqps_listen.is_empty() && config.net.https_listen.is_empty() {
         None
     } else {
         Some(Arc::new(tls::Tls::new(&config.tls)?))
@@ -236,6 +238,14 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         http_listeners.push(bind(a)?);
     }
     let http_addrs: Vec<SocketAddr> = http_listeners
+        .iter()
+        .filter_map(|l| l.local_addr().ok())
+        .collect();
+    let mut https_listeners = Vec::new();
+    for a in &config.net.https_listen {
+        https_listeners.push(bind(a)?);
+    }
+    let https_addrs: Vec<SocketAddr> = https_listeners
         .iter()
         .filter_map(|l| l.local_addr().ok())
         .collect();
@@ -263,9 +273,15 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         rx.clone(),
     );
     let open = Arc::new(AtomicUsize::new(0));
-    let all_addrs: Arc<Vec<SocketAddr>> =
-        Arc::new(amqp_addrs.iter().chain(&http_addrs).copied().collect());
-    if !http_listeners.is_empty() {
+    let all_addrs: Arc<Vec<SocketAddr>> = Arc::new(
+        amqp_addrs
+            .iter()
+            .chain(&http_addrs)
+            .chain(&https_addrs)
+            .copied()
+            .collect(),
+    );
+    if !http_listeners.is_empty() || !https_listeners.is_empty() {
         tokio::spawn(http::sample_rates(Arc::clone(&broker), rx.clone()));
     }
     for l in http_listeners {
@@ -288,6 +304,19 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         });
     }
     if let Some(tls) = &tls {
+        for l in https_listeners {
+            let app = http::router(http::HttpState {
+                shared: Arc::clone(&shared),
+                connections: Arc::clone(&open),
+                listeners: Arc::clone(&all_addrs),
+                journal: Arc::clone(&journal),
+            });
+            let timeout = Duration::from_millis(shared.config.net.handshake_timeout_ms);
+            https::serve(tls, l, app, timeout, &rx).map_err(|source| ServerError::Bind {
+                addr: "net.https_listen".to_owned(),
+                source,
+            })?;
+        }
         tls_side::start(tls, amqps_listeners, &shared, &rx, &open);
     }
     let task = tokio::spawn(serve(listeners, shared, rx, open));
@@ -300,6 +329,10 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
     if !amqps_addrs.is_empty() {
         let s: Vec<String> = amqps_addrs.iter().map(ToString::to_string).collect();
         ready.push_str(&format!(" amqps={}", s.join(",")));
+    }
+    if !https_addrs.is_empty() {
+        let s: Vec<String> = https_addrs.iter().map(ToString::to_string).collect();
+        ready.push_str(&format!(" https={}", s.join(",")));
     }
     tracing::info!("{ready}");
     Ok(Running {

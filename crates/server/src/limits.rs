@@ -124,3 +124,6 @@ pub const LOGIN_FAILURE_DELAY_MS: u64 = 200;
 pub const LOGIN_THROTTLE_ADDRESSES_MAX: usize = 10_000;
 /// Default of `auth.login_failures_per_s_max`.
 pub const DEFAULT_LOGIN_FAILURES_PER_S_MAX: u32 = 10;
+/// TLS handshakes an HTTPS listener runs at once; beyond it, accepting
+/// waits (the kernel's listen backlog holds the rest).
+pub const HTTPS_HANDSHAKES_MAX: usize = 256;

@@ -27,7 +27,7 @@ use crate::config;
 /// What went wrong setting TLS up, naming the file.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("tls.{key} is required when net.amqps_listen is set (flag --tls-{flag})")]
+    #[error("tls.{key} is required when net.amqps_listen or net.https_listen is set (flag --tls-{flag})")]
     Missing {
         key: &'static str,
         flag: &'static str,
@@ -104,153 +104,85 @@ fn certified_key(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, TlsError>
     Ok(Arc::new(ck))
 }
 
-/// The server certificate in use; swapped on reload.
-#[derive(Debug)]
-struct Reloadable(RwLock<Arc<CertifiedKey>>);
+/// Everything a handshake needs, built from the files in one go.
+fn server_config(c: &config::Tls) -> Result<ServerConfig, TlsError> {
+    let cert_file = c.cert_file.as_deref().ok_or(TlsError::Missing {
+        key: "cert_file",
+        flag: "cert-file",
+    })?;
+    let key_file = c.key_file.as_deref().ok_or(TlsError::Missing {
+        key: "key_file",
+        flag: "key-file",
+    })?;
+    let key = certified_key(cert_file, key_file)?;
+    let builder = ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS12, &rustls::version::TLS13])?;
+    let builder = if c.verify_peer {
+        let ca_file = c.ca_file.as_deref().ok_or(TlsError::Missing {
+            key: "ca_file",
+            flag: "ca-file",
+        })?;
+        let ca_error = |e: Box<dyn std::error::Error + Send + Sync>| TlsError::Ca {
+            path: ca_file.to_owned(),
+            source: e,
+        };
+        let mut roots = RootCertStore::empty();
+        for ca in certs("a CA certificate", ca_file)? {
+            roots.add(ca).map_err(|e| ca_error(Box::new(e)))?;
+        }
+        let v = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider());
+        let v = if c.fail_if_no_peer_cert {
+            v
+        } else {
+            v.allow_unauthenticated()
+        };
+        builder.with_client_cert_verifier(v.build().map_err(|e| ca_error(Box::new(e)))?)
+    } else {
+        builder.with_no_client_auth()
+    };
+    let mut server = builder.with_cert_resolver(Arc::new(Fixed(key)));
+    server.alpn_protocols.clear();
+    Ok(server)
+}
 
-impl ResolvesServerCert for Reloadable {
+/// The one certificate of a [`ServerConfig`].
+#[derive(Debug)]
+struct Fixed(Arc<CertifiedKey>);
+
+impl ResolvesServerCert for Fixed {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(Arc::clone(&self.0.read()))
+        Some(Arc::clone(&self.0))
     }
 }
 
-/// AMQPS's TLS setup.
+/// The TLS setup shared by AMQPS and HTTPS: one reload serves both.
 pub struct Tls {
-    acceptor: TlsAcceptor,
-    current: Arc<Reloadable>,
-    cert_file: PathBuf,
-    key_file: PathBuf,
+    /// The acceptor in use; a reload swaps in a new one, so connections
+    /// that already finished their handshake are never touched.
+    acceptor: RwLock<TlsAcceptor>,
+    files: config::Tls,
 }
 
 impl Tls {
     /// Reads the files and builds the acceptor.
     pub fn new(c: &config::Tls) -> Result<Self, TlsError> {
-        let cert_file = c.cert_file.clone().ok_or(TlsError::Missing {
-            key: "cert_file",
-            flag: "cert-file",
-        })?;
-        let key_file = c.key_file.clone().ok_or(TlsError::Missing {
-            key: "key_file",
-            flag: "key-file",
-        })?;
-        let current = Arc::new(Reloadable(RwLock::new(certified_key(
-            &cert_file, &key_file,
-        )?)));
-        let builder = ServerConfig::builder_with_provider(provider())
-            .with_protocol_versions(&[&rustls::version::TLS12, &rustls::version::TLS13])?;
-        let builder = if c.verify_peer {
-            let ca_file = c.ca_file.clone().ok_or(TlsError::Missing {
-                key: "ca_file",
-                flag: "ca-file",
-            })?;
-            let mut roots = RootCertStore::empty();
-            for ca in certs("a CA certificate", &ca_file)? {
-                roots.add(ca).map_err(|e| TlsError::Ca {
-                    path: ca_file.clone(),
-                    source: Box::new(e),
-                })?;
-            }
-            let v = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider());
-            let v = if c.fail_if_no_peer_cert {
-                v
-            } else {
-                v.allow_unauthenticated()
-            };
-            builder.with_client_cert_verifier(v.build().map_err(|e| TlsError::Ca {
-                path: ca_file.clone(),
-                source: Box::new(e),
-            })?)
-        } else {
-            builder.with_no_client_auth()
-        };
-        let mut server = builder.with_cert_resolver(Arc::clone(&current) as _);
-        server.alpn_protocols.clear();
         Ok(Self {
-            acceptor: TlsAcceptor::from(Arc::new(server)),
-            current,
-            cert_file,
-            key_file,
+            acceptor: RwLock::new(TlsAcceptor::from(Arc::new(server_config(c)?))),
+            files: c.clone(),
         })
     }
 
+    /// The acceptor for a new connection.
     pub fn acceptor(&self) -> TlsAcceptor {
-        self.acceptor.clone()
+        self.acceptor.read().clone()
     }
 
-    /// Rereads the certificate and key (SIGHUP); new connections get the
-    /// new ones, established ones keep theirs. On error the old ones stay.
+    /// Rereads the certificate, the key and the CA file (SIGHUP); new
+    /// connections get the new ones, established ones keep theirs. On
+    /// error the old ones stay.
     pub fn reload(&self) -> Result<(), TlsError> {
-        let ck = certified_key(&self.cert_file, &self.key_file)?;
-        *self.current.0.write() = ck;
+        let fresh = TlsAcceptor::from(Arc::new(server_config(&self.files)?));
+        *self.acceptor.write() = fresh;
         Ok(())
-    }
-}
-
-/// The subject common name (CN) of a DER certificate: the user name
-/// `EXTERNAL` logs in as (RabbitMQ's `ssl_cert_login_from = common_name`).
-pub fn common_name(der: &[u8]) -> Option<String> {
-    const CN_OID: &[u8] = &[0x55, 0x04, 0x03];
-    let (_, cert, _) = tlv(der)?;
-    let (_, mut tbs, _) = tlv(cert)?;
-    // version [0] (optional), serial, signature, issuer, validity, subject
-    if tbs.first() == Some(&0xA0) {
-        tbs = tlv(tbs)?.2;
-    }
-    for _ in 0..4 {
-        tbs = tlv(tbs)?.2;
-    }
-    let (_, mut subject, _) = tlv(tbs)?;
-    while !subject.is_empty() {
-        let (_, mut rdn, rest) = tlv(subject)?;
-        subject = rest;
-        while !rdn.is_empty() {
-            let (_, atv, rest) = tlv(rdn)?;
-            rdn = rest;
-            let (tag, oid, value) = tlv(atv)?;
-            if tag == 0x06 && oid == CN_OID {
-                let (_, s, _) = tlv(value)?;
-                return String::from_utf8(s.to_vec()).ok();
-            }
-        }
-    }
-    None
-}
-
-/// One DER tag-length-value: (tag, content, the bytes after it).
-fn tlv(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let tag = *b.first()?;
-    let first = *b.get(1)?;
-    let (len, head) = if first < 0x80 {
-        (usize::from(first), 2)
-    } else {
-        let n = usize::from(first & 0x7f);
-        if n == 0 || n > 4 {
-            return None;
-        }
-        let mut len = 0usize;
-        for i in 0..n {
-            len = (len << 8) | usize::from(*b.get(2 + i)?);
-        }
-        (len, 2 + n)
-    };
-    let end = head.checked_add(len)?;
-    Some((tag, b.get(head..end)?, b.get(end..)?))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::tlv;
-
-    #[test]
-    fn der_lengths_short_and_long_form_and_truncation() {
-        assert_eq!(
-            tlv(&[0x04, 0x01, 0xAA, 0xBB]),
-            Some((0x04, &[0xAA][..], &[0xBB][..]))
-        );
-        let mut long = vec![0x04, 0x81, 0x80];
-        long.extend(std::iter::repeat_n(0u8, 0x80));
-        assert_eq!(tlv(&long).map(|t| t.1.len()), Some(0x80));
-        assert_eq!(tlv(&[0x04, 0x05, 0x00]), None, "truncated content");
-        assert_eq!(tlv(&[0x04, 0x85, 1, 1, 1, 1, 1]), None, "length too long");
     }
 }

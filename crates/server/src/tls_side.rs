@@ -1,7 +1,7 @@
 //! The AMQPS side: accept loops that run the TLS handshake (bounded by
 //! `net.handshake_timeout_ms`) and hand the connection to the same
 //! connection code as plain TCP, and the SIGHUP handler that reloads the
-//! certificate and key.
+//! certificate, key and CA file (for AMQPS and HTTPS alike).
 //!
 //! Invariants:
 //! - A slow or failing TLS handshake costs only its own task.
@@ -62,7 +62,7 @@ pub fn start(
         loop {
             tokio::select! {
                 _ = hup.recv() => match tls.reload() {
-                    Ok(()) => tracing::info!("SIGHUP: TLS certificate and key reloaded"),
+                    Ok(()) => tracing::info!("SIGHUP: TLS certificate, key and CA file reloaded"),
                     Err(e) => tracing::error!("SIGHUP: TLS reload failed, keeping the current certificate: {e}"),
                 },
                 _ = stop.changed() => return,
@@ -132,12 +132,13 @@ async fn serve_one(
             return;
         }
     };
+    let login = shared.config.tls.cert_login();
     let cert_name = tls
         .get_ref()
         .1
         .peer_certificates()
         .and_then(|c| c.first())
-        .and_then(|c| crate::tls::common_name(c));
+        .and_then(|c| login.user_name(c));
     let (rd, wr) = crate::stream::tls(tls);
     connection::serve_stream(rd, wr, (peer, local), id, shared, shutdown, cert_name).await;
 }

@@ -154,7 +154,15 @@ pub async fn delete(
         return r;
     }
     match st.shared.broker.access().delete_user(&name) {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Ok(()) => {
+            // RabbitMQ closes a deleted user's connections with 320.
+            for c in st.shared.registry.list() {
+                if c.user == name {
+                    c.close(format!("user '{name}' is deleted"));
+                }
+            }
+            StatusCode::NO_CONTENT.into_response()
+        }
         Err(e) => access_error(&e),
     }
 }

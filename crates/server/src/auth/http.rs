@@ -147,12 +147,42 @@ pub fn authenticate(
     };
     let u = super::login(shared, user, password, peer).map_err(|why| {
         tracing::info!(%peer, %user, "HTTP login refused: {why}");
-        unauthorized("Login failed")
+        let mut r = unauthorized("Login failed");
+        r.extensions_mut().insert(LoginFailed);
+        r
     })?;
     if !is_management(&u) {
         return Err(unauthorized("Not management user"));
     }
     Ok(u)
+}
+
+/// Marks the answer to a request whose credentials were wrong, for
+/// [`throttle_failed_logins`].
+#[derive(Clone, Copy)]
+struct LoginFailed;
+
+/// Middleware: an answer to wrong credentials goes through the same
+/// per-address throttle as AMQP logins (`auth.login_failures_per_s_max`),
+/// waiting asynchronously, so a password-guessing HTTP client slows itself
+/// down and no one else.
+pub async fn throttle_failed_logins(
+    axum::extract::State(st): axum::extract::State<HttpState>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<SocketAddr>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let response = next.run(request).await;
+    if response.extensions().get::<LoginFailed>().is_some() {
+        let wait = st
+            .shared
+            .logins
+            .failed(peer.ip(), st.shared.config.auth.login_failures_per_s_max);
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+    response
 }
 
 /// [`authenticate`], then the `administrator` tag.

@@ -392,6 +392,15 @@ impl Conn {
             )
             .into());
         }
+        // Deleting a user closes its connections (as RabbitMQ does); the
+        // delete also asks the registry, this catches a login that raced it.
+        if !self.user.is_empty() && self.shared.broker.access().user(&self.user).is_none() {
+            return Err(AmqpError::new(
+                CONNECTION_FORCED,
+                format!("user '{}' is deleted", self.user),
+            )
+            .into());
+        }
         let now = Self::now();
         if !self.may_read() {
             // Not reading is our choice, not the peer's silence (RabbitMQ

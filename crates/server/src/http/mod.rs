@@ -161,6 +161,10 @@ pub fn router(state: HttpState) -> Router {
         .route("/api/berth/store/compact", post(store::compact))
         .route("/metrics", get(metrics::aggregated))
         .route("/metrics/per-object", get(metrics::per_object))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::auth::http::throttle_failed_logins,
+        ))
         .layer(axum::middleware::from_fn(console::quiet_challenge))
         .merge(console::routes())
         .with_state(state)
