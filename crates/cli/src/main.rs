@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod backup_cmd;
 mod compact_cmd;
+mod events_cmd;
 mod status;
 mod store_cmd;
 
@@ -30,6 +31,9 @@ enum Command {
     Bench(berth_bench::BenchArgs),
     /// The store's tools: scan, verify, backup, restore, compact (see docs/OPERATIONS.md).
     Store(store_cmd::StoreArgs),
+    /// Message lifecycle events of a store's log groups, merged in time
+    /// order (`--follow` merges live); see docs/OPERATIONS.md.
+    Events(events_cmd::EventsArgs),
     /// A running broker at a glance, through its management API: totals,
     /// rates, alarms, store groups and the top queues.
     Status(status::ListArgs),
@@ -200,6 +204,8 @@ struct ServeArgs {
     /// log.log_level: error, warn, info, debug, trace, or a tracing filter.
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<String>,
+    #[command(flatten)]
+    event_log: events_cmd::EventLogFlags,
 }
 
 impl ServeArgs {
@@ -214,6 +220,7 @@ impl ServeArgs {
                 *slot = v;
             }
         }
+        self.event_log.apply(c);
         set_list(&mut c.net.amqp_listen, self.amqp_listen);
         set_list(&mut c.net.http_listen, self.http_listen);
         if self.load_definitions.is_some() {
@@ -393,6 +400,7 @@ fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Serve(args) => serve(args),
         Command::Store(args) => store_cmd::run(args),
+        Command::Events(args) => events_cmd::run(args),
         Command::Status(args) => status::status(&args),
         Command::Queues {
             verb: ListVerb::List(a),

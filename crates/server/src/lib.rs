@@ -11,6 +11,7 @@ pub mod auth;
 pub mod config;
 pub mod connection;
 pub mod disk;
+pub mod event_log;
 pub mod http;
 pub mod journal;
 pub mod limits;
@@ -98,6 +99,12 @@ impl Running {
                 Ok(Ok(())) => tracing::info!("{round}"),
                 Ok(Err(e)) => tracing::error!(error = %e, "final store flush failed"),
                 Err(e) => tracing::error!(error = %e, "final store flush did not run"),
+            }
+        }
+        if let Some(events) = self.journal.events.get().cloned() {
+            match tokio::task::spawn_blocking(move || events.close()).await {
+                Ok(()) => tracing::info!("event log closed"),
+                Err(e) => tracing::error!(error = %e, "closing the event log did not finish"),
             }
         }
     }
