@@ -27,7 +27,7 @@ use crate::events;
 use crate::limits::{FLOW_ACTIVE_MS, FLOW_READY_MAX, PAGE_SCAN_EVERY_MESSAGES};
 use crate::message::Message;
 use crate::paging::{Loaded, Pager, QueueRef};
-pub use crate::queue_effects::Effects;
+pub use crate::queue_effects::{Effects, QueueStats};
 pub use crate::ready::QueuedMessage;
 use crate::ready::{Body, Entry, Ready};
 use crate::timers::{TimerTarget, Timers};
@@ -103,17 +103,6 @@ struct QueueState {
     pager: Pager,
     /// Last delivery to a consumer (flow control: are consumers busy?).
     last_delivery: Option<Instant>,
-}
-
-/// Counters for the management view and tests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QueueStats {
-    pub ready: usize,
-    pub ready_bytes: u64,
-    /// Ready messages whose bodies are only on disk.
-    pub paged_out: usize,
-    pub unacked: usize,
-    pub consumers: usize,
 }
 
 /// A queue.
