@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use berth_broker::events::{decode, DecodedEvent};
 use berth_server::Config;
-use berth_store::events::{EventRecord, EventStop, EventTail, GROUP_EVENT_FILE_PREFIX};
+use berth_store::events::{Damage, EventRecord, EventTail, GROUP_EVENT_FILE_PREFIX};
 use berth_store::inspect::Layout;
 use berth_store::storage::OsStorage;
 use clap::Args;
@@ -248,7 +248,7 @@ fn run_inner(a: EventsArgs) -> Result<ExitCode, String> {
         .collect();
     // Read but not yet printed, ordered by (time, group, seq).
     let mut heap: BinaryHeap<Reverse<Keyed>> = BinaryHeap::new();
-    let mut damaged: Vec<(PathBuf, u64, EventStop)> = Vec::new();
+    let mut damaged: Vec<Damage> = Vec::new();
     loop {
         for t in &mut tails {
             let mut fresh = Vec::new();

@@ -25,10 +25,10 @@ struct Cli {
 enum Command {
     /// Run the broker. With no options it uses the embedded defaults
     /// (AMQP on port 5672, data in ./berth-data, guest/guest from localhost).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Rerun the seed experiments against berth or any AMQP 0-9-1 broker,
     /// optionally side by side with another (--vs), with statistics.
-    Bench(berth_bench::BenchArgs),
+    Bench(Box<berth_bench::BenchArgs>),
     /// The store's tools: scan, verify, backup, restore, compact (see docs/OPERATIONS.md).
     Store(store_cmd::StoreArgs),
     /// Message lifecycle events of a store's log groups, merged in time
@@ -398,7 +398,7 @@ fn admin_result(r: Result<(), String>) -> ExitCode {
 
 fn main() -> ExitCode {
     match Cli::parse().command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(*args),
         Command::Store(args) => store_cmd::run(args),
         Command::Events(args) => events_cmd::run(args),
         Command::Status(args) => status::status(&args),
@@ -414,7 +414,7 @@ fn main() -> ExitCode {
         Command::User(a) => admin_result(admin::user(&a)),
         Command::Vhost(a) => admin_result(admin::vhost(&a)),
         Command::Permissions(a) => admin_result(admin::permissions(&a)),
-        Command::Bench(args) => match berth_bench::run(args) {
+        Command::Bench(args) => match berth_bench::run(*args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("berth bench: {e}");

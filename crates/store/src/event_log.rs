@@ -116,6 +116,9 @@ struct GroupEvents {
     written_cv: Condvar,
 }
 
+/// Tells the merge thread to do its last merge and stop.
+type StopSignal = Arc<(Mutex<bool>, Condvar)>;
+
 /// The running event log. Dropping it without [`EventLog::close`] leaves
 /// the threads to finish on their own.
 pub struct EventLog {
@@ -123,7 +126,7 @@ pub struct EventLog {
     clock: EventClock,
     buffer_bytes_max: usize,
     writers: Mutex<Vec<JoinHandle<()>>>,
-    merger: Mutex<Option<(Arc<(Mutex<bool>, Condvar)>, JoinHandle<()>)>>,
+    merger: Mutex<Option<(StopSignal, JoinHandle<()>)>>,
     dropped_total: Arc<AtomicU64>,
 }
 
@@ -388,7 +391,7 @@ impl FileSet {
         let path = || self.dir.join(event_file_name(self.prefix, self.no));
         self.file
             .write_all_at(batch, self.len)
-            .map_err(|e| StoreError::io("write", &path(), e))?;
+            .map_err(|e| StoreError::io("write", path(), e))?;
         self.len += batch.len() as u64;
         self.retire();
         Ok(())

@@ -175,6 +175,9 @@ pub fn list_event_files(
     Ok(nos)
 }
 
+/// A damaged place a reader skipped: file, offset, what was wrong.
+pub type Damage = (PathBuf, u64, EventStop);
+
 /// Follows one directory's event files (one group's, or the merged ones):
 /// each [`EventTail::poll`] returns the records written since the last.
 /// Read-only, so it works on a running broker's files.
@@ -185,7 +188,7 @@ pub struct EventTail {
     file: Option<(u64, u64)>,
     /// Records skipped because a file had a corrupt or torn part (the
     /// reader moved on to the next file).
-    pub damaged: Vec<(PathBuf, u64, EventStop)>,
+    pub damaged: Vec<Damage>,
 }
 
 impl EventTail {
@@ -322,7 +325,7 @@ pub fn merge_events(streams: Vec<Vec<EventRecord>>) -> Vec<EventRecord> {
 pub fn read_all_groups(
     storage: &dyn Storage,
     group_dirs: &[PathBuf],
-) -> Result<(Vec<EventRecord>, Vec<(PathBuf, u64, EventStop)>), StoreError> {
+) -> Result<(Vec<EventRecord>, Vec<Damage>), StoreError> {
     let mut streams = Vec::new();
     let mut damaged = Vec::new();
     for dir in group_dirs {
