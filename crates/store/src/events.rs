@@ -395,6 +395,48 @@ mod tests {
         }
     }
 
+    fn file_with(records: &[(u64, u64)]) -> Vec<u8> {
+        let mut b = EVENT_FILE_MAGIC.to_vec();
+        for &(t, s) in records {
+            encode_event(&mut b, t, 0, s, b"e");
+        }
+        b
+    }
+
+    #[test]
+    fn damage_in_an_older_file_is_skipped_and_reported_torn_newest_tail_waits() {
+        let dir = std::env::temp_dir().join(format!("berth-event-tail-{}", std::process::id()));
+        let _may_not_exist = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let name = |n| dir.join(event_file_name(GROUP_EVENT_FILE_PREFIX, n));
+        // File 1: a good record, a corrupt one, a good one (never trusted).
+        let mut one = file_with(&[(1, 1), (2, 2), (3, 3)]);
+        let second = EVENT_FILE_HEADER_BYTES + EVENT_HEADER_BYTES + 1;
+        one[second + EV_OFF_PAYLOAD] ^= 1;
+        std::fs::write(name(1), one).unwrap();
+        // File 2 (newest): two good records and a torn third.
+        let mut two = file_with(&[(4, 4), (5, 5), (6, 6)]);
+        two.truncate(two.len() - 3);
+        std::fs::write(name(2), &two).unwrap();
+        let storage = crate::storage::OsStorage;
+        let mut tail = EventTail::new(dir.clone(), GROUP_EVENT_FILE_PREFIX);
+        let mut out = Vec::new();
+        tail.poll(&storage, &mut out).unwrap();
+        let seqs: Vec<u64> = out.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, vec![1, 4, 5]);
+        assert_eq!(tail.damaged.len(), 1, "the corrupt record in file 1");
+        assert_eq!(tail.damaged[0].1, second as u64);
+        assert_eq!(tail.damaged[0].2, EventStop::Corrupt);
+        // The writer completes the torn record: a follower picks it up.
+        let full = file_with(&[(4, 4), (5, 5), (6, 6)]);
+        std::fs::write(name(2), full).unwrap();
+        out.clear();
+        tail.poll(&storage, &mut out).unwrap();
+        assert_eq!(out.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![6]);
+        assert_eq!(tail.damaged.len(), 1, "a torn newest tail is not damage");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn merge_orders_by_time_then_group_then_seq() {
         let a = vec![rec(1, 0, 1), rec(5, 0, 2), rec(5, 0, 3)];
