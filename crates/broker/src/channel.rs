@@ -435,10 +435,17 @@ impl Channel {
                 Settle::Reject => EventKind::Rejected,
             };
             self.note(kind, &queue, &msgs, "");
-            match how {
+            let apply = || match how {
                 Settle::Ack => queue.settle(msgs, now, done),
                 Settle::Requeue => queue.requeue(msgs, now, done),
                 Settle::Reject => queue.reject(msgs, now, done),
+            };
+            // Dead letters and drops that a nack causes name its client.
+            match self.session.events {
+                None => apply(),
+                Some(_) => {
+                    events::with_origin(self.session.connection_id, &self.session.user, apply)
+                }
             }
         }
         for q in kick {

@@ -215,6 +215,13 @@ async fn concurrent_publishers_merge_in_time_order_and_every_kind_is_reported() 
     assert!(has("published", "dead", ""));
     assert!(has("expired", "short", "expired"));
     assert!(has("dropped", "tiny", "maxlen"));
+    let nacker_known = events
+        .iter()
+        .any(|e| e["event"] == "dead_lettered" && e["queue"] == "life" && e["user"] == "guest");
+    assert!(
+        nacker_known,
+        "a dead letter caused by a nack names its client"
+    );
     let user_known = events
         .iter()
         .any(|e| e["event"] == "published" && e["user"] == "guest");
