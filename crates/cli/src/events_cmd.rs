@@ -13,7 +13,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use berth_broker::events::{decode, DecodedEvent};
 use berth_server::Config;
-use berth_store::events::{Damage, EventRecord, EventTail, GROUP_EVENT_FILE_PREFIX};
+use berth_store::events::{
+    Damage, EventRecord, EventTail, GROUP_EVENT_FILE_PREFIX, MERGED_EVENT_FILE_PREFIX,
+};
 use berth_store::inspect::Layout;
 use berth_store::storage::OsStorage;
 use clap::Args;
@@ -86,6 +88,10 @@ pub struct EventsArgs {
     /// 90s, 15m, 2h, 1d.
     #[arg(long, value_name = "WHEN")]
     since: Option<String>,
+    /// Read the combined log written every `event_log.merge_interval_s`
+    /// (in the first data directory) instead of merging the groups' files.
+    #[arg(long)]
+    merged: bool,
     /// With --follow: hold events back this long so that slower groups'
     /// events can still be put in order.
     #[arg(long, value_name = "MS", default_value_t = 500)]
@@ -243,9 +249,16 @@ fn run_inner(a: EventsArgs) -> Result<ExitCode, String> {
         out: std::io::BufWriter::new(std::io::stdout()),
         undecodable: 0,
     };
-    let mut tails: Vec<EventTail> = (0..layout.manifest.group_count)
-        .map(|g| EventTail::new(layout.group_dir(g), GROUP_EVENT_FILE_PREFIX))
-        .collect();
+    let mut tails: Vec<EventTail> = if a.merged {
+        vec![EventTail::new(
+            layout.dirs[0].clone(),
+            MERGED_EVENT_FILE_PREFIX,
+        )]
+    } else {
+        (0..layout.manifest.group_count)
+            .map(|g| EventTail::new(layout.group_dir(g), GROUP_EVENT_FILE_PREFIX))
+            .collect()
+    };
     // Read but not yet printed, ordered by (time, group, seq).
     let mut heap: BinaryHeap<Reverse<Keyed>> = BinaryHeap::new();
     let mut damaged: Vec<Damage> = Vec::new();

@@ -244,6 +244,8 @@ async fn concurrent_publishers_merge_in_time_order_and_every_kind_is_reported() 
         }
     }
     assert!(!merged.is_empty(), "the merge ran");
+    let (via_cli, code) = events_json(&dir, &["--merged"]);
+    assert_eq!((via_cli.len(), code), (merged.len(), 0));
     for w in merged.windows(2) {
         assert!(
             w[0].order_key() < w[1].order_key(),
