@@ -334,9 +334,15 @@ mod tests {
     #[test]
     fn times_print_as_utc() {
         assert_eq!(format_time_us(0), "1970-01-01T00:00:00.000000Z");
+        // Checked with `date -u -d @1795471987`.
         assert_eq!(
-            format_time_us(1_795_989_723_000_042),
-            "2026-11-29T19:22:03.000042Z"
+            format_time_us(1_795_471_987_674_092),
+            "2026-11-23T22:13:07.674092Z"
+        );
+        // A leap day (`date -u -d @951782400`).
+        assert_eq!(
+            format_time_us(951_782_400_000_000),
+            "2000-02-29T00:00:00.000000Z"
         );
     }
 
