@@ -3,10 +3,11 @@
 //! rotating and retiring them by size and age; an optional merge thread
 //! combines them into one time-ordered log every `merge_interval_s`.
 //!
-//! Batching works as the group writer's does: callers append framed
-//! records to the group's pending buffer under a short lock; the group's
-//! event writer takes the whole buffer and writes it with one `write`;
-//! whatever arrived meanwhile is the next batch. Event files are not
+//! Batching: callers append framed records to the group's pending buffer
+//! under a short lock; the group's event writer, woken by the first one,
+//! gathers for [`EVENT_GATHER_MS`] (or until half the buffer is full),
+//! then takes the whole buffer and writes it with one `write`; whatever
+//! arrives meanwhile is the next batch. Event files are not
 //! fdatasync'ed per batch (they are a diagnostic record, not a promise to a
 //! client): they are synced when a file is sealed and at shutdown, and a
 //! crash may tear the tail, which readers skip.
@@ -36,6 +37,7 @@ use crate::events::{
     EVENT_FILE_HEADER_BYTES, EVENT_FILE_MAGIC, EVENT_HEADER_BYTES, EVENT_PAYLOAD_BYTES_MAX,
     GROUP_EVENT_FILE_PREFIX, MERGED_EVENT_FILE_PREFIX,
 };
+use crate::limits::EVENT_GATHER_MS;
 use crate::storage::{OsStorage, Storage, StorageFile};
 use crate::{group_of, QueueId};
 
@@ -239,9 +241,14 @@ impl EventLog {
         st.next_seq += 1;
         st.appended += 1;
         let was_empty = st.buf.is_empty();
+        let half = self.buffer_bytes_max / 2;
+        let below_half = st.buf.len() < half;
         encode_event(&mut st.buf, t, g, seq, payload);
+        // Wake the writer for the first event (it then gathers for
+        // EVENT_GATHER_MS) and again when half the buffer is full.
+        let wake = was_empty || (below_half && st.buf.len() >= half);
         drop(st);
-        if was_empty {
+        if wake {
             ge.wake.notify_one();
         }
     }
@@ -281,6 +288,7 @@ impl EventLog {
 fn write_loop(ge: &GroupEvents, mut files: FileSet, group: u32, dropped_total: &AtomicU64) {
     let mut spare = Vec::new();
     let mut last_warn: Option<Instant> = None;
+    let gather = Duration::from_millis(EVENT_GATHER_MS);
     loop {
         let (mut batch, appended, dropped) = {
             let mut st = ge.state.lock();
@@ -289,6 +297,10 @@ fn write_loop(ge: &GroupEvents, mut files: FileSet, group: u32, dropped_total: &
             }
             if st.buf.is_empty() {
                 break;
+            }
+            if !st.stop {
+                // Gather: woken early only by a half-full buffer or stop.
+                let _gathered_or_woken = ge.wake.wait_for(&mut st, gather);
             }
             let batch = std::mem::replace(&mut st.buf, std::mem::take(&mut spare));
             (batch, st.appended, std::mem::take(&mut st.dropped))
