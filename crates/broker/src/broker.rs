@@ -97,6 +97,16 @@ impl Broker {
 
     /// Ready messages per queue kept in memory; bodies of stored messages
     /// beyond it are read back from the journal when needed.
+    /// Turns the lifecycle event log on (once, at startup).
+    pub fn set_event_sink(&self, sink: Arc<dyn crate::durable::EventSink>) {
+        self.dur.set_events(sink);
+    }
+
+    /// The event log, if on (connections hand it to their channels).
+    pub fn event_sink(&self) -> Option<Arc<dyn crate::durable::EventSink>> {
+        self.dur.event_sink()
+    }
+
     pub fn set_resident_messages_max(&self, n: usize) {
         self.dur.set_resident_messages_max(n);
     }

@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::durable::Done;
+use crate::durable::{Done, EventSink};
 use crate::error::{AmqpError, AmqpResult};
+use crate::events::{self, Event, EventKind};
 use crate::message::Message;
 use crate::queue::{Consumer, ConsumerChannel, Queue, QueuedMessage};
 use crate::routing::PublishResult;
@@ -61,6 +62,10 @@ pub struct Session {
     pub cancel_notify: bool,
     /// Server-wide consumer acknowledgement timeout.
     pub consumer_timeout_ms: Option<u64>,
+    /// The authenticated user, for lifecycle events.
+    pub user: Arc<str>,
+    /// The event log, if `event_log.enabled`.
+    pub events: Option<Arc<dyn EventSink>>,
 }
 
 struct Unacked {
@@ -225,6 +230,13 @@ impl Channel {
         self.session
             .outlet
             .get_ok(self.id, tag, msg.redelivered, &msg.msg, count);
+        if self.session.events.is_some() {
+            let one = std::slice::from_ref(&msg);
+            self.note(EventKind::Delivered, queue, one, "basic.get");
+            if no_ack {
+                self.note(EventKind::Acked, queue, one, "no_ack");
+            }
+        }
         if !no_ack {
             st.unacked.insert(
                 tag,
@@ -276,12 +288,52 @@ impl Channel {
                 return Ok(None);
             }
         }
-        let result = self.session.vhost.publish(exchange, &msg, now, durable)?;
+        let result = self.route(exchange, &msg, now, durable)?;
         Ok(Some(Published {
             msg,
             mandatory,
             result,
         }))
+    }
+
+    /// Routes a publish; with the event log on, the events it causes name
+    /// this connection and user.
+    fn route(
+        &self,
+        exchange: &str,
+        msg: &Arc<Message>,
+        now: Instant,
+        durable: &mut dyn FnMut() -> Done,
+    ) -> AmqpResult<crate::routing::PublishResult> {
+        let vhost = &self.session.vhost;
+        match self.session.events {
+            None => vhost.publish(exchange, msg, now, durable),
+            Some(_) => events::with_origin(self.session.connection_id, &self.session.user, || {
+                vhost.publish(exchange, msg, now, durable)
+            }),
+        }
+    }
+
+    /// Reports `kind` for `msgs` of `queue` (if the event log is on).
+    fn note(&self, kind: EventKind, queue: &Queue, msgs: &[QueuedMessage], detail: &str) {
+        let Some(sink) = self.session.events.as_deref() else {
+            return;
+        };
+        for m in msgs {
+            let ev = Event {
+                kind,
+                reason: None,
+                vhost: &queue.vhost_name,
+                queue: &queue.name,
+                queue_store_id: queue.store_id,
+                msg: m.msg.id,
+                size: m.msg.body_bytes(),
+                connection: self.session.connection_id,
+                user: &self.session.user,
+                detail,
+            };
+            events::emit(sink, &ev);
+        }
     }
 
     /// `basic.ack`.
@@ -323,15 +375,17 @@ impl Channel {
             release_credit(&mut st, &taken);
             (taken, prefetch_waiters(&st))
         };
-        Self::settle(taken, how, now, kick, None);
+        self.settle(taken, how, "", now, kick, None);
         Ok(())
     }
 
     /// Hands settled deliveries to their queues, then lets the queues in
     /// `kick` (waiting on the channel's prefetch) deliver again.
     fn settle(
+        &self,
         taken: BTreeMap<u64, Unacked>,
         how: Settle,
+        detail: &str,
         now: Instant,
         mut kick: Vec<Arc<Queue>>,
         mut durable: Option<&mut dyn FnMut() -> Done>,
@@ -339,10 +393,23 @@ impl Channel {
         for (queue, msgs) in group_by_queue(taken.into_values().collect()) {
             kick.retain(|q| !Arc::ptr_eq(q, &queue));
             let done = durable.as_mut().map(|f| f());
-            match how {
+            let kind = match how {
+                Settle::Ack => EventKind::Acked,
+                Settle::Requeue => EventKind::Requeued,
+                Settle::Reject => EventKind::Rejected,
+            };
+            self.note(kind, &queue, &msgs, detail);
+            let apply = || match how {
                 Settle::Ack => queue.settle(msgs, now, done),
                 Settle::Requeue => queue.requeue(msgs, now, done),
                 Settle::Reject => queue.reject(msgs, now, done),
+            };
+            // Dead letters and drops that a nack causes name its client.
+            match self.session.events {
+                None => apply(),
+                Some(_) => {
+                    events::with_origin(self.session.connection_id, &self.session.user, apply)
+                }
             }
         }
         for q in kick {
@@ -378,7 +445,7 @@ impl Channel {
                     msg,
                     mandatory,
                 } => {
-                    let result = self.session.vhost.publish(&exchange, &msg, now, durable)?;
+                    let result = self.route(&exchange, &msg, now, durable)?;
                     published.push(Published {
                         msg,
                         mandatory,
@@ -391,7 +458,7 @@ impl Channel {
                         release_credit(&mut st, &taken);
                         prefetch_waiters(&st)
                     };
-                    Self::settle(taken, how, now, kick, Some(durable));
+                    self.settle(taken, how, "", now, kick, Some(durable));
                 }
             }
         }
@@ -423,7 +490,14 @@ impl Channel {
             release_credit(&mut st, &all);
             all
         };
-        Self::settle(taken, Settle::Requeue, now, Vec::new(), None);
+        self.settle(
+            taken,
+            Settle::Requeue,
+            "basic.recover",
+            now,
+            Vec::new(),
+            None,
+        );
     }
 
     /// The consumer timeout that expired first, if any delivery is overdue.
@@ -473,6 +547,7 @@ impl Channel {
             c.queue.remove_consumer(&c, now);
         }
         for (queue, msgs) in group_by_queue(unacked) {
+            self.note(EventKind::Requeued, &queue, &msgs, "channel closed");
             queue.requeue(msgs, now, None);
         }
     }
@@ -504,6 +579,13 @@ impl ConsumerChannel for Channel {
         self.session
             .outlet
             .deliver(self.id, &consumer.tag, tag, msg.redelivered, &msg.msg);
+        if self.session.events.is_some() {
+            let one = std::slice::from_ref(&msg);
+            self.note(EventKind::Delivered, queue, one, &consumer.tag);
+            if consumer.no_ack {
+                self.note(EventKind::Acked, queue, one, "no_ack");
+            }
+        }
         if !consumer.no_ack {
             consumer.in_flight.fetch_add(1, Ordering::Relaxed);
             st.channel_in_flight += 1;

@@ -12,6 +12,10 @@ pub trait Clock: Send + Sync {
     /// Wall-clock seconds since the Unix epoch, for timestamps clients see
     /// (`x-death`'s `time`).
     fn unix_time_s(&self) -> u64;
+    /// Wall-clock microseconds since the Unix epoch, for event times.
+    fn unix_time_us(&self) -> u64 {
+        self.unix_time_s().saturating_mul(1_000_000)
+    }
 }
 
 /// The operating system's clocks.
@@ -26,6 +30,12 @@ impl Clock for SystemClock {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs())
+    }
+
+    fn unix_time_us(&self) -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
     }
 }
 
@@ -62,6 +72,10 @@ impl Clock for ManualClock {
 
     fn unix_time_s(&self) -> u64 {
         self.unix_start_s + self.elapsed_us.load(Ordering::Relaxed) / 1_000_000
+    }
+
+    fn unix_time_us(&self) -> u64 {
+        self.unix_start_s * 1_000_000 + self.elapsed_us.load(Ordering::Relaxed)
     }
 }
 

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use berth_protocol::codec::{decode_field_table, encode_field_table};
 use berth_protocol::{AMQPValue, FieldTable, LongString};
@@ -110,6 +110,13 @@ pub trait Journal: Send + Sync {
     }
 }
 
+/// Where lifecycle events go (`event_log.enabled`): the sink frames,
+/// stamps (time, per-group sequence) and writes the broker's encoded
+/// events (see [`crate::events`]). `key` chooses the group.
+pub trait EventSink: Send + Sync {
+    fn append(&self, key: u64, payload: &[u8]);
+}
+
 /// Marks a journal queue id, or a queued message's journal id, as a
 /// paging copy: a body written only to leave memory (a transient message,
 /// or any message of a non-durable queue). Such copies never survive a
@@ -131,6 +138,9 @@ pub struct Durability {
     /// call back into the store), emptied by [`Durability::flush_removals`]
     /// from broker threads.
     deferred: Mutex<Vec<(u64, u64, Option<Done>)>>,
+    /// The event log, once set at startup; unset (the default) every
+    /// event hook is one branch.
+    events: OnceLock<Arc<dyn EventSink>>,
 }
 
 impl Durability {
@@ -142,6 +152,7 @@ impl Durability {
             next_queue_id: AtomicU64::new(next_queue_id),
             resident_messages_max: AtomicUsize::new(crate::limits::RESIDENT_MESSAGES_MAX_DEFAULT),
             deferred: Mutex::new(Vec::new()),
+            events: OnceLock::new(),
         }
     }
 
@@ -184,6 +195,24 @@ impl Durability {
         for (q, (msgs, dones)) in by_queue {
             self.journal.remove(q, &msgs, all_of(dones));
         }
+    }
+
+    /// Turns the event log on (once, at startup).
+    pub fn set_events(&self, sink: Arc<dyn EventSink>) {
+        if self.events.set(sink).is_err() {
+            tracing::warn!("the event log was already set; keeping the first");
+        }
+    }
+
+    /// The event log, if it is on, shared.
+    pub fn event_sink(&self) -> Option<Arc<dyn EventSink>> {
+        self.events.get().cloned()
+    }
+
+    /// The event log, if it is on.
+    #[inline]
+    pub fn events(&self) -> Option<&dyn EventSink> {
+        self.events.get().map(|s| s.as_ref())
     }
 
     pub fn journal(&self) -> &dyn Journal {

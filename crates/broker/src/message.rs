@@ -18,6 +18,9 @@ use crate::error::{AmqpError, AmqpResult};
 /// reference goes, so no queue bookkeeping can get it wrong.
 static MESSAGE_BYTES: AtomicU64 = AtomicU64::new(0);
 
+/// Next [`Message::id`].
+static NEXT_MESSAGE_ID: AtomicU64 = AtomicU64::new(1);
+
 /// Bytes currently held by messages in this process.
 pub fn message_bytes() -> u64 {
     MESSAGE_BYTES.load(Ordering::Relaxed)
@@ -38,6 +41,8 @@ pub struct Message {
     pub priority: u8,
     /// `expiration` property, parsed (milliseconds).
     pub expiration_ms: Option<u64>,
+    /// Unique in this broker process (events name messages by it).
+    pub id: u64,
 }
 
 impl Message {
@@ -109,6 +114,7 @@ impl Message {
             persistent: props.delivery_mode() == &Some(2),
             priority: props.priority().unwrap_or(0),
             expiration_ms,
+            id: NEXT_MESSAGE_ID.fetch_add(1, Ordering::Relaxed),
         }))
     }
 

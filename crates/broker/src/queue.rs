@@ -25,9 +25,11 @@ use crate::args::{Overflow, QueueArgs};
 mod settings;
 use crate::dead_letter::{DeadLetter, DeathReason};
 use crate::durable::{split_done, Done, Durability, PAGING_BIT};
+use crate::events;
 use crate::limits::{FLOW_ACTIVE_MS, FLOW_READY_MAX, PAGE_SCAN_EVERY_MESSAGES};
 use crate::message::Message;
 use crate::paging::{Loaded, Pager, QueueRef};
+pub use crate::queue_effects::{Effects, QueueStats};
 pub use crate::ready::QueuedMessage;
 use crate::ready::{Body, Entry, Ready};
 use crate::timers::{TimerTarget, Timers};
@@ -84,21 +86,6 @@ pub struct Consumer {
     pub in_flight: AtomicU32,
 }
 
-/// Work a queue operation leaves for after its lock is released.
-#[derive(Default)]
-pub struct Effects {
-    pub dead: Vec<DeadLetter>,
-    /// Stored messages that left the queue: journal their removal.
-    pub removed: Vec<u64>,
-    /// Completion to run once the removals are durable (transactions).
-    pub done: Option<Done>,
-    /// The queue should be deleted (auto-delete or x-expires).
-    pub delete: bool,
-    /// The queue's paging id, for removals of paging copies.
-    pub paging_id: Option<u64>,
-    pub timer_at: Option<Instant>,
-}
-
 struct QueueState {
     ready: Ready,
     /// Delivered, not yet acked.
@@ -118,17 +105,6 @@ struct QueueState {
     pager: Pager,
     /// Last delivery to a consumer (flow control: are consumers busy?).
     last_delivery: Option<Instant>,
-}
-
-/// Counters for the management view and tests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QueueStats {
-    pub ready: usize,
-    pub ready_bytes: u64,
-    /// Ready messages whose bodies are only on disk.
-    pub paged_out: usize,
-    pub unacked: usize,
-    pub consumers: usize,
 }
 
 /// A queue.
@@ -393,6 +369,9 @@ impl Queue {
     /// queue has a dead-letter exchange.
     fn drop_message(&self, m: QueuedMessage, reason: Option<DeathReason>, fx: &mut Effects) {
         let dead_letter = reason.filter(|_| self.args().dead_letter_exchange.is_some());
+        let (ev, who) = (self.env.dur.events(), self.event_name());
+        let dl = dead_letter.is_some();
+        events::left(ev, who, reason, dl, (m.msg.id, m.msg.body_bytes()));
         // A stored message that is dead-lettered leaves the journal only
         // once its copy is durable; paging copies are never waited for.
         let durable_id = m.stored.filter(|id| id & PAGING_BIT == 0);
@@ -428,7 +407,19 @@ impl Queue {
             }
         } else if let Some(id) = e.stored {
             fx.removed.push(id);
+            let size = e.bytes();
+            events::left(
+                self.env.dur.events(),
+                self.event_name(),
+                reason,
+                false,
+                (0, size),
+            );
         }
+    }
+
+    fn event_name(&self) -> events::QueueName<'_> {
+        (&self.vhost_name, &self.name, self.store_id)
     }
 
     fn queue_ref(&self) -> QueueRef<'_> {

@@ -12,7 +12,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::durable::{encode_message, Done, Durability};
+use crate::args::Overflow;
+use crate::dead_letter::DeathReason;
+use crate::durable::{encode_message, Done, Durability, EventSink};
+use crate::events::{self, Event, EventKind};
 use crate::exchange::{Destination, Exchange};
 use crate::message::Message;
 use crate::queue::Queue;
@@ -118,14 +121,48 @@ pub(crate) fn deliver_to(
     });
     for q in targets {
         let id = stored.filter(|_| q.store_id.is_some());
-        if q.enqueue(Arc::clone(msg), id, now) {
+        let accepted = q.enqueue(Arc::clone(msg), id, now);
+        if accepted {
             r.queues += 1;
         } else {
             r.rejected = true;
+        }
+        if let Some(sink) = dur.events() {
+            published_event(sink, q, msg, accepted);
         }
         if r.backlogged.is_none() && q.is_backlogged() {
             r.backlogged = Some(Arc::clone(q));
         }
     }
     r
+}
+
+/// A message reached queue `q` (or was refused by its `x-overflow =
+/// reject-publish`: dropped, reason `maxlen`; with `reject-publish-dlx`
+/// the queue reports it dead-lettered instead).
+fn published_event(sink: &dyn EventSink, q: &Queue, msg: &Message, accepted: bool) {
+    if !accepted && q.args().overflow == Overflow::RejectPublishDlx {
+        return;
+    }
+    let (kind, reason) = if accepted {
+        (EventKind::Published, None)
+    } else {
+        (EventKind::Dropped, Some(DeathReason::MaxLen))
+    };
+    let detail = format!("{}/{}", msg.exchange, msg.routing_key);
+    events::emit(
+        sink,
+        &Event {
+            kind,
+            reason,
+            vhost: &q.vhost_name,
+            queue: &q.name,
+            queue_store_id: q.store_id,
+            msg: msg.id,
+            size: msg.body_bytes(),
+            connection: 0,
+            user: "",
+            detail: &detail,
+        },
+    );
 }

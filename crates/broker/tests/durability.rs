@@ -51,6 +51,8 @@ fn session(broker: &Broker, out: &Arc<Sink>) -> Arc<Channel> {
             outlet: Arc::clone(out) as Arc<dyn Outlet>,
             cancel_notify: true,
             consumer_timeout_ms: None,
+            user: std::sync::Arc::from("guest"),
+            events: None,
         }),
     )
 }

@@ -104,6 +104,8 @@ fn world() -> World {
         outlet: Arc::clone(&out) as Arc<dyn Outlet>,
         cancel_notify: true,
         consumer_timeout_ms: None,
+        user: std::sync::Arc::from("guest"),
+        events: None,
     });
     World {
         broker,

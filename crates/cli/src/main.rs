@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod backup_cmd;
 mod compact_cmd;
+mod events_cmd;
 mod https_client;
 mod status;
 mod store_cmd;
@@ -27,12 +28,15 @@ struct Cli {
 enum Command {
     /// Run the broker. With no options it uses the embedded defaults
     /// (AMQP on port 5672, data in ./berth-data, guest/guest from localhost).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Rerun the seed experiments against berth or any AMQP 0-9-1 broker,
     /// optionally side by side with another (--vs), with statistics.
-    Bench(berth_bench::BenchArgs),
+    Bench(Box<berth_bench::BenchArgs>),
     /// The store's tools: scan, verify, backup, restore, compact (see docs/OPERATIONS.md).
     Store(store_cmd::StoreArgs),
+    /// Message lifecycle events of a store's log groups, merged in time
+    /// order (`--follow` merges live); see docs/OPERATIONS.md.
+    Events(events_cmd::EventsArgs),
     /// A running broker at a glance, through its management API: totals,
     /// rates, alarms, store groups and the top queues.
     Status(status::ListArgs),
@@ -222,6 +226,8 @@ struct ServeArgs {
     /// log.log_level: error, warn, info, debug, trace, or a tracing filter.
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<String>,
+    #[command(flatten)]
+    event_log: events_cmd::EventLogFlags,
 }
 
 impl ServeArgs {
@@ -236,6 +242,7 @@ impl ServeArgs {
                 *slot = v;
             }
         }
+        self.event_log.apply(c);
         set_list(&mut c.net.amqp_listen, self.amqp_listen);
         set_list(&mut c.net.http_listen, self.http_listen);
         if self.load_definitions.is_some() {
@@ -423,8 +430,9 @@ fn admin_result(r: Result<(), String>) -> ExitCode {
 
 fn main() -> ExitCode {
     match Cli::parse().command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(*args),
         Command::Store(args) => store_cmd::run(args),
+        Command::Events(args) => events_cmd::run(args),
         Command::Status(args) => status::status(&args),
         Command::Queues {
             verb: ListVerb::List(a),
@@ -438,7 +446,7 @@ fn main() -> ExitCode {
         Command::User(a) => admin_result(admin::user(&a)),
         Command::Vhost(a) => admin_result(admin::vhost(&a)),
         Command::Permissions(a) => admin_result(admin::permissions(&a)),
-        Command::Bench(args) => match berth_bench::run(args) {
+        Command::Bench(args) => match berth_bench::run(*args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("berth bench: {e}");

@@ -26,6 +26,7 @@ pub struct Config {
     pub tls: Tls,
     pub log: Log,
     pub management: Management,
+    pub event_log: crate::event_log::EventLogSection,
 }
 
 /// `[management]`: the HTTP management side.
@@ -475,6 +476,7 @@ impl Config {
         if self.auth.vhosts.is_empty() {
             return invalid("auth.vhosts", "[]".into(), "at least one vhost is needed");
         }
+        self.event_log.validate()?;
         Ok(())
     }
 }

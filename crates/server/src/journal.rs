@@ -21,6 +21,9 @@ use bytes::Bytes;
 /// `berth-store` as the broker's journal.
 pub struct StoreJournal {
     pub store: Store,
+    /// The lifecycle event log, if `event_log.enabled` (closed at
+    /// shutdown, after the store's last flush).
+    pub events: std::sync::OnceLock<Arc<berth_store::event_log::EventLog>>,
 }
 
 fn adapt(done: Option<Done>) -> Option<berth_store::Done> {
@@ -153,7 +156,10 @@ pub fn open_broker(
     };
     let (_, next_queue) = br.next_ids();
     let next_msg = recovered.next_msg_id.0.max(br.next_ids().0);
-    let journal = Arc::new(StoreJournal { store });
+    let journal = Arc::new(StoreJournal {
+        store,
+        events: std::sync::OnceLock::new(),
+    });
     for q in &paging {
         journal.store.purge(*q, None);
     }
@@ -173,6 +179,9 @@ pub fn open_broker(
     broker.set_count_limits(config.limits.count_limits());
     crate::auth::init(&broker, config, &br.meta)?;
     let report = broker.restore(br, Instant::now());
+    if let Some(log) = crate::event_log::start(config, journal.store.group_count(), &broker)? {
+        let _first_and_only = journal.events.set(log);
+    }
     for s in &report.skipped {
         tracing::warn!("not restored: {s}");
     }

@@ -12,6 +12,7 @@ pub mod cert_login;
 pub mod config;
 pub mod connection;
 pub mod disk;
+pub mod event_log;
 pub mod http;
 mod https;
 pub mod journal;
@@ -101,6 +102,12 @@ impl Running {
                 Ok(Ok(())) => tracing::info!("{round}"),
                 Ok(Err(e)) => tracing::error!(error = %e, "final store flush failed"),
                 Err(e) => tracing::error!(error = %e, "final store flush did not run"),
+            }
+        }
+        if let Some(events) = self.journal.events.get().cloned() {
+            match tokio::task::spawn_blocking(move || events.close()).await {
+                Ok(()) => tracing::info!("event log closed"),
+                Err(e) => tracing::error!(error = %e, "closing the event log did not finish"),
             }
         }
     }

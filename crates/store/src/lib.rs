@@ -17,6 +17,8 @@ pub mod backup;
 pub mod checkpoint;
 pub mod clock;
 pub mod error;
+pub mod event_log;
+pub mod events;
 pub mod fault;
 pub mod histogram;
 pub mod index;

@@ -30,6 +30,13 @@ pub enum SyncMode {
 /// delay "never exceed a few ms".
 pub const COMMIT_DELAY_US_CEILING: u64 = 5_000;
 
+/// How long a group's event writer, woken by the first pending event,
+/// gathers more before it writes (unless half its buffer fills first).
+/// Events are not a promise to any client, so this delays nothing a
+/// client waits for; it turns one `write(2)` and one thread wake-up per
+/// event into one per batch at low concurrency.
+pub const EVENT_GATHER_MS: u64 = 10;
+
 /// Largest record body the decoder accepts. Bounded so that a corrupt length
 /// field can never make recovery allocate gigabytes. 129 MiB: the largest
 /// message RabbitMQ accepts by default (128 MiB) plus room for what the

@@ -258,6 +258,8 @@ impl Conn {
             cancel_notify: capabilities.cancel_notify,
             consumer_timeout_ms: Some(self.shared.config.limits.consumer_timeout_ms)
                 .filter(|ms| *ms > 0),
+            user: Arc::from(self.user.as_str()),
+            events: self.shared.broker.event_sink(),
         }));
         self.send_method(
             0,
