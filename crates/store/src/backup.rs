@@ -358,13 +358,7 @@ pub fn backup(
         dir_index: 0,
         ..layout.manifest
     };
-    write_atomically(
-        storage,
-        &data,
-        &format!("{MANIFEST_NAME}.tmp"),
-        MANIFEST_NAME,
-        &one_dir.encode(),
-    )?;
+    one_dir.write(storage, &data)?;
     let mut listed = vec![BackupFile {
         path: format!("{BACKUP_DATA_DIR}/{MANIFEST_NAME}"),
         bytes: one_dir.encode().len() as u64,
@@ -562,13 +556,7 @@ pub fn restore(
             store_id: m.store_id,
             record_salt: m.record_salt,
         };
-        write_atomically(
-            storage,
-            d,
-            &format!("{MANIFEST_NAME}.tmp"),
-            MANIFEST_NAME,
-            &man.encode(),
-        )?;
+        man.write(storage, d)?;
     }
     Ok(m)
 }

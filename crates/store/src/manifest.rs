@@ -57,6 +57,18 @@ pub struct Manifest {
 }
 
 impl Manifest {
+    /// Writes this manifest as `dir/MANIFEST`, atomically (a crash leaves
+    /// the old one or this one, never a torn file).
+    pub fn write(&self, storage: &dyn Storage, dir: &Path) -> Result<(), StoreError> {
+        crate::storage::write_atomically(
+            storage,
+            dir,
+            &format!("{MANIFEST_NAME}.tmp"),
+            MANIFEST_NAME,
+            &self.encode(),
+        )
+    }
+
     pub fn encode(&self) -> [u8; MANIFEST_BYTES] {
         let mut b = [0u8; MANIFEST_BYTES];
         b[..8].copy_from_slice(&MANIFEST_MAGIC);

@@ -29,7 +29,7 @@ use crate::index::{payload_len, Loc};
 use crate::manifest::{self, Manifest, MANIFEST_NAME};
 use crate::record;
 use crate::recovery::{self, GroupRecovery, Progress};
-use crate::storage::{self, OsStorage, Storage, StorageFile};
+use crate::storage::{OsStorage, Storage, StorageFile};
 use crate::writer::{self, Cmd, Done, GroupShared, Op, Waiter, Writer, WriterInit};
 use crate::{group_of, MsgId, QueueId, StoreConfig};
 
@@ -709,13 +709,7 @@ fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<(u32, u
                 store_id,
                 record_salt,
             };
-            storage::write_atomically(
-                storage,
-                dir,
-                &format!("{MANIFEST_NAME}.tmp"),
-                MANIFEST_NAME,
-                &m.encode(),
-            )?;
+            m.write(storage, dir)?;
         }
         tracing::info!(
             groups = config.log_groups,

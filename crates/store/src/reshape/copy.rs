@@ -17,8 +17,8 @@ use bytes::Bytes;
 
 use super::{ReshapePlan, STAGING_DIR};
 use crate::error::StoreError;
-use crate::manifest::{Manifest, MANIFEST_NAME};
-use crate::storage::{self, Storage};
+use crate::manifest::Manifest;
+use crate::storage::Storage;
 use crate::store::{Recovered, Store, Ticket};
 use crate::{MsgId, QueueId, StoreConfig, SyncMode};
 
@@ -68,13 +68,7 @@ pub fn copy_and_verify(
             store_id: plan.store_id,
             record_salt: plan.record_salt,
         };
-        storage::write_atomically(
-            storage.as_ref(),
-            dir,
-            &format!("{MANIFEST_NAME}.tmp"),
-            MANIFEST_NAME,
-            &m.encode(),
-        )?;
+        m.write(storage.as_ref(), dir)?;
     }
     let mut old_cfg = base.clone();
     old_cfg.data_dirs.clone_from(&plan.old_dirs);
