@@ -153,3 +153,76 @@ def test_definitions_export_users_and_permissions_that_import_with_their_passwor
     again = target.ok("GET", "/api/definitions")
     for k in ("users", "permissions", "topic_permissions", "vhosts"):
         assert sorted(map(str, again[k])) == sorted(map(str, exported[k])), k
+
+
+NOT_IN_VHOST = "User not authorised to access virtual host"
+
+
+def test_a_management_user_acts_through_the_api_only_where_its_permissions_allow(berths):
+    # RabbitMQ 3.10.8 answered each of these (checked on a private node):
+    # 401 "User not authorised to access virtual host" in a vhost the user
+    # has no permissions in, 401 "Access refused." for an action its
+    # permissions do not cover. berth let a management user read, delete,
+    # purge and publish in every vhost through the API.
+    berth = berths()
+    berth.ok("PUT", "/api/vhosts/a")
+    berth.ok("PUT", "/api/permissions/a/guest", {"configure": ".*", "write": ".*", "read": ".*"})
+    berth.add_user("m", "pw", tags="management", vhost="a", perms=("^own", "^own", "^own"))
+    berth.add_user("watcher", "pw", tags="monitoring", perms=None)
+    berth.ok("PUT", "/api/queues/%2F/victim", {})
+    berth.ok("PUT", "/api/queues/a/theirs", {})
+    msg = {"properties": {}, "routing_key": "victim", "payload": "x", "payload_encoding": "string"}
+    get = {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"}
+
+    def as_m(method, path, body=None, user="m"):
+        return berth.api(method, path, body, user=user, password="pw")
+
+    # Another vhost: nothing, not even a read.
+    for method, path, body in [
+        ("GET", "/api/queues/%2F/victim", None),
+        ("PUT", "/api/queues/%2F/x", {}),
+        ("DELETE", "/api/queues/%2F/victim", None),
+        ("DELETE", "/api/queues/%2F/victim/contents", None),
+        ("POST", "/api/queues/%2F/victim/get", get),
+        ("POST", "/api/exchanges/%2F/amq.default/publish", msg),
+        ("GET", "/api/exchanges/%2F/amq.direct", None),
+        ("PUT", "/api/exchanges/%2F/x", {"type": "direct"}),
+        ("GET", "/api/bindings/%2F/e/amq.direct/q/victim", None),
+        ("POST", "/api/bindings/%2F/e/amq.direct/q/victim", {"routing_key": "k"}),
+        ("GET", "/api/aliveness-test/%2F", None),
+    ]:
+        status, out = as_m(method, path, body)
+        assert (status, out and out.get("reason")) == (401, NOT_IN_VHOST), (method, path, status, out)
+
+    # Its own vhost: what the permissions (^own) allow, and no more.
+    for method, path, body in [
+        ("PUT", "/api/queues/a/notown", {}),
+        ("DELETE", "/api/queues/a/theirs", None),
+        ("DELETE", "/api/queues/a/theirs/contents", None),
+        ("POST", "/api/queues/a/theirs/get", get),
+        ("POST", "/api/exchanges/a/amq.default/publish", dict(msg, routing_key="theirs")),
+        ("PUT", "/api/exchanges/a/notown", {"type": "direct"}),
+        ("POST", "/api/bindings/a/e/amq.direct/q/theirs", {"routing_key": "k"}),
+    ]:
+        status, out = as_m(method, path, body)
+        assert (status, out and out.get("reason")) == (401, "Access refused."), (method, path, status, out)
+    assert as_m("PUT", "/api/queues/a/own-q", {})[0] == 201
+    assert as_m("PUT", "/api/exchanges/a/own-x", {"type": "fanout"})[0] == 201
+    assert as_m("POST", "/api/bindings/a/e/own-x/q/own-q", {"routing_key": "k"})[0] == 201
+    assert as_m("POST", "/api/exchanges/a/own-x/publish",
+                dict(msg, routing_key="k"))[1] == {"routed": True}
+    status, got = as_m("POST", "/api/queues/a/own-q/get", get)
+    assert status == 200 and [g["payload"] for g in got] == ["x"], (status, got)
+    assert as_m("DELETE", "/api/queues/a/own-q/contents")[0] == 204
+    assert as_m("DELETE", "/api/queues/a/own-q")[0] == 204
+
+    # A monitoring user sees every vhost but changes nothing without
+    # permissions.
+    assert as_m("GET", "/api/queues/%2F/victim", user="watcher")[0] == 200
+    status, out = as_m("DELETE", "/api/queues/%2F/victim", user="watcher")
+    assert (status, out and out.get("reason")) == (401, "Access refused."), (status, out)
+
+    # Nothing was touched.
+    assert berth.api("GET", "/api/queues/%2F/victim")[0] == 200
+    assert berth.api("GET", "/api/queues/a/theirs")[0] == 200
+    assert berth.api("GET", "/api/exchanges/a/notown")[0] == 404

@@ -8,6 +8,7 @@
 //!   an empty key) when it has no arguments, else the key, `~` and a hash
 //!   of the arguments, so the same binding always has the same key.
 
+use berth_broker::access::{Perm, Resource};
 use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::Arc;
@@ -156,9 +157,12 @@ fn filtered(st: &HttpState, vhost: &str, keep: impl Fn(&Value) -> bool) -> Respo
 
 pub(super) async fn of_queue(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path((vhost, name)): Path<(String, String)>,
 ) -> Response {
+    if let Err(r) = user.may(&st, &vhost, &[]) {
+        return r;
+    }
     if let Err(r) = super::queues::find(&st, &vhost, &name) {
         return r;
     }
@@ -173,9 +177,12 @@ fn exchange_exists(v: &VHost, name: &str) -> bool {
 
 pub(super) async fn of_source(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path((vhost, name)): Path<(String, String)>,
 ) -> Response {
+    if let Err(r) = user.may(&st, &vhost, &[]) {
+        return r;
+    }
     let name = exchange_name(&name).to_owned();
     match vhost_or_404(&st, &vhost) {
         Ok(v) if exchange_exists(&v, &name) => {}
@@ -187,9 +194,12 @@ pub(super) async fn of_source(
 
 pub(super) async fn of_destination(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path((vhost, name)): Path<(String, String)>,
 ) -> Response {
+    if let Err(r) = user.may(&st, &vhost, &[]) {
+        return r;
+    }
     let name = exchange_name(&name).to_owned();
     match vhost_or_404(&st, &vhost) {
         Ok(v) if exchange_exists(&v, &name) => {}
@@ -239,9 +249,12 @@ fn matching(v: &VHost, source: &str, kind: &str, destination: &str) -> Vec<Value
 
 pub(super) async fn between(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path((vhost, source, kind, destination)): Path<(String, String, String, String)>,
 ) -> Response {
+    if let Err(r) = user.may(&st, &vhost, &[]) {
+        return r;
+    }
     let source = exchange_name(&source);
     match endpoints(&st, &vhost, source, &kind, &destination) {
         Ok((v, kind)) => Json(matching(&v, source, kind, &destination)).into_response(),
@@ -253,10 +266,13 @@ pub(super) async fn between(
 /// `arguments`: 201 and the new binding's URL in `Location`.
 pub(super) async fn create(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path((vhost, source, kind, destination)): Path<(String, String, String, String)>,
     body: Option<Json<Value>>,
 ) -> Response {
+    if let Err(r) = user.may(&st, &vhost, &bind_needs(&source, &kind, &destination)) {
+        return r;
+    }
     let source = exchange_name(&source);
     let (v, kind) = match endpoints(&st, &vhost, source, &kind, &destination) {
         Ok(x) => x,
@@ -309,9 +325,12 @@ fn find_one(
 
 pub(super) async fn one(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path((vhost, source, kind, destination, props)): Path<(String, String, String, String, String)>,
 ) -> Response {
+    if let Err(r) = user.may(&st, &vhost, &[]) {
+        return r;
+    }
     match find_one(
         &st,
         &vhost,
@@ -327,9 +346,12 @@ pub(super) async fn one(
 
 pub(super) async fn remove(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path((vhost, source, kind, destination, props)): Path<(String, String, String, String, String)>,
 ) -> Response {
+    if let Err(r) = user.may(&st, &vhost, &bind_needs(&source, &kind, &destination)) {
+        return r;
+    }
     let source = exchange_name(&source);
     let (v, kind, b) = match find_one(&st, &vhost, source, &kind, &destination, &props) {
         Ok(x) => x,
@@ -366,6 +388,21 @@ pub(super) async fn remove(
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => amqp_error(&e),
     }
+}
+
+/// What a binding change asks of the user's permissions, as `queue.bind`
+/// and `exchange.bind` do over AMQP: write on the destination, read on the
+/// source.
+fn bind_needs<'a>(source: &'a str, kind: &str, destination: &'a str) -> [(Resource<'a>, Perm); 2] {
+    let dest = if kind == "q" {
+        Resource::Queue(destination)
+    } else {
+        Resource::Exchange(destination)
+    };
+    [
+        (dest, Perm::Write),
+        (Resource::Exchange(source), Perm::Read),
+    ]
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! PUT (declare) and DELETE (`if-unused`). The default exchange is named
 //! `amq.default` in URLs.
 
+use berth_broker::access::{Perm, Resource};
 use std::collections::HashMap;
 
 use axum::extract::{Path, Query, State};
@@ -78,9 +79,12 @@ pub(super) async fn list_in(
 
 pub(super) async fn one(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path((vhost, name)): Path<(String, String)>,
 ) -> Response {
+    if let Err(r) = user.may(&st, &vhost, &[]) {
+        return r;
+    }
     let v = match vhost_or_404(&st, &vhost) {
         Ok(v) => v,
         Err(r) => return r,
@@ -96,10 +100,13 @@ pub(super) async fn one(
 /// with the same properties, 400 if they differ.
 pub(super) async fn put(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path((vhost, name)): Path<(String, String)>,
     body: Option<Json<Value>>,
 ) -> Response {
+    if let Err(r) = user.may(&st, &vhost, &[(Resource::Exchange(&name), Perm::Configure)]) {
+        return r;
+    }
     let v = match vhost_or_404(&st, &vhost) {
         Ok(v) => v,
         Err(r) => return r,
@@ -136,10 +143,13 @@ pub(super) async fn put(
 /// `DELETE /api/exchanges/{vhost}/{name}[?if-unused=true]`.
 pub(super) async fn delete(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path((vhost, name)): Path<(String, String)>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
+    if let Err(r) = user.may(&st, &vhost, &[(Resource::Exchange(&name), Perm::Configure)]) {
+        return r;
+    }
     let v = match vhost_or_404(&st, &vhost) {
         Ok(v) => v,
         Err(r) => return r,

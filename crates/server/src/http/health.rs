@@ -35,9 +35,12 @@ fn failed(reason: String) -> Response {
 
 pub(super) async fn aliveness(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path(vhost): Path<String>,
 ) -> Response {
+    if let Err(r) = user.may(&st, &vhost, &[]) {
+        return r;
+    }
     let v = match vhost_or_404(&st, &vhost) {
         Ok(v) => v,
         Err(r) => return r,

@@ -10,6 +10,7 @@
 //!   or `reject_requeue_true` they go back to the queue, flagged
 //!   redelivered, as RabbitMQ does.
 
+use berth_broker::access::{Perm, Resource};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Path, State};
@@ -126,10 +127,13 @@ fn properties_from_json(v: &Value) -> Result<AMQPProperties, Response> {
 /// `POST /api/exchanges/{vhost}/{name}/publish`.
 pub(super) async fn publish(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path((vhost, name)): Path<(String, String)>,
     Json(body): Json<Value>,
 ) -> Response {
+    if let Err(r) = user.may(&st, &vhost, &[(Resource::Exchange(&name), Perm::Write)]) {
+        return r;
+    }
     let v = match vhost_or_404(&st, &vhost) {
         Ok(v) => v,
         Err(r) => return r,
@@ -211,10 +215,13 @@ enum AckMode {
 /// `POST /api/queues/{vhost}/{name}/get`.
 pub(super) async fn get(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path((vhost, name)): Path<(String, String)>,
     Json(body): Json<Value>,
 ) -> Response {
+    if let Err(r) = user.may(&st, &vhost, &[(Resource::Queue(&name), Perm::Read)]) {
+        return r;
+    }
     let (_, q) = match find(&st, &vhost, &name) {
         Ok(x) => x,
         Err(r) => return r,

@@ -40,7 +40,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use berth_broker::access::{User, TAG_ADMINISTRATOR, TAG_MONITORING};
+use berth_broker::access::{Perm, Resource, User, TAG_ADMINISTRATOR, TAG_MONITORING};
 use berth_broker::vhost::VHost;
 use berth_broker::{AmqpError, Broker};
 use berth_protocol::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
@@ -191,6 +191,32 @@ impl Authed {
             return Err(crate::auth::http::unauthorized(
                 "User not authorised to access virtual host",
             ));
+        }
+        Ok(v)
+    }
+
+    /// The vhost named in a URL, for an action its permissions must allow:
+    /// as [`Authed::vhost`], then each `(resource, perm)` of `needs`
+    /// checked as over AMQP (`basic.publish` needs write on the exchange,
+    /// a declare configure, ...). Refused with RabbitMQ's 401 "Access
+    /// refused.". Administrators act in every vhost (RabbitMQ asks them
+    /// for permissions too, and grants a vhost's creator full ones).
+    pub(crate) fn may(
+        &self,
+        st: &HttpState,
+        vhost: &str,
+        needs: &[(Resource<'_>, Perm)],
+    ) -> Result<Arc<VHost>, Response> {
+        let v = self.vhost(st, vhost)?;
+        if self.0.has_tag(TAG_ADMINISTRATOR) {
+            return Ok(v);
+        }
+        let access = st.shared.broker.access();
+        for &(resource, perm) in needs {
+            if let Err(e) = access.check(&self.0.name, vhost, resource, perm) {
+                tracing::debug!(user = %self.0.name, error = %e, "management API action refused");
+                return Err(crate::auth::http::unauthorized("Access refused."));
+            }
         }
         Ok(v)
     }

@@ -2,6 +2,7 @@
 //! PUT (declare), DELETE (`if-empty`, `if-unused`) and
 //! `DELETE .../contents` (purge).
 
+use berth_broker::access::{Perm, Resource};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -151,9 +152,12 @@ pub(crate) fn find(
 
 pub(super) async fn one(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path((vhost, name)): Path<(String, String)>,
 ) -> Response {
+    if let Err(r) = user.may(&st, &vhost, &[]) {
+        return r;
+    }
     match find(&st, &vhost, &name) {
         Ok((_, q)) => Json(queue_json(&q, true)).into_response(),
         Err(r) => r,
@@ -164,10 +168,13 @@ pub(super) async fn one(
 /// existed with the same properties, 400 if they differ.
 pub(super) async fn put(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path((vhost, name)): Path<(String, String)>,
     body: Option<Json<Value>>,
 ) -> Response {
+    if let Err(r) = user.may(&st, &vhost, &[(Resource::Queue(&name), Perm::Configure)]) {
+        return r;
+    }
     let v = match vhost_or_404(&st, &vhost) {
         Ok(v) => v,
         Err(r) => return r,
@@ -201,10 +208,13 @@ pub(super) async fn put(
 /// `DELETE /api/queues/{vhost}/{name}[?if-empty=true&if-unused=true]`.
 pub(super) async fn delete(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path((vhost, name)): Path<(String, String)>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
+    if let Err(r) = user.may(&st, &vhost, &[(Resource::Queue(&name), Perm::Configure)]) {
+        return r;
+    }
     let (v, queue) = match find(&st, &vhost, &name) {
         Ok(x) => x,
         Err(r) => return r,
@@ -224,9 +234,12 @@ pub(super) async fn delete(
 /// `DELETE /api/queues/{vhost}/{name}/contents`: purge.
 pub(super) async fn purge(
     State(st): State<HttpState>,
-    _: Authed,
+    user: Authed,
     Path((vhost, name)): Path<(String, String)>,
 ) -> Response {
+    if let Err(r) = user.may(&st, &vhost, &[(Resource::Queue(&name), Perm::Read)]) {
+        return r;
+    }
     let (_, queue) = match find(&st, &vhost, &name) {
         Ok(x) => x,
         Err(r) => return r,
