@@ -226,3 +226,27 @@ def test_a_management_user_acts_through_the_api_only_where_its_permissions_allow
     assert berth.api("GET", "/api/queues/%2F/victim")[0] == 200
     assert berth.api("GET", "/api/queues/a/theirs")[0] == 200
     assert berth.api("GET", "/api/exchanges/a/notown")[0] == 404
+
+
+def test_a_policymaker_changes_and_sees_policies_only_in_its_vhosts(berths):
+    berth = berths()
+    berth.ok("PUT", "/api/vhosts/a")
+    berth.add_user("pm", "pw", tags="policymaker", vhost="a")
+    policy = {"pattern": "^q", "definition": {"max-length": 5}}
+    berth.ok("PUT", "/api/policies/%2F/root-policy", policy)
+
+    def as_pm(method, path, body=None):
+        return berth.api(method, path, body, user="pm", password="pw")
+
+    for method, path, body in [
+        ("PUT", "/api/policies/%2F/p", policy),
+        ("DELETE", "/api/policies/%2F/root-policy", None),
+        ("GET", "/api/policies/%2F/root-policy", None),
+        ("GET", "/api/policies/%2F", None),
+    ]:
+        status, out = as_pm(method, path, body)
+        assert (status, out and out.get("reason")) == (401, NOT_IN_VHOST), (method, path, status, out)
+    assert as_pm("PUT", "/api/policies/a/p", policy)[0] == 201
+    status, listed = as_pm("GET", "/api/policies")
+    assert status == 200 and [(p["vhost"], p["name"]) for p in listed] == [("a", "p")], listed
+    assert berth.api("GET", "/api/policies/%2F/root-policy")[0] == 200

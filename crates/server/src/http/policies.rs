@@ -18,9 +18,7 @@ use berth_broker::vhost::VHost;
 use berth_broker::Broker;
 use serde_json::{json, Value};
 
-use super::{
-    bad_request, json_table, not_found, sorted_vhosts, table_json, vhost_or_404, HttpState,
-};
+use super::{bad_request, json_table, not_found, table_json, HttpState};
 use crate::auth::http::{access_error, authenticate, unauthorized};
 
 /// A policy in RabbitMQ's JSON shape.
@@ -111,11 +109,12 @@ pub(crate) fn from_json(
 
 pub(super) async fn list(
     State(st): State<HttpState>,
-    _: super::Authed,
+    user: super::Authed,
     uri: axum::http::Uri,
 ) -> Response {
     let kind = kind_of(uri.path().starts_with("/api/operator-policies"));
-    let all: Vec<Value> = sorted_vhosts(&st)
+    let all: Vec<Value> = user
+        .vhosts(&st)
         .iter()
         .flat_map(|v| of_vhost(v, kind))
         .collect();
@@ -124,12 +123,12 @@ pub(super) async fn list(
 
 pub(super) async fn list_in(
     State(st): State<HttpState>,
-    _: super::Authed,
+    user: super::Authed,
     uri: axum::http::Uri,
     Path(vhost): Path<String>,
 ) -> Response {
     let kind = kind_of(uri.path().starts_with("/api/operator-policies"));
-    match vhost_or_404(&st, &vhost) {
+    match user.vhost(&st, &vhost) {
         Ok(v) => Json(Value::Array(of_vhost(&v, kind))).into_response(),
         Err(r) => r,
     }
@@ -137,13 +136,14 @@ pub(super) async fn list_in(
 
 pub(super) async fn one(
     State(st): State<HttpState>,
-    _: super::Authed,
+    user: super::Authed,
     uri: axum::http::Uri,
     Path((vhost, name)): Path<(String, String)>,
 ) -> Response {
     let kind = kind_of(uri.path().starts_with("/api/operator-policies"));
-    let Ok(v) = vhost_or_404(&st, &vhost) else {
-        return not_found();
+    let v = match user.vhost(&st, &vhost) {
+        Ok(v) => v,
+        Err(r) => return r,
     };
     match v.policies().map(kind).get(&name) {
         Some(p) => Json(policy_json(p)).into_response(),
@@ -151,23 +151,24 @@ pub(super) async fn one(
     }
 }
 
-/// The caller may change policies of `kind`.
+/// The caller may change policies of `kind` in `vhost` (a policymaker
+/// only in vhosts it has permissions in, as in RabbitMQ); the vhost.
 fn authorise(
     st: &HttpState,
     headers: &HeaderMap,
     peer: SocketAddr,
     kind: PolicyKind,
-) -> Result<(), Response> {
+    vhost: &str,
+) -> Result<Arc<berth_broker::vhost::VHost>, Response> {
     let u = authenticate(&st.shared, headers, peer)?;
     let allowed = match kind {
         PolicyKind::Policy => u.has_tag(TAG_POLICYMAKER) || u.has_tag(TAG_ADMINISTRATOR),
         PolicyKind::Operator => u.has_tag(TAG_ADMINISTRATOR),
     };
-    if allowed {
-        Ok(())
-    } else {
-        Err(unauthorized("Not authorised to change policies"))
+    if !allowed {
+        return Err(unauthorized("Not authorised to change policies"));
     }
+    super::Authed(u).vhost(st, vhost)
 }
 
 pub(super) async fn put(
@@ -179,11 +180,9 @@ pub(super) async fn put(
     body: axum::body::Bytes,
 ) -> Response {
     let kind = kind_of(uri.path().starts_with("/api/operator-policies"));
-    if let Err(r) = authorise(&st, &headers, peer, kind) {
-        return r;
-    }
-    let Ok(v) = vhost_or_404(&st, &vhost) else {
-        return not_found();
+    let v = match authorise(&st, &headers, peer, kind, &vhost) {
+        Ok(v) => v,
+        Err(r) => return r,
     };
     let body: Value = match serde_json::from_slice(&body) {
         Ok(b) => b,
@@ -209,7 +208,7 @@ pub(super) async fn delete(
     Path((vhost, name)): Path<(String, String)>,
 ) -> Response {
     let kind = kind_of(uri.path().starts_with("/api/operator-policies"));
-    if let Err(r) = authorise(&st, &headers, peer, kind) {
+    if let Err(r) = authorise(&st, &headers, peer, kind, &vhost) {
         return r;
     }
     match st.shared.broker.delete_policy(kind, &vhost, &name) {
