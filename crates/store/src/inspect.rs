@@ -373,8 +373,20 @@ fn read_group(
     }
     for w in seqs.windows(2) {
         for missing in w[0] + 1..w[1] {
+            let file = dir.join(segment::segment_name(missing));
+            if missing < replay.seg {
+                // Reclaimed (compaction or deletion of a dead segment): the
+                // checkpoint's index is checked below for anything still
+                // located in it.
+                rep.notes.push(Problem {
+                    file,
+                    offset: 0,
+                    what: "segment reclaimed (before the checkpoint's replay start)".into(),
+                });
+                continue;
+            }
             rep.problems.push(Problem {
-                file: dir.join(segment::segment_name(missing)),
+                file,
                 offset: 0,
                 what: format!(
                     "segment missing between {} and {}",
@@ -401,7 +413,14 @@ fn read_group(
         });
     }
     let newest = seqs.last().copied();
+    let mut prev_seq: Option<u32> = None;
     for &seq in &seqs {
+        // Records of a reclaimed segment are gone: after one, before the
+        // replay start, the lsn numbers jump.
+        if prev_seq.is_some_and(|p| seq != p + 1) && seq <= replay.seg {
+            after_hole = true;
+        }
+        prev_seq = Some(seq);
         let path = dir.join(segment::segment_name(seq));
         let bytes = read_file(storage, &path)?;
         progress(bytes.len() as u64);
