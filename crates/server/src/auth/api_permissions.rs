@@ -2,18 +2,16 @@
 //! `/api/vhosts/{vhost}/permissions` and `/api/topic-permissions*`:
 //! RabbitMQ's permission endpoints (administrator only).
 
-use std::net::SocketAddr;
-
-use axum::extract::{ConnectInfo, Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use berth_broker::access::{Permission, TopicPermission};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::http::{access_error, authenticate_admin, bad_request, not_found};
-use crate::http::HttpState;
+use super::http::{access_error, bad_request, not_found};
+use crate::http::{AdminAuthed, HttpState};
 
 pub(super) fn permission_json(vhost: &str, user: &str, p: &Permission) -> Value {
     json!({
@@ -49,30 +47,15 @@ fn permissions_where(st: &HttpState, keep: impl Fn(&str, &str) -> bool) -> Respo
     Json(all).into_response()
 }
 
-macro_rules! admin {
-    ($st:expr, $headers:expr, $peer:expr) => {
-        if let Err(r) = authenticate_admin(&$st.shared, &$headers, $peer) {
-            return r;
-        }
-    };
-}
-
-pub async fn list(
-    State(st): State<HttpState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
-) -> Response {
-    admin!(st, headers, peer);
+pub async fn list(State(st): State<HttpState>, _: AdminAuthed) -> Response {
     permissions_where(&st, |_, _| true)
 }
 
 pub async fn of_user(
     State(st): State<HttpState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    _: AdminAuthed,
     Path(user): Path<String>,
-    headers: HeaderMap,
 ) -> Response {
-    admin!(st, headers, peer);
     if st.shared.broker.access().user(&user).is_none() {
         return not_found();
     }
@@ -81,11 +64,9 @@ pub async fn of_user(
 
 pub async fn of_vhost(
     State(st): State<HttpState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    _: AdminAuthed,
     Path(vhost): Path<String>,
-    headers: HeaderMap,
 ) -> Response {
-    admin!(st, headers, peer);
     if st.shared.broker.vhost(&vhost).is_none() {
         return not_found();
     }
@@ -94,11 +75,9 @@ pub async fn of_vhost(
 
 pub async fn get_one(
     State(st): State<HttpState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    _: AdminAuthed,
     Path((vhost, user)): Path<(String, String)>,
-    headers: HeaderMap,
 ) -> Response {
-    admin!(st, headers, peer);
     match st.shared.broker.access().permission(&vhost, &user) {
         Some(p) => Json(permission_json(&vhost, &user, &p)).into_response(),
         None => not_found(),
@@ -115,12 +94,10 @@ pub struct PutPermission {
 
 pub async fn put(
     State(st): State<HttpState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    _: AdminAuthed,
     Path((vhost, user)): Path<(String, String)>,
-    headers: HeaderMap,
     body: Json<PutPermission>,
 ) -> Response {
-    admin!(st, headers, peer);
     if st.shared.broker.vhost(&vhost).is_none() {
         return bad_request(&format!("vhost '{vhost}' does not exist"));
     }
@@ -143,23 +120,16 @@ pub async fn put(
 
 pub async fn delete(
     State(st): State<HttpState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    _: AdminAuthed,
     Path((vhost, user)): Path<(String, String)>,
-    headers: HeaderMap,
 ) -> Response {
-    admin!(st, headers, peer);
     match st.shared.broker.access().clear_permission(&vhost, &user) {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => access_error(&e),
     }
 }
 
-pub async fn topic_list(
-    State(st): State<HttpState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
-) -> Response {
-    admin!(st, headers, peer);
+pub async fn topic_list(State(st): State<HttpState>, _: AdminAuthed) -> Response {
     let all: Vec<Value> = st
         .shared
         .broker
@@ -173,11 +143,9 @@ pub async fn topic_list(
 
 pub async fn topic_get(
     State(st): State<HttpState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    _: AdminAuthed,
     Path((vhost, user)): Path<(String, String)>,
-    headers: HeaderMap,
 ) -> Response {
-    admin!(st, headers, peer);
     let mine: Vec<Value> = st
         .shared
         .broker
@@ -203,12 +171,10 @@ pub struct PutTopicPermission {
 
 pub async fn topic_put(
     State(st): State<HttpState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    _: AdminAuthed,
     Path((vhost, user)): Path<(String, String)>,
-    headers: HeaderMap,
     body: Json<PutTopicPermission>,
 ) -> Response {
-    admin!(st, headers, peer);
     if st.shared.broker.vhost(&vhost).is_none() {
         return bad_request(&format!("vhost '{vhost}' does not exist"));
     }
@@ -230,11 +196,9 @@ pub async fn topic_put(
 
 pub async fn topic_delete(
     State(st): State<HttpState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    _: AdminAuthed,
     Path((vhost, user)): Path<(String, String)>,
-    headers: HeaderMap,
 ) -> Response {
-    admin!(st, headers, peer);
     match st
         .shared
         .broker

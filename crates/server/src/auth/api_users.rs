@@ -1,10 +1,8 @@
 //! `/api/users` and `/api/users/{name}`: list, read, create or replace,
 //! delete users (administrator only), in RabbitMQ's JSON shapes.
 
-use std::net::SocketAddr;
-
-use axum::extract::{ConnectInfo, Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use berth_broker::access::{parse_tags, User};
@@ -12,8 +10,8 @@ use berth_broker::password::{Algorithm, PasswordHash};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::http::{access_error, authenticate_admin, bad_request, not_found};
-use crate::http::HttpState;
+use super::http::{access_error, bad_request, not_found};
+use crate::http::{AdminAuthed, HttpState};
 
 /// A user as RabbitMQ's API shows it.
 pub fn user_json(u: &User) -> Value {
@@ -32,14 +30,7 @@ pub fn user_json(u: &User) -> Value {
     })
 }
 
-pub async fn list(
-    State(st): State<HttpState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
-) -> Response {
-    if let Err(r) = authenticate_admin(&st.shared, &headers, peer) {
-        return r;
-    }
+pub async fn list(State(st): State<HttpState>, _: AdminAuthed) -> Response {
     let users: Vec<Value> = st
         .shared
         .broker
@@ -53,13 +44,9 @@ pub async fn list(
 
 pub async fn get_one(
     State(st): State<HttpState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    _: AdminAuthed,
     Path(name): Path<String>,
-    headers: HeaderMap,
 ) -> Response {
-    if let Err(r) = authenticate_admin(&st.shared, &headers, peer) {
-        return r;
-    }
     match st.shared.broker.access().user(&name) {
         Some(u) => Json(user_json(&u)).into_response(),
         None => not_found(),
@@ -97,14 +84,10 @@ fn tags_of(v: Option<&Value>) -> Result<Vec<String>, String> {
 
 pub async fn put(
     State(st): State<HttpState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    _: AdminAuthed,
     Path(name): Path<String>,
-    headers: HeaderMap,
     body: Json<PutUser>,
 ) -> Response {
-    if let Err(r) = authenticate_admin(&st.shared, &headers, peer) {
-        return r;
-    }
     let access = st.shared.broker.access();
     let existing = access.user(&name);
     let tags = match tags_of(body.tags.as_ref()) {
@@ -146,13 +129,9 @@ pub async fn put(
 
 pub async fn delete(
     State(st): State<HttpState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    _: AdminAuthed,
     Path(name): Path<String>,
-    headers: HeaderMap,
 ) -> Response {
-    if let Err(r) = authenticate_admin(&st.shared, &headers, peer) {
-        return r;
-    }
     match st.shared.broker.access().delete_user(&name) {
         Ok(()) => {
             // RabbitMQ closes a deleted user's connections with 320.

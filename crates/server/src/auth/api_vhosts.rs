@@ -10,10 +10,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use super::http::{
-    access_error, authenticate, authenticate_admin, not_found, sees_vhost, unauthorized,
-};
-use crate::http::HttpState;
+use super::http::{access_error, authenticate, not_found, sees_vhost, unauthorized};
+use crate::http::{AdminAuthed, HttpState};
 
 pub async fn get_one(
     State(st): State<HttpState>,
@@ -43,13 +41,9 @@ pub async fn get_one(
 
 pub async fn put(
     State(st): State<HttpState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    _: AdminAuthed,
     Path(name): Path<String>,
-    headers: HeaderMap,
 ) -> Response {
-    if let Err(r) = authenticate_admin(&st.shared, &headers, peer) {
-        return r;
-    }
     let existed = st.shared.broker.vhost(&name).is_some();
     match st.shared.broker.add_vhost(&name) {
         Ok(_) if existed => StatusCode::NO_CONTENT.into_response(),
@@ -60,13 +54,9 @@ pub async fn put(
 
 pub async fn delete(
     State(st): State<HttpState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    _: AdminAuthed,
     Path(name): Path<String>,
-    headers: HeaderMap,
 ) -> Response {
-    if let Err(r) = authenticate_admin(&st.shared, &headers, peer) {
-        return r;
-    }
     // The store waits run under block_in_place (see journal.rs).
     match st.shared.broker.delete_vhost(&name) {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),

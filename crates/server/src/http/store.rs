@@ -8,15 +8,13 @@
 //! Answers `{"groups", "bytes_before", "bytes_after", "bytes_freed"}`,
 //! counting segment bytes.
 
-use std::net::SocketAddr;
-
-use axum::extract::{ConnectInfo, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use super::HttpState;
+use super::{AdminAuthed, HttpState};
 
 fn segment_bytes(st: &HttpState) -> u64 {
     st.journal
@@ -27,14 +25,7 @@ fn segment_bytes(st: &HttpState) -> u64 {
         .sum()
 }
 
-pub(super) async fn compact(
-    State(st): State<HttpState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
-) -> Response {
-    if let Err(r) = crate::auth::http::authenticate_admin(&st.shared, &headers, peer) {
-        return r;
-    }
+pub(super) async fn compact(State(st): State<HttpState>, _: AdminAuthed) -> Response {
     let journal = std::sync::Arc::clone(&st.journal);
     let before = segment_bytes(&st);
     let done = tokio::task::spawn_blocking(move || {
