@@ -155,6 +155,36 @@ pub async fn confirmed(confirm: lapin::PublisherConfirm) -> Result<(), BenchErro
     }
 }
 
+/// Publishes `n` copies of `body` to `queue` with at most `window`
+/// confirms outstanding, ticking `pb` per confirm; returns (published,
+/// confirmed).
+pub async fn publish_windowed(
+    ch: &Channel,
+    queue: &str,
+    body: &[u8],
+    n: u64,
+    window: usize,
+    pb: &indicatif::ProgressBar,
+) -> Result<(u64, u64), BenchError> {
+    let mut pending = std::collections::VecDeque::with_capacity(window);
+    let (mut published, mut confirmed_n) = (0u64, 0u64);
+    for _ in 0..n {
+        pending.push_back(publish(ch, queue, body).await?);
+        published += 1;
+        if pending.len() >= window {
+            confirmed(pending.pop_front().expect("non-empty")).await?;
+            confirmed_n += 1;
+            pb.inc(1);
+        }
+    }
+    while let Some(c) = pending.pop_front() {
+        confirmed(c).await?;
+        confirmed_n += 1;
+        pb.inc(1);
+    }
+    Ok((published, confirmed_n))
+}
+
 fn epoch() -> Instant {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     *EPOCH.get_or_init(Instant::now)

@@ -8,7 +8,6 @@
 //! Accounting: published = confirmed = N per queue, depth = N after the
 //! produce phase, consumed = N per queue, depth 0 after the drain.
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use futures_lite::StreamExt as _;
@@ -96,7 +95,6 @@ pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome,
     Ok(out)
 }
 
-#[allow(clippy::cast_precision_loss)]
 async fn one_size(
     cfg: &Config,
     target: &Target,
@@ -108,38 +106,87 @@ async fn one_size(
 ) -> Result<(), BenchError> {
     let total = cfg.messages * queues.len() as u64;
     let tag = format!("s{size}");
-    // Produce.
+    let produce_s = produce(cfg, target, ui, size, queues, &tag, out).await?;
+    for q in queues {
+        let d = amqp::depth(admin, q).await?;
+        out.accounting.expect_eq(
+            &format!("{tag} depth of {q} after produce"),
+            d,
+            cfg.messages,
+        );
+    }
+    if cfg.drop_caches {
+        if let Err(why) = drop_page_cache() {
+            let note =
+                format!("page cache not dropped before drain ({why}): drain rates are warm-cache");
+            if !out.notes.contains(&note) {
+                out.notes.push(note);
+            }
+        }
+    }
+    let drain_s = drain_all(cfg, target, ui, queues, &tag, out).await?;
+    for q in queues {
+        let d = amqp::depth(admin, q).await?;
+        out.accounting
+            .expect_eq(&format!("{tag} depth of {q} after drain"), d, 0);
+    }
+    push_rates(out, &tag, total, size, "produce", produce_s);
+    push_rates(out, &tag, total, size, "drain", drain_s);
+    out.messages += total;
+    Ok(())
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn push_rates(out: &mut Outcome, tag: &str, total: u64, size: usize, phase: &str, secs: f64) {
+    let mb = (total as f64) * (size as f64) / 1e6;
+    out.metrics.push(Metric::new(
+        format!("{tag}.{phase}_msgs_per_s"),
+        "msg/s",
+        total as f64 / secs,
+    ));
+    out.metrics.push(Metric::new(
+        format!("{tag}.{phase}_mb_per_s"),
+        "MB/s",
+        mb / secs,
+    ));
+}
+
+/// One producer connection per queue publishes `cfg.messages` of `size`
+/// bytes with `confirm_window` confirms outstanding; returns the seconds
+/// it took.
+async fn produce(
+    cfg: &Config,
+    target: &Target,
+    ui: &Ui,
+    size: usize,
+    queues: &[String],
+    tag: &str,
+    out: &mut Outcome,
+) -> Result<f64, BenchError> {
     let mut chans = Vec::new();
     for i in 0..queues.len() {
         chans.push(
             amqp::connect_channel(&target.uri, &format!("pagesize producer {i}"), true).await?,
         );
     }
-    let pb = ui.bar(total, format!("pagesize {tag} produce"));
+    let pb = ui.bar(
+        cfg.messages * queues.len() as u64,
+        format!("pagesize {tag} produce"),
+    );
     let started = Instant::now();
     let mut tasks = Vec::new();
     for ((conn, ch), q) in chans.into_iter().zip(queues.iter().cloned()) {
         let (n, window, pb) = (cfg.messages, cfg.confirm_window, pb.clone());
         let body = amqp::body(size, 0);
         tasks.push(tokio::spawn(async move {
-            let mut acc = Accounting::default();
-            let mut pending = VecDeque::with_capacity(window);
-            for _ in 0..n {
-                pending.push_back(amqp::publish(&ch, &q, &body).await?);
-                acc.published += 1;
-                if pending.len() >= window {
-                    amqp::confirmed(pending.pop_front().expect("non-empty")).await?;
-                    acc.confirmed += 1;
-                    pb.inc(1);
-                }
-            }
-            while let Some(c) = pending.pop_front() {
-                amqp::confirmed(c).await?;
-                acc.confirmed += 1;
-                pb.inc(1);
-            }
+            let (published, confirmed) =
+                amqp::publish_windowed(&ch, &q, &body, n, window, &pb).await?;
             amqp::close(&conn).await;
-            Ok(acc)
+            Ok(Accounting {
+                published,
+                confirmed,
+                ..Accounting::default()
+            })
         }));
     }
     let produced = join_all(tasks).await;
@@ -153,37 +200,19 @@ async fn one_size(
             cfg.messages,
         );
     }
-    for q in queues {
-        let d = amqp::depth(admin, q).await?;
-        out.accounting.expect_eq(
-            &format!("{tag} depth of {q} after produce"),
-            d,
-            cfg.messages,
-        );
-    }
-    let mb = (total as f64) * (size as f64) / 1e6;
-    out.metrics.push(Metric::new(
-        format!("{tag}.produce_msgs_per_s"),
-        "msg/s",
-        total as f64 / produce_s,
-    ));
-    out.metrics.push(Metric::new(
-        format!("{tag}.produce_mb_per_s"),
-        "MB/s",
-        mb / produce_s,
-    ));
+    Ok(produce_s)
+}
 
-    if cfg.drop_caches {
-        if let Err(why) = drop_page_cache() {
-            let note =
-                format!("page cache not dropped before drain ({why}): drain rates are warm-cache");
-            if !out.notes.contains(&note) {
-                out.notes.push(note);
-            }
-        }
-    }
-
-    // Drain.
+/// One consumer connection per queue drains it; returns the seconds it
+/// took.
+async fn drain_all(
+    cfg: &Config,
+    target: &Target,
+    ui: &Ui,
+    queues: &[String],
+    tag: &str,
+    out: &mut Outcome,
+) -> Result<f64, BenchError> {
     let mut chans = Vec::new();
     for i in 0..queues.len() {
         let (conn, ch) =
@@ -193,7 +222,10 @@ async fn one_size(
             .ctx("basic.qos")?;
         chans.push((conn, ch));
     }
-    let pb = ui.bar(total, format!("pagesize {tag} drain"));
+    let pb = ui.bar(
+        cfg.messages * queues.len() as u64,
+        format!("pagesize {tag} drain"),
+    );
     let started = Instant::now();
     let mut tasks = Vec::new();
     for ((conn, ch), q) in chans.into_iter().zip(queues.iter().cloned()) {
@@ -217,23 +249,7 @@ async fn one_size(
             cfg.messages,
         );
     }
-    for q in queues {
-        let d = amqp::depth(admin, q).await?;
-        out.accounting
-            .expect_eq(&format!("{tag} depth of {q} after drain"), d, 0);
-    }
-    out.metrics.push(Metric::new(
-        format!("{tag}.drain_msgs_per_s"),
-        "msg/s",
-        total as f64 / drain_s,
-    ));
-    out.metrics.push(Metric::new(
-        format!("{tag}.drain_mb_per_s"),
-        "MB/s",
-        mb / drain_s,
-    ));
-    out.messages += total;
-    Ok(())
+    Ok(drain_s)
 }
 
 /// Consumes `n` messages from `queue`, acking `multiple` every `ack_every`

@@ -369,7 +369,6 @@ pub fn host_port(uri: &str) -> Result<String, BenchError> {
     )
 }
 
-#[allow(clippy::too_many_lines)]
 pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome, BenchError> {
     let control = cfg.control(target)?;
     let prefix = amqp::unique_prefix("restart");
@@ -399,34 +398,7 @@ pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome,
     // Fill.
     let total = cfg.messages * cfg.queues as u64;
     let pb = ui.bar(total, "restart fill");
-    let mut tasks = Vec::new();
-    for (i, q) in queues.iter().cloned().enumerate() {
-        let (uri, n, size, pb) = (target.uri.clone(), cfg.messages, cfg.size, pb.clone());
-        tasks.push(tokio::spawn(async move {
-            let (conn, ch) =
-                amqp::connect_channel(&uri, &format!("restart filler {i}"), true).await?;
-            let body = amqp::body(size, 0);
-            let mut pending = std::collections::VecDeque::new();
-            let (mut published, mut confirmed) = (0u64, 0u64);
-            for _ in 0..n {
-                pending.push_back(amqp::publish(&ch, &q, &body).await?);
-                published += 1;
-                if pending.len() >= 256 {
-                    amqp::confirmed(pending.pop_front().expect("non-empty")).await?;
-                    confirmed += 1;
-                    pb.inc(1);
-                }
-            }
-            while let Some(c) = pending.pop_front() {
-                amqp::confirmed(c).await?;
-                confirmed += 1;
-                pb.inc(1);
-            }
-            amqp::close(&conn).await;
-            Ok((published, confirmed))
-        }));
-    }
-    let filled = join_all(tasks).await;
+    let filled = fill(cfg, target, &queues, &pb).await;
     pb.finish_and_clear();
     // Nobody listening any more only means the load already ended.
     stop.send(true).ok();
@@ -467,56 +439,8 @@ pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome,
         amqp::close(&conn).await;
     }
 
-    let hp = host_port(&target.uri)?;
     for &cache in &cfg.caches {
-        let name = match cache {
-            Cache::Warm => "warm",
-            Cache::Cold => "cold",
-        };
-        control.kill()?;
-        wait_down(&hp).await?;
-        if cache == Cache::Cold {
-            if let Err(why) = drop_page_cache() {
-                out.notes.push(format!(
-                    "page cache not dropped ({why}): cold restart figures are warm"
-                ));
-            }
-        }
-        let t0 = Instant::now();
-        control.start()?;
-        let pb = ui.bar(3, format!("restart {name}"));
-        let times = wait_recovered(
-            &target.uri,
-            &hp,
-            &queues,
-            cfg.messages,
-            cfg.recovery_timeout,
-            &pb,
-        )
-        .await;
-        pb.finish_and_clear();
-        control.forget_if_exited();
-        let (listen, connect, depth, first) = times?;
-        out.metrics.push(Metric::new(
-            format!("{name}.listen_s"),
-            "s",
-            (listen - t0).as_secs_f64(),
-        ));
-        out.metrics.push(Metric::new(
-            format!("{name}.connect_s"),
-            "s",
-            (connect - t0).as_secs_f64(),
-        ));
-        out.metrics.push(Metric::new(
-            format!("{name}.all_depths_s"),
-            "s",
-            (depth - t0).as_secs_f64(),
-        ));
-        out.metrics.push(Metric::new(
-            format!("{name}.first_message_s"),
-            "s",
-            (first - t0).as_secs_f64(),
-        ));
+        kill_and_time_restart(cfg, control, target, &queues, cache, ui, &mut out).await?;
     }
     // The uncommitted transaction died with the first broker.
     drop((tx_ch, tx_conn));
@@ -541,6 +465,87 @@ pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome,
     }
     amqp::close(&conn).await;
     Ok(out)
+}
+
+/// Fills every queue with `cfg.messages` persistent messages, one
+/// connection per queue, confirms pipelined; per connection: (published,
+/// confirmed).
+async fn fill(
+    cfg: &Config,
+    target: &Target,
+    queues: &[String],
+    pb: &indicatif::ProgressBar,
+) -> Result<Vec<(u64, u64)>, BenchError> {
+    let mut tasks = Vec::new();
+    for (i, q) in queues.iter().cloned().enumerate() {
+        let (uri, n, size, pb) = (target.uri.clone(), cfg.messages, cfg.size, pb.clone());
+        tasks.push(tokio::spawn(async move {
+            let (conn, ch) =
+                amqp::connect_channel(&uri, &format!("restart filler {i}"), true).await?;
+            let body = amqp::body(size, 0);
+            let (published, confirmed) =
+                amqp::publish_windowed(&ch, &q, &body, n, 256, &pb).await?;
+            amqp::close(&conn).await;
+            Ok((published, confirmed))
+        }));
+    }
+    join_all(tasks).await
+}
+
+/// One kill -9 and restart with a warm or cold page cache: the times from
+/// the start until the broker listens, accepts a connection, shows every
+/// queue at full depth and delivers a first message.
+async fn kill_and_time_restart(
+    cfg: &Config,
+    control: &Control,
+    target: &Target,
+    queues: &[String],
+    cache: Cache,
+    ui: &Ui,
+    out: &mut Outcome,
+) -> Result<(), BenchError> {
+    let name = match cache {
+        Cache::Warm => "warm",
+        Cache::Cold => "cold",
+    };
+    let hp = host_port(&target.uri)?;
+    control.kill()?;
+    wait_down(&hp).await?;
+    if cache == Cache::Cold {
+        if let Err(why) = drop_page_cache() {
+            out.notes.push(format!(
+                "page cache not dropped ({why}): cold restart figures are warm"
+            ));
+        }
+    }
+    let t0 = Instant::now();
+    control.start()?;
+    let pb = ui.bar(3, format!("restart {name}"));
+    let times = wait_recovered(
+        &target.uri,
+        &hp,
+        queues,
+        cfg.messages,
+        cfg.recovery_timeout,
+        &pb,
+    )
+    .await;
+    pb.finish_and_clear();
+    control.forget_if_exited();
+    let (listen, connect, depth, first) = times?;
+    for (what, at) in [
+        ("listen_s", listen),
+        ("connect_s", connect),
+        ("all_depths_s", depth),
+        ("first_message_s", first),
+    ] {
+        out.metrics.push(Metric::new(
+            format!("{name}.{what}"),
+            "s",
+            (at - t0).as_secs_f64(),
+        ));
+    }
+    Ok(())
 }
 
 /// Requester at `rate` round trips/s plus a responder; returns the round

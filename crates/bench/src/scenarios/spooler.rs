@@ -174,7 +174,6 @@ where
     Ok(join_all(tasks).await?.into_iter().flatten().collect())
 }
 
-#[allow(clippy::too_many_lines)]
 pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome, BenchError> {
     let prefix = amqp::unique_prefix("spooler");
     let queues: Arc<Vec<String>> =
@@ -210,7 +209,26 @@ pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome,
     Ok(out)
 }
 
-#[allow(clippy::too_many_lines, clippy::cast_precision_loss)]
+/// Consumers on every queue: what they consumed, and each timed delivery's
+/// end-to-end latency in ms.
+struct Consumers {
+    conns: Vec<(lapin::Connection, lapin::Channel)>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    consumed: Arc<AtomicU64>,
+    latencies_ms: Arc<Mutex<Vec<f64>>>,
+}
+
+/// What the timed load measured while it ran.
+struct LoadRun {
+    published: u64,
+    confirmed: u64,
+    load_s: f64,
+    status_api_ms: Vec<f64>,
+    status_amqp_ms: Vec<f64>,
+    page_ms: Vec<f64>,
+    status_cmd_ms: Vec<f64>,
+}
+
 async fn load(
     cfg: &Config,
     target: &Target,
@@ -219,7 +237,63 @@ async fn load(
     admin: &[lapin::Channel],
 ) -> Result<Outcome, BenchError> {
     let mut out = Outcome::default();
-    // Backlog, round robin over the queues, confirms pipelined per channel.
+    let loaded = fill_backlog(cfg, target, ui, queues).await?;
+    out.accounting
+        .expect_eq("backlog confirmed", loaded, cfg.backlog);
+    let pb = ui.bar(
+        (cfg.consumer_connections + cfg.producers) as u64,
+        "spooler connect",
+    );
+    let consumers = start_consumers(cfg, target, queues, &pb).await?;
+    let run = run_load(cfg, target, ui, queues, admin, &pb).await?;
+    out.accounting.published = cfg.backlog + run.published;
+    out.accounting.confirmed = loaded + run.confirmed;
+
+    let want = loaded + run.confirmed;
+    let (consumed, settle_s) = settle(ui, &consumers.consumed, want, run.load_s).await;
+    for (conn, _) in &consumers.conns {
+        amqp::close(conn).await;
+    }
+    for t in consumers.tasks {
+        t.abort();
+    }
+    out.accounting.consumed = consumed;
+    out.accounting
+        .expect_eq("load confirmed", run.confirmed, run.published);
+    out.accounting
+        .expect_eq("consumed = backlog + confirmed", consumed, want);
+    let noop = ui.bar(0, "");
+    let depth: u64 = per_queue(admin, queues, &noop, |ch, q| async move {
+        amqp::depth(&ch, &q).await
+    })
+    .await?
+    .iter()
+    .sum();
+    out.accounting
+        .expect_eq("total depth after settle", depth, 0);
+    let lat = std::mem::take(&mut *consumers.latencies_ms.lock().expect("latency lock"));
+    out.accounting.expect_eq(
+        "timed deliveries = confirmed load",
+        lat.len() as u64,
+        run.confirmed,
+    );
+    push_metrics(&mut out, run, lat, settle_s);
+    if target.mgmt_url.is_none() {
+        out.notes
+            .push("no --mgmt-url: management API status latency not measured".into());
+    }
+    out.messages = want;
+    Ok(out)
+}
+
+/// The backlog, round robin over the queues, confirms pipelined per
+/// channel; returns how many were confirmed.
+async fn fill_backlog(
+    cfg: &Config,
+    target: &Target,
+    ui: &Ui,
+    queues: &Arc<Vec<String>>,
+) -> Result<u64, BenchError> {
     let pb = ui.bar(cfg.backlog, "spooler backlog");
     let loaders = connect_many(&target.uri, "spooler loader", 4, true, &ui.bar(0, "")).await?;
     let mut tasks = Vec::new();
@@ -250,26 +324,30 @@ async fn load(
     }
     let loaded: u64 = join_all(tasks).await?.iter().sum();
     pb.finish_and_clear();
-    out.accounting
-        .expect_eq("backlog confirmed", loaded, cfg.backlog);
+    Ok(loaded)
+}
 
-    // Consumers on every queue.
+/// Consumers on every queue, spread over `consumer_connections`, acking
+/// each delivery and timing the stamped ones.
+#[allow(clippy::cast_precision_loss)]
+async fn start_consumers(
+    cfg: &Config,
+    target: &Target,
+    queues: &Arc<Vec<String>>,
+    pb: &indicatif::ProgressBar,
+) -> Result<Consumers, BenchError> {
     let consumed = Arc::new(AtomicU64::new(0));
-    let latencies: Arc<Mutex<Vec<f64>>> = Arc::new(Mutex::new(Vec::new()));
-    let pb = ui.bar(
-        (cfg.consumer_connections + cfg.producers) as u64,
-        "spooler connect",
-    );
-    let consumer_conns = connect_many(
+    let latencies_ms: Arc<Mutex<Vec<f64>>> = Arc::new(Mutex::new(Vec::new()));
+    let conns = connect_many(
         &target.uri,
         "spooler consumer",
         cfg.consumer_connections,
         false,
-        &pb,
+        pb,
     )
     .await?;
-    let mut consumer_tasks = Vec::new();
-    for (c, (_, ch)) in consumer_conns.iter().enumerate() {
+    let mut tasks = Vec::new();
+    for (c, (_, ch)) in conns.iter().enumerate() {
         ch.basic_qos(cfg.prefetch, BasicQosOptions::default())
             .await
             .ctx("basic.qos")?;
@@ -283,8 +361,8 @@ async fn load(
                 )
                 .await
                 .ctx(format!("consume {q}"))?;
-            let (ch, consumed, latencies) = (ch.clone(), consumed.clone(), latencies.clone());
-            consumer_tasks.push(tokio::spawn(async move {
+            let (ch, consumed, latencies) = (ch.clone(), consumed.clone(), latencies_ms.clone());
+            tasks.push(tokio::spawn(async move {
                 while let Some(d) = consumer.next().await {
                     let Ok(d) = d else { break };
                     if let Some(stamp) = amqp::stamp_of(&d.data) {
@@ -303,10 +381,33 @@ async fn load(
             }));
         }
     }
+    Ok(Consumers {
+        conns,
+        tasks,
+        consumed,
+        latencies_ms,
+    })
+}
 
-    // Producers at a fixed rate to random queues.
-    let producers = connect_many(&target.uri, "spooler producer", cfg.producers, true, &pb).await?;
-    pb.finish_and_clear();
+/// Producers at a fixed rate to random queues for `cfg.duration`, with the
+/// status queries timed meanwhile.
+async fn run_load(
+    cfg: &Config,
+    target: &Target,
+    ui: &Ui,
+    queues: &Arc<Vec<String>>,
+    admin: &[lapin::Channel],
+    connect_pb: &indicatif::ProgressBar,
+) -> Result<LoadRun, BenchError> {
+    let producers = connect_many(
+        &target.uri,
+        "spooler producer",
+        cfg.producers,
+        true,
+        connect_pb,
+    )
+    .await?;
+    connect_pb.finish_and_clear();
     let pb = ui.timed(cfg.duration, "spooler load");
     let ticker = crate::tick_seconds(&pb, cfg.duration);
     let started = Instant::now();
@@ -336,9 +437,44 @@ async fn load(
             Ok((published, confirmed))
         }));
     }
-
-    // Status queries while under load.
     let fast = mgmt_url_sampler(target.mgmt_url.as_deref(), deadline)?;
+    let (status_api_ms, status_amqp_ms) =
+        sample_status(cfg, target, ui, queues, admin, deadline).await?;
+    let sent = join_all(tasks).await;
+    let (page_ms, status_cmd_ms) = match fast {
+        Some(h) => h.await.map_err(|e| BenchError::Task(e.to_string()))??,
+        None => (Vec::new(), Vec::new()),
+    };
+    let load_s = started.elapsed().as_secs_f64();
+    ticker.abort();
+    pb.finish_and_clear();
+    let (mut published, mut confirmed) = (0, 0);
+    for (p, c) in sent? {
+        published += p;
+        confirmed += c;
+    }
+    Ok(LoadRun {
+        published,
+        confirmed,
+        load_s,
+        status_api_ms,
+        status_amqp_ms,
+        page_ms,
+        status_cmd_ms,
+    })
+}
+
+/// The status queries while under load, every `status_interval` until
+/// `deadline`: `GET /api/queues` (with a management URL) and the AMQP
+/// equivalent (a passive declare of every queue).
+async fn sample_status(
+    cfg: &Config,
+    target: &Target,
+    ui: &Ui,
+    queues: &Arc<Vec<String>>,
+    admin: &[lapin::Channel],
+    deadline: Instant,
+) -> Result<Samples, BenchError> {
     let mut status_api_ms = Vec::new();
     let mut status_amqp_ms = Vec::new();
     let mgmt = target
@@ -364,24 +500,15 @@ async fn load(
         .await?;
         status_amqp_ms.push(amqp::ms(t0.elapsed()));
     }
-    let sent = join_all(tasks).await;
-    let (page_ms, status_cmd_ms) = match fast {
-        Some(h) => h.await.map_err(|e| BenchError::Task(e.to_string()))??,
-        None => (Vec::new(), Vec::new()),
-    };
-    let load_s = started.elapsed().as_secs_f64();
-    ticker.abort();
-    pb.finish_and_clear();
-    let (mut published, mut confirmed) = (0, 0);
-    for (p, c) in sent? {
-        published += p;
-        confirmed += c;
-    }
-    out.accounting.published = cfg.backlog + published;
-    out.accounting.confirmed = loaded + confirmed;
+    Ok((status_api_ms, status_amqp_ms))
+}
 
-    // Let the consumers finish what is queued.
-    let want = loaded + confirmed;
+/// Lets the consumers finish what is queued: waits until `want` were
+/// consumed, or until they made no progress for
+/// [`SETTLE_IDLE_TIMEOUT_S`]. Returns what was consumed and the seconds
+/// since the load started (`load_s` ago at the call).
+async fn settle(ui: &Ui, consumed: &AtomicU64, want: u64, load_s: f64) -> (u64, f64) {
+    let started = Instant::now();
     let pb = ui.bar(want, "spooler settle");
     let mut last = (consumed.load(Ordering::Relaxed), Instant::now());
     loop {
@@ -398,64 +525,35 @@ async fn load(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     pb.finish_and_clear();
-    let settle_s = started.elapsed().as_secs_f64();
-    for (conn, _) in &consumer_conns {
-        amqp::close(conn).await;
-    }
-    for t in consumer_tasks {
-        t.abort();
-    }
-    out.accounting.consumed = consumed.load(Ordering::Relaxed);
-    out.accounting
-        .expect_eq("load confirmed", confirmed, published);
-    out.accounting.expect_eq(
-        "consumed = backlog + confirmed",
-        out.accounting.consumed,
-        want,
-    );
-    let noop = ui.bar(0, "");
-    let depth: u64 = per_queue(admin, queues, &noop, |ch, q| async move {
-        amqp::depth(&ch, &q).await
-    })
-    .await?
-    .iter()
-    .sum();
-    out.accounting
-        .expect_eq("total depth after settle", depth, 0);
-    let lat = std::mem::take(&mut *latencies.lock().expect("latency lock"));
-    out.accounting.expect_eq(
-        "timed deliveries = confirmed load",
-        lat.len() as u64,
-        confirmed,
-    );
+    (
+        consumed.load(Ordering::Relaxed),
+        load_s + started.elapsed().as_secs_f64(),
+    )
+}
 
+#[allow(clippy::cast_precision_loss)]
+fn push_metrics(out: &mut Outcome, run: LoadRun, e2e_ms: Vec<f64>, settle_s: f64) {
     out.metrics.push(Metric::new(
         "publish_msgs_per_s",
         "msg/s",
-        confirmed as f64 / load_s,
+        run.confirmed as f64 / run.load_s,
     ));
     out.metrics.push(Metric::new("settle_s", "s", settle_s));
-    out.metrics.extend(latency_metrics("e2e", lat));
-    out.metrics.extend(
-        latency_metrics("status_api", status_api_ms)
-            .into_iter()
-            .filter(|m| m.name.ends_with("median") || m.name.ends_with("max")),
-    );
-    out.metrics.extend(
-        latency_metrics("status_amqp", status_amqp_ms)
-            .into_iter()
-            .filter(|m| m.name.ends_with("median") || m.name.ends_with("max")),
-    );
-    out.metrics
-        .extend(latency_metrics("status_page100", page_ms));
-    out.metrics
-        .extend(latency_metrics("status_cmd", status_cmd_ms));
-    if mgmt.is_none() {
-        out.notes
-            .push("no --mgmt-url: management API status latency not measured".into());
+    out.metrics.extend(latency_metrics("e2e", e2e_ms));
+    for (name, ms) in [
+        ("status_api", run.status_api_ms),
+        ("status_amqp", run.status_amqp_ms),
+    ] {
+        out.metrics.extend(
+            latency_metrics(name, ms)
+                .into_iter()
+                .filter(|m| m.name.ends_with("median") || m.name.ends_with("max")),
+        );
     }
-    out.messages = want;
-    Ok(out)
+    out.metrics
+        .extend(latency_metrics("status_page100", run.page_ms));
+    out.metrics
+        .extend(latency_metrics("status_cmd", run.status_cmd_ms));
 }
 
 /// Interval of the operator-facing status sampler.
