@@ -277,12 +277,23 @@ fn payloads() {
     );
 }
 
+/// A real certificate with a subject and SANs of every supported type
+/// (the one `crates/certname/tests/names.rs` pins).
+fn certificates() {
+    write(
+        "certname",
+        "alice.der",
+        include_bytes!("../crates/certname/tests/data/alice.der"),
+    );
+}
+
 fn main() {
     frames();
     content();
     records();
     checkpoints();
     payloads();
+    certificates();
     println!(
         "seed corpus written to {}/corpus",
         env!("CARGO_MANIFEST_DIR")
