@@ -46,8 +46,10 @@ use berth_broker::vhost::VHost;
 use berth_broker::Broker;
 use serde_json::Value;
 
-pub(crate) use crate::field_json::{json_table, table_json};
 use crate::state::Shared;
+// What nearly every resource file needs, so each says `use super::{...}`;
+// each item is defined once, in the module named here.
+pub(crate) use crate::field_json::{json_table, table_json};
 pub(crate) use auth::{AdminAuthed, Authed};
 pub(crate) use error::{amqp_error, bad_request, error_400, not_found};
 
