@@ -90,14 +90,7 @@ async fn accept_loop(
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
             return;
         };
-        let (stream, peer) = match listener.accept().await {
-            Ok(x) => x,
-            Err(e) => {
-                tracing::warn!(error = %e, "accept failed (https)");
-                tokio::time::sleep(Duration::from_millis(limits::ACCEPT_BACKOFF_MS)).await;
-                continue;
-            }
-        };
+        let (stream, peer) = crate::listen::accept(&listener, "https").await;
         let (acceptor, done) = (tls.acceptor(), done.clone());
         tokio::spawn(async move {
             let shaken = tokio::time::timeout(timeout, acceptor.accept(stream)).await;

@@ -1,5 +1,10 @@
-//! The networked broker: AMQP listeners, the accept loop, timers, and
-//! graceful shutdown.
+//! The networked broker, assembled: binds the listeners ([`listen`]),
+//! opens the store and the broker, builds the shared state ([`state`]),
+//! starts the management API ([`http`]) and the AMQP accept loops
+//! ([`accept`]) with the broker's timers, and shuts it all down.
+//! Everything else lives in a module of its own; this file only wires
+//! them together, and no module imports from it but [`ServerError`] and
+//! [`Config`].
 //!
 //! Invariants:
 //! - The broker logs exactly one `berth ready amqp=ADDR[,ADDR...]` line once
@@ -7,24 +12,27 @@
 //! - On shutdown every connection is sent `connection.close 320` and given a
 //!   bounded time to go.
 
+mod accept;
 pub mod auth;
 pub mod cert_login;
 pub mod config;
 pub mod connection;
 pub mod disk;
 pub mod event_log;
+pub mod field_json;
 pub mod http;
 mod https;
 pub mod journal;
 pub mod limits;
+mod listen;
 pub mod memory;
 pub mod outbound;
 pub mod registry;
 pub mod reshape;
+pub mod state;
 pub mod stats;
 pub mod stream;
 pub mod tls;
-mod tls_side;
 
 use std::fs::File;
 use std::net::SocketAddr;
@@ -33,11 +41,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use accept::{Accepting, Transport};
 pub use config::Config;
-use connection::Shared;
+use listen::{Bound, Ipv6};
+use state::Shared;
 
 /// Why the server could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -157,28 +167,6 @@ pub fn lock_data_dirs(dirs: &[PathBuf]) -> Result<Vec<File>, ServerError> {
     Ok(locks)
 }
 
-fn bind(addr: &str) -> Result<TcpListener, ServerError> {
-    let err = |source| ServerError::Bind {
-        addr: addr.to_owned(),
-        source,
-    };
-    let sa: SocketAddr = addr
-        .parse()
-        .map_err(|e| err(std::io::Error::new(std::io::ErrorKind::InvalidInput, e)))?;
-    let domain = socket2::Domain::for_address(sa);
-    let s = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))
-        .map_err(err)?;
-    if sa.is_ipv6() {
-        // [::] and 0.0.0.0 are listed separately; keep them independent.
-        s.set_only_v6(true).map_err(err)?;
-    }
-    s.set_reuse_address(true).map_err(err)?;
-    s.set_nonblocking(true).map_err(err)?;
-    s.bind(&sa.into()).map_err(err)?;
-    s.listen(limits::LISTEN_BACKLOG_CONNECTIONS).map_err(err)?;
-    TcpListener::from_std(s.into()).map_err(err)
-}
-
 /// Imports a RabbitMQ definitions file (`management.load_definitions`).
 fn load_definitions(
     broker: &berth_broker::Broker,
@@ -212,50 +200,16 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
     config.validate()?;
     raise_nofile_limit();
     let locks = lock_data_dirs(&config.store.data_dirs)?;
-    let mut listeners = Vec::new();
-    for a in &config.net.amqp_listen {
-        match bind(a) {
-            Ok(l) => listeners.push(l),
-            // A host without IPv6 still serves IPv4 with the default config.
-            Err(e) if a.starts_with("[::]") && config.net.amqp_listen.len() > 1 => {
-                tracing::warn!("skipping {a}: {e}");
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    let amqp_addrs: Vec<SocketAddr> = listeners
-        .iter()
-        .filter_map(|l| l.local_addr().ok())
-        .collect();
-    let tls = if config.net.amqps_listen.is_empty() && config.net.https_listen.is_empty() {
+    let net = &config.net;
+    let amqp = listen::bind_all(&net.amqp_listen, Ipv6::SkipWhenUnavailable)?;
+    let tls = if net.amqps_listen.is_empty() && net.https_listen.is_empty() {
         None
     } else {
         Some(Arc::new(tls::Tls::new(&config.tls)?))
     };
-    let mut amqps_listeners = Vec::new();
-    for a in &config.net.amqps_listen {
-        amqps_listeners.push(bind(a)?);
-    }
-    let amqps_addrs: Vec<SocketAddr> = amqps_listeners
-        .iter()
-        .filter_map(|l| l.local_addr().ok())
-        .collect();
-    let mut http_listeners = Vec::new();
-    for a in &config.net.http_listen {
-        http_listeners.push(bind(a)?);
-    }
-    let http_addrs: Vec<SocketAddr> = http_listeners
-        .iter()
-        .filter_map(|l| l.local_addr().ok())
-        .collect();
-    let mut https_listeners = Vec::new();
-    for a in &config.net.https_listen {
-        https_listeners.push(bind(a)?);
-    }
-    let https_addrs: Vec<SocketAddr> = https_listeners
-        .iter()
-        .filter_map(|l| l.local_addr().ok())
-        .collect();
+    let amqps = listen::bind_all(&net.amqps_listen, Ipv6::Required)?;
+    let http = listen::bind_all(&net.http_listen, Ipv6::Required)?;
+    let https = listen::bind_all(&net.https_listen, Ipv6::Required)?;
     let (broker, journal) = {
         let config = config.clone();
         tokio::task::spawn_blocking(move || journal::open_broker(&config))
@@ -279,68 +233,40 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         shared.config.limits.disk_free_bytes_min,
         rx.clone(),
     );
-    let open = Arc::new(AtomicUsize::new(0));
-    let all_addrs: Arc<Vec<SocketAddr>> = Arc::new(
-        amqp_addrs
-            .iter()
-            .chain(&http_addrs)
-            .chain(&https_addrs)
-            .copied()
-            .collect(),
-    );
-    if !http_listeners.is_empty() || !https_listeners.is_empty() {
-        tokio::spawn(http::sample_rates(Arc::clone(&broker), rx.clone()));
-    }
-    for l in http_listeners {
-        let app = http::router(http::HttpState {
-            shared: Arc::clone(&shared),
-            connections: Arc::clone(&open),
-            listeners: Arc::clone(&all_addrs),
-            journal: Arc::clone(&journal),
-        });
-        let mut stop = rx.clone();
-        tokio::spawn(async move {
-            let served = axum::serve(l, app.into_make_service_with_connect_info::<SocketAddr>())
-                .with_graceful_shutdown(async move {
-                    let _sender_dropped_means_stop_too = stop.changed().await;
-                })
-                .await;
-            if let Err(e) = served {
-                tracing::error!(error = %e, "HTTP listener failed");
-            }
-        });
-    }
+    let ready = ready_line(&amqp, &http, &amqps, &https);
+    let (amqp_addrs, amqps_addrs, http_addrs) =
+        (amqp.addrs.clone(), amqps.addrs.clone(), http.addrs.clone());
+    let accepting = Accepting {
+        shared: Arc::clone(&shared),
+        shutdown: rx.clone(),
+        open: Arc::new(AtomicUsize::new(0)),
+        next_id: Arc::new(AtomicU64::new(1)),
+    };
+    let state = http::HttpState {
+        shared: Arc::clone(&shared),
+        connections: Arc::clone(&accepting.open),
+        listeners: Arc::new(
+            amqp.addrs
+                .iter()
+                .chain(&http.addrs)
+                .chain(&https.addrs)
+                .copied()
+                .collect(),
+        ),
+        journal: Arc::clone(&journal),
+    };
+    serve_http(state, http.listeners, https.listeners, tls.as_ref(), &rx)?;
+    let mut listeners: Vec<(TcpListener, Transport)> = amqp
+        .listeners
+        .into_iter()
+        .map(|l| (l, Transport::Plain))
+        .collect();
     if let Some(tls) = &tls {
-        for l in https_listeners {
-            let app = http::router(http::HttpState {
-                shared: Arc::clone(&shared),
-                connections: Arc::clone(&open),
-                listeners: Arc::clone(&all_addrs),
-                journal: Arc::clone(&journal),
-            });
-            let timeout = Duration::from_millis(shared.config.net.handshake_timeout_ms);
-            https::serve(tls, l, app, timeout, &rx).map_err(|source| ServerError::Bind {
-                addr: "net.https_listen".to_owned(),
-                source,
-            })?;
-        }
-        tls_side::start(tls, amqps_listeners, &shared, &rx, &open);
+        let tls_listeners = amqps.listeners.into_iter();
+        listeners.extend(tls_listeners.map(|l| (l, Transport::Tls(Arc::clone(tls)))));
+        tls::reload_on_sighup(tls, &rx);
     }
-    let task = tokio::spawn(serve(listeners, shared, rx, open));
-    let list: Vec<String> = amqp_addrs.iter().map(ToString::to_string).collect();
-    let mut ready = format!("berth ready amqp={}", list.join(","));
-    if !http_addrs.is_empty() {
-        let h: Vec<String> = http_addrs.iter().map(ToString::to_string).collect();
-        ready.push_str(&format!(" http={}", h.join(",")));
-    }
-    if !amqps_addrs.is_empty() {
-        let s: Vec<String> = amqps_addrs.iter().map(ToString::to_string).collect();
-        ready.push_str(&format!(" amqps={}", s.join(",")));
-    }
-    if !https_addrs.is_empty() {
-        let s: Vec<String> = https_addrs.iter().map(ToString::to_string).collect();
-        ready.push_str(&format!(" https={}", s.join(",")));
-    }
+    let task = tokio::spawn(serve(listeners, accepting));
     tracing::info!("{ready}");
     Ok(Running {
         amqp_addrs,
@@ -354,15 +280,69 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
     })
 }
 
-async fn serve(
-    listeners: Vec<TcpListener>,
-    shared: Arc<Shared>,
-    shutdown: watch::Receiver<bool>,
-    open: Arc<AtomicUsize>,
-) {
-    let timers = {
-        let broker = Arc::clone(&shared.broker);
+/// `berth ready amqp=ADDR[,ADDR...]`, then ` http=`, ` amqps=` and
+/// ` https=` for the kinds that have listeners.
+fn ready_line(amqp: &Bound, http: &Bound, amqps: &Bound, https: &Bound) -> String {
+    let mut ready = format!("berth ready amqp={}", amqp.addr_list());
+    for (kind, bound) in [("http", http), ("amqps", amqps), ("https", https)] {
+        if !bound.addrs.is_empty() {
+            ready.push_str(&format!(" {kind}={}", bound.addr_list()));
+        }
+    }
+    ready
+}
+
+/// Serves the management API (one router, cloned for each listener) on
+/// every HTTP and HTTPS listener, and samples queue rates while any is
+/// there.
+fn serve_http(
+    state: http::HttpState,
+    plain: Vec<TcpListener>,
+    secure: Vec<TcpListener>,
+    tls: Option<&Arc<tls::Tls>>,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<(), ServerError> {
+    if !plain.is_empty() || !secure.is_empty() {
+        tokio::spawn(http::sample_rates(
+            Arc::clone(&state.shared.broker),
+            shutdown.clone(),
+        ));
+    }
+    let timeout = Duration::from_millis(state.shared.config.net.handshake_timeout_ms);
+    let app = http::router(state);
+    for l in plain {
+        let app = app.clone();
         let mut stop = shutdown.clone();
+        tokio::spawn(async move {
+            let served = axum::serve(l, app.into_make_service_with_connect_info::<SocketAddr>())
+                .with_graceful_shutdown(async move {
+                    let _sender_dropped_means_stop_too = stop.changed().await;
+                })
+                .await;
+            if let Err(e) = served {
+                tracing::error!(error = %e, "HTTP listener failed");
+            }
+        });
+    }
+    if let Some(tls) = tls {
+        for l in secure {
+            https::serve(tls, l, app.clone(), timeout, shutdown).map_err(|source| {
+                ServerError::Bind {
+                    addr: "net.https_listen".to_owned(),
+                    source,
+                }
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// The server's task: the broker's timers and one accept loop per AMQP
+/// listener until shutdown, then a bounded wait for the connections to go.
+async fn serve(listeners: Vec<(TcpListener, Transport)>, a: Accepting) {
+    let timers = {
+        let broker = Arc::clone(&a.shared.broker);
+        let mut stop = a.shutdown.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(limits::TIMER_TICK_MS));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -374,71 +354,19 @@ async fn serve(
             }
         })
     };
-    let next_id = Arc::new(AtomicU64::new(1));
-    let mut accepts = Vec::new();
-    for l in listeners {
-        accepts.push(tokio::spawn(accept_loop(
-            l,
-            Arc::clone(&shared),
-            shutdown.clone(),
-            Arc::clone(&open),
-            Arc::clone(&next_id),
-        )));
-    }
-    let mut stop = shutdown.clone();
+    let accepts: Vec<_> = listeners
+        .into_iter()
+        .map(|(l, transport)| tokio::spawn(accept::accept_loop(l, transport, a.clone())))
+        .collect();
+    let mut stop = a.shutdown.clone();
     let _sender_dropped_means_stop_too = stop.changed().await;
-    for a in accepts {
-        a.abort();
+    for task in accepts {
+        task.abort();
     }
     timers.abort();
     let deadline = Instant::now() + Duration::from_millis(limits::SHUTDOWN_GRACE_MS);
-    while open.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+    while a.open.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(limits::SHUTDOWN_POLL_MS)).await;
     }
     tracing::info!("berth stopped");
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    shared: Arc<Shared>,
-    shutdown: watch::Receiver<bool>,
-    open: Arc<AtomicUsize>,
-    next_id: Arc<AtomicU64>,
-) {
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(x) => x,
-            Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(limits::ACCEPT_BACKOFF_MS)).await;
-                continue;
-            }
-        };
-        let max = shared.config.limits.connections_max;
-        if max > 0 && open.load(Ordering::Acquire) >= max {
-            tracing::warn!(%peer, max, "connection refused: limits.connections_max reached");
-            drop(stream);
-            continue;
-        }
-        open.fetch_add(1, Ordering::AcqRel);
-        let id = next_id.fetch_add(1, Ordering::Relaxed);
-        let shared = Arc::clone(&shared);
-        let shutdown = shutdown.clone();
-        let open = Arc::clone(&open);
-        tokio::spawn(async move {
-            handle(stream, peer, id, shared, shutdown).await;
-            open.fetch_sub(1, Ordering::AcqRel);
-        });
-    }
-}
-
-async fn handle(
-    stream: TcpStream,
-    peer: SocketAddr,
-    id: u64,
-    shared: Arc<Shared>,
-    shutdown: watch::Receiver<bool>,
-) {
-    connection::serve(stream, peer, id, shared, shutdown).await;
 }

@@ -20,6 +20,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use rustls::{RootCertStore, ServerConfig};
+use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config;
@@ -185,4 +186,29 @@ impl Tls {
         *self.acceptor.write() = fresh;
         Ok(())
     }
+}
+
+/// Reloads `tls` on every SIGHUP until `shutdown` changes (one reload
+/// serves AMQPS and HTTPS alike).
+pub fn reload_on_sighup(tls: &Arc<Tls>, shutdown: &watch::Receiver<bool>) {
+    let tls = Arc::clone(tls);
+    let mut stop = shutdown.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            tracing::warn!(
+                "cannot install the SIGHUP handler; TLS certificates will not be reloaded"
+            );
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = hup.recv() => match tls.reload() {
+                    Ok(()) => tracing::info!("SIGHUP: TLS certificate, key and CA file reloaded"),
+                    Err(e) => tracing::error!("SIGHUP: TLS reload failed, keeping the current certificate: {e}"),
+                },
+                _ = stop.changed() => return,
+            }
+        }
+    });
 }

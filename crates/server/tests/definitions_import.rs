@@ -6,7 +6,7 @@
 
 use berth_broker::access::{Perm, Resource};
 use berth_broker::Broker;
-use berth_server::auth::definitions::{import_access, parse, Imported};
+use berth_server::http::access::{import_access, parse, Imported};
 
 const EXPORT: &str = include_str!("data/rabbitmq-3.10-definitions.json");
 

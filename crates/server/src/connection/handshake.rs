@@ -146,7 +146,8 @@ impl Conn {
         };
         self.user.clone_from(&user);
         let checked = if external {
-            crate::auth::login_external(&self.shared, &user, self.peer).map(|_| ())
+            crate::auth::login_external(&self.shared.broker, &self.shared.config, &user, self.peer)
+                .map(|_| ())
         } else {
             self.authenticate(&user, &password)
         };
@@ -270,7 +271,14 @@ impl Conn {
     }
 
     fn authenticate(&self, user: &str, password: &str) -> Result<(), &'static str> {
-        crate::auth::login(&self.shared, user, password, self.peer).map(|_| ())
+        crate::auth::login(
+            &self.shared.broker,
+            &self.shared.config,
+            user,
+            password,
+            self.peer,
+        )
+        .map(|_| ())
     }
 }
 

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use berth_broker::channel::{Channel, Session};
 use berth_broker::vhost::VHost;
-use berth_broker::{AmqpError, AmqpResult, Broker};
+use berth_broker::{AmqpError, AmqpResult};
 use berth_protocol::codec::{self, decode_method, Method};
 use berth_protocol::content::ContentAssembler;
 use berth_protocol::frame::{
@@ -49,29 +49,16 @@ use berth_protocol::reply::{CONNECTION_FORCED, UNEXPECTED_FRAME};
 use berth_protocol::AMQPClass;
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use crate::config::Config;
 use crate::limits;
 use crate::outbound::Outbound;
+use crate::state::Shared;
 use crate::stream::{ReadStream, WriteStream};
 
 use confirms::{Confirms, Stored};
 use exception::{decode_error, frame_error, End};
 use flow::Flow;
-
-/// What every connection needs from the server.
-pub struct Shared {
-    pub broker: Arc<Broker>,
-    pub config: Arc<Config>,
-    /// Live connections, for the management API.
-    pub registry: Arc<crate::registry::Registry>,
-    /// Set while a data directory is low on space (see [`crate::disk`]).
-    pub disk: Arc<crate::disk::DiskAlarm>,
-    /// Failed logins per source address (AMQP and HTTP).
-    pub logins: crate::auth::LoginThrottle,
-}
 
 enum ChanState {
     Open,
@@ -133,22 +120,6 @@ struct Conn {
     client_properties: berth_protocol::FieldTable,
     /// This connection's entry in the registry, once it is open.
     info: Option<Arc<crate::registry::ConnInfo>>,
-}
-
-/// Serves one accepted TCP connection until it ends.
-pub async fn serve(
-    stream: TcpStream,
-    peer: SocketAddr,
-    id: u64,
-    shared: Arc<Shared>,
-    shutdown: watch::Receiver<bool>,
-) {
-    if let Err(e) = stream.set_nodelay(true) {
-        tracing::debug!(%peer, error = %e, "could not set TCP_NODELAY");
-    }
-    let local = stream.local_addr().unwrap_or(peer);
-    let (rd, wr) = crate::stream::plain(stream);
-    serve_stream(rd, wr, (peer, local), id, shared, shutdown, None).await;
 }
 
 /// Serves one connection (plain or TLS, already split) until it ends.
@@ -605,7 +576,7 @@ impl Conn {
             self.frame_max,
             self.channel_max,
             self.heartbeat.as_secs(),
-            crate::http::table_json(&self.client_properties),
+            crate::field_json::table_json(&self.client_properties),
         ));
         self.shared.registry.insert(Arc::clone(&info));
         self.info = Some(info);

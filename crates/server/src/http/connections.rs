@@ -150,7 +150,7 @@ pub(super) async fn close(
         return not_found();
     };
     if !user.may_close(&c) {
-        return crate::auth::http::unauthorized("Not administrator user");
+        return super::error::unauthorized("Not administrator user");
     }
     let reason = headers
         .get("x-reason")

@@ -21,7 +21,7 @@ use berth_broker::vhost::{ExchangeDeclare, QueueDeclare, VHost};
 use berth_broker::Broker;
 use serde_json::{json, Map, Value};
 
-use super::access::{export_access, import_access};
+use super::access::{export_access, import_access_json};
 use super::bindings::vhost_bindings;
 use super::queues::{sorted_queues, API_CONNECTION_ID};
 use super::{bad_request, json_table, table_json, vhost_or_404, AdminAuthed, HttpState};
@@ -34,7 +34,7 @@ pub struct ImportReport {
     pub bindings: usize,
     /// Users, vhosts, permissions and topic permissions (whole imports
     /// only).
-    pub access: crate::auth::definitions::Imported,
+    pub access: super::access::Imported,
     pub policies: usize,
     /// One line per object not imported, saying why.
     pub not_imported: Vec<String>,
@@ -98,7 +98,7 @@ fn header() -> Map<String, Value> {
 /// password hashes).
 pub(super) async fn export_all(State(st): State<HttpState>, _: AdminAuthed) -> Response {
     let mut out = header();
-    export_access(&st.shared.broker, &mut out);
+    out.extend(export_access(&st.shared.broker));
     let (mut qs, mut es, mut bs) = (Vec::new(), Vec::new(), Vec::new());
     for v in super::sorted_vhosts(&st) {
         let (q, e, b) = vhost_objects(&v, true);
@@ -176,8 +176,32 @@ pub fn import(
     }
     let mut report = ImportReport::default();
     if only_vhost.is_none() {
-        report.access = import_access(broker, defs)?;
+        report.access = import_access_json(broker, defs)?;
     }
+    import_policies(broker, defs, only_vhost, &mut report)?;
+    for section in ["parameters", "global_parameters"] {
+        for p in defs[section].as_array().into_iter().flatten() {
+            report.not_imported.push(format!(
+                "{section} '{}' in vhost '{}': not supported yet",
+                str_of(p, "name"),
+                str_of(p, "vhost")
+            ));
+        }
+    }
+    import_topology(broker, defs, only_vhost, &mut report)?;
+    for line in &report.not_imported {
+        tracing::warn!("definitions: not imported: {line}");
+    }
+    Ok(report)
+}
+
+/// The `policies` and `operator_policies` sections of [`import`].
+fn import_policies(
+    broker: &Broker,
+    defs: &Value,
+    only_vhost: Option<&str>,
+    report: &mut ImportReport,
+) -> Result<(), String> {
     for (section, kind) in [
         ("policies", PolicyKind::Policy),
         ("operator_policies", PolicyKind::Operator),
@@ -202,15 +226,17 @@ pub fn import(
             report.policies += 1;
         }
     }
-    for section in ["parameters", "global_parameters"] {
-        for p in defs[section].as_array().into_iter().flatten() {
-            report.not_imported.push(format!(
-                "{section} '{}' in vhost '{}': not supported yet",
-                str_of(p, "name"),
-                str_of(p, "vhost")
-            ));
-        }
-    }
+    Ok(())
+}
+
+/// The `exchanges`, `queues` and `bindings` sections of [`import`], in
+/// that order (a binding needs both its ends).
+fn import_topology(
+    broker: &Broker,
+    defs: &Value,
+    only_vhost: Option<&str>,
+    report: &mut ImportReport,
+) -> Result<(), String> {
     let vhost_of = |x: &Value| -> Result<Option<Arc<VHost>>, String> {
         let name = only_vhost.unwrap_or_else(|| str_of(x, "vhost"));
         Ok(broker.vhost(name))
@@ -290,10 +316,7 @@ pub fn import(
         })?;
         report.bindings += 1;
     }
-    for line in &report.not_imported {
-        tracing::warn!("definitions: not imported: {line}");
-    }
-    Ok(report)
+    Ok(())
 }
 
 fn answer(r: Result<ImportReport, String>) -> Response {

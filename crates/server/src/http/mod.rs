@@ -1,7 +1,7 @@
 //! The HTTP side: a RabbitMQ-compatible subset of the management API under
-//! `/api/` and Prometheus metrics at `/metrics`. The router, the shared
-//! state, authentication, errors and JSON helpers live here; each resource
-//! has a file of its own.
+//! `/api/` and Prometheus metrics at `/metrics`. The router and the
+//! handlers' state live here; each resource has a file of its own,
+//! authentication is in [`auth`], every error answer in [`error`].
 //!
 //! Invariants:
 //! - `/api/*` requires HTTP basic auth with a configured user (and the
@@ -13,11 +13,13 @@
 // and errors are rare, so its size does not matter.
 #![allow(clippy::result_large_err)]
 
-mod access;
+pub mod access;
+mod auth;
 mod bindings;
 mod connections;
 mod console;
 mod definitions;
+mod error;
 mod exchanges;
 mod health;
 mod list;
@@ -25,28 +27,31 @@ mod message;
 mod metrics;
 mod openapi;
 mod overview;
+mod permissions;
 mod policies;
 mod queues;
 mod store;
+mod users;
 mod vhosts;
+mod whoami;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
-use axum::extract::{ConnectInfo, FromRequestParts};
-use axum::http::request::Parts;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{delete, get, post};
-use axum::{Json, Router};
-use berth_broker::access::{Perm, Resource, User, TAG_ADMINISTRATOR, TAG_MONITORING};
+use axum::Router;
 use berth_broker::vhost::VHost;
-use berth_broker::{AmqpError, Broker};
-use berth_protocol::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
-use serde_json::{json, Value};
+use berth_broker::Broker;
+use serde_json::Value;
 
-use crate::connection::Shared;
+use crate::state::Shared;
+// What nearly every resource file needs, so each says `use super::{...}`;
+// each item is defined once, in the module named here.
+pub(crate) use crate::field_json::{json_table, table_json};
+pub(crate) use auth::{AdminAuthed, Authed};
+pub(crate) use error::{amqp_error, bad_request, error_400, not_found};
 
 /// What the handlers need.
 #[derive(Clone)]
@@ -61,7 +66,7 @@ pub struct HttpState {
 
 pub fn router(state: HttpState) -> Router {
     Router::new()
-        .merge(crate::auth::http::routes())
+        .merge(access_routes())
         .route("/api/overview", get(overview::overview))
         .route("/api/nodes", get(overview::nodes))
         .route("/api/nodes/{name}", get(overview::node))
@@ -163,151 +168,47 @@ pub fn router(state: HttpState) -> Router {
         .route("/metrics/per-object", get(metrics::per_object))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            crate::auth::http::throttle_failed_logins,
+            auth::throttle_failed_logins,
         ))
         .layer(axum::middleware::from_fn(console::quiet_challenge))
         .merge(console::routes())
         .with_state(state)
 }
 
-/// A request that passed HTTP basic auth with a management user (and the
-/// loopback rule): handlers that take it as an argument answer 401 before
-/// they run. It carries the user, for the vhosts it may see.
-pub(crate) struct Authed(pub Arc<User>);
-
-impl Authed {
-    /// Whether this user may see objects of `vhost` (RabbitMQ's rule:
-    /// `administrator` and `monitoring` see every vhost, others only those
-    /// they have permissions in).
-    pub(crate) fn sees(&self, st: &HttpState, vhost: &str) -> bool {
-        crate::auth::http::sees_vhost(&st.shared, &self.0, vhost)
-    }
-
-    /// The vhost named in a URL: 404 when it does not exist, 401 when this
-    /// user may not see it (RabbitMQ's answer).
-    pub(crate) fn vhost(&self, st: &HttpState, name: &str) -> Result<Arc<VHost>, Response> {
-        let v = vhost_or_404(st, name)?;
-        if !self.sees(st, name) {
-            return Err(crate::auth::http::unauthorized(
-                "User not authorised to access virtual host",
-            ));
-        }
-        Ok(v)
-    }
-
-    /// The vhost named in a URL, for an action its permissions must allow:
-    /// as [`Authed::vhost`], then each `(resource, perm)` of `needs`
-    /// checked as over AMQP (`basic.publish` needs write on the exchange,
-    /// a declare configure, ...). Refused with RabbitMQ's 401 "Access
-    /// refused.". Administrators act in every vhost (RabbitMQ asks them
-    /// for permissions too, and grants a vhost's creator full ones).
-    pub(crate) fn may(
-        &self,
-        st: &HttpState,
-        vhost: &str,
-        needs: &[(Resource<'_>, Perm)],
-    ) -> Result<Arc<VHost>, Response> {
-        let v = self.vhost(st, vhost)?;
-        if self.0.has_tag(TAG_ADMINISTRATOR) {
-            return Ok(v);
-        }
-        let access = st.shared.broker.access();
-        for &(resource, perm) in needs {
-            if let Err(e) = access.check(&self.0.name, vhost, resource, perm) {
-                tracing::debug!(user = %self.0.name, error = %e, "management API action refused");
-                return Err(crate::auth::http::unauthorized("Access refused."));
-            }
-        }
-        Ok(v)
-    }
-
-    /// Whether this user sees every vhost and connection (`administrator`
-    /// and `monitoring`).
-    pub(crate) fn sees_all(&self) -> bool {
-        self.0.has_tag(TAG_ADMINISTRATOR) || self.0.has_tag(TAG_MONITORING)
-    }
-
-    /// Whether this user may see a connection and its channels (RabbitMQ's
-    /// rule: `administrator` and `monitoring` see all, others their own).
-    pub(crate) fn sees_connection(&self, c: &crate::registry::ConnInfo) -> bool {
-        self.sees_all() || c.user == self.0.name
-    }
-
-    /// Whether this user may close a connection (`administrator`, or its
-    /// owner).
-    pub(crate) fn may_close(&self, c: &crate::registry::ConnInfo) -> bool {
-        self.0.has_tag(TAG_ADMINISTRATOR) || c.user == self.0.name
-    }
-
-    /// The vhosts this user may see, sorted by name.
-    pub(crate) fn vhosts(&self, st: &HttpState) -> Vec<Arc<VHost>> {
-        let mut all = sorted_vhosts(st);
-        all.retain(|v| self.sees(st, &v.name));
-        all
-    }
-}
-
-impl FromRequestParts<HttpState> for Authed {
-    type Rejection = Response;
-
-    async fn from_request_parts(parts: &mut Parts, st: &HttpState) -> Result<Self, Response> {
-        let ConnectInfo(peer) = ConnectInfo::<SocketAddr>::from_request_parts(parts, st)
-            .await
-            .map_err(IntoResponse::into_response)?;
-        crate::auth::http::authenticate(&st.shared, &parts.headers, peer).map(Authed)
-    }
-}
-
-/// A request that passed HTTP basic auth with an `administrator` user.
-pub(crate) struct AdminAuthed;
-
-impl FromRequestParts<HttpState> for AdminAuthed {
-    type Rejection = Response;
-
-    async fn from_request_parts(parts: &mut Parts, st: &HttpState) -> Result<Self, Response> {
-        let ConnectInfo(peer) = ConnectInfo::<SocketAddr>::from_request_parts(parts, st)
-            .await
-            .map_err(IntoResponse::into_response)?;
-        crate::auth::http::authenticate_admin(&st.shared, &parts.headers, peer)?;
-        Ok(AdminAuthed)
-    }
+/// The routes of users, vhosts, permissions, topic permissions and
+/// whoami (administrator only, but for reading a vhost and whoami).
+/// `openapi.json` describes only the routes of [`router`] itself.
+fn access_routes() -> Router<HttpState> {
+    Router::new()
+        .route("/api/whoami", get(whoami::get))
+        .route("/api/users", get(users::list))
+        .route(
+            "/api/users/{name}",
+            get(users::get_one).put(users::put).delete(users::delete),
+        )
+        .route("/api/users/{name}/permissions", get(permissions::of_user))
+        .route(
+            "/api/vhosts/{name}",
+            get(vhosts::get_one).put(vhosts::put).delete(vhosts::delete),
+        )
+        .route("/api/vhosts/{name}/permissions", get(permissions::of_vhost))
+        .route("/api/permissions", get(permissions::list))
+        .route(
+            "/api/permissions/{vhost}/{user}",
+            get(permissions::get_one)
+                .put(permissions::put)
+                .delete(permissions::delete),
+        )
+        .route("/api/topic-permissions", get(permissions::topic_list))
+        .route(
+            "/api/topic-permissions/{vhost}/{user}",
+            get(permissions::topic_get)
+                .put(permissions::topic_put)
+                .delete(permissions::topic_delete),
+        )
 }
 
 pub use definitions::{import as import_definitions, ImportReport};
-
-/// RabbitMQ's 404 body.
-pub(crate) fn not_found() -> Response {
-    (
-        StatusCode::NOT_FOUND,
-        Json(json!({"error": "Object Not Found", "reason": "Not Found"})),
-    )
-        .into_response()
-}
-
-pub(crate) fn value_json(v: &AMQPValue) -> Value {
-    match v {
-        AMQPValue::Boolean(b) => json!(b),
-        AMQPValue::LongString(s) => json!(String::from_utf8_lossy(s.as_bytes())),
-        AMQPValue::ShortString(s) => json!(s.as_str()),
-        AMQPValue::FieldArray(a) => Value::Array(a.as_slice().iter().map(value_json).collect()),
-        AMQPValue::FieldTable(t) => table_json(t),
-        AMQPValue::Float(f) => json!(f),
-        AMQPValue::Double(f) => json!(f),
-        AMQPValue::Void => Value::Null,
-        other => berth_broker::args::as_i128(other)
-            .and_then(|i| i64::try_from(i).ok())
-            .map_or_else(|| json!(format!("{other:?}")), |i| json!(i)),
-    }
-}
-
-pub(crate) fn table_json(t: &FieldTable) -> Value {
-    Value::Object(
-        t.inner()
-            .iter()
-            .map(|(k, v)| (k.as_str().to_owned(), value_json(v)))
-            .collect(),
-    )
-}
 
 pub(crate) fn vhost_or_404(state: &HttpState, name: &str) -> Result<Arc<VHost>, Response> {
     state.shared.broker.vhost(name).ok_or_else(not_found)
@@ -316,35 +217,6 @@ pub(crate) fn vhost_or_404(state: &HttpState, name: &str) -> Result<Arc<VHost>, 
 /// Every vhost, sorted by name.
 pub(crate) fn sorted_vhosts(state: &HttpState) -> Vec<Arc<VHost>> {
     state.shared.broker.vhosts()
-}
-
-/// RabbitMQ's 400 body.
-pub(crate) fn bad_request(reason: impl Into<String>) -> Response {
-    error_400("bad_request", reason)
-}
-
-/// A 400 with RabbitMQ's `error` name for it.
-pub(crate) fn error_400(error: &str, reason: impl Into<String>) -> Response {
-    (
-        StatusCode::BAD_REQUEST,
-        Json(json!({"error": error, "reason": reason.into()})),
-    )
-        .into_response()
-}
-
-/// The HTTP answer to a broker error: 404 for a missing object, 501 for
-/// what berth does not implement, 400 with the AMQP reply text otherwise
-/// (as RabbitMQ's API answers a failed declare or delete).
-pub(crate) fn amqp_error(e: &AmqpError) -> Response {
-    match e.reply_code {
-        berth_protocol::reply::NOT_FOUND => not_found(),
-        berth_protocol::reply::NOT_IMPLEMENTED => (
-            StatusCode::NOT_IMPLEMENTED,
-            Json(json!({"error": "not_implemented", "reason": e.reply_text()})),
-        )
-            .into_response(),
-        _ => bad_request(e.reply_text()),
-    }
 }
 
 /// A boolean field of a request body: RabbitMQ accepts `true` and `"true"`
@@ -373,35 +245,6 @@ pub(crate) fn exchange_name(url_name: &str) -> &str {
     } else {
         url_name
     }
-}
-
-/// A JSON value as an AMQP field value (integers as signed 64-bit, as
-/// RabbitMQ's API stores them).
-pub(crate) fn json_value(v: &Value) -> AMQPValue {
-    match v {
-        Value::Null => AMQPValue::Void,
-        Value::Bool(b) => AMQPValue::Boolean(*b),
-        Value::Number(n) => n.as_i64().map_or_else(
-            || AMQPValue::Double(n.as_f64().unwrap_or(0.0)),
-            AMQPValue::LongLongInt,
-        ),
-        Value::String(s) => AMQPValue::LongString(LongString::from(s.as_bytes().to_vec())),
-        Value::Array(a) => AMQPValue::FieldArray(FieldArray::from(
-            a.iter().map(json_value).collect::<Vec<_>>(),
-        )),
-        Value::Object(_) => AMQPValue::FieldTable(json_table(v)),
-    }
-}
-
-/// A JSON object as an AMQP field table; anything else is an empty table.
-pub(crate) fn json_table(v: &Value) -> FieldTable {
-    let mut t = FieldTable::default();
-    if let Value::Object(m) = v {
-        for (k, x) in m {
-            t.insert(ShortString::from(k.as_str()), json_value(x));
-        }
-    }
-    t
 }
 
 /// Takes a rate sample of every queue every

@@ -18,8 +18,9 @@ use berth_broker::vhost::VHost;
 use berth_broker::Broker;
 use serde_json::{json, Value};
 
+use super::auth::authenticate;
+use super::error::{access_error, unauthorized};
 use super::{bad_request, json_table, not_found, table_json, HttpState};
-use crate::auth::http::{access_error, authenticate, unauthorized};
 
 /// A policy in RabbitMQ's JSON shape.
 pub(crate) fn policy_json(p: &Policy) -> Value {

@@ -10,11 +10,11 @@ use berth_broker::password::{Algorithm, PasswordHash};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::http::{access_error, bad_request, not_found};
-use crate::http::{AdminAuthed, HttpState};
+use super::error::{access_error, bad_request, not_found};
+use super::{AdminAuthed, HttpState};
 
 /// A user as RabbitMQ's API shows it.
-pub fn user_json(u: &User) -> Value {
+pub(super) fn user_json(u: &User) -> Value {
     let (hash, algorithm) = u
         .password_hash
         .as_ref()
@@ -92,7 +92,7 @@ pub async fn put(
     let existing = access.user(&name);
     let tags = match tags_of(body.tags.as_ref()) {
         Ok(t) => t,
-        Err(why) => return bad_request(&why),
+        Err(why) => return bad_request(why),
     };
     let password_hash = match (&body.password, &body.password_hash) {
         (Some(p), _) => Some(PasswordHash::new(p)),
@@ -103,11 +103,11 @@ pub async fn put(
                 .as_deref()
                 .unwrap_or(Algorithm::Sha256.name());
             let Some(alg) = Algorithm::from_name(alg_name) else {
-                return bad_request(&format!("unknown hashing_algorithm '{alg_name}'"));
+                return bad_request(format!("unknown hashing_algorithm '{alg_name}'"));
             };
             match PasswordHash::from_base64(alg, h) {
                 Ok(h) => Some(h),
-                Err(e) => return bad_request(&e.to_string()),
+                Err(e) => return bad_request(e.to_string()),
             }
         }
         (None, None) => match &existing {

@@ -8,8 +8,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use super::http::authenticate;
-use crate::http::HttpState;
+use super::auth::authenticate;
+use super::HttpState;
 
 pub async fn get(
     State(st): State<HttpState>,

@@ -10,8 +10,8 @@ use berth_broker::access::{Permission, TopicPermission};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::http::{access_error, bad_request, not_found};
-use crate::http::{AdminAuthed, HttpState};
+use super::error::{access_error, bad_request, not_found};
+use super::{AdminAuthed, HttpState};
 
 pub(super) fn permission_json(vhost: &str, user: &str, p: &Permission) -> Value {
     json!({
@@ -99,7 +99,7 @@ pub async fn put(
     body: Json<PutPermission>,
 ) -> Response {
     if st.shared.broker.vhost(&vhost).is_none() {
-        return bad_request(&format!("vhost '{vhost}' does not exist"));
+        return bad_request(format!("vhost '{vhost}' does not exist"));
     }
     let p = match Permission::new(&body.configure, &body.write, &body.read) {
         Ok(p) => p,
@@ -176,7 +176,7 @@ pub async fn topic_put(
     body: Json<PutTopicPermission>,
 ) -> Response {
     if st.shared.broker.vhost(&vhost).is_none() {
-        return bad_request(&format!("vhost '{vhost}' does not exist"));
+        return bad_request(format!("vhost '{vhost}' does not exist"));
     }
     let t = TopicPermission {
         exchange: body.exchange.clone(),

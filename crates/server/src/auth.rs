@@ -1,21 +1,17 @@
-//! Authentication and the stored users, vhosts and permissions as the
-//! server sees them: startup (restore, then the defaults of a new store),
-//! password logins for AMQP and HTTP with RabbitMQ's loopback rule, the
-//! HTTP API's basic auth and tag rules ([`http`]), and RabbitMQ
-//! definitions import ([`definitions`]).
+//! Login rules, for AMQP and HTTP alike: startup of the stored users,
+//! vhosts and permissions (restore, then the defaults of a new store),
+//! password and certificate (`EXTERNAL`) logins with RabbitMQ's loopback
+//! rule, and the failed-login throttle. The HTTP API's basic auth and tag
+//! rules are in `http::auth`; the names a client certificate gives are in
+//! [`crate::cert_login`].
 //!
 //! Invariants:
 //! - The default user and vhost are created once per store (a marker in
 //!   the store says so), so deleting `guest` lasts across restarts.
 //! - A refused login says nothing about whether the user exists: unknown
 //!   user and wrong password take the same path and the same hash work.
-
-mod api_permissions;
-mod api_users;
-mod api_vhosts;
-mod api_whoami;
-pub mod definitions;
-pub mod http;
+//! - Nothing here knows of connections or HTTP: callers pass the broker
+//!   and configuration, so both sides may use these rules.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,7 +21,6 @@ use berth_broker::password::PasswordHash;
 use berth_broker::Broker;
 
 use crate::config::Config;
-use crate::connection::Shared;
 use crate::ServerError;
 
 /// Restores stored users, vhosts and permissions, makes sure the
@@ -77,25 +72,31 @@ pub type Refusal = &'static str;
 
 /// Checks a user name and password from `peer`.
 pub fn login(
-    shared: &Shared,
+    broker: &Broker,
+    config: &Config,
     user: &str,
     password: &str,
     peer: SocketAddr,
 ) -> Result<Arc<User>, Refusal> {
-    let Some(u) = shared.broker.access().authenticate(user, password) else {
+    let Some(u) = broker.access().authenticate(user, password) else {
         return Err("unknown user or wrong password");
     };
-    check_loopback(&shared.config, user, peer)?;
+    check_loopback(config, user, peer)?;
     Ok(u)
 }
 
 /// `EXTERNAL`: the TLS client certificate (already verified against the
 /// CA) names the user, who must exist; no password is checked.
-pub fn login_external(shared: &Shared, user: &str, peer: SocketAddr) -> Result<Arc<User>, Refusal> {
-    let Some(u) = shared.broker.access().user(user) else {
+pub fn login_external(
+    broker: &Broker,
+    config: &Config,
+    user: &str,
+    peer: SocketAddr,
+) -> Result<Arc<User>, Refusal> {
+    let Some(u) = broker.access().user(user) else {
         return Err("no user named by the client certificate");
     };
-    check_loopback(&shared.config, user, peer)?;
+    check_loopback(config, user, peer)?;
     Ok(u)
 }
 
