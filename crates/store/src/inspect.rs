@@ -30,9 +30,11 @@ use crate::checkpoint::{self, CheckpointInfo};
 use crate::decision::{Action, Reported};
 use crate::error::StoreError;
 use crate::index::{payload_len, Index, Loc};
-use crate::journal::{CheckpointSeen, Damage, Found, Journal, Listing, Seg, Span, Visit};
+use crate::journal::{
+    CheckpointBytes, CheckpointSeen, Damage, Found, Journal, Listing, Seg, Span, Verdict, Visit,
+};
 use crate::manifest::{self, Manifest, MANIFEST_NAME};
-use crate::record::{self, Decoded, Record};
+use crate::record::{self, Decoded};
 use crate::segment::{self, HeaderCheck, SEGMENT_HEADER_BYTES};
 use crate::storage::Storage;
 use crate::{MsgId, QueueId};
@@ -306,20 +308,15 @@ impl Inspecting<'_> {
 }
 
 impl Visit for Inspecting<'_> {
-    fn read_checkpoint(&mut self, path: &Path) -> Result<Result<Vec<u8>, StoreError>, StoreError> {
+    fn read_checkpoint(&mut self, path: &Path) -> CheckpointBytes {
         let bytes = read_file(self.storage, path)?;
         (self.progress)(bytes.len() as u64);
         self.checkpoint_bytes = bytes.len() as u64;
         Ok(Ok(bytes))
     }
 
-    fn unfinished_checkpoint(
-        &mut self,
-        path: &Path,
-        action: Action,
-        why: &'static str,
-    ) -> Result<(), StoreError> {
-        self.report(action, path, 0, why.to_owned());
+    fn unfinished_checkpoint(&mut self, path: &Path, verdict: Verdict) -> Result<(), StoreError> {
+        self.report(verdict.action, path, 0, verdict.why.to_owned());
         Ok(())
     }
 
@@ -343,7 +340,7 @@ impl Visit for Inspecting<'_> {
             }
             Err(e) => {
                 let p = problem_of(&e, seen.path);
-                self.report(seen.action, &p.file, p.offset, p.what);
+                self.report(seen.verdict.action, &p.file, p.offset, p.what);
             }
         }
         self.rep.checkpoints.push(cr);
@@ -356,26 +353,21 @@ impl Visit for Inspecting<'_> {
         Ok(bytes)
     }
 
-    fn missing(&mut self, seq: u32, action: Action, why: &'static str) -> Result<(), StoreError> {
+    fn missing(&mut self, seq: u32, verdict: Verdict) -> Result<(), StoreError> {
         let file = self.rep.dir.join(segment::segment_name(seq));
-        self.report(action, &file, 0, why.to_owned());
+        self.report(verdict.action, &file, 0, verdict.why.to_owned());
         Ok(())
     }
 
-    fn header(
-        &mut self,
-        seg: &Seg<'_>,
-        check: &HeaderCheck,
-        action: Action,
-        why: &'static str,
-    ) -> Result<(), StoreError> {
+    fn header(&mut self, seg: &Seg<'_>) -> Result<(), StoreError> {
+        let Verdict { action, why } = seg.verdict;
         self.segment = SegmentReport {
             seq: seg.seq,
             path: seg.path.to_path_buf(),
             bytes: seg.bytes.len() as u64,
             ..SegmentReport::default()
         };
-        let what = match (check, action) {
+        let what = match (&seg.header, action) {
             (_, Action::Truncate) => {
                 format!("segment being created (or its creation torn by a crash): {why}")
             }
@@ -386,13 +378,8 @@ impl Visit for Inspecting<'_> {
         Ok(())
     }
 
-    fn record(
-        &mut self,
-        seg: &Seg<'_>,
-        found: &Found<'_>,
-        action: Action,
-        why: &'static str,
-    ) -> Result<(), StoreError> {
+    fn record(&mut self, seg: &Seg<'_>, found: &Found<'_>) -> Result<(), StoreError> {
+        let Verdict { action, why } = found.verdict;
         let (at, lsn) = (found.at, found.lsn);
         if let (Action::Fail, Some(prev)) = (action, found.prev_lsn) {
             let what = format!(
@@ -408,21 +395,10 @@ impl Visit for Inspecting<'_> {
             sr.last_lsn = Some(lsn);
         }
         sr.records += 1;
-        if let Record::Publish {
-            msg,
-            queues,
-            payload,
-        }
-        | Record::Relocate {
-            msg,
-            queues,
-            payload,
-        } = &found.record
-        {
+        if let Some((msg, queues, payload)) = found.record.message() {
             let offset = u32::try_from(at).expect("segments are below 4 GiB");
             let len = u32::try_from(found.len).expect("records are below 4 GiB");
-            self.found
-                .insert((seg.seq, offset), Located { msg: *msg, len });
+            self.found.insert((seg.seq, offset), Located { msg, len });
             if found.record.kind() == record::Kind::Publish {
                 sr.publishes += 1;
                 self.rep.sizes.add(payload.len() as u64);
@@ -436,13 +412,8 @@ impl Visit for Inspecting<'_> {
         Ok(())
     }
 
-    fn damage(
-        &mut self,
-        seg: &Seg<'_>,
-        d: &Damage<'_>,
-        action: Action,
-        why: &'static str,
-    ) -> Result<(), StoreError> {
+    fn damage(&mut self, seg: &Seg<'_>, d: &Damage<'_>) -> Result<(), StoreError> {
+        let Verdict { action, why } = d.verdict;
         let (at, end) = (d.at, d.end);
         if action == Action::Truncate {
             self.segment.tail_bytes = (seg.bytes.len() - at) as u64;
@@ -538,11 +509,11 @@ fn read_group(
     // Checkpoints first (see the module invariants), newest chosen.
     let start = journal.choose_checkpoint(&mut v)?;
     v.rep.checkpoints.reverse();
-    if start.action != Action::Apply {
+    if start.verdict.action != Action::Apply {
         if let Some(&first) = listing.segments.first() {
             let file = dir.join(segment::segment_name(first));
-            let what = format!("{}: the group cannot be rebuilt", start.why);
-            v.report(start.action, &file, 0, what);
+            let what = format!("{}: the group cannot be rebuilt", start.verdict.why);
+            v.report(start.verdict.action, &file, 0, what);
         }
     }
     for n in &listing.quarantines {

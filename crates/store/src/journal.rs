@@ -30,6 +30,23 @@ use crate::index::{Index, Loc};
 use crate::record::{self, Decoded, Record, RECORD_HEADER_BYTES};
 use crate::segment::{self, HeaderCheck, SEGMENT_HEADER_BYTES};
 
+/// The action a table gives an observation, and the row's reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub action: Action,
+    pub why: &'static str,
+}
+
+impl Verdict {
+    fn of((action, why): (Action, &'static str)) -> Verdict {
+        Verdict { action, why }
+    }
+}
+
+/// A checkpoint file's bytes: the outer error stops the read, the inner
+/// one makes this checkpoint `Damaged`.
+pub type CheckpointBytes = Result<Result<Vec<u8>, StoreError>, StoreError>;
+
 /// A group directory's journal files, from its listing.
 #[derive(Clone, Debug, Default)]
 pub struct Listing {
@@ -73,20 +90,20 @@ impl Listing {
 
     /// Numbers without a file between the oldest segment (or the replay
     /// start, if earlier) and the newest, each with its action.
-    pub fn missing(&self, replay: ReplayFrom) -> Vec<(u32, Action, &'static str)> {
+    pub fn missing(&self, replay: ReplayFrom) -> Vec<(u32, Verdict)> {
         let (Some(&first), Some(&last)) = (self.segments.first(), self.segments.last()) else {
             return Vec::new();
         };
         (first.min(replay.seg)..=last)
             .filter(|s| self.segments.binary_search(s).is_err())
             .map(|seq| {
-                let (action, why) = decide_segment(&SegmentCase {
+                let verdict = Verdict::of(decide_segment(&SegmentCase {
                     header: Header::Missing,
                     last_segment: false,
                     valid_records: false,
                     before_replay: seq < replay.seg,
-                });
-                (seq, action, why)
+                }));
+                (seq, verdict)
             })
             .collect()
     }
@@ -100,10 +117,9 @@ pub struct Start {
     pub replay: ReplayFrom,
     /// The last lsn the start covers (0 without a checkpoint).
     pub lsn: u64,
-    /// The action for the start itself: `Apply` from a checkpoint; without
+    /// The verdict on the start itself: `Apply` from a checkpoint; without
     /// one, whether the journal is whole enough to replay.
-    pub action: Action,
-    pub why: &'static str,
+    pub verdict: Verdict,
 }
 
 /// One checkpoint file as the scanner found it.
@@ -111,8 +127,7 @@ pub struct CheckpointSeen<'a> {
     pub no: u64,
     pub path: &'a Path,
     pub decoded: Result<(CheckpointInfo, &'a Index), StoreError>,
-    pub action: Action,
-    pub why: &'static str,
+    pub verdict: Verdict,
     /// This is the checkpoint the index starts from.
     pub chosen: bool,
 }
@@ -126,6 +141,9 @@ pub struct Seg<'a> {
     pub newest: bool,
     /// Where the walk starts in it.
     pub start: usize,
+    /// What its header says, and the segment table's verdict on it.
+    pub header: HeaderCheck,
+    pub verdict: Verdict,
 }
 
 /// An intact record found by the walk.
@@ -138,6 +156,7 @@ pub struct Found<'a> {
     pub in_replay: bool,
     /// The lsn of the previous numbered record walked, if any.
     pub prev_lsn: Option<u64>,
+    pub verdict: Verdict,
 }
 
 /// Bytes at a record position that are not a valid record.
@@ -150,48 +169,25 @@ pub struct Damage<'a> {
     /// What decoding found at `at`.
     pub decoded: Decoded<'a>,
     pub prev_lsn: Option<u64>,
+    pub verdict: Verdict,
 }
 
 /// What a reader does with each observation. Returning an error stops the
 /// walk (recovery on `Fail`); returning `Ok` after a `Fail` goes on as
 /// inspection does: past a bad record, on to the next segment.
 pub trait Visit {
-    /// The bytes of a checkpoint: outer error stops the read, inner error
-    /// makes this checkpoint `Damaged`.
-    fn read_checkpoint(&mut self, path: &Path) -> Result<Result<Vec<u8>, StoreError>, StoreError>;
-    fn unfinished_checkpoint(
-        &mut self,
-        path: &Path,
-        action: Action,
-        why: &'static str,
-    ) -> Result<(), StoreError>;
+    fn read_checkpoint(&mut self, path: &Path) -> CheckpointBytes;
+    fn unfinished_checkpoint(&mut self, path: &Path, verdict: Verdict) -> Result<(), StoreError>;
     fn checkpoint(&mut self, seen: CheckpointSeen<'_>) -> Result<(), StoreError>;
     /// The whole of segment `seq`, as long as it is now.
     fn load_segment(&mut self, seq: u32, path: &Path) -> Result<Vec<u8>, StoreError>;
-    fn missing(&mut self, seq: u32, action: Action, why: &'static str) -> Result<(), StoreError>;
-    fn header(
-        &mut self,
-        seg: &Seg<'_>,
-        check: &HeaderCheck,
-        action: Action,
-        why: &'static str,
-    ) -> Result<(), StoreError>;
-    fn record(
-        &mut self,
-        seg: &Seg<'_>,
-        found: &Found<'_>,
-        action: Action,
-        why: &'static str,
-    ) -> Result<(), StoreError>;
-    fn damage(
-        &mut self,
-        seg: &Seg<'_>,
-        damage: &Damage<'_>,
-        action: Action,
-        why: &'static str,
-    ) -> Result<(), StoreError>;
+    fn missing(&mut self, seq: u32, verdict: Verdict) -> Result<(), StoreError>;
+    /// A segment's header (`seg.header`, `seg.verdict`).
+    fn header(&mut self, seg: &Seg<'_>) -> Result<(), StoreError>;
+    fn record(&mut self, seg: &Seg<'_>, found: &Found<'_>) -> Result<(), StoreError>;
+    fn damage(&mut self, seg: &Seg<'_>, damage: &Damage<'_>) -> Result<(), StoreError>;
     /// The segment is done: walked up to `scanned_to`, or not walked
-    /// (`None`: its header was not `Apply`).
+    /// (`None`: its header's verdict was not `Apply`).
     fn segment_end(&mut self, seg: &Seg<'_>, scanned_to: Option<usize>) -> Result<(), StoreError>;
 }
 
@@ -210,8 +206,8 @@ impl Journal<'_> {
     pub fn choose_checkpoint(&self, v: &mut dyn Visit) -> Result<Start, StoreError> {
         let (group, dir, listing) = (self.group, self.dir, self.listing);
         if listing.unfinished_checkpoint {
-            let (action, why) = decide_checkpoint(CheckpointCase::Unfinished);
-            v.unfinished_checkpoint(&dir.join(CHECKPOINT_TMP_NAME), action, why)?;
+            let verdict = Verdict::of(decide_checkpoint(CheckpointCase::Unfinished));
+            v.unfinished_checkpoint(&dir.join(CHECKPOINT_TMP_NAME), verdict)?;
         }
         let mut chosen: Option<(u64, CheckpointInfo, Index)> = None;
         for &no in listing.checkpoints.iter().rev() {
@@ -224,14 +220,13 @@ impl Journal<'_> {
                 Err(StoreError::FormatVersion { .. }) => CheckpointCase::OtherVersion,
                 Err(_) => CheckpointCase::Damaged,
             };
-            let (action, why) = decide_checkpoint(case);
-            let use_it = action == Action::Apply && chosen.is_none();
+            let verdict = Verdict::of(decide_checkpoint(case));
+            let use_it = verdict.action == Action::Apply && chosen.is_none();
             let seen = |decoded| CheckpointSeen {
                 no,
                 path: &path,
                 decoded,
-                action,
-                why,
+                verdict,
                 chosen: use_it,
             };
             match decoded {
@@ -250,8 +245,7 @@ impl Journal<'_> {
                 index,
                 replay: info.replay,
                 lsn: info.lsn,
-                action: Action::Apply,
-                why: "",
+                verdict: Verdict::of(decide_checkpoint(CheckpointCase::Valid)),
             },
             None => {
                 let case = if listing.segments.first().is_some_and(|&s| s != 1) {
@@ -259,7 +253,6 @@ impl Journal<'_> {
                 } else {
                     CheckpointCase::NoneJournalWhole
                 };
-                let (action, why) = decide_checkpoint(case);
                 Start {
                     checkpoint: None,
                     index: Index::default(),
@@ -268,8 +261,7 @@ impl Journal<'_> {
                         offset: SEGMENT_HEADER_BYTES as u64,
                     },
                     lsn: 0,
-                    action,
-                    why,
+                    verdict: Verdict::of(decide_checkpoint(case)),
                 }
             }
         })
@@ -280,8 +272,8 @@ impl Journal<'_> {
     pub fn walk(&self, start: Start, span: Span, v: &mut dyn Visit) -> Result<Walked, StoreError> {
         let listing = self.listing;
         let missing = listing.missing(start.replay);
-        for &(seq, action, why) in &missing {
-            v.missing(seq, action, why)?;
+        for &(seq, verdict) in &missing {
+            v.missing(seq, verdict)?;
         }
         let mut w = Walker {
             group: self.group,
@@ -304,7 +296,7 @@ impl Journal<'_> {
             // Records of a reclaimed segment are gone: the numbers jump.
             if missing
                 .iter()
-                .any(|&(s, a, _)| s + 1 == seq && a == Action::Note)
+                .any(|&(s, verdict)| s + 1 == seq && verdict.action == Action::Note)
             {
                 w.after_damage = true;
             }
@@ -375,13 +367,6 @@ impl Walker<'_> {
         } else {
             SEGMENT_HEADER_BYTES
         };
-        let seg = Seg {
-            seq,
-            path: &path,
-            bytes: &bytes,
-            newest,
-            start,
-        };
         let check = segment::check_header(&bytes, self.group, seq);
         let header = match check {
             HeaderCheck::Ok => Header::Ok,
@@ -396,14 +381,23 @@ impl Walker<'_> {
                 self.last_lsn.unwrap_or(0),
             )
             .is_some();
-        let (action, why) = decide_segment(&SegmentCase {
+        let verdict = Verdict::of(decide_segment(&SegmentCase {
             header,
             last_segment: newest,
             valid_records,
             before_replay: seq < replay.seg,
-        });
-        v.header(&seg, &check, action, why)?;
-        let scanned_to = if action == Action::Apply {
+        }));
+        let seg = Seg {
+            seq,
+            path: &path,
+            bytes: &bytes,
+            newest,
+            start,
+            header: check,
+            verdict,
+        };
+        v.header(&seg)?;
+        let scanned_to = if verdict.action == Action::Apply {
             Some(self.records(&seg, v)?)
         } else {
             None
@@ -430,6 +424,7 @@ impl Walker<'_> {
                     let found = Found {
                         at,
                         lsn,
+                        verdict: self.judge(&record, lsn, seg.newest),
                         record,
                         len,
                         in_replay,
@@ -447,29 +442,32 @@ impl Walker<'_> {
         Ok(bytes.len())
     }
 
+    /// The record table's verdict on an intact record numbered `lsn`.
+    fn judge(&self, record: &Record<'_>, lsn: u64, newest: bool) -> Verdict {
+        let order = match self.last_lsn {
+            _ if matches!(record, Record::Hole { .. }) => Order::Unnumbered,
+            None => Order::Next,
+            Some(prev) if lsn == prev + 1 => Order::Next,
+            Some(prev) if lsn > prev => Order::Gap,
+            Some(_) => Order::Behind,
+        };
+        Verdict::of(decide(&RecordCase {
+            frame: Frame::Intact,
+            body: Body::Parses,
+            order,
+            after_damage: self.after_damage,
+            valid_later: false,
+            last_segment: newest,
+        }))
+    }
+
     fn record(
         &mut self,
         seg: &Seg<'_>,
         found: &Found<'_>,
         v: &mut dyn Visit,
     ) -> Result<(), StoreError> {
-        let hole = matches!(found.record, Record::Hole { .. });
-        let order = match self.last_lsn {
-            _ if hole => Order::Unnumbered,
-            None => Order::Next,
-            Some(prev) if found.lsn == prev + 1 => Order::Next,
-            Some(prev) if found.lsn > prev => Order::Gap,
-            Some(_) => Order::Behind,
-        };
-        let (action, why) = decide(&RecordCase {
-            frame: Frame::Intact,
-            body: Body::Parses,
-            order,
-            after_damage: self.after_damage,
-            valid_later: false,
-            last_segment: seg.newest,
-        });
-        v.record(seg, found, action, why)?;
+        v.record(seg, found)?;
         if found.in_replay {
             let loc = Loc {
                 seg: seg.seq,
@@ -478,7 +476,7 @@ impl Walker<'_> {
             };
             self.index.apply(&found.record, loc);
         }
-        if hole {
+        if matches!(found.record, Record::Hole { .. }) {
             self.after_damage = true;
         } else {
             self.last_lsn = Some(found.lsn);
@@ -508,23 +506,24 @@ impl Walker<'_> {
             at + RECORD_HEADER_BYTES,
             self.last_lsn.unwrap_or(0),
         );
-        let (action, why) = decide(&RecordCase {
+        let verdict = Verdict::of(decide(&RecordCase {
             frame,
             body,
             order: Order::Next,
             after_damage: self.after_damage,
             valid_later: later.is_some(),
             last_segment: seg.newest,
-        });
+        }));
         let damage = Damage {
             at,
             end: later.unwrap_or(seg.bytes.len()),
             later,
             decoded,
             prev_lsn: self.last_lsn,
+            verdict,
         };
-        v.damage(seg, &damage, action, why)?;
-        if action == Action::Truncate {
+        v.damage(seg, &damage)?;
+        if verdict.action == Action::Truncate {
             return Ok(None);
         }
         // The records lost there explain a gap in the numbers.

@@ -151,6 +151,24 @@ impl Record<'_> {
         }
     }
 
+    /// The message a Publish or Relocate carries: its id, queues and
+    /// payload.
+    pub fn message(&self) -> Option<(MsgId, &[QueueId], &[u8])> {
+        match self {
+            Record::Publish {
+                msg,
+                queues,
+                payload,
+            }
+            | Record::Relocate {
+                msg,
+                queues,
+                payload,
+            } => Some((*msg, queues, payload)),
+            _ => None,
+        }
+    }
+
     /// Size of the whole encoded record.
     pub fn encoded_len(&self) -> usize {
         RECORD_HEADER_BYTES + self.body_len()

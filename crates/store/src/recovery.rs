@@ -24,7 +24,9 @@ use crate::checkpoint::{CheckpointInfo, ReplayFrom};
 use crate::decision::Action;
 use crate::error::StoreError;
 use crate::index::Index;
-use crate::journal::{CheckpointSeen, Damage, Found, Journal, Listing, Seg, Span, Visit};
+use crate::journal::{
+    CheckpointBytes, CheckpointSeen, Damage, Found, Journal, Listing, Seg, Span, Verdict, Visit,
+};
 use crate::limits::RECORD_BODY_BYTES_MAX;
 use crate::manifest::read_all;
 use crate::record::{self, Decoded, Record, RECORD_HEADER_BYTES};
@@ -232,18 +234,14 @@ impl Recovering<'_> {
 }
 
 impl Visit for Recovering<'_> {
-    fn read_checkpoint(&mut self, path: &Path) -> Result<Result<Vec<u8>, StoreError>, StoreError> {
+    fn read_checkpoint(&mut self, path: &Path) -> CheckpointBytes {
         // An unreadable checkpoint is one more invalid one: fall back.
         Ok(read_all(self.storage, path))
     }
 
-    fn unfinished_checkpoint(
-        &mut self,
-        path: &Path,
-        action: Action,
-        why: &'static str,
-    ) -> Result<(), StoreError> {
-        match action {
+    fn unfinished_checkpoint(&mut self, path: &Path, verdict: Verdict) -> Result<(), StoreError> {
+        let why = verdict.why;
+        match verdict.action {
             Action::Truncate => self.storage.remove(path).map_err(io_err("remove", path)),
             Action::Apply | Action::Note | Action::Skip => Ok(()),
             Action::Quarantine | Action::Fail => Err(self.fail(path, 0, why.to_owned())),
@@ -251,13 +249,14 @@ impl Visit for Recovering<'_> {
     }
 
     fn checkpoint(&mut self, seen: CheckpointSeen<'_>) -> Result<(), StoreError> {
-        match (seen.action, seen.decoded) {
+        let why = seen.verdict.why;
+        match (seen.verdict.action, seen.decoded) {
             (Action::Apply, Ok((info, _))) => self.checkpoints.push((seen.no, info)),
             (Action::Fail, Err(e)) => return Err(e),
-            (Action::Fail, Ok(_)) => return Err(self.fail(seen.path, 0, seen.why.to_owned())),
+            (Action::Fail, Ok(_)) => return Err(self.fail(seen.path, 0, why.to_owned())),
             (_, Err(e)) => {
                 tracing::warn!(group = self.group, file = %seen.path.display(), error = %e,
-                    "ignoring invalid checkpoint ({})", seen.why);
+                    "ignoring invalid checkpoint ({why})");
                 self.ignored.push(seen.path.to_path_buf());
             }
             (_, Ok(_)) => {}
@@ -274,8 +273,9 @@ impl Visit for Recovering<'_> {
         Ok(buf)
     }
 
-    fn missing(&mut self, seq: u32, action: Action, why: &'static str) -> Result<(), StoreError> {
-        match action {
+    fn missing(&mut self, seq: u32, verdict: Verdict) -> Result<(), StoreError> {
+        let why = verdict.why;
+        match verdict.action {
             Action::Fail => Err(StoreError::Recovery {
                 group: self.group,
                 path: segment::segment_path(self.dir, seq),
@@ -287,14 +287,9 @@ impl Visit for Recovering<'_> {
         }
     }
 
-    fn header(
-        &mut self,
-        seg: &Seg<'_>,
-        check: &HeaderCheck,
-        action: Action,
-        why: &'static str,
-    ) -> Result<(), StoreError> {
-        match action {
+    fn header(&mut self, seg: &Seg<'_>) -> Result<(), StoreError> {
+        let why = seg.verdict.why;
+        match seg.verdict.action {
             Action::Apply if seg.start > seg.bytes.len() => Err(self.fail(
                 seg.path,
                 seg.start,
@@ -317,7 +312,7 @@ impl Visit for Recovering<'_> {
                 Ok(())
             }
             Action::Skip | Action::Quarantine | Action::Fail => {
-                let detail = match check {
+                let detail = match &seg.header {
                     HeaderCheck::Foreign(d) => format!("{why}: {d}"),
                     _ => why.to_owned(),
                 };
@@ -326,14 +321,9 @@ impl Visit for Recovering<'_> {
         }
     }
 
-    fn record(
-        &mut self,
-        seg: &Seg<'_>,
-        found: &Found<'_>,
-        action: Action,
-        why: &'static str,
-    ) -> Result<(), StoreError> {
-        if action != Action::Apply {
+    fn record(&mut self, seg: &Seg<'_>, found: &Found<'_>) -> Result<(), StoreError> {
+        let why = found.verdict.why;
+        if found.verdict.action != Action::Apply {
             let prev = found.prev_lsn.unwrap_or(0);
             let detail = format!("record lsn {} after lsn {prev}", found.lsn);
             return Err(self.fail(seg.path, found.at, format!("{why}: {detail}")));
@@ -345,14 +335,9 @@ impl Visit for Recovering<'_> {
         Ok(())
     }
 
-    fn damage(
-        &mut self,
-        seg: &Seg<'_>,
-        d: &Damage<'_>,
-        action: Action,
-        why: &'static str,
-    ) -> Result<(), StoreError> {
-        match action {
+    fn damage(&mut self, seg: &Seg<'_>, d: &Damage<'_>) -> Result<(), StoreError> {
+        let why = d.verdict.why;
+        match d.verdict.action {
             Action::Truncate => {
                 let (path, at) = (seg.path, d.at);
                 let cut = seg.bytes.len() - at;
@@ -449,12 +434,15 @@ pub fn recover_group(
         bytes_scanned: 0,
     };
     let start = journal.choose_checkpoint(&mut r)?;
-    if start.action != Action::Apply {
+    if start.verdict.action != Action::Apply {
         let first = listing.segments.first().copied().unwrap_or(1);
         return Err(r.fail(
             dir,
             0,
-            format!("{}: the journal starts at segment {first}", start.why),
+            format!(
+                "{}: the journal starts at segment {first}",
+                start.verdict.why
+            ),
         ));
     }
     let checkpoint_used = start.checkpoint.map(|(_, info)| info.lsn);

@@ -14,8 +14,9 @@ use common::{config, group_dir, open, wait};
 const GROUPS: u32 = 2;
 
 /// 300 messages of 1000 bytes over 3 queues (about 5 segments of 64 KiB
-/// per group), every third acked, a checkpoint midway.
-fn build(fs: &FaultStorage) -> u64 {
+/// per group), every third acked, a checkpoint midway; the store still
+/// open, and the number of live messages.
+fn fill(fs: &FaultStorage) -> (berth_store::Store, u64) {
     let cfg = config(GROUPS);
     let (store, _) = open(fs, &cfg);
     let mut live = 0;
@@ -32,26 +33,20 @@ fn build(fs: &FaultStorage) -> u64 {
             store.checkpoint().unwrap();
         }
     }
+    (store, live)
+}
+
+/// [`fill`], then a clean close (which checkpoints).
+fn build(fs: &FaultStorage) -> u64 {
+    let (store, live) = fill(fs);
     store.close().unwrap();
     live
 }
 
-/// Like [`build`], but the power fails instead of a clean close: the
-/// journal after the midway checkpoint is what recovery replays.
+/// [`fill`], then the power fails instead of a clean close: the journal
+/// after the midway checkpoint is what recovery replays.
 fn build_crashed(fs: &FaultStorage) {
-    let cfg = config(GROUPS);
-    let (store, _) = open(fs, &cfg);
-    for i in 0..300u64 {
-        let m = store.next_msg_id();
-        let q = QueueId(i % 3);
-        wait(|d| store.publish(m, &[q], Bytes::from(vec![i as u8; 1000]), Some(d))).unwrap();
-        if i % 3 == 0 {
-            wait(|d| store.remove(q, &[m], Some(d))).unwrap();
-        }
-        if i == 150 {
-            store.checkpoint().unwrap();
-        }
-    }
+    let (store, _) = fill(fs);
     fs.crash();
     drop(store);
     fs.power_on();
