@@ -301,6 +301,20 @@ impl Store {
         u32::try_from(self.groups.len()).expect("validated")
     }
 
+    /// The lsn of the newest record of `group` known fdatasynced: a
+    /// position in the group's journal, monotonic, every record up to it on
+    /// stable storage (0 before the group's first sync since it opened).
+    /// Read from a completion under `store.sync = always`, it is at least
+    /// the completed record's position. Panics if `group` is not below
+    /// [`Store::group_count`].
+    pub fn durable_lsn(&self, group: u32) -> u64 {
+        self.groups[group as usize]
+            .shared
+            .counters
+            .durable_lsn
+            .load(Ordering::Acquire)
+    }
+
     /// The group holding `queue`.
     pub fn group_of(&self, queue: QueueId) -> u32 {
         group_of(queue, self.group_count())
@@ -618,6 +632,7 @@ impl Store {
                     segments_deleted: c.segments_deleted.load(Ordering::Relaxed),
                     bytes_compacted: c.bytes_compacted.load(Ordering::Relaxed),
                     unreadable_records: c.unreadable_records.load(Ordering::Relaxed),
+                    durable_lsn: c.durable_lsn.load(Ordering::Acquire),
                 }
             })
             .collect()
