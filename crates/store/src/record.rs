@@ -203,16 +203,8 @@ pub fn encode(salt: u32, lsn: u64, record: &Record<'_>, out: &mut Vec<u8>) {
     out.push(record.kind() as u8);
     out.extend_from_slice(&[0; 3]);
     match record {
-        Record::Publish {
-            msg,
-            queues,
-            payload,
-        }
-        | Record::Relocate {
-            msg,
-            queues,
-            payload,
-        } => {
+        Record::Publish { .. } | Record::Relocate { .. } => {
+            let (msg, queues, payload) = record.message().expect("a message record");
             out.extend_from_slice(&msg.0.to_le_bytes());
             let n = u32::try_from(queues.len()).expect("queue count fits u32");
             out.extend_from_slice(&n.to_le_bytes());
