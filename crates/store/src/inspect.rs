@@ -2,10 +2,12 @@
 //! (`berth store scan|verify|backup`): what is in every segment and
 //! checkpoint, and every problem found, with its file and offset.
 //!
-//! It decodes with the store's own codecs (`record`, `checkpoint`,
-//! `manifest`, `segment`) and rebuilds each group's index exactly as
-//! recovery would (newest valid checkpoint + the journal after it, through
-//! [`Index::apply`]), but never writes, truncates or quarantines anything.
+//! It reads through recovery's own scanner ([`crate::journal`]): the same
+//! checkpoint choice, segment walk and decision tables, so it rebuilds each
+//! group's index exactly as recovery would and reports as a problem exactly
+//! what recovery would quarantine, skip or refuse, and as a note what it
+//! would truncate or pass over. It never writes, truncates or quarantines
+//! anything.
 //!
 //! Invariants:
 //! - Nothing here writes: files are opened with [`Storage::open_read`].
@@ -16,19 +18,23 @@
 //!   later one, so this order reads a state recovery could have produced.
 //!   A listed file that vanished before it was read (reclaimed meanwhile)
 //!   makes the group be read again, a bounded number of times.
-//! - An incomplete record at the end of the newest segment is not a
-//!   problem (a write in progress, or a torn tail that recovery
-//!   truncates); anywhere else it is.
+//! - A damaged tail of the newest segment with nothing valid after it is
+//!   not a problem (a write in progress, or a torn tail that recovery
+//!   truncates); anywhere else damage is.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::checkpoint::{self, CheckpointInfo, ReplayFrom, CHECKPOINT_TMP_NAME};
+use crate::checkpoint::{self, CheckpointInfo};
+use crate::decision::{Action, Reported};
 use crate::error::StoreError;
 use crate::index::{payload_len, Index, Loc};
+use crate::journal::{
+    CheckpointBytes, CheckpointSeen, Damage, Found, Journal, Listing, Seg, Span, Verdict, Visit,
+};
 use crate::manifest::{self, Manifest, MANIFEST_NAME};
-use crate::record::{self, Decoded, Record};
+use crate::record::{self, Decoded};
 use crate::segment::{self, HeaderCheck, SEGMENT_HEADER_BYTES};
 use crate::storage::Storage;
 use crate::{MsgId, QueueId};
@@ -242,7 +248,7 @@ pub struct GroupReport {
 
 /// A Publish/Relocate record found in the journal.
 #[derive(Clone, Copy)]
-struct Found {
+struct Located {
     msg: MsgId,
     len: u32,
 }
@@ -268,6 +274,196 @@ pub fn inspect_group(
     }
 }
 
+/// Inspection's side of the journal walk: reports every action the
+/// tables give ([`Action::reported_as`]) and gathers the statistics.
+struct Inspecting<'a> {
+    storage: &'a dyn Storage,
+    progress: &'a (dyn Fn(u64) + Sync),
+    rep: GroupReport,
+    /// Size of the checkpoint file read last.
+    checkpoint_bytes: u64,
+    /// Every valid checkpoint's index, to check against the journal.
+    checkpoint_indexes: Vec<(u64, PathBuf, Index)>,
+    /// Publish/Relocate records by (segment, offset).
+    found: HashMap<(u32, u32), Located>,
+    published_queues: HashSet<QueueId>,
+    /// The segment being walked.
+    segment: SegmentReport,
+}
+
+impl Inspecting<'_> {
+    /// Files what a reader found under the heading its action gives it.
+    fn report(&mut self, action: Action, file: &Path, offset: u64, what: String) {
+        let item = Problem {
+            file: file.to_path_buf(),
+            offset,
+            what,
+        };
+        match action.reported_as() {
+            Reported::Silent => {}
+            Reported::Note => self.rep.notes.push(item),
+            Reported::Problem => self.rep.problems.push(item),
+        }
+    }
+}
+
+impl Visit for Inspecting<'_> {
+    fn read_checkpoint(&mut self, path: &Path) -> CheckpointBytes {
+        let bytes = read_file(self.storage, path)?;
+        (self.progress)(bytes.len() as u64);
+        self.checkpoint_bytes = bytes.len() as u64;
+        Ok(Ok(bytes))
+    }
+
+    fn unfinished_checkpoint(&mut self, path: &Path, verdict: Verdict) -> Result<(), StoreError> {
+        self.report(verdict.action, path, 0, verdict.why.to_owned());
+        Ok(())
+    }
+
+    fn checkpoint(&mut self, seen: CheckpointSeen<'_>) -> Result<(), StoreError> {
+        let mut cr = CheckpointReport {
+            no: seen.no,
+            path: seen.path.to_path_buf(),
+            bytes: self.checkpoint_bytes,
+            info: None,
+            messages: 0,
+        };
+        match seen.decoded {
+            Ok((info, index)) => {
+                cr.info = Some(info);
+                cr.messages = index.live_messages() as u64;
+                if seen.chosen {
+                    self.rep.checkpoint_used = Some(seen.no);
+                }
+                self.checkpoint_indexes
+                    .push((seen.no, seen.path.to_path_buf(), index.clone()));
+            }
+            Err(e) => {
+                let p = problem_of(&e, seen.path);
+                self.report(seen.verdict.action, &p.file, p.offset, p.what);
+            }
+        }
+        self.rep.checkpoints.push(cr);
+        Ok(())
+    }
+
+    fn load_segment(&mut self, _seq: u32, path: &Path) -> Result<Vec<u8>, StoreError> {
+        let bytes = read_file(self.storage, path)?;
+        (self.progress)(bytes.len() as u64);
+        Ok(bytes)
+    }
+
+    fn missing(&mut self, seq: u32, verdict: Verdict) -> Result<(), StoreError> {
+        let file = self.rep.dir.join(segment::segment_name(seq));
+        self.report(verdict.action, &file, 0, verdict.why.to_owned());
+        Ok(())
+    }
+
+    fn header(&mut self, seg: &Seg<'_>) -> Result<(), StoreError> {
+        let Verdict { action, why } = seg.verdict;
+        self.segment = SegmentReport {
+            seq: seg.seq,
+            path: seg.path.to_path_buf(),
+            bytes: seg.bytes.len() as u64,
+            ..SegmentReport::default()
+        };
+        let what = match (&seg.header, action) {
+            (_, Action::Truncate) => {
+                format!("segment being created (or its creation torn by a crash): {why}")
+            }
+            (HeaderCheck::Foreign(d), _) => format!("segment header: {d} ({why})"),
+            _ => format!("segment header fails its checksum ({why})"),
+        };
+        self.report(action, seg.path, 0, what);
+        Ok(())
+    }
+
+    fn record(&mut self, seg: &Seg<'_>, found: &Found<'_>) -> Result<(), StoreError> {
+        let Verdict { action, why } = found.verdict;
+        let (at, lsn) = (found.at, found.lsn);
+        if let (Action::Fail, Some(prev)) = (action, found.prev_lsn) {
+            let what = format!(
+                "record lsn {lsn} follows lsn {prev} (expected {}): {why}",
+                prev + 1
+            );
+            self.report(action, seg.path, at as u64, what);
+        }
+        let sr = &mut self.segment;
+        if lsn != 0 {
+            // Not a Hole: recovery reported that loss when it wrote it.
+            sr.first_lsn.get_or_insert(lsn);
+            sr.last_lsn = Some(lsn);
+        }
+        sr.records += 1;
+        if let Some((msg, queues, payload)) = found.record.message() {
+            let offset = u32::try_from(at).expect("segments are below 4 GiB");
+            let len = u32::try_from(found.len).expect("records are below 4 GiB");
+            self.found.insert((seg.seq, offset), Located { msg, len });
+            if found.record.kind() == record::Kind::Publish {
+                sr.publishes += 1;
+                self.rep.sizes.add(payload.len() as u64);
+                self.published_queues.extend(queues.iter().copied());
+            }
+        }
+        if found.in_replay {
+            self.rep.replay_records += 1;
+            self.rep.replay_bytes += found.len as u64;
+        }
+        Ok(())
+    }
+
+    fn damage(&mut self, seg: &Seg<'_>, d: &Damage<'_>) -> Result<(), StoreError> {
+        let Verdict { action, why } = d.verdict;
+        let (at, end) = (d.at, d.end);
+        if action == Action::Truncate {
+            self.segment.tail_bytes = (seg.bytes.len() - at) as u64;
+            let what = format!(
+                "{} bytes at the end are not a whole record yet (a write in progress, \
+                 or a torn tail that recovery truncates)",
+                self.segment.tail_bytes
+            );
+            self.report(action, seg.path, at as u64, what);
+            return Ok(());
+        }
+        let what = match &d.decoded {
+            Decoded::Incomplete { needed } if seg.newest => {
+                format!("record cut short (needs {needed} bytes)")
+            }
+            Decoded::Incomplete { needed } => {
+                format!("record cut short (needs {needed} bytes) in a sealed segment")
+            }
+            Decoded::Corrupt(record::Corruption::Checksum { stored, computed }) => {
+                format!("damaged record: checksum {stored:#010x} stored, {computed:#010x} computed")
+            }
+            Decoded::Corrupt(record::Corruption::LengthTooLarge(n)) => {
+                format!("damaged record: length {n} exceeds the largest record")
+            }
+            Decoded::Unparseable { reason, .. } => {
+                format!("record checksum passes but the body does not parse: {reason}")
+            }
+            Decoded::Record { .. } => unreachable!("a record is not damage"),
+        };
+        let what = format!("{what}; {} bytes unreadable ({why})", end - at);
+        self.report(action, seg.path, at as u64, what);
+        self.segment.tail_bytes = if d.later.is_none() {
+            (end - at) as u64
+        } else {
+            0
+        };
+        Ok(())
+    }
+
+    fn segment_end(
+        &mut self,
+        _seg: &Seg<'_>,
+        _scanned_to: Option<usize>,
+    ) -> Result<(), StoreError> {
+        let sr = std::mem::take(&mut self.segment);
+        self.rep.segments.push(sr);
+        Ok(())
+    }
+}
+
 fn read_group(
     storage: &dyn Storage,
     layout: &Layout,
@@ -275,7 +471,6 @@ fn read_group(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<GroupReport, StoreError> {
     let dir = layout.group_dir(g);
-    let salt = layout.manifest.record_salt;
     let mut rep = GroupReport {
         group: g,
         dir: dir.clone(),
@@ -294,117 +489,35 @@ fn read_group(
         }
         Err(e) => return Err(StoreError::io("list", &dir, e)),
     };
-    let mut seqs: Vec<u32> = names
-        .iter()
-        .filter_map(|n| segment::parse_segment_name(n))
-        .collect();
-    seqs.sort_unstable();
-    let mut ckpt_nos: Vec<u64> = names
-        .iter()
-        .filter_map(|n| checkpoint::parse_checkpoint_name(n))
-        .collect();
-    ckpt_nos.sort_unstable();
-    if names.iter().any(|n| n == CHECKPOINT_TMP_NAME) {
-        rep.notes.push(Problem {
-            file: dir.join(CHECKPOINT_TMP_NAME),
-            offset: 0,
-            what: "checkpoint being written (or left by a crash; removed at start)".into(),
-        });
-    }
-
-    // Checkpoints first (see the module invariants), newest chosen.
-    let mut chosen: Option<(u64, CheckpointInfo, Index)> = None;
-    let mut ckpt_indexes: Vec<(u64, PathBuf, Index)> = Vec::new();
-    for &no in ckpt_nos.iter().rev() {
-        let path = dir.join(checkpoint::checkpoint_name(no));
-        let bytes = read_file(storage, &path)?;
-        progress(bytes.len() as u64);
-        let mut cr = CheckpointReport {
-            no,
-            path: path.clone(),
-            bytes: bytes.len() as u64,
-            info: None,
-            messages: 0,
-        };
-        match checkpoint::decode(g, &bytes, &path) {
-            Ok((info, index)) => {
-                cr.info = Some(info);
-                cr.messages = index.live_messages() as u64;
-                if chosen.is_none() {
-                    chosen = Some((no, info, index.clone()));
-                }
-                ckpt_indexes.push((no, path.clone(), index));
-            }
-            Err(e) => rep.problems.push(problem_of(&e, &path)),
-        }
-        rep.checkpoints.push(cr);
-    }
-    rep.checkpoints.reverse();
-
-    let (replay, mut index, mut last_lsn) = match chosen {
-        Some((no, info, index)) => {
-            rep.checkpoint_used = Some(no);
-            (info.replay, index, info.lsn)
-        }
-        None => {
-            if let Some(&first) = seqs.first().filter(|&&s| s != 1) {
-                rep.problems.push(Problem {
-                    file: dir.join(segment::segment_name(first)),
-                    offset: 0,
-                    what: format!(
-                        "no valid checkpoint, and the journal before segment {first} was reclaimed: \
-                         the group cannot be rebuilt"
-                    ),
-                });
-            }
-            let replay = ReplayFrom {
-                seg: 1,
-                offset: SEGMENT_HEADER_BYTES as u64,
-            };
-            (replay, Index::default(), 0)
-        }
+    let listing = Listing::of(&names);
+    let journal = Journal {
+        group: g,
+        salt: layout.manifest.record_salt,
+        dir: &dir,
+        listing: &listing,
     };
-    if !seqs.is_empty() && !seqs.contains(&replay.seg) && replay.seg <= *seqs.last().unwrap_or(&0) {
-        rep.problems.push(Problem {
-            file: dir.join(segment::segment_name(replay.seg)),
-            offset: replay.offset,
-            what: "segment missing: replay after the checkpoint starts in it".into(),
-        });
-    }
-    for w in seqs.windows(2) {
-        for missing in w[0] + 1..w[1] {
-            let file = dir.join(segment::segment_name(missing));
-            if missing < replay.seg {
-                // Reclaimed (compaction or deletion of a dead segment): the
-                // checkpoint's index is checked below for anything still
-                // located in it.
-                rep.notes.push(Problem {
-                    file,
-                    offset: 0,
-                    what: "segment reclaimed (before the checkpoint's replay start)".into(),
-                });
-                continue;
-            }
-            rep.problems.push(Problem {
-                file,
-                offset: 0,
-                what: format!(
-                    "segment missing between {} and {}",
-                    segment::segment_name(w[0]),
-                    segment::segment_name(w[1])
-                ),
-            });
+    let mut v = Inspecting {
+        storage,
+        progress,
+        rep,
+        checkpoint_bytes: 0,
+        checkpoint_indexes: Vec::new(),
+        found: HashMap::new(),
+        published_queues: HashSet::new(),
+        segment: SegmentReport::default(),
+    };
+    // Checkpoints first (see the module invariants), newest chosen.
+    let start = journal.choose_checkpoint(&mut v)?;
+    v.rep.checkpoints.reverse();
+    if start.verdict.action != Action::Apply {
+        if let Some(&first) = listing.segments.first() {
+            let file = dir.join(segment::segment_name(first));
+            let what = format!("{}: the group cannot be rebuilt", start.verdict.why);
+            v.report(start.verdict.action, &file, 0, what);
         }
     }
-
-    // The journal, oldest first.
-    let mut found: HashMap<(u32, u32), Found> = HashMap::new();
-    let mut published_queues: std::collections::HashSet<QueueId> = Default::default();
-    let mut journal_lsn: Option<u64> = None;
-    // After a Hole or a damaged range, a gap in the numbers is explained.
-    let mut after_hole = false;
-    for n in names.iter().filter(|n| n.starts_with("quarantine-")) {
-        rep.notes.push(Problem {
+    for n in &listing.quarantines {
+        v.rep.notes.push(Problem {
             file: dir.join(n),
             offset: 0,
             what: "bytes an earlier recovery found damaged and set aside (its log named the \
@@ -412,252 +525,91 @@ fn read_group(
                 .into(),
         });
     }
-    let newest = seqs.last().copied();
-    let mut prev_seq: Option<u32> = None;
-    for &seq in &seqs {
-        // Records of a reclaimed segment are gone: after one, before the
-        // replay start, the lsn numbers jump.
-        if prev_seq.is_some_and(|p| seq != p + 1) && seq <= replay.seg {
-            after_hole = true;
-        }
-        prev_seq = Some(seq);
-        let path = dir.join(segment::segment_name(seq));
-        let bytes = read_file(storage, &path)?;
-        progress(bytes.len() as u64);
-        let mut sr = SegmentReport {
-            seq,
-            path: path.clone(),
-            bytes: bytes.len() as u64,
-            ..SegmentReport::default()
-        };
-        match segment::check_header(&bytes, g, seq) {
-            HeaderCheck::Ok => {}
-            HeaderCheck::Torn if Some(seq) == newest && bytes.len() < SEGMENT_HEADER_BYTES => {
-                rep.notes.push(Problem {
-                    file: path,
-                    offset: 0,
-                    what: "segment being created (or its creation torn by a crash)".into(),
-                });
-                rep.segments.push(sr);
-                continue;
-            }
-            HeaderCheck::Torn => {
-                rep.problems.push(Problem {
-                    file: path,
-                    offset: 0,
-                    what: "segment header fails its checksum".into(),
-                });
-                rep.segments.push(sr);
-                continue;
-            }
-            HeaderCheck::Foreign(why) => {
-                rep.problems.push(Problem {
-                    file: path,
-                    offset: 0,
-                    what: format!("segment header: {why}"),
-                });
-                rep.segments.push(sr);
-                continue;
-            }
-        }
-        let mut at = SEGMENT_HEADER_BYTES;
-        while at < bytes.len() {
-            let in_replay = (seq, at as u64) >= (replay.seg, replay.offset);
-            match record::decode(salt, &bytes[at..]) {
-                Decoded::Record { lsn, record, len } => {
-                    if lsn == 0 {
-                        // A Hole: recovery reported the loss when it wrote it.
-                        after_hole = true;
-                    } else {
-                        if let Some(prev) = journal_lsn {
-                            let gap_allowed = after_hole && lsn > prev;
-                            if lsn != prev + 1 && !gap_allowed {
-                                rep.problems.push(Problem {
-                                    file: path.clone(),
-                                    offset: at as u64,
-                                    what: format!(
-                                        "record lsn {lsn} follows lsn {prev} (expected {})",
-                                        prev + 1
-                                    ),
-                                });
-                            }
-                        }
-                        journal_lsn = Some(lsn);
-                        after_hole = false;
-                        sr.first_lsn.get_or_insert(lsn);
-                        sr.last_lsn = Some(lsn);
-                    }
-                    sr.records += 1;
-                    let loc = Loc {
-                        seg: seq,
-                        offset: u32::try_from(at).expect("segments are below 4 GiB"),
-                        len: u32::try_from(len).expect("records are below 4 GiB"),
-                    };
-                    if let Record::Publish {
-                        msg,
-                        queues,
-                        payload,
-                    }
-                    | Record::Relocate {
-                        msg,
-                        queues,
-                        payload,
-                    } = &record
-                    {
-                        found.insert(
-                            (seq, loc.offset),
-                            Found {
-                                msg: *msg,
-                                len: loc.len,
-                            },
-                        );
-                        if record.kind() == record::Kind::Publish {
-                            sr.publishes += 1;
-                            rep.sizes.add(payload.len() as u64);
-                            published_queues.extend(queues.iter().copied());
-                        }
-                    }
-                    if in_replay {
-                        if lsn != 0 && lsn <= last_lsn {
-                            rep.problems.push(Problem {
-                                file: path.clone(),
-                                offset: at as u64,
-                                what: format!(
-                                    "record lsn {lsn} after the checkpoint, which covers up to lsn {last_lsn}"
-                                ),
-                            });
-                        }
-                        index.apply(&record, loc);
-                        rep.replay_records += 1;
-                        rep.replay_bytes += len as u64;
-                        if lsn != 0 {
-                            last_lsn = lsn;
-                        }
-                    }
-                    at += len;
-                }
-                Decoded::Incomplete { .. } if Some(seq) == newest => {
-                    sr.tail_bytes = (bytes.len() - at) as u64;
-                    rep.notes.push(Problem {
-                        file: path.clone(),
-                        offset: at as u64,
-                        what: format!(
-                            "{} bytes at the end are not a whole record yet (a write in progress, \
-                             or a torn tail that recovery truncates)",
-                            sr.tail_bytes
-                        ),
-                    });
-                    break;
-                }
-                bad => {
-                    let why = match bad {
-                        Decoded::Incomplete { needed } => {
-                            format!("record cut short (needs {needed} bytes) in a sealed segment")
-                        }
-                        Decoded::Corrupt(record::Corruption::Checksum { stored, computed }) => {
-                            format!(
-                                "damaged record: checksum {stored:#010x} stored, {computed:#010x} computed"
-                            )
-                        }
-                        Decoded::Corrupt(record::Corruption::LengthTooLarge(n)) => {
-                            format!("damaged record: length {n} exceeds the largest record")
-                        }
-                        Decoded::Unparseable { reason, .. } => {
-                            format!("record checksum passes but the body does not parse: {reason}")
-                        }
-                        Decoded::Record { .. } => unreachable!("matched above"),
-                    };
-                    // Resynchronise at the next valid record, as recovery would.
-                    let next = (at + 1..bytes.len()).find(|&o| {
-                        matches!(record::decode(salt, &bytes[o..]), Decoded::Record { lsn, .. }
-                            if lsn == 0 || journal_lsn.is_none_or(|p| lsn > p))
-                    });
-                    let end = next.unwrap_or(bytes.len());
+    let start_lsn = start.lsn;
+    let walked = journal.walk(start, Span::Whole, &mut v)?;
+    let mut index = walked.index;
+    v.rep.last_lsn = start_lsn.max(walked.last_lsn.unwrap_or(0));
+    v.check_checkpoints(&listing.segments, layout.manifest.record_salt);
+    v.count_live(&listing.segments, &index);
+    v.rep.queues_published = v.published_queues.len() as u64;
+    v.rep.meta = std::mem::take(&mut index.meta);
+    Ok(v.rep)
+}
+
+impl Inspecting<'_> {
+    /// Every checkpoint against the journal: its replay position starts a
+    /// record (or ends the journal), and the messages it lists are where it
+    /// says, unless their segment was reclaimed since (then the journal
+    /// after it must have removed them: checked on the final index).
+    fn check_checkpoints(&mut self, seqs: &[u32], salt: u32) {
+        for (no, path, ck_index) in std::mem::take(&mut self.checkpoint_indexes) {
+            let rep = &mut self.rep;
+            let info = rep
+                .checkpoints
+                .iter()
+                .find(|c| c.no == no)
+                .and_then(|c| c.info)
+                .expect("decoded above");
+            if let Some(s) = rep.segments.iter().find(|s| s.seq == info.replay.seg) {
+                let boundary = info.replay.offset == SEGMENT_HEADER_BYTES as u64
+                    || info.replay.offset == s.bytes - s.tail_bytes
+                    || self.found.contains_key(&(
+                        info.replay.seg,
+                        u32::try_from(info.replay.offset).unwrap_or(u32::MAX),
+                    ))
+                    || starts_record(self.storage, &s.path, info.replay.offset, salt);
+                if !boundary {
                     rep.problems.push(Problem {
                         file: path.clone(),
-                        offset: at as u64,
-                        what: format!("{why}; {} bytes unreadable", end - at),
+                        offset: checkpoint::CK_OFF_REPLAY_OFFSET as u64,
+                        what: format!(
+                            "replay position {}:{} is not a record boundary in the journal",
+                            info.replay.seg, info.replay.offset
+                        ),
                     });
-                    sr.tail_bytes = if next.is_none() { (end - at) as u64 } else { 0 };
-                    // The records lost there explain a gap in the numbers.
-                    after_hole = true;
-                    at = end;
                 }
             }
+            check_refs(rep, &self.found, seqs, &ck_index, &path, "checkpoint lists");
         }
-        rep.segments.push(sr);
     }
-    rep.last_lsn = last_lsn.max(journal_lsn.unwrap_or(0));
 
-    // Every checkpoint against the journal: its replay position starts a
-    // record (or ends the journal), and the messages it lists are where it
-    // says, unless their segment was reclaimed since (then the journal
-    // after it must have removed them: checked on the final index below).
-    for (no, path, ck_index) in &ckpt_indexes {
-        let info = rep
-            .checkpoints
-            .iter()
-            .find(|c| c.no == *no)
-            .and_then(|c| c.info)
-            .expect("decoded above");
-        if let Some(s) = rep.segments.iter().find(|s| s.seq == info.replay.seg) {
-            let boundary = info.replay.offset == SEGMENT_HEADER_BYTES as u64
-                || info.replay.offset == s.bytes - s.tail_bytes
-                || found.contains_key(&(
-                    info.replay.seg,
-                    u32::try_from(info.replay.offset).unwrap_or(u32::MAX),
-                ))
-                || starts_record(storage, &s.path, info.replay.offset, salt);
-            if !boundary {
+    /// Every index reference of the rebuilt state, and what is live where.
+    fn count_live(&mut self, seqs: &[u32], index: &Index) {
+        let rep = &mut self.rep;
+        let dir = rep.dir.clone();
+        check_refs(rep, &self.found, seqs, index, &dir, "live message");
+        for m in index.iter_live() {
+            if !seqs.contains(&m.loc.seg) {
                 rep.problems.push(Problem {
-                    file: path.clone(),
-                    offset: checkpoint::CK_OFF_REPLAY_OFFSET as u64,
+                    file: dir.join(segment::segment_name(m.loc.seg)),
+                    offset: u64::from(m.loc.offset),
                     what: format!(
-                        "replay position {}:{} is not a record boundary in the journal",
-                        info.replay.seg, info.replay.offset
+                        "live message {} of {:?} is in this missing segment",
+                        m.msg, m.queues
                     ),
                 });
             }
-        }
-        check_refs(&mut rep, &found, &seqs, ck_index, path, "checkpoint lists");
-    }
-
-    // Every index reference of the rebuilt state.
-    check_refs(&mut rep, &found, &seqs, &index, &dir, "live message");
-    for m in index.iter_live() {
-        if !seqs.contains(&m.loc.seg) {
-            rep.problems.push(Problem {
-                file: dir.join(segment::segment_name(m.loc.seg)),
-                offset: u64::from(m.loc.offset),
-                what: format!(
-                    "live message {} of {:?} is in this missing segment",
-                    m.msg, m.queues
-                ),
-            });
-        }
-        let len = u64::from(payload_len(m.loc.len, m.queues.len()));
-        rep.live_messages += 1;
-        rep.live_payload_bytes += len;
-        for q in &m.queues {
-            let qr = rep.queues.entry(*q).or_default();
-            qr.messages += 1;
-            qr.bytes += len;
-            if qr.oldest.is_none_or(|(o, _)| m.msg < o) {
-                qr.oldest = Some((m.msg, m.loc.seg));
+            let len = u64::from(payload_len(m.loc.len, m.queues.len()));
+            rep.live_messages += 1;
+            rep.live_payload_bytes += len;
+            for q in &m.queues {
+                let qr = rep.queues.entry(*q).or_default();
+                qr.messages += 1;
+                qr.bytes += len;
+                if qr.oldest.is_none_or(|(o, _)| m.msg < o) {
+                    qr.oldest = Some((m.msg, m.loc.seg));
+                }
             }
         }
+        for s in &mut rep.segments {
+            let live = index.seg_live(s.seq);
+            s.live_messages = live.count;
+            s.live_bytes = live.bytes;
+            s.dead_bytes = s
+                .bytes
+                .saturating_sub(SEGMENT_HEADER_BYTES as u64 + live.bytes + s.tail_bytes);
+        }
     }
-    for s in &mut rep.segments {
-        let live = index.seg_live(s.seq);
-        s.live_messages = live.count;
-        s.live_bytes = live.bytes;
-        s.dead_bytes = s
-            .bytes
-            .saturating_sub(SEGMENT_HEADER_BYTES as u64 + live.bytes + s.tail_bytes);
-    }
-    rep.queues_published = published_queues.len() as u64;
-    rep.meta = std::mem::take(&mut index.meta);
-    Ok(rep)
 }
 
 /// Reads a whole file, read-only.
@@ -691,7 +643,7 @@ fn starts_record(storage: &dyn Storage, path: &Path, offset: u64, salt: u32) -> 
 /// its Publish/Relocate record there.
 fn check_refs(
     rep: &mut GroupReport,
-    found: &HashMap<(u32, u32), Found>,
+    found: &HashMap<(u32, u32), Located>,
     seqs: &[u32],
     index: &Index,
     file: &Path,

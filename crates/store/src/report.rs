@@ -84,4 +84,6 @@ pub struct GroupStats {
     pub live_bytes: u64,
     /// Time this group's recovery took when the store opened.
     pub recovery: Duration,
+    /// The newest record known fdatasynced ([`crate::Store::durable_lsn`]).
+    pub durable_lsn: u64,
 }

@@ -108,6 +108,85 @@ fn meta_group(key: &[u8], groups: u32) -> u32 {
     crc32c::crc32c(key) % groups
 }
 
+/// Recovers every group in parallel, one thread each, logging progress
+/// every `recovery_progress_interval_ms`; each result with its duration.
+fn recover_groups(
+    config: &StoreConfig,
+    storage: &dyn Storage,
+    dirs: &[PathBuf],
+    salt: u32,
+    started: Instant,
+) -> Vec<(Result<GroupRecovery, StoreError>, Duration)> {
+    let progress = Progress::default();
+    let group_count = u32::try_from(dirs.len()).expect("validated");
+    std::thread::scope(|s| {
+        let handles: Vec<_> = dirs
+            .iter()
+            .enumerate()
+            .map(|(g, dir)| {
+                let progress = &progress;
+                let g = u32::try_from(g).expect("validated");
+                std::thread::Builder::new()
+                    .name(format!("berth-recover-{g}"))
+                    .spawn_scoped(s, move || {
+                        let started = Instant::now();
+                        let r = recovery::recover_group(
+                            storage,
+                            g,
+                            dir,
+                            progress,
+                            salt,
+                            config.accept_missing_segments,
+                        );
+                        (r, started.elapsed())
+                    })
+                    .expect("spawn recovery thread")
+            })
+            .collect();
+        let interval = Duration::from_millis(config.recovery_progress_interval_ms.max(1));
+        let mut next_log = Instant::now() + interval;
+        while handles.iter().any(|h| !h.is_finished()) {
+            std::thread::sleep(Duration::from_millis(5).min(interval));
+            if Instant::now() >= next_log {
+                log_progress(&progress, started, group_count);
+                next_log += interval;
+            }
+        }
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("recovery thread panicked"))
+            .collect()
+    })
+}
+
+impl Recovered {
+    /// Adds what one group's recovery found: its metadata, its live
+    /// messages (per queue), its statistics and damage.
+    fn add_group(&mut self, rec: &GroupRecovery) {
+        for (k, v) in &rec.index.meta {
+            self.metadata
+                .insert(Bytes::copy_from_slice(k), Bytes::copy_from_slice(v));
+        }
+        for m in rec.index.iter_live() {
+            let len = payload_len(m.loc.len, m.queues.len());
+            for q in &m.queues {
+                self.queues.entry(*q).or_default().push(RecoveredMessage {
+                    msg: m.msg,
+                    payload_len: len,
+                });
+            }
+        }
+        let st = &mut self.stats;
+        st.records_replayed += rec.records_replayed;
+        st.bytes_scanned += rec.bytes_scanned;
+        st.truncated_bytes += rec.truncated_bytes;
+        st.checkpoints_used += u32::from(rec.checkpoint_used.is_some());
+        st.checkpoints_ignored
+            .extend(rec.checkpoints_ignored.iter().cloned());
+        self.damage.extend(rec.damage.iter().cloned());
+    }
+}
+
 impl Store {
     /// Opens (creating if needed) the store on the real file system.
     pub fn open(config: StoreConfig) -> Result<(Store, Recovered), StoreError> {
@@ -138,46 +217,7 @@ impl Store {
                 d.join(format!("group-{g:04}"))
             })
             .collect();
-        let progress = Progress::default();
-        let results: Vec<(Result<GroupRecovery, StoreError>, Duration)> = std::thread::scope(|s| {
-            let handles: Vec<_> = dirs
-                .iter()
-                .enumerate()
-                .map(|(g, dir)| {
-                    let storage = storage.as_ref();
-                    let progress = &progress;
-                    let g = u32::try_from(g).expect("validated");
-                    std::thread::Builder::new()
-                        .name(format!("berth-recover-{g}"))
-                        .spawn_scoped(s, move || {
-                            let started = Instant::now();
-                            let r = recovery::recover_group(
-                                storage,
-                                g,
-                                dir,
-                                progress,
-                                salt,
-                                config.accept_missing_segments,
-                            );
-                            (r, started.elapsed())
-                        })
-                        .expect("spawn recovery thread")
-                })
-                .collect();
-            let interval = Duration::from_millis(config.recovery_progress_interval_ms.max(1));
-            let mut next_log = Instant::now() + interval;
-            while handles.iter().any(|h| !h.is_finished()) {
-                std::thread::sleep(Duration::from_millis(5).min(interval));
-                if Instant::now() >= next_log {
-                    log_progress(&progress, started, group_count);
-                    next_log += interval;
-                }
-            }
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("recovery thread panicked"))
-                .collect()
-        });
+        let results = recover_groups(&config, storage.as_ref(), &dirs, salt, started);
 
         let mut recovered = Recovered {
             metadata: BTreeMap::new(),
@@ -195,32 +235,7 @@ impl Store {
         for (g, (rec, recovery)) in per_group.into_iter().enumerate() {
             let g = u32::try_from(g).expect("validated");
             msg_id_hw = msg_id_hw.max(rec.index.msg_id_hw);
-            for (k, v) in &rec.index.meta {
-                recovered
-                    .metadata
-                    .insert(Bytes::copy_from_slice(k), Bytes::copy_from_slice(v));
-            }
-            for m in rec.index.iter_live() {
-                let len = payload_len(m.loc.len, m.queues.len());
-                for q in &m.queues {
-                    recovered
-                        .queues
-                        .entry(*q)
-                        .or_default()
-                        .push(RecoveredMessage {
-                            msg: m.msg,
-                            payload_len: len,
-                        });
-                }
-            }
-            let st = &mut recovered.stats;
-            st.records_replayed += rec.records_replayed;
-            st.bytes_scanned += rec.bytes_scanned;
-            st.truncated_bytes += rec.truncated_bytes;
-            st.checkpoints_used += u32::from(rec.checkpoint_used.is_some());
-            st.checkpoints_ignored
-                .extend(rec.checkpoints_ignored.iter().cloned());
-            recovered.damage.extend(rec.damage.iter().cloned());
+            recovered.add_group(&rec);
             let (tx, rx) = mpsc::sync_channel(config.channel_requests_max);
             let init = WriterInit {
                 files: rec
@@ -284,6 +299,20 @@ impl Store {
     /// Number of log groups (fixed at creation).
     pub fn group_count(&self) -> u32 {
         u32::try_from(self.groups.len()).expect("validated")
+    }
+
+    /// The lsn of the newest record of `group` known fdatasynced: a
+    /// position in the group's journal, monotonic, every record up to it on
+    /// stable storage (0 before the group's first sync since it opened).
+    /// Read from a completion under `store.sync = always`, it is at least
+    /// the completed record's position. Panics if `group` is not below
+    /// [`Store::group_count`].
+    pub fn durable_lsn(&self, group: u32) -> u64 {
+        self.groups[group as usize]
+            .shared
+            .counters
+            .durable_lsn
+            .load(Ordering::Acquire)
     }
 
     /// The group holding `queue`.
@@ -603,6 +632,7 @@ impl Store {
                     segments_deleted: c.segments_deleted.load(Ordering::Relaxed),
                     bytes_compacted: c.bytes_compacted.load(Ordering::Relaxed),
                     unreadable_records: c.unreadable_records.load(Ordering::Relaxed),
+                    durable_lsn: c.durable_lsn.load(Ordering::Acquire),
                 }
             })
             .collect()

@@ -808,3 +808,21 @@ fn checkpoints_are_rebuilt_from_the_journal_not_cloned_on_the_writer_path() {
         "the last checkpoint covers all"
     );
 }
+
+#[test]
+fn a_completed_write_is_within_the_groups_durable_lsn() {
+    // The journal seam's positions: explicit, monotonic, and reached by
+    // the time a write under `sync = always` completes.
+    let fs = FaultStorage::new(41);
+    let cfg = config(1);
+    let (store, _) = open(&fs, &cfg);
+    assert_eq!(store.durable_lsn(0), 0, "nothing synced yet");
+    for i in 1..=5u64 {
+        let m = store.next_msg_id();
+        wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"x"), Some(d))).unwrap();
+        // One record per publish, each alone in its batch.
+        assert_eq!(store.durable_lsn(0), i);
+    }
+    assert_eq!(store.stats()[0].durable_lsn, 5);
+    store.close().unwrap();
+}

@@ -82,6 +82,12 @@ pub struct GroupCounters {
     pub sync_latency_us: crate::histogram::SyncLatencyUs,
     /// Records per write batch.
     pub batch_records: crate::histogram::BatchRecords,
+    /// The lsn of the newest record this writer has fdatasynced: every
+    /// record of the group up to it is on stable storage. 0 until the
+    /// writer's first sync after the store opened; never decreases. Read
+    /// it from a completion to learn a position at least as far as the
+    /// completed record's (under `store.sync = always`).
+    pub durable_lsn: AtomicU64,
 }
 
 /// What readers share with the writer.
@@ -564,6 +570,11 @@ impl Writer {
         c.syncs.fetch_add(1, Ordering::Relaxed);
         c.sync_us_total.fetch_add(us, Ordering::Relaxed);
         c.sync_latency_us.0.observe(us);
+        if self.buf.is_empty() {
+            // Every record numbered so far is written, and now synced.
+            c.durable_lsn
+                .fetch_max(self.next_lsn - 1, Ordering::Release);
+        }
         self.dirty = false;
         self.last_sync = self.clock.now();
         Ok(())
