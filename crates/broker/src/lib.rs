@@ -25,6 +25,7 @@ pub mod events;
 pub mod exchange;
 pub mod limits;
 pub mod message;
+pub mod meta;
 mod naming;
 mod paging;
 pub mod password;

@@ -51,6 +51,10 @@ impl QueueOwner for VHost {
     }
 
     fn delete_queue(&self, name: &str) {
-        self.remove_queue(name);
+        // Auto-delete and x-expires: no client waits, so the error is
+        // logged; the queue stays and the next check tries again.
+        if let Err(e) = self.remove_queue(name) {
+            tracing::error!(vhost = %self.name, queue = name, error = %e, "could not delete a queue durably");
+        }
     }
 }
