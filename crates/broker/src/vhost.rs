@@ -357,17 +357,18 @@ impl VHost {
         let Some(gone) = self.exchanges.read().get(name).cloned() else {
             return Ok(());
         };
+        // Chosen while the exchange is still in the map: a binding to
+        // itself is stored, and must leave the store with it.
+        let stored: Vec<BindingDef> = (gone.bindings().iter())
+            .filter(|b| self.binding_is_durable(&gone, &b.destination))
+            .map(|b| self.binding_def(name, &b.destination, &b.routing_key, &b.arguments))
+            .collect();
         if gone.durable {
             self.record(&self.delete_exchange_cmd(name))?;
         }
         self.exchanges.write().remove(name);
-        if gone.durable {
-            for b in gone.bindings() {
-                if self.binding_is_durable(&gone, &b.destination) {
-                    let def = self.binding_def(name, &b.destination, &b.routing_key, &b.arguments);
-                    self.record(&MetaCommand::DeleteBinding(def))?;
-                }
-            }
+        for def in stored {
+            self.record(&MetaCommand::DeleteBinding(def))?;
         }
         // Bindings where it was the destination go too.
         self.unbind_everywhere(&Destination::Exchange(name.to_owned()), gone.durable)

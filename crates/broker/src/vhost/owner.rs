@@ -52,7 +52,7 @@ impl QueueOwner for VHost {
 
     fn delete_queue(&self, name: &str) {
         // Auto-delete and x-expires: no client waits, so the error is
-        // logged; the queue stays and the next check tries again.
+        // logged, and the queue stays.
         if let Err(e) = self.remove_queue(name) {
             tracing::error!(vhost = %self.name, queue = name, error = %e, "could not delete a queue durably");
         }
