@@ -31,7 +31,6 @@ mod paging;
 pub mod password;
 pub mod policy;
 pub mod queue;
-mod queue_effects;
 mod ready;
 mod restore;
 pub mod routing;

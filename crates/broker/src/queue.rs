@@ -22,17 +22,29 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::args::{Overflow, QueueArgs};
 
+mod effects;
 mod settings;
 use crate::dead_letter::{DeadLetter, DeathReason};
-use crate::durable::{split_done, Done, Durability, PAGING_BIT};
+use crate::durable::{Done, Durability, PAGING_BIT};
 use crate::events;
 use crate::limits::{FLOW_ACTIVE_MS, FLOW_READY_MAX, PAGE_SCAN_EVERY_MESSAGES};
 use crate::message::Message;
 use crate::paging::{Loaded, Pager, QueueRef};
-pub use crate::queue_effects::{Effects, QueueStats};
 pub use crate::ready::QueuedMessage;
 use crate::ready::{Body, Entry, Ready};
 use crate::timers::{TimerTarget, Timers};
+use effects::Effects;
+
+/// Counters for the management view and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueStats {
+    pub ready: usize,
+    pub ready_bytes: u64,
+    /// Ready messages whose bodies are only on disk.
+    pub paged_out: usize,
+    pub unacked: usize,
+    pub consumers: usize,
+}
 
 /// Where a queue's consumer gets its deliveries: implemented by the
 /// channel the consumer was created on.
@@ -218,82 +230,6 @@ impl Queue {
 
     pub fn is_deleted(&self) -> bool {
         self.state.lock().deleted
-    }
-
-    /// Runs `f` under the lock, then carries out the effects it collected.
-    fn with_state<R>(
-        self: &Arc<Self>,
-        now: Instant,
-        f: impl FnOnce(&Arc<Self>, &mut QueueState, &mut Effects) -> R,
-    ) -> R {
-        let mut fx = Effects::default();
-        let r = {
-            let mut s = self.state.lock();
-            let r = f(self, &mut s, &mut fx);
-            if !s.deleted {
-                fx.timer_at = self.schedule(&mut s, now);
-            }
-            fx.paging_id = s.pager.paging_id;
-            let backlogged = s.ready.len > FLOW_READY_MAX && Self::busy(&s, now);
-            if backlogged != self.backlogged.load(Ordering::Relaxed) {
-                self.backlogged.store(backlogged, Ordering::Relaxed);
-            }
-            r
-        };
-        self.apply(fx, now);
-        r
-    }
-
-    fn apply(self: &Arc<Self>, fx: Effects, now: Instant) {
-        if let Some(at) = fx.timer_at {
-            let me: Weak<dyn TimerTarget> = Arc::downgrade(self) as Weak<dyn TimerTarget>;
-            self.env.timers.schedule(at, me);
-        }
-        let journal = self.env.dur.journal();
-        // Paging copies (PAGING_BIT) go to the queue's paging id; their
-        // removal is never waited for.
-        let (paging, removed): (Vec<u64>, Vec<u64>) =
-            fx.removed.iter().partition(|id| *id & PAGING_BIT != 0);
-        if let (Some(pid), false) = (fx.paging_id, paging.is_empty()) {
-            let ids: Vec<u64> = paging.iter().map(|id| id & !PAGING_BIT).collect();
-            journal.remove(pid, &ids, None);
-        }
-        let mut dead = fx.dead;
-        // A transaction's completion waits for the deferred removals too.
-        let deferred = dead.iter().filter(|d| d.stored.is_some()).count();
-        let mut done = fx.done;
-        if deferred > 0 {
-            if let Some(d) = done.take() {
-                let mut parts = split_done(d, deferred + 1).into_iter();
-                done = parts.next();
-                for (letter, part) in dead.iter_mut().filter(|d| d.stored.is_some()).zip(parts) {
-                    letter.done = Some(part);
-                }
-            }
-        }
-        match (self.store_id, removed.is_empty()) {
-            (Some(qid), false) => journal.remove(qid, &removed, done),
-            _ => {
-                if let Some(d) = done {
-                    d(Ok(()));
-                }
-            }
-        }
-        let Some(owner) = self.env.owner.upgrade() else {
-            // No vhost to republish through: remove as if dropped.
-            for d in dead {
-                if let (Some(qid), Some(id)) = (self.store_id, d.stored) {
-                    journal.remove(qid, &[id], d.done);
-                }
-            }
-            return;
-        };
-        if !dead.is_empty() {
-            owner.dead_letter(self, dead, now);
-        }
-        if fx.delete {
-            owner.delete_queue(&self.name);
-        }
     }
 
     /// The next moment this queue needs attention, if newer than what is
