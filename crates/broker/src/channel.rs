@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 
 use crate::durable::{Done, EventSink};
 use crate::error::{AmqpError, AmqpResult};
-use crate::events::{self, Event, EventKind};
+use crate::events::{self, Event, EventKind, Origin};
 use crate::message::Message;
 use crate::queue::{Consumer, ConsumerChannel, Queue, QueuedMessage};
 use crate::routing::PublishResult;
@@ -305,12 +305,16 @@ impl Channel {
         now: Instant,
         durable: &mut dyn FnMut() -> Done,
     ) -> AmqpResult<crate::routing::PublishResult> {
-        let vhost = &self.session.vhost;
+        let origin = self.origin();
+        (self.session.vhost).publish_from(exchange, msg, now, durable, &origin)
+    }
+
+    /// This channel's client as the origin of the events its operations
+    /// cause; with the event log off no one asks, and nothing is cloned.
+    fn origin(&self) -> Origin {
         match self.session.events {
-            None => vhost.publish(exchange, msg, now, durable),
-            Some(_) => events::with_origin(self.session.connection_id, &self.session.user, || {
-                vhost.publish(exchange, msg, now, durable)
-            }),
+            None => Origin::default(),
+            Some(_) => Origin::client(self.session.connection_id, &self.session.user),
         }
     }
 
@@ -399,17 +403,12 @@ impl Channel {
                 Settle::Reject => EventKind::Rejected,
             };
             self.note(kind, &queue, &msgs, detail);
-            let apply = || match how {
-                Settle::Ack => queue.settle(msgs, now, done),
-                Settle::Requeue => queue.requeue(msgs, now, done),
-                Settle::Reject => queue.reject(msgs, now, done),
-            };
             // Dead letters and drops that a nack causes name its client.
-            match self.session.events {
-                None => apply(),
-                Some(_) => {
-                    events::with_origin(self.session.connection_id, &self.session.user, apply)
-                }
+            let origin = self.origin();
+            match how {
+                Settle::Ack => queue.settle_from(msgs, now, done, &origin),
+                Settle::Requeue => queue.requeue_from(msgs, now, done, &origin),
+                Settle::Reject => queue.reject_from(msgs, now, done, &origin),
             }
         }
         for q in kick {

@@ -26,7 +26,7 @@ mod effects;
 mod settings;
 use crate::dead_letter::{DeadLetter, DeathReason};
 use crate::durable::{Done, Durability, PAGING_BIT};
-use crate::events;
+use crate::events::{self, Origin};
 use crate::limits::{FLOW_ACTIVE_MS, FLOW_READY_MAX, PAGE_SCAN_EVERY_MESSAGES};
 use crate::message::Message;
 use crate::paging::{Loaded, Pager, QueueRef};
@@ -67,8 +67,8 @@ pub trait ConsumerChannel: Send + Sync {
 /// What a queue hands back to the vhost that holds it.
 pub trait QueueOwner: Send + Sync {
     /// Republishes messages that left `from` with a reason, through its
-    /// dead-letter exchange.
-    fn dead_letter(&self, from: &Queue, letters: Vec<DeadLetter>, now: Instant);
+    /// dead-letter exchange; the events they cause name `origin`.
+    fn dead_letter(&self, from: &Queue, letters: Vec<DeadLetter>, now: Instant, origin: &Origin);
     /// The queue deleted itself (auto-delete, `x-expires`): remove it.
     fn delete_queue(&self, name: &str);
 }
@@ -307,7 +307,8 @@ impl Queue {
         let dead_letter = reason.filter(|_| self.args().dead_letter_exchange.is_some());
         let (ev, who) = (self.env.dur.events(), self.event_name());
         let dl = dead_letter.is_some();
-        events::left(ev, who, reason, dl, (m.msg.id, m.msg.body_bytes()));
+        let msg = (m.msg.id, m.msg.body_bytes());
+        events::left(ev, who, reason, dl, msg, &fx.origin);
         // A stored message that is dead-lettered leaves the journal only
         // once its copy is durable; paging copies are never waited for.
         let durable_id = m.stored.filter(|id| id & PAGING_BIT == 0);
@@ -350,6 +351,7 @@ impl Queue {
                 reason,
                 false,
                 (0, size),
+                &fx.origin,
             );
         }
     }
@@ -427,8 +429,21 @@ impl Queue {
     /// journaled for this queue). Returns `false` if the queue refused it
     /// (`x-overflow = reject-publish`).
     pub fn enqueue(self: &Arc<Self>, msg: Arc<Message>, stored: Option<u64>, now: Instant) -> bool {
+        self.enqueue_from(msg, stored, now, &Origin::default())
+    }
+
+    /// [`Queue::enqueue`] of a publish by `origin` (whom the events it
+    /// causes name).
+    pub fn enqueue_from(
+        self: &Arc<Self>,
+        msg: Arc<Message>,
+        stored: Option<u64>,
+        now: Instant,
+        origin: &Origin,
+    ) -> bool {
         self.counters.add_published();
         self.with_state(now, |q, s, fx| {
+            fx.origin = origin.clone();
             if s.deleted {
                 return true;
             }
@@ -535,8 +550,20 @@ impl Queue {
     /// Acked messages leave for good; frees their credit. `done` runs once
     /// their removal is durable.
     pub fn settle(self: &Arc<Self>, msgs: Vec<QueuedMessage>, now: Instant, done: Option<Done>) {
+        self.settle_from(msgs, now, done, &Origin::default());
+    }
+
+    /// [`Queue::settle`] of an ack by `origin`.
+    pub fn settle_from(
+        self: &Arc<Self>,
+        msgs: Vec<QueuedMessage>,
+        now: Instant,
+        done: Option<Done>,
+        origin: &Origin,
+    ) {
         self.counters.add_acked(msgs.len());
         self.with_state(now, |q, s, fx| {
+            fx.origin = origin.clone();
             s.unacked = s.unacked.saturating_sub(msgs.len());
             fx.done = done;
             for m in msgs {
@@ -552,7 +579,19 @@ impl Queue {
     /// closed): back to their place, flagged redelivered, unless they hit
     /// the delivery limit.
     pub fn requeue(self: &Arc<Self>, msgs: Vec<QueuedMessage>, now: Instant, done: Option<Done>) {
+        self.requeue_from(msgs, now, done, &Origin::default());
+    }
+
+    /// [`Queue::requeue`] of a nack by `origin`.
+    pub fn requeue_from(
+        self: &Arc<Self>,
+        msgs: Vec<QueuedMessage>,
+        now: Instant,
+        done: Option<Done>,
+        origin: &Origin,
+    ) {
         self.with_state(now, |q, s, fx| {
+            fx.origin = origin.clone();
             s.unacked = s.unacked.saturating_sub(msgs.len());
             fx.done = done;
             if s.deleted {
@@ -576,7 +615,19 @@ impl Queue {
 
     /// Messages rejected without requeue: dead-lettered or dropped.
     pub fn reject(self: &Arc<Self>, msgs: Vec<QueuedMessage>, now: Instant, done: Option<Done>) {
+        self.reject_from(msgs, now, done, &Origin::default());
+    }
+
+    /// [`Queue::reject`] of a reject by `origin`.
+    pub fn reject_from(
+        self: &Arc<Self>,
+        msgs: Vec<QueuedMessage>,
+        now: Instant,
+        done: Option<Done>,
+        origin: &Origin,
+    ) {
         self.with_state(now, |q, s, fx| {
+            fx.origin = origin.clone();
             s.unacked = s.unacked.saturating_sub(msgs.len());
             fx.done = done;
             for m in msgs {

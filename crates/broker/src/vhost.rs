@@ -20,6 +20,7 @@ use crate::clock::Clock;
 use crate::dead_letter::{self, DeadLetter};
 use crate::durable::{Done, Durability, Journal, JournalError};
 use crate::error::{AmqpError, AmqpResult};
+use crate::events::Origin;
 pub use crate::exchange::ExchangeDeclare;
 use crate::exchange::{Destination, Exchange, ExchangeKind};
 use crate::limits::CountLimits;
@@ -785,14 +786,23 @@ impl VHost {
         now: Instant,
         durable: &mut dyn FnMut() -> Done,
     ) -> AmqpResult<PublishResult> {
+        self.publish_from(exchange, msg, now, durable, &Origin::default())
+    }
+
+    /// [`VHost::publish`] by `origin` (whom the events it causes name).
+    pub fn publish_from(
+        &self,
+        exchange: &str,
+        msg: &Arc<Message>,
+        now: Instant,
+        durable: &mut dyn FnMut() -> Done,
+        origin: &Origin,
+    ) -> AmqpResult<PublishResult> {
         let start = self.check_publish_target(exchange)?;
         let targets = routing::resolve(self, start, msg);
+        let durable = Some(durable);
         Ok(routing::deliver_to(
-            &self.dur,
-            &targets,
-            msg,
-            now,
-            Some(durable),
+            &self.dur, &targets, msg, now, durable, origin,
         ))
     }
 
@@ -805,6 +815,7 @@ impl VHost {
         d: &DeadLetter,
         now: Instant,
         durable: Option<&mut dyn FnMut() -> Done>,
+        origin: &Origin,
     ) {
         let (dlx, msg) = match dead_letter::rewrite(
             &from.name,
@@ -832,7 +843,7 @@ impl VHost {
         };
         let mut targets = routing::resolve(self, exchange, &msg);
         targets.retain(|q| dead_letter::may_reach(&msg, &q.name, d.reason));
-        routing::deliver_to(&self.dur, &targets, &msg, now, durable);
+        routing::deliver_to(&self.dur, &targets, &msg, now, durable, origin);
     }
 }
 

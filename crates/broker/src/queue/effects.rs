@@ -16,6 +16,7 @@ use std::time::Instant;
 
 use crate::dead_letter::DeadLetter;
 use crate::durable::{split_done, Done, PAGING_BIT};
+use crate::events::Origin;
 use crate::limits::FLOW_READY_MAX;
 use crate::timers::TimerTarget;
 
@@ -34,6 +35,8 @@ pub struct Effects {
     /// The queue's paging id, for removals of paging copies.
     pub paging_id: Option<u64>,
     pub timer_at: Option<Instant>,
+    /// Who caused the operation (the events it causes name them).
+    pub origin: Origin,
 }
 
 impl Queue {
@@ -106,7 +109,7 @@ impl Queue {
             return;
         };
         if !dead.is_empty() {
-            owner.dead_letter(self, dead, now);
+            owner.dead_letter(self, dead, now, &fx.origin);
         }
         if fx.delete {
             owner.delete_queue(&self.name);
