@@ -20,7 +20,7 @@ use crate::durable::{Done, EventSink};
 use crate::error::{AmqpError, AmqpResult};
 use crate::events::{self, Event, EventKind, Origin};
 use crate::message::Message;
-use crate::queue::{Consumer, ConsumerChannel, Queue, QueuedMessage};
+use crate::queue::{Consumer, ConsumerChannel, Queue, QueuedMessage, Settle};
 use crate::routing::PublishResult;
 use crate::vhost::VHost;
 
@@ -405,11 +405,7 @@ impl Channel {
             self.note(kind, &queue, &msgs, detail);
             // Dead letters and drops that a nack causes name its client.
             let origin = self.origin();
-            match how {
-                Settle::Ack => queue.settle_from(msgs, now, done, &origin),
-                Settle::Requeue => queue.requeue_from(msgs, now, done, &origin),
-                Settle::Reject => queue.reject_from(msgs, now, done, &origin),
-            }
+            queue.settle_as(how, msgs, now, done, &origin);
         }
         for q in kick {
             q.kick(now);
@@ -611,13 +607,6 @@ impl ConsumerChannel for Channel {
             self.session.outlet.consumer_cancelled(self.id, tag);
         }
     }
-}
-
-#[derive(Clone, Copy)]
-enum Settle {
-    Ack,
-    Requeue,
-    Reject,
 }
 
 /// An open transaction takes one more operation only below

@@ -30,7 +30,7 @@ pub use completion::{all_of, split_done, Done};
 pub use durability::{Durability, PAGING_BIT};
 pub use error::JournalError;
 pub use journal::{EventSink, Journal};
-pub use memory::{MemoryJournal, NoJournal};
+pub use memory::{MemoryJournal, MetaWrite, NoJournal};
 pub use payload::{decode_message, encode_message, StoredMessage};
 
 // The metadata key namespace lives with the metadata commands; these stay

@@ -46,6 +46,15 @@ pub struct QueueStats {
     pub consumers: usize,
 }
 
+/// How delivered messages come back to their queue: acked, requeued
+/// (nack or reject with requeue, a closed channel), or rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    Ack,
+    Requeue,
+    Reject,
+}
+
 /// Where a queue's consumer gets its deliveries: implemented by the
 /// channel the consumer was created on.
 pub trait ConsumerChannel: Send + Sync {
@@ -550,88 +559,58 @@ impl Queue {
     /// Acked messages leave for good; frees their credit. `done` runs once
     /// their removal is durable.
     pub fn settle(self: &Arc<Self>, msgs: Vec<QueuedMessage>, now: Instant, done: Option<Done>) {
-        self.settle_from(msgs, now, done, &Origin::default());
-    }
-
-    /// [`Queue::settle`] of an ack by `origin`.
-    pub fn settle_from(
-        self: &Arc<Self>,
-        msgs: Vec<QueuedMessage>,
-        now: Instant,
-        done: Option<Done>,
-        origin: &Origin,
-    ) {
-        self.counters.add_acked(msgs.len());
-        self.with_state(now, |q, s, fx| {
-            fx.origin = origin.clone();
-            s.unacked = s.unacked.saturating_sub(msgs.len());
-            fx.done = done;
-            for m in msgs {
-                q.drop_message(m, None, fx);
-            }
-            if !s.deleted {
-                q.dispatch(s, now, fx);
-            }
-        });
+        self.settle_as(Settle::Ack, msgs, now, done, &Origin::default());
     }
 
     /// Messages that came back unacked (nack/reject with requeue, channel
     /// closed): back to their place, flagged redelivered, unless they hit
     /// the delivery limit.
     pub fn requeue(self: &Arc<Self>, msgs: Vec<QueuedMessage>, now: Instant, done: Option<Done>) {
-        self.requeue_from(msgs, now, done, &Origin::default());
-    }
-
-    /// [`Queue::requeue`] of a nack by `origin`.
-    pub fn requeue_from(
-        self: &Arc<Self>,
-        msgs: Vec<QueuedMessage>,
-        now: Instant,
-        done: Option<Done>,
-        origin: &Origin,
-    ) {
-        self.with_state(now, |q, s, fx| {
-            fx.origin = origin.clone();
-            s.unacked = s.unacked.saturating_sub(msgs.len());
-            fx.done = done;
-            if s.deleted {
-                return;
-            }
-            for mut m in msgs {
-                m.returns += 1;
-                m.redelivered = true;
-                if q.args()
-                    .delivery_limit
-                    .is_some_and(|l| u64::from(m.returns) > l)
-                {
-                    q.drop_message(m, Some(DeathReason::DeliveryLimit), fx);
-                } else {
-                    s.ready.insert_by_seq(Entry::resident(m));
-                }
-            }
-            q.dispatch(s, now, fx);
-        });
+        self.settle_as(Settle::Requeue, msgs, now, done, &Origin::default());
     }
 
     /// Messages rejected without requeue: dead-lettered or dropped.
     pub fn reject(self: &Arc<Self>, msgs: Vec<QueuedMessage>, now: Instant, done: Option<Done>) {
-        self.reject_from(msgs, now, done, &Origin::default());
+        self.settle_as(Settle::Reject, msgs, now, done, &Origin::default());
     }
 
-    /// [`Queue::reject`] of a reject by `origin`.
-    pub fn reject_from(
+    /// Delivered messages come back as `how` says ([`Queue::settle`],
+    /// [`Queue::requeue`], [`Queue::reject`]), by `origin`'s ack, nack or
+    /// reject (whom the events it causes name).
+    pub fn settle_as(
         self: &Arc<Self>,
+        how: Settle,
         msgs: Vec<QueuedMessage>,
         now: Instant,
         done: Option<Done>,
         origin: &Origin,
     ) {
+        if how == Settle::Ack {
+            self.counters.add_acked(msgs.len());
+        }
         self.with_state(now, |q, s, fx| {
             fx.origin = origin.clone();
             s.unacked = s.unacked.saturating_sub(msgs.len());
             fx.done = done;
-            for m in msgs {
-                q.drop_message(m, Some(DeathReason::Rejected), fx);
+            if how == Settle::Requeue && s.deleted {
+                return;
+            }
+            for mut m in msgs {
+                let reason = match how {
+                    Settle::Ack => None,
+                    Settle::Reject => Some(DeathReason::Rejected),
+                    Settle::Requeue => {
+                        m.returns += 1;
+                        m.redelivered = true;
+                        let limit = q.args().delivery_limit;
+                        if limit.is_none_or(|l| u64::from(m.returns) <= l) {
+                            s.ready.insert_by_seq(Entry::resident(m));
+                            continue;
+                        }
+                        Some(DeathReason::DeliveryLimit)
+                    }
+                };
+                q.drop_message(m, reason, fx);
             }
             if !s.deleted {
                 q.dispatch(s, now, fx);

@@ -38,6 +38,9 @@ impl Journal for NoJournal {
     }
 }
 
+/// One metadata write: key, and value (`None`: a delete).
+pub type MetaWrite = (Vec<u8>, Option<Vec<u8>>);
+
 /// An in-memory journal that records what it was told, for tests: what it
 /// holds is exactly what a perfect store would give back after a restart.
 #[derive(Default)]
@@ -45,7 +48,7 @@ pub struct MemoryJournal {
     pub meta: Mutex<BTreeMap<Vec<u8>, Vec<u8>>>,
     /// Every metadata write in the order it was made durable (key, value;
     /// `None`: a delete): the command stream a replica would replay.
-    pub meta_log: Mutex<Vec<(Vec<u8>, Option<Vec<u8>>)>>,
+    pub meta_log: Mutex<Vec<MetaWrite>>,
     /// While set, metadata writes fail (and change nothing), as with a
     /// store whose disk failed.
     pub fail_meta: AtomicBool,
