@@ -17,14 +17,14 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use berth_protocol::AMQPValue;
 use parking_lot::{Mutex, RwLock};
 use regex::Regex;
 
-use crate::args::as_string;
-use crate::durable::{read_table, split_key, table_bytes, Journal, JournalError};
+use crate::durable::{Journal, JournalError};
 use crate::error::{AmqpError, AmqpResult};
-use crate::password::{Algorithm, PasswordHash};
+pub use crate::meta::parse_tags;
+use crate::meta::{split_key, MetaCommand, PermissionDef, TopicPermissionDef, UserDef};
+use crate::password::PasswordHash;
 
 /// The management tags RabbitMQ knows (others are kept but grant nothing).
 pub const TAG_ADMINISTRATOR: &str = "administrator";
@@ -166,76 +166,6 @@ pub struct Access {
     changes: Mutex<()>,
 }
 
-// --- Metadata encodings (docs/FORMAT.md, "Broker payloads and metadata") ---
-
-/// Key of a vhost created at runtime or by configuration: `v\0NAME`
-/// (empty value).
-pub fn vhost_key(name: &str) -> Vec<u8> {
-    join(&[b"v", name.as_bytes()])
-}
-
-/// Key of the marker saying the default user and vhost were created once
-/// (so deleting them is not undone by a restart): `d`.
-pub const DEFAULTS_KEY: &[u8] = b"d";
-
-/// Key of a user: `u\0NAME`.
-pub fn user_key(name: &str) -> Vec<u8> {
-    join(&[b"u", name.as_bytes()])
-}
-
-/// Key of a permission: `p\0VHOST\0USER`.
-pub fn permission_key(vhost: &str, user: &str) -> Vec<u8> {
-    join(&[b"p", vhost.as_bytes(), user.as_bytes()])
-}
-
-/// Key of a topic permission: `t\0VHOST\0USER\0EXCHANGE`.
-pub fn topic_permission_key(vhost: &str, user: &str, exchange: &str) -> Vec<u8> {
-    join(&[b"t", vhost.as_bytes(), user.as_bytes(), exchange.as_bytes()])
-}
-
-fn join(parts: &[&[u8]]) -> Vec<u8> {
-    parts.join(&0u8)
-}
-
-fn s(v: &str) -> AMQPValue {
-    AMQPValue::LongString(v.as_bytes().to_vec().into())
-}
-
-fn user_value(u: &User) -> Vec<u8> {
-    let (hash, algorithm) = u
-        .password_hash
-        .as_ref()
-        .map_or((String::new(), Algorithm::Sha256), |h| {
-            (h.to_base64(), h.algorithm)
-        });
-    table_bytes(&[
-        ("password_hash", s(&hash)),
-        ("hashing_algorithm", s(algorithm.name())),
-        ("tags", s(&u.tags.join(","))),
-    ])
-}
-
-fn permission_value(p: &Permission) -> Vec<u8> {
-    table_bytes(&[
-        ("configure", s(&p.configure.source)),
-        ("write", s(&p.write.source)),
-        ("read", s(&p.read.source)),
-    ])
-}
-
-fn topic_value(t: &TopicPermission) -> Vec<u8> {
-    table_bytes(&[("write", s(&t.write)), ("read", s(&t.read))])
-}
-
-/// Splits RabbitMQ's comma-separated tag list.
-pub fn parse_tags(tags: &str) -> Vec<String> {
-    tags.split(',')
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .map(str::to_owned)
-        .collect()
-}
-
 impl Access {
     pub fn new(journal: Arc<dyn Journal>) -> Self {
         Self {
@@ -249,71 +179,92 @@ impl Access {
     /// could not be used, with why (those entries stay in the journal).
     pub fn restore<'a>(&self, meta: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> Vec<String> {
         let mut skipped = Vec::new();
-        let mut st = self.state.write();
         for (key, value) in meta {
-            let parts = split_key(key);
-            let kind = parts.first().map(String::as_str);
-            if !matches!(kind, Some("u" | "p" | "t")) {
+            if !matches!(key.first(), Some(b'u' | b'p' | b't')) {
                 continue;
             }
-            let Some(t) = read_table(value) else {
-                skipped.push(format!("{parts:?}: value is not a field table"));
-                continue;
-            };
-            let get = |k: &str| t.inner().get(k).and_then(as_string).unwrap_or_default();
-            match (kind, parts.len()) {
-                (Some("u"), 2) => {
-                    let hash = get("password_hash");
-                    let password_hash = if hash.is_empty() {
-                        None
-                    } else {
-                        let Some(alg) = Algorithm::from_name(&get("hashing_algorithm")) else {
-                            skipped.push(format!("{parts:?}: unknown hashing_algorithm"));
-                            continue;
-                        };
-                        match PasswordHash::from_base64(alg, &hash) {
-                            Ok(h) => Some(h),
-                            Err(e) => {
-                                skipped.push(format!("{parts:?}: {e}"));
-                                continue;
-                            }
-                        }
-                    };
-                    let u = User {
-                        name: parts[1].clone(),
-                        password_hash,
-                        tags: parse_tags(&get("tags")),
-                    };
-                    st.users.insert(u.name.clone(), Arc::new(u));
-                }
-                (Some("p"), 3) => {
-                    match Permission::new(&get("configure"), &get("write"), &get("read")) {
-                        Ok(p) => {
-                            st.permissions
-                                .entry(parts[1].clone())
-                                .or_default()
-                                .insert(parts[2].clone(), Arc::new(p));
-                        }
-                        Err(e) => skipped.push(format!("{parts:?}: {e}")),
-                    }
-                }
-                (Some("t"), 4) => {
-                    st.topic
-                        .entry((parts[1].clone(), parts[2].clone()))
-                        .or_default()
-                        .insert(
-                            parts[3].clone(),
-                            TopicPermission {
-                                exchange: parts[3].clone(),
-                                write: get("write"),
-                                read: get("read"),
-                            },
-                        );
-                }
-                _ => skipped.push(format!("{parts:?}: malformed key")),
-            }
+            let applied = MetaCommand::decode(key, Some(value)).and_then(|c| {
+                self.apply(&c)
+                    .map_err(|why| format!("{:?}: {why}", split_key(key)))
+            });
+            skipped.extend(applied.err());
         }
         skipped
+    }
+
+    /// Applies a user, permission or topic permission command to memory
+    /// (the caller made it durable, or the journal gives it back); other
+    /// commands are not about access and change nothing here. The one
+    /// place these changes reach the state, at runtime and on replay.
+    pub fn apply(&self, cmd: &MetaCommand) -> Result<(), String> {
+        use MetaCommand as C;
+        // Compiled before the write lock: checks never wait for a regex.
+        let permission = match cmd {
+            C::PutPermission(p) => Some(Arc::new(
+                Permission::new(&p.configure, &p.write, &p.read).map_err(|e| e.to_string())?,
+            )),
+            _ => None,
+        };
+        let mut st = self.state.write();
+        match cmd {
+            C::PutUser(u) => {
+                let user = User {
+                    name: u.name.clone(),
+                    password_hash: u.password_hash.clone(),
+                    tags: u.tags.clone(),
+                };
+                st.users.insert(u.name.clone(), Arc::new(user));
+            }
+            C::DeleteUser { name } => {
+                st.users.remove(name);
+                for m in st.permissions.values_mut() {
+                    m.remove(name);
+                }
+                st.topic.retain(|(_, u), _| u != name);
+            }
+            C::PutPermission(p) => {
+                let m = st.permissions.entry(p.vhost.clone()).or_default();
+                m.insert(p.user.clone(), permission.expect("compiled above"));
+            }
+            C::DeletePermission { vhost, user } => {
+                if let Some(m) = st.permissions.get_mut(vhost) {
+                    m.remove(user);
+                }
+            }
+            C::PutTopicPermission(t) => {
+                let m = st.topic.entry((t.vhost.clone(), t.user.clone()));
+                m.or_default().insert(
+                    t.exchange.clone(),
+                    TopicPermission {
+                        exchange: t.exchange.clone(),
+                        write: t.write.clone(),
+                        read: t.read.clone(),
+                    },
+                );
+            }
+            C::DeleteTopicPermission {
+                vhost,
+                user,
+                exchange,
+            } => {
+                let key = (vhost.clone(), user.clone());
+                if let Some(m) = st.topic.get_mut(&key) {
+                    m.remove(exchange);
+                    if m.is_empty() {
+                        st.topic.remove(&key);
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Makes a change durable, then applies it; if the write fails nothing
+    /// changes.
+    fn commit(&self, cmd: &MetaCommand) -> Result<(), AccessError> {
+        self.journal.record(cmd)?;
+        self.apply(cmd).map_err(AccessError::Invalid)
     }
 
     // --- Users ------------------------------------------------------------
@@ -347,13 +298,11 @@ impl Access {
             return Err(AccessError::Invalid("a user name cannot be empty".into()));
         }
         let _g = self.changes.lock();
-        self.journal
-            .put_meta(&user_key(&user.name), &user_value(&user))?;
-        self.state
-            .write()
-            .users
-            .insert(user.name.clone(), Arc::new(user));
-        Ok(())
+        self.commit(&MetaCommand::PutUser(UserDef {
+            name: user.name,
+            password_hash: user.password_hash,
+            tags: user.tags,
+        }))
     }
 
     /// Deletes a user and all its permissions.
@@ -378,21 +327,22 @@ impl Access {
                 .collect();
             (perms, topics)
         };
-        for v in &perms {
-            self.journal.delete_meta(&permission_key(v, name))?;
+        for v in perms {
+            self.commit(&MetaCommand::DeletePermission {
+                vhost: v,
+                user: name.to_owned(),
+            })?;
         }
-        for (v, x) in &topics {
-            self.journal
-                .delete_meta(&topic_permission_key(v, name, x))?;
+        for (vhost, exchange) in topics {
+            self.commit(&MetaCommand::DeleteTopicPermission {
+                vhost,
+                user: name.to_owned(),
+                exchange,
+            })?;
         }
-        self.journal.delete_meta(&user_key(name))?;
-        let mut st = self.state.write();
-        st.users.remove(name);
-        for m in st.permissions.values_mut() {
-            m.remove(name);
-        }
-        st.topic.retain(|(_, u), _| u != name);
-        Ok(())
+        self.commit(&MetaCommand::DeleteUser {
+            name: name.to_owned(),
+        })
     }
 
     // --- Permissions ------------------------------------------------------
@@ -427,15 +377,13 @@ impl Access {
         if !self.state.read().users.contains_key(user) {
             return Err(AccessError::NotFound(format!("no user '{user}'")));
         }
-        self.journal
-            .put_meta(&permission_key(vhost, user), &permission_value(&p))?;
-        self.state
-            .write()
-            .permissions
-            .entry(vhost.to_owned())
-            .or_default()
-            .insert(user.to_owned(), Arc::new(p));
-        Ok(())
+        self.commit(&MetaCommand::PutPermission(PermissionDef {
+            vhost: vhost.to_owned(),
+            user: user.to_owned(),
+            configure: p.configure.source,
+            write: p.write.source,
+            read: p.read.source,
+        }))
     }
 
     pub fn clear_permission(&self, vhost: &str, user: &str) -> Result<(), AccessError> {
@@ -445,11 +393,10 @@ impl Access {
                 "no permissions for user '{user}' in vhost '{vhost}'"
             )));
         }
-        self.journal.delete_meta(&permission_key(vhost, user))?;
-        if let Some(m) = self.state.write().permissions.get_mut(vhost) {
-            m.remove(user);
-        }
-        Ok(())
+        self.commit(&MetaCommand::DeletePermission {
+            vhost: vhost.to_owned(),
+            user: user.to_owned(),
+        })
     }
 
     /// Every topic permission as (vhost, user, permission).
@@ -475,17 +422,13 @@ impl Access {
         if !self.state.read().users.contains_key(user) {
             return Err(AccessError::NotFound(format!("no user '{user}'")));
         }
-        self.journal.put_meta(
-            &topic_permission_key(vhost, user, &t.exchange),
-            &topic_value(&t),
-        )?;
-        self.state
-            .write()
-            .topic
-            .entry((vhost.to_owned(), user.to_owned()))
-            .or_default()
-            .insert(t.exchange.clone(), t);
-        Ok(())
+        self.commit(&MetaCommand::PutTopicPermission(TopicPermissionDef {
+            vhost: vhost.to_owned(),
+            user: user.to_owned(),
+            exchange: t.exchange,
+            write: t.write,
+            read: t.read,
+        }))
     }
 
     /// Clears one exchange's topic permission, or all of the user's in the
@@ -515,16 +458,12 @@ impl Access {
                 "no topic permissions for user '{user}' in vhost '{vhost}'"
             )));
         }
-        for x in &exchanges {
-            self.journal
-                .delete_meta(&topic_permission_key(vhost, user, x))?;
-        }
-        let mut st = self.state.write();
-        if let Some(m) = st.topic.get_mut(&key) {
-            m.retain(|x, _| !exchanges.contains(x));
-            if m.is_empty() {
-                st.topic.remove(&key);
-            }
+        for exchange in exchanges {
+            self.commit(&MetaCommand::DeleteTopicPermission {
+                vhost: vhost.to_owned(),
+                user: user.to_owned(),
+                exchange,
+            })?;
         }
         Ok(())
     }
@@ -547,16 +486,19 @@ impl Access {
                 .collect();
             (users, topics)
         };
-        for u in &users {
-            self.journal.delete_meta(&permission_key(vhost, u))?;
+        for user in users {
+            self.commit(&MetaCommand::DeletePermission {
+                vhost: vhost.to_owned(),
+                user,
+            })?;
         }
-        for (u, x) in &topics {
-            self.journal
-                .delete_meta(&topic_permission_key(vhost, u, x))?;
+        for (user, exchange) in topics {
+            self.commit(&MetaCommand::DeleteTopicPermission {
+                vhost: vhost.to_owned(),
+                user,
+                exchange,
+            })?;
         }
-        let mut st = self.state.write();
-        st.permissions.remove(vhost);
-        st.topic.retain(|(v, _), _| v != vhost);
         Ok(())
     }
 

@@ -11,10 +11,14 @@ use parking_lot::{Mutex, RwLock};
 use crate::access::{Access, AccessError};
 use crate::clock::{Clock, SystemClock};
 use crate::durable::{Durability, Journal, NoJournal};
+use crate::meta::MetaCommand;
 use crate::timers::Timers;
 use crate::vhost::VHost;
 
+mod meta;
 mod policies;
+
+pub(crate) use meta::decode_stored;
 
 /// The whole broker.
 pub struct Broker {
@@ -90,6 +94,10 @@ impl Broker {
         v
     }
 
+    pub(crate) fn journal(&self) -> &dyn Journal {
+        self.dur.journal()
+    }
+
     /// Now, by the broker's clock.
     pub fn now(&self) -> Instant {
         self.clock.now()
@@ -151,75 +159,56 @@ impl Broker {
             return Err(AccessError::Invalid("a vhost name cannot be empty".into()));
         }
         let _g = self.vhost_changes.lock();
-        self.dur
-            .journal
-            .put_meta(&crate::access::vhost_key(name), &[])?;
-        let mut map = self.vhosts.write();
-        let v = map
-            .entry(name.to_owned())
-            .or_insert_with(|| self.new_vhost(name));
-        Ok(Arc::clone(v))
+        self.commit(&MetaCommand::PutVhost {
+            name: name.to_owned(),
+        })?;
+        Ok(self.vhost(name).expect("just applied"))
     }
 
     /// Restores stored vhosts, users and permissions (before
     /// [`Broker::restore`], which needs the vhosts). Returns what could not
     /// be used, and whether the defaults marker was found.
     pub fn restore_access(&self, meta: &[(Vec<u8>, Vec<u8>)]) -> (Vec<String>, bool) {
-        let mut defaults_done = false;
-        {
-            let mut map = self.vhosts.write();
-            for (k, _) in meta {
-                if k.as_slice() == crate::access::DEFAULTS_KEY {
-                    defaults_done = true;
-                }
-                let Some(name) = k.strip_prefix(b"v\0") else {
-                    continue;
-                };
-                let name = String::from_utf8_lossy(name).into_owned();
-                map.entry(name.clone())
-                    .or_insert_with(|| self.new_vhost(&name));
+        let (cmds, mut skipped) = meta::decode_stored(meta, b"vduptyo");
+        let defaults_done = cmds.iter().any(|(_, c)| *c == MetaCommand::DefaultsCreated);
+        let now = self.now();
+        for (parts, c) in &cmds {
+            if let Err(why) = self.apply(c, now) {
+                skipped.push(format!("{parts:?}: {why}"));
             }
         }
-        let mut skipped = self
-            .access
-            .restore(meta.iter().map(|(k, v)| (k.as_slice(), v.as_slice())));
-        skipped.extend(self.restore_policies(meta));
         (skipped, defaults_done)
     }
 
     /// Records that the defaults were created (see
-    /// [`crate::access::DEFAULTS_KEY`]).
+    /// [`MetaCommand::DefaultsCreated`]).
     pub fn mark_defaults_created(&self) -> Result<(), AccessError> {
-        Ok(self
-            .dur
-            .journal
-            .put_meta(crate::access::DEFAULTS_KEY, &[])?)
+        self.commit(&MetaCommand::DefaultsCreated)
     }
 
     /// Deletes a vhost: it leaves the map at once (its connections see it
     /// on their next tick and are closed with 320), then its queues,
-    /// exchanges and permissions are removed durably.
+    /// exchanges and permissions are removed durably. The first write that
+    /// fails stops it and is returned (what was not deleted durably comes
+    /// back with a restart).
     pub fn delete_vhost(&self, name: &str) -> Result<(), AccessError> {
         let _g = self.vhost_changes.lock();
         let Some(v) = self.vhosts.write().remove(name) else {
             return Err(AccessError::NotFound(format!("no vhost '{name}'")));
         };
         for q in v.queues() {
-            v.remove_queue(&q.name);
+            v.remove_queue(&q.name)?;
         }
         for e in v.exchanges() {
             if !e.name.is_empty() && !e.name.starts_with("amq.") {
-                if let Err(err) = v.delete_exchange(&e.name, false) {
-                    tracing::error!(vhost = name, exchange = %e.name, error = %err, "could not delete exchange of a deleted vhost");
-                }
+                v.drop_exchange(&e.name)?;
             }
         }
         self.delete_vhost_policies(&v)?;
         self.access.vhost_deleted(name)?;
-        self.dur
-            .journal
-            .delete_meta(&crate::access::vhost_key(name))?;
-        Ok(())
+        self.commit(&MetaCommand::DeleteVhost {
+            name: name.to_owned(),
+        })
     }
 
     /// Runs due timers (TTL expiry, `x-expires`); the server calls this

@@ -18,9 +18,9 @@ use parking_lot::Mutex;
 
 use crate::durable::{Done, EventSink};
 use crate::error::{AmqpError, AmqpResult};
-use crate::events::{self, Event, EventKind};
+use crate::events::{self, Event, EventKind, Origin};
 use crate::message::Message;
-use crate::queue::{Consumer, ConsumerChannel, Queue, QueuedMessage};
+use crate::queue::{Consumer, ConsumerChannel, Queue, QueuedMessage, Settle};
 use crate::routing::PublishResult;
 use crate::vhost::VHost;
 
@@ -305,12 +305,16 @@ impl Channel {
         now: Instant,
         durable: &mut dyn FnMut() -> Done,
     ) -> AmqpResult<crate::routing::PublishResult> {
-        let vhost = &self.session.vhost;
+        let origin = self.origin();
+        (self.session.vhost).publish_from(exchange, msg, now, durable, &origin)
+    }
+
+    /// This channel's client as the origin of the events its operations
+    /// cause; with the event log off no one asks, and nothing is cloned.
+    fn origin(&self) -> Origin {
         match self.session.events {
-            None => vhost.publish(exchange, msg, now, durable),
-            Some(_) => events::with_origin(self.session.connection_id, &self.session.user, || {
-                vhost.publish(exchange, msg, now, durable)
-            }),
+            None => Origin::default(),
+            Some(_) => Origin::client(self.session.connection_id, &self.session.user),
         }
     }
 
@@ -399,18 +403,9 @@ impl Channel {
                 Settle::Reject => EventKind::Rejected,
             };
             self.note(kind, &queue, &msgs, detail);
-            let apply = || match how {
-                Settle::Ack => queue.settle(msgs, now, done),
-                Settle::Requeue => queue.requeue(msgs, now, done),
-                Settle::Reject => queue.reject(msgs, now, done),
-            };
             // Dead letters and drops that a nack causes name its client.
-            match self.session.events {
-                None => apply(),
-                Some(_) => {
-                    events::with_origin(self.session.connection_id, &self.session.user, apply)
-                }
-            }
+            let origin = self.origin();
+            queue.settle_as(how, msgs, now, done, &origin);
         }
         for q in kick {
             q.kick(now);
@@ -612,13 +607,6 @@ impl ConsumerChannel for Channel {
             self.session.outlet.consumer_cancelled(self.id, tag);
         }
     }
-}
-
-#[derive(Clone, Copy)]
-enum Settle {
-    Ack,
-    Requeue,
-    Reject,
 }
 
 /// An open transaction takes one more operation only below

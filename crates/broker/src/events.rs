@@ -18,7 +18,6 @@
 //!
 //! [`Durability::events`]: crate::durable::Durability::events
 
-use std::cell::RefCell;
 use std::sync::Arc;
 
 use crate::dead_letter::DeathReason;
@@ -125,36 +124,40 @@ pub struct Event<'a> {
     pub detail: &'a str,
 }
 
-thread_local! {
-    /// The connection and user publishing on this thread, set by the
-    /// channel around a publish (routing does not carry them).
-    static ORIGIN: RefCell<Option<(u64, Arc<str>)>> = const { RefCell::new(None) };
+/// Who caused what a queue operation does: the client (connection and
+/// user) whose publish, ack or nack it is, or the broker itself (TTL
+/// expiry, `x-expires`, the management API): the default. Passed with
+/// every operation that can cause events, down to the dead letters it
+/// republishes, so each event names its cause.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Origin {
+    pub connection: u64,
+    /// `None`: the broker (or the event log is off, and no one asks).
+    pub user: Option<Arc<str>>,
 }
 
-/// Runs `f` with `(connection, user)` as the origin of the events it
-/// causes on this thread.
-pub fn with_origin<R>(connection: u64, user: &Arc<str>, f: impl FnOnce() -> R) -> R {
-    let prev = ORIGIN.with(|o| o.replace(Some((connection, Arc::clone(user)))));
-    let r = f();
-    ORIGIN.with(|o| *o.borrow_mut() = prev);
-    r
+impl Origin {
+    /// A client's connection and user.
+    pub fn client(connection: u64, user: &Arc<str>) -> Self {
+        Self {
+            connection,
+            user: Some(Arc::clone(user)),
+        }
+    }
+
+    /// The user's name, or "" for the broker.
+    pub fn user(&self) -> &str {
+        self.user.as_deref().unwrap_or("")
+    }
 }
 
-/// Sends `ev` to `sink`, filling in the thread's origin if the event has
-/// none.
+/// Sends `ev` to `sink`.
 pub fn emit(sink: &dyn EventSink, ev: &Event<'_>) {
     let mut buf = Vec::with_capacity(FIXED_BYTES + 64);
     let key = ev
         .queue_store_id
         .unwrap_or_else(|| name_key(ev.vhost, ev.queue));
-    if ev.connection == 0 && ev.user.is_empty() {
-        ORIGIN.with(|o| match &*o.borrow() {
-            Some((c, u)) => encode(&mut buf, ev, *c, u),
-            None => encode(&mut buf, ev, 0, ""),
-        });
-    } else {
-        encode(&mut buf, ev, ev.connection, ev.user);
-    }
+    encode(&mut buf, ev);
     sink.append(key, &buf);
 }
 
@@ -169,14 +172,14 @@ fn name_key(vhost: &str, queue: &str) -> u64 {
     h
 }
 
-fn encode(out: &mut Vec<u8>, ev: &Event<'_>, connection: u64, user: &str) {
+fn encode(out: &mut Vec<u8>, ev: &Event<'_>) {
     out.push(VERSION);
     out.push(ev.kind as u8);
     out.push(reason_code(ev.reason));
     out.extend_from_slice(&ev.msg.to_le_bytes());
     out.extend_from_slice(&ev.size.to_le_bytes());
-    out.extend_from_slice(&connection.to_le_bytes());
-    for s in [ev.vhost, ev.queue, user, ev.detail] {
+    out.extend_from_slice(&ev.connection.to_le_bytes());
+    for s in [ev.vhost, ev.queue, ev.user, ev.detail] {
         let mut end = s.len().min(255);
         while !s.is_char_boundary(end) {
             end -= 1;
@@ -249,14 +252,15 @@ pub fn left_kind(reason: Option<DeathReason>, dead_lettered: bool) -> Option<Eve
 pub type QueueName<'a> = (&'a str, &'a str, Option<u64>);
 
 /// A message (`msg`, 0 if its body was on disk only) left queue `q` for
-/// good with `reason`: reports it if the event log is on and the reason
-/// makes an event (see [`left_kind`]).
+/// good with `reason`, caused by `origin`: reports it if the event log is
+/// on and the reason makes an event (see [`left_kind`]).
 pub fn left(
     sink: Option<&dyn EventSink>,
     q: QueueName<'_>,
     reason: Option<DeathReason>,
     dead_lettered: bool,
     (msg, size): (u64, u64),
+    origin: &Origin,
 ) {
     let (Some(sink), Some(kind)) = (sink, left_kind(reason, dead_lettered)) else {
         return;
@@ -271,8 +275,8 @@ pub fn left(
             queue_store_id: q.2,
             msg,
             size,
-            connection: 0,
-            user: "",
+            connection: origin.connection,
+            user: origin.user(),
             detail: "",
         },
     );
@@ -309,8 +313,13 @@ mod tests {
     #[test]
     fn round_trip_with_the_publishing_origin() {
         let sink = Capture::default();
-        let user: Arc<str> = Arc::from("guest");
-        with_origin(9, &user, || emit(&sink, &ev("q1", "amq.direct/k")));
+        let origin = Origin::client(9, &Arc::from("guest"));
+        let from_client = Event {
+            connection: origin.connection,
+            user: origin.user(),
+            ..ev("q1", "amq.direct/k")
+        };
+        emit(&sink, &from_client);
         emit(&sink, &ev("q1", ""));
         let got = sink.0.lock();
         let a = decode(&got[0].1).expect("decodes");
@@ -320,7 +329,11 @@ mod tests {
         assert_eq!((a.queue.as_str(), a.user.as_str()), ("q1", "guest"));
         assert_eq!(a.detail, "amq.direct/k");
         let b = decode(&got[1].1).expect("decodes");
-        assert_eq!((b.connection, b.user.as_str()), (0, ""), "origin is reset");
+        assert_eq!(
+            (b.connection, b.user.as_str()),
+            (0, ""),
+            "an event of the broker names no client"
+        );
         assert_eq!(got[0].0, got[1].0, "one queue, one group key");
     }
 

@@ -33,14 +33,6 @@ pub enum PolicyKind {
 }
 
 impl PolicyKind {
-    /// The metadata key kind (docs/FORMAT.md, "Metadata keys").
-    pub fn key_tag(self) -> &'static [u8] {
-        match self {
-            Self::Policy => b"y",
-            Self::Operator => b"o",
-        }
-    }
-
     fn noun(self) -> &'static str {
         match self {
             Self::Policy => "policy",
@@ -144,6 +136,30 @@ pub struct Policy {
     /// `LongString`), for the API, exports and the store.
     pub definition: FieldTable,
     pub settings: PolicySettings,
+}
+
+/// Two policies are the same when their definitions are: the compiled
+/// pattern follows from its source.
+impl PartialEq for Policy {
+    fn eq(&self, other: &Self) -> bool {
+        (
+            self.kind,
+            &self.vhost,
+            &self.name,
+            &self.pattern,
+            self.apply_to,
+            self.priority,
+            &self.definition,
+        ) == (
+            other.kind,
+            &other.vhost,
+            &other.name,
+            &other.pattern,
+            other.apply_to,
+            other.priority,
+            &other.definition,
+        )
+    }
 }
 
 impl Policy {
@@ -388,55 +404,6 @@ impl VhostPolicies {
     }
 }
 
-// --- Metadata encoding (docs/FORMAT.md, "Metadata keys" and "values") ---
-
-/// Key of a stored policy: `y\0VHOST\0NAME` (operator policy: `o\0…`).
-pub fn policy_key(kind: PolicyKind, vhost: &str, name: &str) -> Vec<u8> {
-    [kind.key_tag(), vhost.as_bytes(), name.as_bytes()].join(&0u8)
-}
-
-/// A stored policy's value: `apply-to` (longstr), `definition` (table),
-/// `pattern` (longstr), `priority` (i64).
-pub fn policy_value(p: &Policy) -> Vec<u8> {
-    let s = |v: &str| AMQPValue::LongString(v.as_bytes().to_vec().into());
-    crate::durable::table_bytes(&[
-        ("apply-to", s(p.apply_to.as_str())),
-        ("definition", AMQPValue::FieldTable(p.definition.clone())),
-        ("pattern", s(&p.pattern)),
-        ("priority", AMQPValue::LongLongInt(p.priority)),
-    ])
-}
-
-/// Reads a stored policy back (`parts`: its split key). The error says
-/// what is wrong; the entry then stays in the store untouched.
-pub fn policy_from_meta(parts: &[String], value: &[u8]) -> Result<Policy, PolicyError> {
-    let kind = match (parts.first().map(String::as_str), parts.len()) {
-        (Some("y"), 3) => PolicyKind::Policy,
-        (Some("o"), 3) => PolicyKind::Operator,
-        _ => return Err(PolicyError(format!("{parts:?}: malformed policy key"))),
-    };
-    let t = crate::durable::read_table(value)
-        .ok_or_else(|| PolicyError(format!("{parts:?}: value is not a field table")))?;
-    let get = |k: &str| t.inner().get(k);
-    let apply_to = ApplyTo::parse(&get("apply-to").and_then(as_string).unwrap_or_default())?;
-    let priority = get("priority")
-        .and_then(as_i128)
-        .and_then(|i| i64::try_from(i).ok())
-        .unwrap_or(0);
-    let Some(AMQPValue::FieldTable(definition)) = get("definition") else {
-        return Err(PolicyError(format!("{parts:?}: no definition table")));
-    };
-    Policy::new(
-        kind,
-        &parts[1],
-        &parts[2],
-        &get("pattern").and_then(as_string).unwrap_or_default(),
-        apply_to,
-        priority,
-        definition.clone(),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -591,35 +558,5 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.settings, PolicySettings::default());
-    }
-
-    /// docs/FORMAT.md, "Metadata keys" and "values": a stored policy.
-    #[test]
-    fn golden_bytes_policy() {
-        let p = policy(
-            PolicyKind::Policy,
-            "p",
-            "^q",
-            3,
-            def(&[("max-length", int(2))]),
-        );
-        assert_eq!(policy_key(PolicyKind::Policy, "/", "p"), b"y\0/\0p");
-        assert_eq!(policy_key(PolicyKind::Operator, "/", "p"), b"o\0/\0p");
-        let v = policy_value(&p);
-        let mut expected: Vec<u8> = vec![0, 0, 0, 0x56]; // table length, u32 BE
-        expected.extend_from_slice(b"\x08apply-to");
-        expected.extend_from_slice(b"S\0\0\0\x03all");
-        expected.extend_from_slice(b"\x0adefinition");
-        expected.extend_from_slice(b"F\0\0\0\x14"); // nested table, 20 bytes
-        expected.extend_from_slice(b"\x0amax-length");
-        expected.extend_from_slice(&[b'l', 0, 0, 0, 0, 0, 0, 0, 2]);
-        expected.extend_from_slice(b"\x07pattern");
-        expected.extend_from_slice(b"S\0\0\0\x02^q");
-        expected.extend_from_slice(b"\x08priority");
-        expected.extend_from_slice(&[b'l', 0, 0, 0, 0, 0, 0, 0, 3]);
-        assert_eq!(v, expected);
-        let back = policy_from_meta(&["y".into(), "/".into(), "p".into()], &v).unwrap();
-        assert_eq!(back.priority, 3);
-        assert_eq!(back.settings.max_length, Some(2));
     }
 }

@@ -22,17 +22,38 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::args::{Overflow, QueueArgs};
 
+mod effects;
 mod settings;
 use crate::dead_letter::{DeadLetter, DeathReason};
-use crate::durable::{split_done, Done, Durability, PAGING_BIT};
-use crate::events;
+use crate::durable::{Done, Durability, PAGING_BIT};
+use crate::events::{self, Origin};
 use crate::limits::{FLOW_ACTIVE_MS, FLOW_READY_MAX, PAGE_SCAN_EVERY_MESSAGES};
 use crate::message::Message;
 use crate::paging::{Loaded, Pager, QueueRef};
-pub use crate::queue_effects::{Effects, QueueStats};
 pub use crate::ready::QueuedMessage;
 use crate::ready::{Body, Entry, Ready};
 use crate::timers::{TimerTarget, Timers};
+use effects::Effects;
+
+/// Counters for the management view and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueStats {
+    pub ready: usize,
+    pub ready_bytes: u64,
+    /// Ready messages whose bodies are only on disk.
+    pub paged_out: usize,
+    pub unacked: usize,
+    pub consumers: usize,
+}
+
+/// How delivered messages come back to their queue: acked, requeued
+/// (nack or reject with requeue, a closed channel), or rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    Ack,
+    Requeue,
+    Reject,
+}
 
 /// Where a queue's consumer gets its deliveries: implemented by the
 /// channel the consumer was created on.
@@ -55,8 +76,8 @@ pub trait ConsumerChannel: Send + Sync {
 /// What a queue hands back to the vhost that holds it.
 pub trait QueueOwner: Send + Sync {
     /// Republishes messages that left `from` with a reason, through its
-    /// dead-letter exchange.
-    fn dead_letter(&self, from: &Queue, letters: Vec<DeadLetter>, now: Instant);
+    /// dead-letter exchange; the events they cause name `origin`.
+    fn dead_letter(&self, from: &Queue, letters: Vec<DeadLetter>, now: Instant, origin: &Origin);
     /// The queue deleted itself (auto-delete, `x-expires`): remove it.
     fn delete_queue(&self, name: &str);
 }
@@ -220,82 +241,6 @@ impl Queue {
         self.state.lock().deleted
     }
 
-    /// Runs `f` under the lock, then carries out the effects it collected.
-    fn with_state<R>(
-        self: &Arc<Self>,
-        now: Instant,
-        f: impl FnOnce(&Arc<Self>, &mut QueueState, &mut Effects) -> R,
-    ) -> R {
-        let mut fx = Effects::default();
-        let r = {
-            let mut s = self.state.lock();
-            let r = f(self, &mut s, &mut fx);
-            if !s.deleted {
-                fx.timer_at = self.schedule(&mut s, now);
-            }
-            fx.paging_id = s.pager.paging_id;
-            let backlogged = s.ready.len > FLOW_READY_MAX && Self::busy(&s, now);
-            if backlogged != self.backlogged.load(Ordering::Relaxed) {
-                self.backlogged.store(backlogged, Ordering::Relaxed);
-            }
-            r
-        };
-        self.apply(fx, now);
-        r
-    }
-
-    fn apply(self: &Arc<Self>, fx: Effects, now: Instant) {
-        if let Some(at) = fx.timer_at {
-            let me: Weak<dyn TimerTarget> = Arc::downgrade(self) as Weak<dyn TimerTarget>;
-            self.env.timers.schedule(at, me);
-        }
-        let journal = self.env.dur.journal();
-        // Paging copies (PAGING_BIT) go to the queue's paging id; their
-        // removal is never waited for.
-        let (paging, removed): (Vec<u64>, Vec<u64>) =
-            fx.removed.iter().partition(|id| *id & PAGING_BIT != 0);
-        if let (Some(pid), false) = (fx.paging_id, paging.is_empty()) {
-            let ids: Vec<u64> = paging.iter().map(|id| id & !PAGING_BIT).collect();
-            journal.remove(pid, &ids, None);
-        }
-        let mut dead = fx.dead;
-        // A transaction's completion waits for the deferred removals too.
-        let deferred = dead.iter().filter(|d| d.stored.is_some()).count();
-        let mut done = fx.done;
-        if deferred > 0 {
-            if let Some(d) = done.take() {
-                let mut parts = split_done(d, deferred + 1).into_iter();
-                done = parts.next();
-                for (letter, part) in dead.iter_mut().filter(|d| d.stored.is_some()).zip(parts) {
-                    letter.done = Some(part);
-                }
-            }
-        }
-        match (self.store_id, removed.is_empty()) {
-            (Some(qid), false) => journal.remove(qid, &removed, done),
-            _ => {
-                if let Some(d) = done {
-                    d(Ok(()));
-                }
-            }
-        }
-        let Some(owner) = self.env.owner.upgrade() else {
-            // No vhost to republish through: remove as if dropped.
-            for d in dead {
-                if let (Some(qid), Some(id)) = (self.store_id, d.stored) {
-                    journal.remove(qid, &[id], d.done);
-                }
-            }
-            return;
-        };
-        if !dead.is_empty() {
-            owner.dead_letter(self, dead, now);
-        }
-        if fx.delete {
-            owner.delete_queue(&self.name);
-        }
-    }
-
     /// The next moment this queue needs attention, if newer than what is
     /// already registered.
     fn schedule(&self, s: &mut QueueState, now: Instant) -> Option<Instant> {
@@ -371,7 +316,8 @@ impl Queue {
         let dead_letter = reason.filter(|_| self.args().dead_letter_exchange.is_some());
         let (ev, who) = (self.env.dur.events(), self.event_name());
         let dl = dead_letter.is_some();
-        events::left(ev, who, reason, dl, (m.msg.id, m.msg.body_bytes()));
+        let msg = (m.msg.id, m.msg.body_bytes());
+        events::left(ev, who, reason, dl, msg, &fx.origin);
         // A stored message that is dead-lettered leaves the journal only
         // once its copy is durable; paging copies are never waited for.
         let durable_id = m.stored.filter(|id| id & PAGING_BIT == 0);
@@ -414,6 +360,7 @@ impl Queue {
                 reason,
                 false,
                 (0, size),
+                &fx.origin,
             );
         }
     }
@@ -491,8 +438,21 @@ impl Queue {
     /// journaled for this queue). Returns `false` if the queue refused it
     /// (`x-overflow = reject-publish`).
     pub fn enqueue(self: &Arc<Self>, msg: Arc<Message>, stored: Option<u64>, now: Instant) -> bool {
+        self.enqueue_from(msg, stored, now, &Origin::default())
+    }
+
+    /// [`Queue::enqueue`] of a publish by `origin` (whom the events it
+    /// causes name).
+    pub fn enqueue_from(
+        self: &Arc<Self>,
+        msg: Arc<Message>,
+        stored: Option<u64>,
+        now: Instant,
+        origin: &Origin,
+    ) -> bool {
         self.counters.add_published();
         self.with_state(now, |q, s, fx| {
+            fx.origin = origin.clone();
             if s.deleted {
                 return true;
             }
@@ -599,52 +559,58 @@ impl Queue {
     /// Acked messages leave for good; frees their credit. `done` runs once
     /// their removal is durable.
     pub fn settle(self: &Arc<Self>, msgs: Vec<QueuedMessage>, now: Instant, done: Option<Done>) {
-        self.counters.add_acked(msgs.len());
-        self.with_state(now, |q, s, fx| {
-            s.unacked = s.unacked.saturating_sub(msgs.len());
-            fx.done = done;
-            for m in msgs {
-                q.drop_message(m, None, fx);
-            }
-            if !s.deleted {
-                q.dispatch(s, now, fx);
-            }
-        });
+        self.settle_as(Settle::Ack, msgs, now, done, &Origin::default());
     }
 
     /// Messages that came back unacked (nack/reject with requeue, channel
     /// closed): back to their place, flagged redelivered, unless they hit
     /// the delivery limit.
     pub fn requeue(self: &Arc<Self>, msgs: Vec<QueuedMessage>, now: Instant, done: Option<Done>) {
-        self.with_state(now, |q, s, fx| {
-            s.unacked = s.unacked.saturating_sub(msgs.len());
-            fx.done = done;
-            if s.deleted {
-                return;
-            }
-            for mut m in msgs {
-                m.returns += 1;
-                m.redelivered = true;
-                if q.args()
-                    .delivery_limit
-                    .is_some_and(|l| u64::from(m.returns) > l)
-                {
-                    q.drop_message(m, Some(DeathReason::DeliveryLimit), fx);
-                } else {
-                    s.ready.insert_by_seq(Entry::resident(m));
-                }
-            }
-            q.dispatch(s, now, fx);
-        });
+        self.settle_as(Settle::Requeue, msgs, now, done, &Origin::default());
     }
 
     /// Messages rejected without requeue: dead-lettered or dropped.
     pub fn reject(self: &Arc<Self>, msgs: Vec<QueuedMessage>, now: Instant, done: Option<Done>) {
+        self.settle_as(Settle::Reject, msgs, now, done, &Origin::default());
+    }
+
+    /// Delivered messages come back as `how` says ([`Queue::settle`],
+    /// [`Queue::requeue`], [`Queue::reject`]), by `origin`'s ack, nack or
+    /// reject (whom the events it causes name).
+    pub fn settle_as(
+        self: &Arc<Self>,
+        how: Settle,
+        msgs: Vec<QueuedMessage>,
+        now: Instant,
+        done: Option<Done>,
+        origin: &Origin,
+    ) {
+        if how == Settle::Ack {
+            self.counters.add_acked(msgs.len());
+        }
         self.with_state(now, |q, s, fx| {
+            fx.origin = origin.clone();
             s.unacked = s.unacked.saturating_sub(msgs.len());
             fx.done = done;
-            for m in msgs {
-                q.drop_message(m, Some(DeathReason::Rejected), fx);
+            if how == Settle::Requeue && s.deleted {
+                return;
+            }
+            for mut m in msgs {
+                let reason = match how {
+                    Settle::Ack => None,
+                    Settle::Reject => Some(DeathReason::Rejected),
+                    Settle::Requeue => {
+                        m.returns += 1;
+                        m.redelivered = true;
+                        let limit = q.args().delivery_limit;
+                        if limit.is_none_or(|l| u64::from(m.returns) <= l) {
+                            s.ready.insert_by_seq(Entry::resident(m));
+                            continue;
+                        }
+                        Some(DeathReason::DeliveryLimit)
+                    }
+                };
+                q.drop_message(m, reason, fx);
             }
             if !s.deleted {
                 q.dispatch(s, now, fx);

@@ -1,9 +1,11 @@
 //! Restore after a restart: the broker's exchanges, queues, bindings and
-//! messages rebuilt from what the journal gave back.
+//! messages rebuilt from what the journal gave back — the stored metadata
+//! commands replayed through [`Broker::apply`], and each queue's messages
+//! put back into it.
 //!
 //! Invariants:
 //! - Exchanges are restored before queues, and queues before bindings: each
-//!   needs the former.
+//!   needs the former (see [`MetaCommand::replay_rank`]).
 //! - Nothing the journal gave back is dropped silently: an entry that
 //!   cannot be used stays in the journal and is reported.
 //! - Restored messages are flagged redelivered (they may have been
@@ -13,15 +15,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use berth_protocol::{AMQPValue, FieldTable};
-
-use crate::args::{as_i128, as_string, QueueArgs};
 use crate::broker::Broker;
-use crate::durable;
-use crate::exchange::{Destination, Exchange, ExchangeKind};
 use crate::message::Message;
+use crate::meta::{queue_id_of, MetaCommand};
 use crate::queue::Queue;
-use crate::vhost::VHost;
 
 /// What a journal gave back after a restart.
 #[derive(Default)]
@@ -56,9 +53,7 @@ impl Recovered {
             .meta
             .iter()
             .filter(|(k, _)| k.first() == Some(&b'q'))
-            .filter_map(|(_, v)| durable::read_table(v))
-            .filter_map(|t| t.inner().get("id").and_then(as_i128))
-            .filter_map(|i| u64::try_from(i).ok())
+            .filter_map(|(_, v)| queue_id_of(v))
             .max()
             .unwrap_or(0)
             + 1;
@@ -88,67 +83,28 @@ impl Broker {
     /// what the journal gave back. Entries that cannot be used are kept in
     /// the journal and reported, never silently dropped.
     pub fn restore(&self, recovered: Recovered, now: Instant) -> RestoreReport {
-        let mut report = RestoreReport::default();
         let mut messages = recovered.messages;
-        let entries: Vec<(Vec<String>, Vec<u8>)> = recovered
-            .meta
-            .into_iter()
-            .map(|(k, v)| (durable::split_key(&k), v))
-            .collect();
-        // Exchanges, then queues, then bindings: each needs the former.
-        for pass in ["x", "q", "b"] {
-            for (parts, value) in entries
-                .iter()
-                .filter(|(p, _)| p.first().map(String::as_str) == Some(pass))
-            {
-                let Some(vhost) = parts.get(1).and_then(|v| self.vhost(v)) else {
-                    report.skipped.push(format!(
-                        "{parts:?}: vhost is not configured (add it to auth.vhosts)"
-                    ));
-                    continue;
-                };
-                let outcome = match (pass, parts.len()) {
-                    ("x", 3) => vhost
-                        .restore_exchange(&parts[2], value)
-                        .map(|()| report.exchanges += 1),
-                    ("q", 3) => vhost.restore_queue(&parts[2], value, now).map(|(q, id)| {
-                        report.queues += 1;
-                        for (mid, body) in messages.remove(&id).unwrap_or_default() {
-                            // A priority queue needs each message's priority
-                            // now; other queues read bodies on delivery.
-                            let body = match body {
-                                StoredBody::OnDisk { len }
-                                    if q.declared_args.max_priority.is_none() =>
-                                {
-                                    q.restore_paged(mid, len, 0, now);
-                                    report.messages += 1;
-                                    continue;
-                                }
-                                StoredBody::OnDisk { .. } => vhost.journal().read(id, mid),
-                                StoredBody::Payload(p) => Ok(p),
-                            };
-                            match body
-                                .map_err(|e| e.to_string())
-                                .and_then(|p| Message::from_stored(&p))
-                            {
-                                Ok(m) => {
-                                    q.restore(m, mid, now);
-                                    report.messages += 1;
-                                }
-                                Err(why) => report
-                                    .skipped
-                                    .push(format!("message {mid} of queue '{}': {why}", q.name)),
-                            }
-                        }
-                    }),
-                    ("b", 7) => vhost
-                        .restore_binding(&parts[2], parts[3] == "q", &parts[4], &parts[5], value)
-                        .map(|()| report.bindings += 1),
-                    _ => Err("malformed key".to_owned()),
-                };
-                if let Err(why) = outcome {
-                    report.skipped.push(format!("{parts:?}: {why}"));
+        let (cmds, skipped) = crate::broker::decode_stored(&recovered.meta, b"xqb");
+        let mut report = RestoreReport {
+            skipped,
+            ..RestoreReport::default()
+        };
+        for (parts, cmd) in &cmds {
+            if let Err(why) = self.apply(cmd, now) {
+                report.skipped.push(format!("{parts:?}: {why}"));
+                continue;
+            }
+            match cmd {
+                MetaCommand::PutExchange(_) => report.exchanges += 1,
+                MetaCommand::PutBinding(_) => report.bindings += 1,
+                MetaCommand::PutQueue(d) => {
+                    report.queues += 1;
+                    let stored = messages.remove(&d.id).unwrap_or_default();
+                    let v = self.vhost(&d.vhost).expect("applied in this vhost");
+                    let q = v.find_queue(&d.name).expect("just applied");
+                    self.restore_messages(&q, d.id, stored, now, &mut report);
                 }
+                _ => {}
             }
         }
         for (qid, msgs) in messages {
@@ -160,98 +116,40 @@ impl Broker {
         }
         report
     }
-}
 
-impl VHost {
-    /// Re-creates a stored exchange after a restart.
-    pub fn restore_exchange(&self, name: &str, value: &[u8]) -> Result<(), String> {
-        let t = durable::read_table(value).ok_or("definition does not parse")?;
-        let get = |k: &str| t.inner().get(k);
-        let kind = get("type").and_then(as_string).ok_or("no type")?;
-        let kind = ExchangeKind::parse(&kind).map_err(|e| e.text)?;
-        let flag = |k: &str| matches!(get(k), Some(AMQPValue::Boolean(true)));
-        let arguments = match get("arguments") {
-            Some(AMQPValue::FieldTable(a)) => a.clone(),
-            _ => FieldTable::default(),
-        };
-        self.insert_exchange(Arc::new(Exchange::new(
-            name.to_owned(),
-            kind,
-            true,
-            flag("auto_delete"),
-            flag("internal"),
-            arguments,
-        )));
-        Ok(())
-    }
-
-    /// Re-creates a stored queue after a restart; returns it and its id.
-    pub fn restore_queue(
+    /// Puts a restored queue's messages back in it, in order.
+    fn restore_messages(
         &self,
-        name: &str,
-        value: &[u8],
+        q: &Arc<Queue>,
+        id: u64,
+        stored: Vec<(u64, StoredBody)>,
         now: Instant,
-    ) -> Result<(Arc<Queue>, u64), String> {
-        let t = durable::read_table(value).ok_or("definition does not parse")?;
-        let id = t
-            .inner()
-            .get("id")
-            .and_then(as_i128)
-            .and_then(|i| u64::try_from(i).ok())
-            .ok_or("no id")?;
-        let auto_delete = matches!(t.inner().get("auto_delete"), Some(AMQPValue::Boolean(true)));
-        let arguments = match t.inner().get("arguments") {
-            Some(AMQPValue::FieldTable(a)) => a.clone(),
-            _ => FieldTable::default(),
-        };
-        let args = QueueArgs::parse(name, &self.name, &arguments).map_err(|e| e.text)?;
-        let q = Arc::new(Queue::new(
-            name.to_owned(),
-            self.queue_env(),
-            self.name.clone(),
-            true,
-            auto_delete,
-            None,
-            Some(id),
-            arguments,
-            args,
-            now,
-        ));
-        self.insert_queue(Arc::clone(&q));
-        Ok((q, id))
-    }
-
-    /// Re-creates a stored binding after a restart.
-    pub fn restore_binding(
-        &self,
-        source: &str,
-        to_queue: bool,
-        destination: &str,
-        routing_key: &str,
-        value: &[u8],
-    ) -> Result<(), String> {
-        let t = durable::read_table(value).ok_or("definition does not parse")?;
-        let arguments = match t.inner().get("arguments") {
-            Some(AMQPValue::FieldTable(a)) => a.clone(),
-            _ => FieldTable::default(),
-        };
-        let src = self.exchange(source).map_err(|e| e.text)?;
-        if to_queue {
-            let q = self
-                .find_queue(destination)
-                .ok_or_else(|| format!("no queue '{destination}'"))?;
-            src.bind(Destination::Queue(Arc::clone(&q)), routing_key, &arguments);
-            q.bound_from
-                .lock()
-                .push((source.to_owned(), routing_key.to_owned(), arguments));
-        } else {
-            self.exchange(destination).map_err(|e| e.text)?;
-            src.bind(
-                Destination::Exchange(destination.to_owned()),
-                routing_key,
-                &arguments,
-            );
+        report: &mut RestoreReport,
+    ) {
+        for (mid, body) in stored {
+            // A priority queue needs each message's priority now; other
+            // queues read bodies on delivery.
+            let body = match body {
+                StoredBody::OnDisk { len } if q.declared_args.max_priority.is_none() => {
+                    q.restore_paged(mid, len, 0, now);
+                    report.messages += 1;
+                    continue;
+                }
+                StoredBody::OnDisk { .. } => self.journal().read(id, mid),
+                StoredBody::Payload(p) => Ok(p),
+            };
+            match body
+                .map_err(|e| e.to_string())
+                .and_then(|p| Message::from_stored(&p))
+            {
+                Ok(m) => {
+                    q.restore(m, mid, now);
+                    report.messages += 1;
+                }
+                Err(why) => report
+                    .skipped
+                    .push(format!("message {mid} of queue '{}': {why}", q.name)),
+            }
         }
-        Ok(())
     }
 }

@@ -15,7 +15,7 @@ use std::time::Instant;
 use crate::args::Overflow;
 use crate::dead_letter::DeathReason;
 use crate::durable::{encode_message, Done, Durability, EventSink};
-use crate::events::{self, Event, EventKind};
+use crate::events::{self, Event, EventKind, Origin};
 use crate::exchange::{Destination, Exchange};
 use crate::message::Message;
 use crate::queue::Queue;
@@ -104,6 +104,7 @@ pub(crate) fn deliver_to(
     msg: &Arc<Message>,
     now: Instant,
     durable: Option<&mut dyn FnMut() -> Done>,
+    origin: &Origin,
 ) -> PublishResult {
     let mut r = PublishResult::default();
     let stored_in: Vec<u64> = if msg.persistent {
@@ -121,14 +122,14 @@ pub(crate) fn deliver_to(
     });
     for q in targets {
         let id = stored.filter(|_| q.store_id.is_some());
-        let accepted = q.enqueue(Arc::clone(msg), id, now);
+        let accepted = q.enqueue_from(Arc::clone(msg), id, now, origin);
         if accepted {
             r.queues += 1;
         } else {
             r.rejected = true;
         }
         if let Some(sink) = dur.events() {
-            published_event(sink, q, msg, accepted);
+            published_event(sink, q, msg, accepted, origin);
         }
         if r.backlogged.is_none() && q.is_backlogged() {
             r.backlogged = Some(Arc::clone(q));
@@ -140,7 +141,13 @@ pub(crate) fn deliver_to(
 /// A message reached queue `q` (or was refused by its `x-overflow =
 /// reject-publish`: dropped, reason `maxlen`; with `reject-publish-dlx`
 /// the queue reports it dead-lettered instead).
-fn published_event(sink: &dyn EventSink, q: &Queue, msg: &Message, accepted: bool) {
+fn published_event(
+    sink: &dyn EventSink,
+    q: &Queue,
+    msg: &Message,
+    accepted: bool,
+    origin: &Origin,
+) {
     if !accepted && q.args().overflow == Overflow::RejectPublishDlx {
         return;
     }
@@ -160,8 +167,8 @@ fn published_event(sink: &dyn EventSink, q: &Queue, msg: &Message, accepted: boo
             queue_store_id: q.store_id,
             msg: msg.id,
             size: msg.body_bytes(),
-            connection: 0,
-            user: "",
+            connection: origin.connection,
+            user: origin.user(),
             detail: &detail,
         },
     );

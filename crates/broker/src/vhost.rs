@@ -18,18 +18,22 @@ use parking_lot::{Mutex, RwLock};
 use crate::args::{as_string, check_equivalent, QueueArgs, QueueType};
 use crate::clock::Clock;
 use crate::dead_letter::{self, DeadLetter};
-use crate::durable::{self, Done, Durability, Journal};
+use crate::durable::{Done, Durability, Journal, JournalError};
 use crate::error::{AmqpError, AmqpResult};
+use crate::events::Origin;
 pub use crate::exchange::ExchangeDeclare;
 use crate::exchange::{Destination, Exchange, ExchangeKind};
 use crate::limits::CountLimits;
 use crate::message::Message;
+use crate::meta::{BindingDef, ExchangeDef, MetaCommand, QueueDef};
 use crate::naming::server_named;
 use crate::queue::{Queue, QueueEnv, QueueOwner};
 pub use crate::routing::PublishResult;
 use crate::routing::{self, Names};
 use crate::timers::Timers;
 
+mod apply;
+mod bindings;
 mod owner;
 mod policies;
 
@@ -140,41 +144,16 @@ impl VHost {
         self.queues.read().get(name).cloned()
     }
 
-    fn meta_put(&self, key: &[u8], value: &[u8]) -> AmqpResult<()> {
-        self.journal().put_meta(key, value).map_err(|e| {
-            AmqpError::internal(format!("could not store the definition durably: {e}"))
-        })
+    /// Makes a definition change durable; the caller changes memory only
+    /// after it succeeded, and answers with the error otherwise.
+    fn record(&self, cmd: &MetaCommand) -> Result<(), JournalError> {
+        self.journal().record(cmd)
     }
 
-    fn meta_delete(&self, key: &[u8]) {
-        if let Err(e) = self.journal().delete_meta(key) {
-            tracing::error!(error = %e, "could not journal the removal of a definition");
-        }
-    }
-
-    /// A binding is stored when both its ends are.
-    fn binding_is_durable(&self, source: &Exchange, dest: &Destination) -> bool {
-        source.durable
-            && match dest {
-                Destination::Queue(q) => q.store_id.is_some(),
-                Destination::Exchange(name) => self.exchange(name).is_ok_and(|e| e.durable),
-            }
-    }
-
-    fn binding_key(
-        &self,
-        source: &str,
-        dest: &Destination,
-        routing_key: &str,
-        args: &FieldTable,
-    ) -> Vec<u8> {
-        match dest {
-            Destination::Queue(q) => {
-                durable::binding_key(&self.name, source, true, &q.name, routing_key, args)
-            }
-            Destination::Exchange(x) => {
-                durable::binding_key(&self.name, source, false, x, routing_key, args)
-            }
+    fn delete_exchange_cmd(&self, name: &str) -> MetaCommand {
+        MetaCommand::DeleteExchange {
+            vhost: self.name.clone(),
+            name: name.to_owned(),
         }
     }
 
@@ -281,10 +260,15 @@ impl VHost {
         }
         if existing.is_none() && d.durable {
             // Durable before it exists: a declare-ok survives a crash.
-            self.meta_put(
-                &durable::exchange_key(&self.name, name),
-                &durable::exchange_value(kind.as_str(), d.auto_delete, d.internal, &d.arguments),
-            )?;
+            self.record(&MetaCommand::PutExchange(ExchangeDef {
+                vhost: self.name.clone(),
+                name: name.to_owned(),
+                kind: kind.as_str().to_owned(),
+                auto_delete: d.auto_delete,
+                internal: d.internal,
+                arguments: d.arguments.clone(),
+            }))
+            .map_err(not_stored)?;
         }
         let mut ex = self.exchanges.write();
         if let Some(e) = ex.get(name) {
@@ -319,196 +303,47 @@ impl VHost {
                 )
             }));
         }
-        let removed = {
-            let mut ex = self.exchanges.write();
-            match ex.get(name) {
-                None => return Ok(()),
-                Some(e) if if_unused && e.has_bindings() => {
-                    return Err(AmqpError::precondition_failed(format!(
-                        "exchange '{name}' in vhost '{}' in use",
-                        self.name
-                    )))
-                }
-                Some(_) => ex.remove(name),
+        match self.exchanges.read().get(name) {
+            None => return Ok(()),
+            Some(e) if if_unused && e.has_bindings() => {
+                return Err(AmqpError::precondition_failed(format!(
+                    "exchange '{name}' in vhost '{}' in use",
+                    self.name
+                )))
             }
+            Some(_) => {}
+        }
+        self.drop_exchange_locked(name).map_err(not_stored)
+    }
+
+    /// [`VHost::delete_exchange`] without its checks (a vhost's deletion).
+    pub(crate) fn drop_exchange(&self, name: &str) -> Result<(), JournalError> {
+        let _definitions = self.definitions.lock();
+        self.drop_exchange_locked(name)
+    }
+
+    /// Deletes an exchange, its bindings and the bindings to it: durably
+    /// first (the exchange's own definition is the commit point: if that
+    /// write fails nothing changed), then from memory.
+    fn drop_exchange_locked(&self, name: &str) -> Result<(), JournalError> {
+        let Some(gone) = self.exchanges.read().get(name).cloned() else {
+            return Ok(());
         };
-        if let Some(gone) = removed {
-            if gone.durable {
-                for b in gone.bindings() {
-                    if self.binding_is_durable(&gone, &b.destination) {
-                        self.meta_delete(&self.binding_key(
-                            name,
-                            &b.destination,
-                            &b.routing_key,
-                            &b.arguments,
-                        ));
-                    }
-                }
-                self.meta_delete(&durable::exchange_key(&self.name, name));
-            }
-            // Bindings where it was the destination go too.
-            self.unbind_everywhere(&Destination::Exchange(name.to_owned()), gone.durable);
+        // Chosen while the exchange is still in the map: a binding to
+        // itself is stored, and must leave the store with it.
+        let stored: Vec<BindingDef> = (gone.bindings().iter())
+            .filter(|b| self.binding_is_durable(&gone, &b.destination))
+            .map(|b| self.binding_def(name, &b.destination, &b.routing_key, &b.arguments))
+            .collect();
+        if gone.durable {
+            self.record(&self.delete_exchange_cmd(name))?;
         }
-        Ok(())
-    }
-
-    /// Removes every binding to `dest` from every exchange (and their stored
-    /// definitions), auto-deleting sources left without bindings.
-    fn unbind_everywhere(&self, dest: &Destination, dest_durable: bool) {
-        let sources: Vec<Arc<Exchange>> = self.exchanges.read().values().cloned().collect();
-        for s in sources {
-            let gone = s.unbind_all(dest);
-            if gone.is_empty() {
-                continue;
-            }
-            if s.durable && dest_durable {
-                for b in &gone {
-                    self.meta_delete(&self.binding_key(
-                        &s.name,
-                        dest,
-                        &b.routing_key,
-                        &b.arguments,
-                    ));
-                }
-            }
-            self.maybe_auto_delete_exchange(&s);
+        self.exchanges.write().remove(name);
+        for def in stored {
+            self.record(&MetaCommand::DeleteBinding(def))?;
         }
-    }
-
-    fn maybe_auto_delete_exchange(&self, e: &Arc<Exchange>) {
-        if e.auto_delete && !e.has_bindings() {
-            let mut ex = self.exchanges.write();
-            if ex.get(&e.name).is_some_and(|x| Arc::ptr_eq(x, e)) && !e.has_bindings() {
-                ex.remove(&e.name);
-                drop(ex);
-                if e.durable {
-                    self.meta_delete(&durable::exchange_key(&self.name, &e.name));
-                }
-            }
-        }
-    }
-
-    fn check_bind_source(&self, name: &str) -> AmqpResult<Arc<Exchange>> {
-        if name.is_empty() {
-            return Err(AmqpError::access_refused(format!(
-                "operation not permitted on the default exchange in vhost '{}'",
-                self.name
-            )));
-        }
-        self.exchange(name)
-    }
-
-    /// The ends of a queue binding, checked for `queue.bind`/`unbind`.
-    fn queue_binding(
-        &self,
-        connection: u64,
-        queue: &str,
-        exchange: &str,
-    ) -> AmqpResult<(Arc<Queue>, Arc<Exchange>, Destination)> {
-        let q = self.queue(connection, queue)?;
-        let e = self.check_bind_source(exchange)?;
-        let dest = Destination::Queue(Arc::clone(&q));
-        Ok((q, e, dest))
-    }
-
-    /// `queue.bind`.
-    pub fn bind_queue(
-        &self,
-        connection: u64,
-        queue: &str,
-        exchange: &str,
-        routing_key: &str,
-        arguments: &FieldTable,
-    ) -> AmqpResult<()> {
-        let (q, e, dest) = self.queue_binding(connection, queue, exchange)?;
-        (self.counts.read()).check_new_binding(e.binding_count(), exchange, &self.name)?;
-        if self.binding_is_durable(&e, &dest) {
-            self.meta_put(
-                &self.binding_key(exchange, &dest, routing_key, arguments),
-                &durable::binding_value(arguments),
-            )?;
-        }
-        e.bind(dest, routing_key, arguments);
-        let mut b = q.bound_from.lock();
-        let key = (
-            exchange.to_owned(),
-            routing_key.to_owned(),
-            arguments.clone(),
-        );
-        if !b.contains(&key) {
-            b.push(key);
-        }
-        Ok(())
-    }
-
-    /// `queue.unbind`. Unbinding what is not bound is not an error.
-    pub fn unbind_queue(
-        &self,
-        connection: u64,
-        queue: &str,
-        exchange: &str,
-        routing_key: &str,
-        arguments: &FieldTable,
-    ) -> AmqpResult<()> {
-        let (q, e, dest) = self.queue_binding(connection, queue, exchange)?;
-        if e.unbind(&dest, routing_key, arguments) {
-            if self.binding_is_durable(&e, &dest) {
-                self.meta_delete(&self.binding_key(exchange, &dest, routing_key, arguments));
-            }
-            q.bound_from
-                .lock()
-                .retain(|(x, k, a)| !(x == exchange && k == routing_key && a == arguments));
-            self.maybe_auto_delete_exchange(&e);
-        }
-        Ok(())
-    }
-
-    /// `exchange.bind`: messages from `source` also go through `destination`.
-    pub fn bind_exchange(
-        &self,
-        destination: &str,
-        source: &str,
-        routing_key: &str,
-        arguments: &FieldTable,
-    ) -> AmqpResult<()> {
-        let s = self.check_bind_source(source)?;
-        if destination.is_empty() {
-            return Err(self
-                .check_bind_source(destination)
-                .err()
-                .expect("default exchange refused"));
-        }
-        self.exchange(destination)?;
-        let dest = Destination::Exchange(destination.to_owned());
-        (self.counts.read()).check_new_binding(s.binding_count(), source, &self.name)?;
-        if self.binding_is_durable(&s, &dest) {
-            self.meta_put(
-                &self.binding_key(source, &dest, routing_key, arguments),
-                &durable::binding_value(arguments),
-            )?;
-        }
-        s.bind(dest, routing_key, arguments);
-        Ok(())
-    }
-
-    /// `exchange.unbind`.
-    pub fn unbind_exchange(
-        &self,
-        destination: &str,
-        source: &str,
-        routing_key: &str,
-        arguments: &FieldTable,
-    ) -> AmqpResult<()> {
-        let s = self.check_bind_source(source)?;
-        self.exchange(destination)?;
-        let dest = Destination::Exchange(destination.to_owned());
-        if s.unbind(&dest, routing_key, arguments) {
-            if self.binding_is_durable(&s, &dest) {
-                self.meta_delete(&self.binding_key(source, &dest, routing_key, arguments));
-            }
-            self.maybe_auto_delete_exchange(&s);
-        }
-        Ok(())
+        // Bindings where it was the destination go too.
+        self.unbind_everywhere(&Destination::Exchange(name.to_owned()), gone.durable)
     }
 
     /// `queue.declare`. Returns (name, ready messages, consumers).
@@ -590,10 +425,14 @@ impl VHost {
         // Exclusive queues die with their connection, so they are never stored.
         let store_id = (d.durable && !d.exclusive).then(|| self.dur.new_queue_id());
         if let Some(id) = store_id {
-            self.meta_put(
-                &durable::queue_key(&self.name, &name),
-                &durable::queue_value(id, d.auto_delete, &d.arguments),
-            )?;
+            self.record(&MetaCommand::PutQueue(QueueDef {
+                vhost: self.name.clone(),
+                name: name.clone(),
+                id,
+                auto_delete: d.auto_delete,
+                arguments: d.arguments.clone(),
+            }))
+            .map_err(not_stored)?;
         }
         let q = Arc::new(Queue::new(
             name.clone(),
@@ -648,31 +487,38 @@ impl VHost {
                 self.name
             )));
         }
-        Ok(self.remove_queue(name))
+        self.remove_queue(name).map_err(not_stored)
     }
 
     /// Deletes a queue: consumers are told, bindings removed. Returns the
-    /// number of ready messages it held.
-    pub(crate) fn remove_queue(&self, name: &str) -> usize {
+    /// number of ready messages it held. A stored queue's definition is
+    /// deleted durably first: if that fails, the queue stays as it was.
+    pub(crate) fn remove_queue(&self, name: &str) -> Result<usize, JournalError> {
         let guard = self.definitions.lock();
-        let Some(q) = self.queues.write().remove(name) else {
-            return 0;
+        let Some(q) = self.find_queue(name) else {
+            return Ok(0);
         };
-        let (count, consumers, paging_id) = q.mark_deleted();
-        if let Some(id) = paging_id {
-            self.journal().purge(id, None);
+        if q.store_id.is_some() {
+            self.record(&MetaCommand::DeleteQueue {
+                vhost: self.name.clone(),
+                name: name.to_owned(),
+            })?;
         }
-        if let Some(id) = q.store_id {
+        self.queues.write().remove(name);
+        let (count, consumers, paging_id) = q.mark_deleted();
+        // After the definition: a purge without it would empty a queue
+        // that a restart brings back. Messages left by a crash in between
+        // belong to no queue and are reported at startup.
+        for id in paging_id.into_iter().chain(q.store_id) {
             self.journal().purge(id, None);
-            self.meta_delete(&durable::queue_key(&self.name, name));
         }
         drop(guard);
         for c in consumers {
             c.channel.consumer_gone(&c.tag);
         }
         q.bound_from.lock().clear();
-        self.unbind_everywhere(&Destination::Queue(Arc::clone(&q)), q.store_id.is_some());
-        count
+        self.unbind_everywhere(&Destination::Queue(Arc::clone(&q)), q.store_id.is_some())?;
+        Ok(count)
     }
 
     /// A connection closed: its exclusive queues go.
@@ -685,7 +531,10 @@ impl VHost {
             .map(|q| q.name.clone())
             .collect();
         for n in mine {
-            self.remove_queue(&n);
+            // No client waits for this: the error is logged.
+            if let Err(e) = self.remove_queue(&n) {
+                tracing::error!(vhost = %self.name, queue = %n, error = %e, "could not delete an exclusive queue durably");
+            }
         }
     }
 
@@ -704,7 +553,7 @@ impl VHost {
         Ok(Some(e))
     }
 
-    /// Routes and enqueues a message.    /// Routes and enqueues a message. A persistent message reaching durable
+    /// Routes and enqueues a message. A persistent message reaching durable
     /// queues is journaled first; `durable` then makes the completion that
     /// runs once it is stored (and `PublishResult::durable` says so).
     pub fn publish(
@@ -714,14 +563,23 @@ impl VHost {
         now: Instant,
         durable: &mut dyn FnMut() -> Done,
     ) -> AmqpResult<PublishResult> {
+        self.publish_from(exchange, msg, now, durable, &Origin::default())
+    }
+
+    /// [`VHost::publish`] by `origin` (whom the events it causes name).
+    pub fn publish_from(
+        &self,
+        exchange: &str,
+        msg: &Arc<Message>,
+        now: Instant,
+        durable: &mut dyn FnMut() -> Done,
+        origin: &Origin,
+    ) -> AmqpResult<PublishResult> {
         let start = self.check_publish_target(exchange)?;
         let targets = routing::resolve(self, start, msg);
+        let durable = Some(durable);
         Ok(routing::deliver_to(
-            &self.dur,
-            &targets,
-            msg,
-            now,
-            Some(durable),
+            &self.dur, &targets, msg, now, durable, origin,
         ))
     }
 
@@ -734,6 +592,7 @@ impl VHost {
         d: &DeadLetter,
         now: Instant,
         durable: Option<&mut dyn FnMut() -> Done>,
+        origin: &Origin,
     ) {
         let (dlx, msg) = match dead_letter::rewrite(
             &from.name,
@@ -761,6 +620,12 @@ impl VHost {
         };
         let mut targets = routing::resolve(self, exchange, &msg);
         targets.retain(|q| dead_letter::may_reach(&msg, &q.name, d.reason));
-        routing::deliver_to(&self.dur, &targets, &msg, now, durable);
+        routing::deliver_to(&self.dur, &targets, &msg, now, durable, origin);
     }
+}
+
+/// A definition change that could not be made durable, as the client sees
+/// it (the cause in the text: AMQP carries no more).
+fn not_stored(e: JournalError) -> AmqpError {
+    AmqpError::internal(format!("could not store the definition durably: {e}"))
 }

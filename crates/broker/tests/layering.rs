@@ -6,20 +6,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// Module name → the crate modules its code (comments excluded) refers to
-/// as `crate::name`. `lib.rs` only declares and re-exports, so it is left
-/// out.
+/// as `crate::name`. A submodule's file (`queue/settings.rs`) counts as
+/// part of its top-level module (`queue`): a circle through a submodule
+/// is a circle of its module. `lib.rs` only declares and re-exports, so it
+/// is left out.
 fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
-    let mut graph = BTreeMap::new();
-    for entry in std::fs::read_dir(src).expect("src dir") {
-        let path = entry.expect("dir entry").path();
-        let Some(name) = path.file_stem().and_then(|s| s.to_str()) else {
-            continue;
-        };
-        if path.extension().and_then(|e| e.to_str()) != Some("rs") || name == "lib" {
-            continue;
-        }
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (name, path) in source_files(src) {
         let text = std::fs::read_to_string(&path).expect("readable source");
-        let mut uses = BTreeSet::new();
+        let uses = graph.entry(name.clone()).or_default();
         for line in text.lines().map(str::trim_start) {
             if line.starts_with("//") {
                 continue;
@@ -49,9 +44,32 @@ fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
                 }
             }
         }
-        graph.insert(name.to_owned(), uses);
     }
     graph
+}
+
+/// Every `.rs` file under `src`, at any depth, with the top-level module
+/// it belongs to (`queue.rs` and `queue/settings.rs`: `queue`).
+fn source_files(src: &Path) -> Vec<(String, std::path::PathBuf)> {
+    fn walk(dir: &Path, top: Option<&str>, out: &mut Vec<(String, std::path::PathBuf)>) {
+        for entry in std::fs::read_dir(dir).expect("src dir") {
+            let path = entry.expect("dir entry").path();
+            let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
+                continue;
+            };
+            let module = top.unwrap_or(stem).to_owned();
+            if path.is_dir() {
+                walk(&path, Some(&module), out);
+            } else if path.extension().and_then(|e| e.to_str()) == Some("rs")
+                && !(top.is_none() && stem == "lib")
+            {
+                out.push((module, path));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(src, None, &mut out);
+    out
 }
 
 /// A cycle in the graph, as a path that starts and ends at one module.
@@ -91,6 +109,7 @@ fn broker_modules_form_no_circle() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let graph = module_graph(&src);
     assert!(graph.len() >= 5, "read the broker's modules: {graph:?}");
+
     if let Some(cycle) = find_cycle(&graph) {
         panic!(
             "broker modules import each other in a circle: {}",
@@ -112,4 +131,20 @@ fn the_checker_sees_a_circle() {
     );
     g.get_mut("exchange").expect("exchange").clear();
     assert_eq!(find_cycle(&g), None);
+}
+
+#[test]
+fn a_circle_through_a_submodule_is_seen() {
+    let dir = std::env::temp_dir().join(format!("berth-layering-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("b")).expect("temp dir");
+    std::fs::write(dir.join("a.rs"), "use crate::b::Thing;\n").expect("write a.rs");
+    std::fs::write(dir.join("b.rs"), "mod inner;\n").expect("write b.rs");
+    std::fs::write(dir.join("b/inner.rs"), "use crate::a::Other;\n").expect("write inner.rs");
+    let graph = module_graph(&dir);
+    std::fs::remove_dir_all(&dir).expect("clean up");
+    assert_eq!(
+        find_cycle(&graph).map(|c| c.len()),
+        Some(3),
+        "a -> b (through b/inner.rs) -> a: {graph:?}"
+    );
 }

@@ -1,6 +1,17 @@
 //! The broker's journal seam implemented over `berth-store`, and the
 //! startup path that opens the store and rebuilds the broker from it.
 //!
+//! How the store keeps the contract written on
+//! [`berth_broker::durable::Journal`]: a log group is one of the store's
+//! groups (a queue's by `splitmix64(queue) % group_count`, a metadata
+//! key's by `crc32c(key) % group_count`, docs/FORMAT.md); a write's
+//! position is the lsn its record gets, which the group's writer thread
+//! hands out in the order requests reach it; that thread runs the
+//! completions of a batch after the batch's write (and, under
+//! `store.sync = always`, its fdatasync), so in lsn order; a failed write
+//! or sync poisons the group, which then fails what was pending and every
+//! later request.
+//!
 //! Invariants:
 //! - Metadata calls block (off the async reactor, via `block_in_place`)
 //!   until the store reports the write durable: a `declare-ok` is only sent

@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::VHost;
 use crate::dead_letter::DeadLetter;
 use crate::durable::Done;
+use crate::events::Origin;
 use crate::exchange::Exchange;
 use crate::queue::{Queue, QueueOwner};
 use crate::routing::Names;
@@ -26,10 +27,10 @@ impl QueueOwner for VHost {
     /// Until its copy is stored somewhere, a stored message stays stored in
     /// `from`: its removal is deferred to that moment or, when no durable
     /// copy is made, journaled now.
-    fn dead_letter(&self, from: &Queue, letters: Vec<DeadLetter>, now: Instant) {
+    fn dead_letter(&self, from: &Queue, letters: Vec<DeadLetter>, now: Instant, origin: &Origin) {
         for mut d in letters {
             let Some((id, qid)) = d.stored.zip(from.store_id) else {
-                self.republish(from, &d, now, None);
+                self.republish(from, &d, now, None, origin);
                 continue;
             };
             let done = d.done.take();
@@ -39,7 +40,7 @@ impl QueueOwner for VHost {
                     .take()
                     .expect("a message is journaled once per publish")
             };
-            self.republish(from, &d, now, Some(&mut make));
+            self.republish(from, &d, now, Some(&mut make), origin);
             if let Some(now_done) = removal.take() {
                 // No durable copy was made: nothing to wait for.
                 now_done(Ok(()));
@@ -51,6 +52,10 @@ impl QueueOwner for VHost {
     }
 
     fn delete_queue(&self, name: &str) {
-        self.remove_queue(name);
+        // Auto-delete and x-expires: no client waits, so the error is
+        // logged, and the queue stays.
+        if let Err(e) = self.remove_queue(name) {
+            tracing::error!(vhost = %self.name, queue = name, error = %e, "could not delete a queue durably");
+        }
     }
 }

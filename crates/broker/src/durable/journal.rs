@@ -1,0 +1,117 @@
+//! The journal seam: what the broker asks of "a set of log groups that
+//! make records durable and say when". The server's store
+//! (`crates/server/src/journal.rs` over `berth-store`) is one
+//! implementation; a replicated log is meant to be the next. The contract
+//! below is what the broker relies on; an implementation that cannot keep
+//! it must not implement this trait.
+
+use bytes::Bytes;
+
+use super::{Done, JournalError};
+use crate::meta::MetaCommand;
+
+/// Durable storage as the broker needs it.
+///
+/// # Log groups and positions
+///
+/// Every write lands in one *log group*: a message's records in the group
+/// of its queue (a publish to queues of several groups is one write per
+/// group), a metadata record in the group of its key. Within a group each
+/// write takes the next *position* of that group, in the order of the
+/// calls that reach it (calls from one thread keep their order; calls from
+/// several threads are ordered as the group receives them). Positions are
+/// strictly increasing and never reused; replay after a restart (or on a
+/// replica) applies a group's records in position order, so a later write
+/// to the same key or message wins. Groups are independent: nothing orders
+/// a write of one group against a write of another, which is why a removal
+/// that must follow a write of another group waits for that write's
+/// completion first (see [`super::Durability::defer_removal`]).
+///
+/// # What "durable" means
+///
+/// A completion runs with `Ok(())` only when its write, *and every earlier
+/// position of its group*, will be found by replay after a crash — under
+/// the operator's `store.sync` mode (docs/DURABILITY.md: with `always`,
+/// after an fdatasync covering it; a replicated journal: once a majority
+/// holds it durably). So completions of one group run in position order,
+/// and a completion is never reported before the write it stands for.
+///
+/// # Failure
+///
+/// A write that cannot be made durable completes with `Err`, the cause
+/// kept. A group that failed a write or a sync refuses every later write
+/// (each completes with `Err`), so nothing after a lost write is reported
+/// durable; what was pending is failed, never silently dropped. The
+/// broker turns an `Err` into a publisher nack, a channel error or a
+/// refused `-ok`; a message whose removal failed stays (and is redelivered
+/// after a restart).
+///
+/// # Threads and blocking
+///
+/// `publish`, `remove` and `purge` never wait for the disk: they hand the
+/// write to the group (a bounded queue, whose back-pressure may block the
+/// caller briefly) and return; `done` runs later on the group's completion
+/// thread (the store's group writer), or at once on the caller's thread
+/// when the write is refused up front. A completion must be short and must
+/// not call back into the journal (it would wait on the thread running
+/// it). `put_meta`, `delete_meta`, `read` and `read_many` block the
+/// calling thread until the write is durable (or the bytes are read): the
+/// broker calls them off the publish path, and the server runs them so a
+/// tokio worker hands its other tasks on meanwhile.
+pub trait Journal: Send + Sync {
+    /// Stores a persistent message for these durable queues.
+    fn publish(&self, msg: u64, queues: &[u64], payload: Bytes, done: Option<Done>);
+    /// These messages left the queue for good (ack, drop, expiry, dead-letter).
+    fn remove(&self, queue: u64, msgs: &[u64], done: Option<Done>);
+    /// Every message of the queue left it (purge, delete).
+    fn purge(&self, queue: u64, done: Option<Done>);
+    /// Stores a definition; returns once it is durable.
+    fn put_meta(&self, key: &[u8], value: &[u8]) -> Result<(), JournalError>;
+    /// Removes a definition; returns once that is durable.
+    fn delete_meta(&self, key: &[u8]) -> Result<(), JournalError>;
+    /// Reads a stored message of a queue back (the payload given to
+    /// `publish`). Valid once [`Journal::written`] says so.
+    fn read(&self, queue: u64, msg: u64) -> Result<Bytes, JournalError> {
+        let _ = (queue, msg);
+        Err(JournalError::new("this journal keeps no messages"))
+    }
+    /// [`Journal::read`] for several messages of a queue at once (the
+    /// journal may read neighbouring records together): one result per
+    /// message, in order.
+    fn read_many(&self, queue: u64, msgs: &[u64]) -> Vec<Result<Bytes, JournalError>> {
+        msgs.iter().map(|m| self.read(queue, *m)).collect()
+    }
+    /// Can messages be written for paging and read back? (A journal that
+    /// keeps nothing says no, and queues keep every body in memory.)
+    fn pages(&self) -> bool {
+        false
+    }
+    /// For each message: is it written, so that [`Journal::read`] finds it
+    /// and its body need not stay in memory? A journal that cannot read
+    /// messages back says no.
+    fn written(&self, queue: u64, msgs: &[u64]) -> Vec<bool> {
+        let _ = queue;
+        vec![false; msgs.len()]
+    }
+}
+
+impl dyn Journal + '_ {
+    /// Makes one metadata change durable: the command's key and value, as
+    /// [`MetaCommand::encode`] writes them (the one encoder). Returns once
+    /// it is durable, or with the reason it is not (the caller then leaves
+    /// its state unchanged and answers with an error, never an `-ok`).
+    pub fn record(&self, cmd: &MetaCommand) -> Result<(), JournalError> {
+        let (key, value) = cmd.encode();
+        match value {
+            Some(v) => self.put_meta(&key, &v),
+            None => self.delete_meta(&key),
+        }
+    }
+}
+
+/// Where lifecycle events go (`event_log.enabled`): the sink frames,
+/// stamps (time, per-group sequence) and writes the broker's encoded
+/// events (see [`crate::events`]). `key` chooses the group.
+pub trait EventSink: Send + Sync {
+    fn append(&self, key: u64, payload: &[u8]);
+}

@@ -1,0 +1,135 @@
+//! Journals that keep nothing on disk: [`NoJournal`] (the broker without
+//! a store) and [`MemoryJournal`] (tests: what it holds is exactly what a
+//! perfect store would give back after a restart, and it can be told to
+//! fail metadata writes, as a store whose disk fails would).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+use super::{Done, Journal, JournalError};
+
+/// A journal that keeps nothing (the broker without a store).
+pub struct NoJournal;
+
+impl Journal for NoJournal {
+    fn publish(&self, _msg: u64, _queues: &[u64], _payload: Bytes, done: Option<Done>) {
+        if let Some(d) = done {
+            d(Ok(()));
+        }
+    }
+    fn remove(&self, _queue: u64, _msgs: &[u64], done: Option<Done>) {
+        if let Some(d) = done {
+            d(Ok(()));
+        }
+    }
+    fn purge(&self, _queue: u64, done: Option<Done>) {
+        if let Some(d) = done {
+            d(Ok(()));
+        }
+    }
+    fn put_meta(&self, _key: &[u8], _value: &[u8]) -> Result<(), JournalError> {
+        Ok(())
+    }
+    fn delete_meta(&self, _key: &[u8]) -> Result<(), JournalError> {
+        Ok(())
+    }
+}
+
+/// One metadata write: key, and value (`None`: a delete).
+pub type MetaWrite = (Vec<u8>, Option<Vec<u8>>);
+
+/// An in-memory journal that records what it was told, for tests: what it
+/// holds is exactly what a perfect store would give back after a restart.
+#[derive(Default)]
+pub struct MemoryJournal {
+    pub meta: Mutex<BTreeMap<Vec<u8>, Vec<u8>>>,
+    /// Every metadata write in the order it was made durable (key, value;
+    /// `None`: a delete): the command stream a replica would replay.
+    pub meta_log: Mutex<Vec<MetaWrite>>,
+    /// While set, metadata writes fail (and change nothing), as with a
+    /// store whose disk failed.
+    pub fail_meta: AtomicBool,
+    /// queue → (msg → payload), in publish order.
+    pub messages: Mutex<BTreeMap<u64, BTreeMap<u64, Bytes>>>,
+}
+
+impl Journal for MemoryJournal {
+    fn publish(&self, msg: u64, queues: &[u64], payload: Bytes, done: Option<Done>) {
+        let mut m = self.messages.lock();
+        for q in queues {
+            m.entry(*q).or_default().insert(msg, payload.clone());
+        }
+        drop(m);
+        if let Some(d) = done {
+            d(Ok(()));
+        }
+    }
+    fn remove(&self, queue: u64, msgs: &[u64], done: Option<Done>) {
+        if let Some(q) = self.messages.lock().get_mut(&queue) {
+            for id in msgs {
+                q.remove(id);
+            }
+        }
+        if let Some(d) = done {
+            d(Ok(()));
+        }
+    }
+    fn purge(&self, queue: u64, done: Option<Done>) {
+        self.messages.lock().remove(&queue);
+        if let Some(d) = done {
+            d(Ok(()));
+        }
+    }
+    fn put_meta(&self, key: &[u8], value: &[u8]) -> Result<(), JournalError> {
+        self.check_meta_write()?;
+        self.meta.lock().insert(key.to_vec(), value.to_vec());
+        (self.meta_log.lock()).push((key.to_vec(), Some(value.to_vec())));
+        Ok(())
+    }
+    fn delete_meta(&self, key: &[u8]) -> Result<(), JournalError> {
+        self.check_meta_write()?;
+        self.meta.lock().remove(key);
+        self.meta_log.lock().push((key.to_vec(), None));
+        Ok(())
+    }
+    fn read(&self, queue: u64, msg: u64) -> Result<Bytes, JournalError> {
+        self.messages
+            .lock()
+            .get(&queue)
+            .and_then(|q| q.get(&msg))
+            .cloned()
+            .ok_or_else(|| {
+                JournalError::new(format!("message {msg} of queue {queue} is not stored"))
+            })
+    }
+    fn pages(&self) -> bool {
+        true
+    }
+    fn written(&self, queue: u64, msgs: &[u64]) -> Vec<bool> {
+        let m = self.messages.lock();
+        let q = m.get(&queue);
+        msgs.iter()
+            .map(|id| q.is_some_and(|q| q.contains_key(id)))
+            .collect()
+    }
+}
+
+impl MemoryJournal {
+    /// Makes every metadata write fail from now on (`true`) or succeed
+    /// again (`false`).
+    pub fn fail_meta_writes(&self, fail: bool) {
+        self.fail_meta.store(fail, Ordering::Relaxed);
+    }
+
+    fn check_meta_write(&self) -> Result<(), JournalError> {
+        if self.fail_meta.load(Ordering::Relaxed) {
+            return Err(JournalError::new(
+                "injected failure: the metadata write was not stored",
+            ));
+        }
+        Ok(())
+    }
+}
