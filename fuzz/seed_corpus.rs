@@ -10,7 +10,8 @@
 use std::borrow::Cow;
 use std::path::Path;
 
-use berth_broker::durable::{encode_message, exchange_value, queue_value};
+use berth_broker::durable::encode_message;
+use berth_broker::meta::{ExchangeDef, MetaCommand, QueueDef};
 use berth_protocol::codec::{encode_content, encode_heartbeat, encode_method, encode_properties};
 use berth_protocol::frame::FRAME_MIN_SIZE;
 use berth_protocol::{methods, AMQPClass, AMQPProperties, AMQPValue, FieldTable, LongString};
@@ -19,6 +20,40 @@ use berth_store::index::{Index, Loc};
 use berth_store::record::{encode as encode_record, Record};
 use berth_store::{MsgId, QueueId};
 use bytes::{BufMut, BytesMut};
+
+/// A durable queue's stored definition (the value of its metadata key).
+fn queue_value(id: u64, auto_delete: bool, arguments: &FieldTable) -> Vec<u8> {
+    MetaCommand::PutQueue(QueueDef {
+        vhost: "/".into(),
+        name: "q1".into(),
+        id,
+        auto_delete,
+        arguments: arguments.clone(),
+    })
+    .encode()
+    .1
+    .expect("a put has a value")
+}
+
+/// A durable exchange's stored definition (the value of its metadata key).
+fn exchange_value(
+    kind: &str,
+    auto_delete: bool,
+    internal: bool,
+    arguments: &FieldTable,
+) -> Vec<u8> {
+    MetaCommand::PutExchange(ExchangeDef {
+        vhost: "/".into(),
+        name: "ex".into(),
+        kind: kind.into(),
+        auto_delete,
+        internal,
+        arguments: arguments.clone(),
+    })
+    .encode()
+    .1
+    .expect("a put has a value")
+}
 
 fn write(target: &str, name: &str, bytes: &[u8]) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
