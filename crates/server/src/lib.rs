@@ -21,6 +21,7 @@ pub mod memory;
 pub mod outbound;
 pub mod registry;
 pub mod reshape;
+pub mod settings;
 pub mod stats;
 pub mod stream;
 pub mod tls;
