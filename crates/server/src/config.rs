@@ -3,13 +3,14 @@
 //!
 //! This module holds the values only. What each key is called, its flag,
 //! default, check and doc are written once, in the settings table
-//! ([`crate::settings`]), which also builds [`Config::default`], reads
+//! (the `settings` module), which also builds `Config::default`, reads
 //! `berth.toml` ([`Config::from_toml`]) and checks a configuration
 //! ([`Config::validate`]).
 //!
 //! Invariants:
-//! - Every field is a setting of the table (the settings tests check that
-//!   each key reaches its field and that docs/CONFIG.md lists them all).
+//! - Every field is a setting of the table (kept by review: a field with
+//!   no entry would keep its blank value; the settings tests check every
+//!   entry's default, flag name and docs).
 //! - A section's own `Default` is blank (zeros, empty lists, off): only
 //!   [`Config::default`] has the embedded defaults, so that they have one
 //!   home.
@@ -214,7 +215,7 @@ impl Default for Store {
 /// `[event_log]`: message lifecycle events (see docs/OPERATIONS.md,
 /// "Event log"). Flags carry an `event-log-` prefix, as `[tls]`'s carry
 /// `tls-` (`event_log.file_bytes_max` ↔ `--event-log-file-bytes-max`).
-/// [`crate::event_log`] turns it into the store's event log.
+/// The `event_log` module turns it into the store's event log.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EventLogSection {
     /// Record lifecycle events. Off by default.
