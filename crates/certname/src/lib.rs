@@ -17,15 +17,13 @@
 
 use std::fmt::Write as _;
 
-use serde::Deserialize;
 use x509_parser::asn1_rs::{Any, Class, FromDer};
 use x509_parser::certificate::X509Certificate;
 use x509_parser::extensions::GeneralName;
 use x509_parser::x509::X509Name;
 
 /// Where the user name comes from (`tls.cert_login_from`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum LoginFrom {
     /// The subject's CN (RabbitMQ's `common_name`).
     #[default]
@@ -33,14 +31,12 @@ pub enum LoginFrom {
     /// The subject DN as an RFC 4514 string (`distinguished_name`).
     DistinguishedName,
     /// A SAN (`subject_alternative_name`, also spelled `subject_alt_name`).
-    #[serde(alias = "subject_alt_name")]
     SubjectAlternativeName,
 }
 
 /// Which SANs count (`tls.cert_login_san_type`, RabbitMQ's
 /// `ssl_cert_login_san_type`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum SanType {
     #[default]
     Dns,

@@ -20,7 +20,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
-use crate::store_cmd::{EXIT_PROBLEMS, EXIT_UNREADABLE};
+use crate::exit::{EXIT_PROBLEMS, EXIT_UNREADABLE};
 
 #[derive(Args, Debug)]
 pub struct BackupArgs {

@@ -18,7 +18,7 @@ use berth_store::{Store, StoreConfig};
 use clap::Args;
 use serde_json::json;
 
-use crate::store_cmd::EXIT_UNREADABLE;
+use crate::exit::EXIT_UNREADABLE;
 
 #[derive(Args, Debug)]
 pub struct CompactArgs {

@@ -1,8 +1,7 @@
 //! `berth events`: the lifecycle events of a store's log groups, merged
 //! into one time order (by time, group, sequence), as text or JSON lines;
 //! `--follow` keeps merging live, like UniVerse's `usa -M`. Read-only: it
-//! works on a running broker's files. Also the `[event_log]` flags of
-//! `berth serve`.
+//! works on a running broker's files.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -12,7 +11,6 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use berth_broker::events::{decode, DecodedEvent};
-use berth_server::Config;
 use berth_store::events::{
     Damage, EventRecord, EventTail, GROUP_EVENT_FILE_PREFIX, MERGED_EVENT_FILE_PREFIX,
 };
@@ -21,54 +19,7 @@ use berth_store::storage::OsStorage;
 use clap::Args;
 use serde_json::json;
 
-use crate::store_cmd::{EXIT_PROBLEMS, EXIT_UNREADABLE};
-
-/// `[event_log]` keys as `berth serve` flags (`event_log.key` ↔
-/// `--event-log-key`).
-#[derive(Args, Debug, Default)]
-pub struct EventLogFlags {
-    /// event_log.enabled: record message lifecycle events per log group.
-    #[arg(long = "event-log-enabled", value_name = "BOOL")]
-    enabled: Option<bool>,
-    /// event_log.merge_interval_s: merge the groups' events into one
-    /// combined log every N seconds (0 = never).
-    #[arg(long = "event-log-merge-interval-s", value_name = "S")]
-    merge_interval_s: Option<u64>,
-    /// event_log.file_bytes_max: size at which an event file is sealed.
-    #[arg(long = "event-log-file-bytes-max", value_name = "BYTES")]
-    file_bytes_max: Option<u64>,
-    /// event_log.retained_bytes_max: event files kept per group.
-    #[arg(long = "event-log-retained-bytes-max", value_name = "BYTES")]
-    retained_bytes_max: Option<u64>,
-    /// event_log.retention_s: age past which event files are removed
-    /// (0 = none).
-    #[arg(long = "event-log-retention-s", value_name = "S")]
-    retention_s: Option<u64>,
-    /// event_log.buffer_bytes_max: unwritten events per group before
-    /// events are dropped.
-    #[arg(long = "event-log-buffer-bytes-max", value_name = "BYTES")]
-    buffer_bytes_max: Option<u64>,
-}
-
-impl EventLogFlags {
-    pub fn apply(self, c: &mut Config) {
-        let e = &mut c.event_log;
-        for (slot, v) in [
-            (&mut e.merge_interval_s, self.merge_interval_s),
-            (&mut e.file_bytes_max, self.file_bytes_max),
-            (&mut e.retained_bytes_max, self.retained_bytes_max),
-            (&mut e.retention_s, self.retention_s),
-            (&mut e.buffer_bytes_max, self.buffer_bytes_max),
-        ] {
-            if let Some(v) = v {
-                *slot = v;
-            }
-        }
-        if let Some(on) = self.enabled {
-            e.enabled = on;
-        }
-    }
-}
+use crate::exit::{EXIT_PROBLEMS, EXIT_UNREADABLE};
 
 #[derive(Args, Debug)]
 pub struct EventsArgs {

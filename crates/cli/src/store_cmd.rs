@@ -19,10 +19,7 @@ use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 
-/// Exit code: verify found at least one problem.
-pub const EXIT_PROBLEMS: u8 = 1;
-/// Exit code: the store could not be read (or the arguments are wrong).
-pub const EXIT_UNREADABLE: u8 = 2;
+use crate::exit::{EXIT_PROBLEMS, EXIT_UNREADABLE};
 
 #[derive(Args, Debug)]
 pub struct StoreArgs {

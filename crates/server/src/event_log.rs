@@ -1,5 +1,5 @@
-//! The `[event_log]` section and the wiring of the broker's lifecycle
-//! events to the store's per-group event files.
+//! The wiring of the broker's lifecycle events to the store's per-group
+//! event files, as the `[event_log]` section asks.
 //!
 //! The broker encodes events (it knows queues, vhosts, connections and
 //! users); the store frames, stamps and writes them per log group. This
@@ -12,50 +12,18 @@ use std::sync::Arc;
 use berth_broker::clock::{Clock, SystemClock};
 use berth_broker::durable::EventSink;
 use berth_store::event_log::{EventLog, EventLogConfig};
-use serde::Deserialize;
 
-use crate::config::ConfigError;
-
-/// `[event_log]`: message lifecycle events (see docs/OPERATIONS.md,
-/// "Event log"). Flags carry an `event-log-` prefix, as `[tls]`'s carry
-/// `tls-` (`event_log.file_bytes_max` ↔ `--event-log-file-bytes-max`).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct EventLogSection {
-    /// Record lifecycle events. Off by default.
-    pub enabled: bool,
-    /// Merge the groups' events into one time-ordered combined log every
-    /// this many seconds (0 = never).
-    pub merge_interval_s: u64,
-    /// A group's event file is sealed and a new one begun before it would
-    /// exceed this.
-    pub file_bytes_max: u64,
-    /// Oldest event files of a group (and of the combined log) are removed
-    /// while its files together exceed this.
-    pub retained_bytes_max: u64,
-    /// Event files last written longer ago than this are removed (0 = no
-    /// age limit).
-    pub retention_s: u64,
-    /// Events not yet written, per group; past it events are dropped (and
-    /// counted in the log) rather than slow a publisher down.
-    pub buffer_bytes_max: u64,
-}
-
-impl Default for EventLogSection {
-    fn default() -> Self {
-        Self {
-            enabled: false,
-            merge_interval_s: 0,
-            file_bytes_max: 16 * 1024 * 1024,
-            retained_bytes_max: 256 * 1024 * 1024,
-            retention_s: 7 * 24 * 3600,
-            buffer_bytes_max: 4 * 1024 * 1024,
-        }
-    }
-}
+use crate::config::EventLogSection;
 
 impl EventLogSection {
-    fn store_config(&self, group_dirs: Vec<PathBuf>, merged_dir: PathBuf) -> EventLogConfig {
+    /// The store's event log configuration for these groups' directories;
+    /// also how the settings check the section (the store's rules name
+    /// the keys).
+    pub(crate) fn store_config(
+        &self,
+        group_dirs: Vec<PathBuf>,
+        merged_dir: PathBuf,
+    ) -> EventLogConfig {
         EventLogConfig {
             group_dirs,
             merged_dir,
@@ -65,19 +33,6 @@ impl EventLogSection {
             buffer_bytes_max: usize::try_from(self.buffer_bytes_max).unwrap_or(usize::MAX),
             merge_interval_s: self.merge_interval_s,
         }
-    }
-
-    /// Checks the bounds (the store's rules, which name the keys).
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let c = self.store_config(vec![PathBuf::new()], PathBuf::new());
-        c.validate().map_err(|e| ConfigError::Invalid {
-            key: "event_log",
-            value: format!(
-                "file_bytes_max={} retained_bytes_max={} buffer_bytes_max={}",
-                self.file_bytes_max, self.retained_bytes_max, self.buffer_bytes_max
-            ),
-            why: e.to_string(),
-        })
     }
 }
 

@@ -29,6 +29,7 @@ pub mod memory;
 pub mod outbound;
 pub mod registry;
 pub mod reshape;
+pub mod settings;
 pub mod state;
 pub mod stats;
 pub mod stream;

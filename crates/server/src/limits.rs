@@ -2,10 +2,11 @@
 //! its unit in its name.
 //!
 //! Invariants:
-//! - Each number has exactly one home: this file. `config.rs` takes its
-//!   defaults from here (the store's from `berth_store::StoreConfig`, the
-//!   queue paging window from the broker);
-//!   the connection and the accept loop take their fixed bounds from here.
+//! - Each number has exactly one home: this file. The settings table
+//!   (`settings/`) takes its defaults from here (the store's from
+//!   `berth_store::StoreConfig`, the queue paging window and the count
+//!   limits from the broker); the connection and the accept loop take their
+//!   fixed bounds from here.
 //! - Every wait named here is finite, so no connection or shutdown step can
 //!   hang on a silent peer (DESIGN.md invariant 3).
 

@@ -21,11 +21,6 @@ use std::path::Path;
 
 type Graph = BTreeMap<String, BTreeSet<String>>;
 
-/// Edges that belong to another part of the same change (issue 15, one
-/// source for every setting): `config.rs` and `event_log.rs` are not this
-/// part's files. Remove the entry when that part lands.
-const ELSEWHERE: &[(&str, &str)] = &[("event_log", "config")];
-
 /// Every source file under `dir` as (module path, file text).
 fn modules(src: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
     for entry in std::fs::read_dir(dir).expect("src dir") {
@@ -170,11 +165,6 @@ fn module_graph(src: &Path) -> Graph {
         .iter()
         .map(|(m, text)| (m.clone(), references(m, text, &known)))
         .collect();
-    for (from, to) in ELSEWHERE {
-        if let Some(uses) = graph.get_mut(*from) {
-            uses.remove(*to);
-        }
-    }
     graph
 }
 
