@@ -161,11 +161,10 @@ fn module_graph(src: &Path) -> Graph {
     let mut files = Vec::new();
     modules(src, src, &mut files);
     let known: BTreeSet<String> = files.iter().map(|(m, _)| m.clone()).collect();
-    let mut graph: Graph = files
+    files
         .iter()
         .map(|(m, text)| (m.clone(), references(m, text, &known)))
-        .collect();
-    graph
+        .collect()
 }
 
 /// The graph with every module folded onto its top-level module.
