@@ -215,102 +215,105 @@ fn common(st: &HttpState, out: &mut Out, rows: &[Row]) {
     store(st, out);
 }
 
+type G = berth_store::GroupStats;
+/// One per-group store metric: name, type, help, value.
+type Family = (&'static str, &'static str, &'static str, fn(&G) -> String);
+
+/// The per-group store metrics (a data table: one row per family).
+const STORE_FAMILIES: [Family; 15] = [
+    (
+        "berth_store_fsyncs_total",
+        "counter",
+        "fdatasync calls.",
+        |g| g.syncs.to_string(),
+    ),
+    (
+        "berth_store_fsync_seconds_total",
+        "counter",
+        "Time spent in fdatasync.",
+        |g| format!("{}", g.sync_us_total as f64 / 1e6),
+    ),
+    (
+        "berth_store_batches_total",
+        "counter",
+        "Write batches (group commits).",
+        |g| g.batches.to_string(),
+    ),
+    (
+        "berth_store_records_total",
+        "counter",
+        "Records written.",
+        |g| g.records.to_string(),
+    ),
+    (
+        "berth_store_bytes_written_total",
+        "counter",
+        "Bytes written to segments.",
+        |g| g.bytes_written.to_string(),
+    ),
+    ("berth_store_segments", "gauge", "Segment files.", |g| {
+        g.segments.to_string()
+    }),
+    (
+        "berth_store_segments_deleted_total",
+        "counter",
+        "Segments deleted after their messages were acked.",
+        |g| g.segments_deleted.to_string(),
+    ),
+    (
+        "berth_store_bytes_compacted_total",
+        "counter",
+        "Bytes copied forward by compaction.",
+        |g| g.bytes_compacted.to_string(),
+    ),
+    (
+        "berth_store_live_messages",
+        "gauge",
+        "Messages stored and not yet removed.",
+        |g| g.live_messages.to_string(),
+    ),
+    (
+        "berth_store_checkpoints_total",
+        "counter",
+        "Index checkpoints written.",
+        |g| g.checkpoints.to_string(),
+    ),
+    (
+        "berth_store_segment_bytes",
+        "gauge",
+        "Bytes of segment files.",
+        |g| g.segment_bytes.to_string(),
+    ),
+    (
+        "berth_store_live_bytes",
+        "gauge",
+        "Bytes of segment records holding live messages.",
+        |g| g.live_bytes.to_string(),
+    ),
+    (
+        "berth_store_dead_bytes",
+        "gauge",
+        "Segment bytes not holding live messages (removed messages, acks, metadata since checkpointed): what compaction and segment deletion reclaim at most.",
+        |g| g.segment_bytes.saturating_sub(g.live_bytes).to_string(),
+    ),
+    (
+        "berth_store_recovery_seconds",
+        "gauge",
+        "Time the group's recovery took at the last start.",
+        |g| format!("{}", g.recovery.as_secs_f64()),
+    ),
+    (
+        "berth_store_poisoned",
+        "gauge",
+        "1 if the group refuses writes after an I/O error.",
+        |g| u8::from(g.poisoned).to_string(),
+    ),
+];
+
 /// Per log group store metrics.
 fn store(st: &HttpState, out: &mut Out) {
     let groups = st.journal.store.stats();
-    type G = berth_store::GroupStats;
-    /// Name, type, help, value.
-    type Family = (&'static str, &'static str, &'static str, fn(&G) -> String);
-    let families: [Family; 15] = [
-        (
-            "berth_store_fsyncs_total",
-            "counter",
-            "fdatasync calls.",
-            |g| g.syncs.to_string(),
-        ),
-        (
-            "berth_store_fsync_seconds_total",
-            "counter",
-            "Time spent in fdatasync.",
-            |g| format!("{}", g.sync_us_total as f64 / 1e6),
-        ),
-        (
-            "berth_store_batches_total",
-            "counter",
-            "Write batches (group commits).",
-            |g| g.batches.to_string(),
-        ),
-        (
-            "berth_store_records_total",
-            "counter",
-            "Records written.",
-            |g| g.records.to_string(),
-        ),
-        (
-            "berth_store_bytes_written_total",
-            "counter",
-            "Bytes written to segments.",
-            |g| g.bytes_written.to_string(),
-        ),
-        ("berth_store_segments", "gauge", "Segment files.", |g| {
-            g.segments.to_string()
-        }),
-        (
-            "berth_store_segments_deleted_total",
-            "counter",
-            "Segments deleted after their messages were acked.",
-            |g| g.segments_deleted.to_string(),
-        ),
-        (
-            "berth_store_bytes_compacted_total",
-            "counter",
-            "Bytes copied forward by compaction.",
-            |g| g.bytes_compacted.to_string(),
-        ),
-        (
-            "berth_store_live_messages",
-            "gauge",
-            "Messages stored and not yet removed.",
-            |g| g.live_messages.to_string(),
-        ),
-        (
-            "berth_store_checkpoints_total",
-            "counter",
-            "Index checkpoints written.",
-            |g| g.checkpoints.to_string(),
-        ),
-        (
-            "berth_store_segment_bytes",
-            "gauge",
-            "Bytes of segment files.",
-            |g| g.segment_bytes.to_string(),
-        ),
-        (
-            "berth_store_live_bytes",
-            "gauge",
-            "Bytes of segment records holding live messages.",
-            |g| g.live_bytes.to_string(),
-        ),
-        (
-            "berth_store_dead_bytes",
-            "gauge",
-            "Segment bytes not holding live messages (removed messages, acks, metadata since checkpointed): what compaction and segment deletion reclaim at most.",
-            |g| g.segment_bytes.saturating_sub(g.live_bytes).to_string(),
-        ),
-        (
-            "berth_store_recovery_seconds",
-            "gauge",
-            "Time the group's recovery took at the last start.",
-            |g| format!("{}", g.recovery.as_secs_f64()),
-        ),
-        (
-            "berth_store_poisoned",
-            "gauge",
-            "1 if the group refuses writes after an I/O error.",
-            |g| u8::from(g.poisoned).to_string(),
-        ),
-    ];
-    for (name, kind, help, value) in families {
+    for (name, kind, help, value) in STORE_FAMILIES {
         out.family(name, kind, help);
         for g in &groups {
             out.sample(name, &format!("group=\"{}\"", g.group), value(g));
