@@ -40,8 +40,8 @@ pub const SERVER_NAMED_TAIL_CHARS: usize = 22;
 pub const TX_OPERATIONS_MAX: usize = 65_536;
 
 /// Default of `limits.queues_max` (per vhost). RabbitMQ's `max-queues`
-/// vhost limit is unlimited by default; berth bounds it (DESIGN.md
-/// invariant 3) far above what applications declare.
+/// vhost limit is unlimited by default; berth bounds it
+/// (docs/ARCHITECTURE.md, invariant 3) far above what applications declare.
 pub const QUEUES_MAX_DEFAULT: usize = 100_000;
 
 /// Default of `limits.exchanges_max` (per vhost, the standard `amq.*`

@@ -8,7 +8,7 @@
 //!   limits from the broker); the connection and the accept loop take their
 //!   fixed bounds from here.
 //! - Every wait named here is finite, so no connection or shutdown step can
-//!   hang on a silent peer (DESIGN.md invariant 3).
+//!   hang on a silent peer (docs/ARCHITECTURE.md, invariant 3).
 
 // ---- Connection timing and buffers (fixed) ----
 

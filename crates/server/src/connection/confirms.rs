@@ -7,7 +7,7 @@
 //!
 //! Invariants:
 //! - A confirm or `tx.commit-ok` for a journaled message is sent only after
-//!   the store completed its write (DESIGN.md invariant 1).
+//!   the store completed its write (docs/ARCHITECTURE.md, invariant 1).
 //! - A completion names the channel's generation: one from an earlier life
 //!   of a channel number never confirms or commits anything of the current
 //!   one, yet still releases its count in `unconfirmed`.
