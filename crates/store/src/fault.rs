@@ -1,9 +1,14 @@
 //! A fault-injecting, in-memory [`Storage`] for tests: it remembers, for
 //! every file and directory, what is durable (covered by a completed
 //! `sync_data` / `sync_dir`) and what is only "in the page cache", and can
-//! simulate a power loss, torn writes, failing fsyncs and bit flips.
+//! simulate a power loss, a process kill, torn writes, failing fsyncs and
+//! bit flips.
 //!
 //! Invariants:
+//! - After [`FaultStorage::kill_process`], every byte and entry reads as
+//!   before (the page cache outlives the process), and what was unsynced
+//!   stays unsynced: a later [`FaultStorage::crash`] still drops it. Only
+//!   the handles die, with the process that held them.
 //! - After [`FaultStorage::crash`], a file holds exactly its bytes as of its
 //!   last successful `sync_data` (plus, with tearing on, a random prefix of
 //!   what was written after it, possibly with garbage at its end), and a
@@ -69,8 +74,9 @@ struct State {
     sync_latency: std::time::Duration,
     /// Each `sync_data` also moves this clock forward by the duration.
     sync_clock: Option<(Arc<ManualClock>, std::time::Duration)>,
-    /// Between `crash` and `power_on`: every call fails, as a machine
-    /// without power runs no code.
+    /// Between `crash` (or `kill_process`) and `power_on`: every call
+    /// fails, as a machine without power (or a killed process) runs no
+    /// code.
     down: bool,
     /// Removals become durable at once (see the module invariants).
     reorder_removals: bool,
@@ -173,7 +179,19 @@ impl FaultStorage {
         }
     }
 
-    /// Ends the outage begun by [`Self::crash`]: a new "boot" may open files.
+    /// Simulates `kill -9` of the process using the storage: its open
+    /// handles die and every call fails until [`Self::power_on`] (the next
+    /// process starting), but nothing is lost and nothing becomes durable:
+    /// written-but-unsynced bytes and entries are still read back, and are
+    /// still lost by a later [`Self::crash`].
+    pub fn kill_process(&self) {
+        let mut st = self.state.lock();
+        st.generation += 1;
+        st.down = true;
+    }
+
+    /// Ends the outage begun by [`Self::crash`] or [`Self::kill_process`]:
+    /// a new "boot" (or process) may open files.
     pub fn power_on(&self) {
         self.state.lock().down = false;
     }
@@ -528,6 +546,27 @@ mod tests {
                 "reorder = {reorder}"
             );
         }
+    }
+
+    /// A process kill keeps the page cache: unsynced bytes read back after
+    /// it, and a power loss later still drops them.
+    #[test]
+    fn process_kill_keeps_unsynced_data_until_a_power_loss() {
+        let dir = Path::new("/d");
+        let fs = FaultStorage::new(3);
+        fs.create_dir_all(dir).unwrap();
+        let f = fs.create(&dir.join("f")).unwrap();
+        fs.sync_dir(dir).unwrap();
+        f.write_all_at(b"synced", 0).unwrap();
+        f.sync_data().unwrap();
+        f.write_all_at(b" cached", 6).unwrap();
+        fs.kill_process();
+        assert!(f.len().is_err(), "the killed process's handle is dead");
+        fs.power_on();
+        assert_eq!(fs.contents(&dir.join("f")).unwrap(), b"synced cached");
+        fs.crash();
+        fs.power_on();
+        assert_eq!(fs.contents(&dir.join("f")).unwrap(), b"synced");
     }
 
     #[test]

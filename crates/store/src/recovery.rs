@@ -12,6 +12,9 @@
 //!   quarantine file, reported ([`DamageReport`]) and patched with a `Hole`
 //!   record so the next recovery neither re-reports nor trips on it.
 //! - Every valid record after a damaged range is kept.
+//! - What recovery accepted is durable before it returns: every replayed
+//!   segment is fdatasynced and the directory fsynced (the tail may have
+//!   been read from the page cache of a killed process).
 //! - Replay applies records through [`Index::apply`] (in the scanner), the
 //!   writer's own mutator, so the rebuilt state is the state the writer had.
 
@@ -451,6 +454,7 @@ pub fn recover_group(
     let walked = journal.walk(start, Span::Replay, &mut r)?;
     let mut index = walked.index;
     let index_from_journal = r.drop_missing(&mut index, accept_missing_segments)?;
+    r.make_replayed_durable(replay)?;
 
     // After the segments that survived: a removed torn segment's number is
     // reused, so numbering stays consecutive.
@@ -479,6 +483,23 @@ pub fn recover_group(
 }
 
 impl Recovering<'_> {
+    /// fdatasyncs every segment replayed, then the directory. After a
+    /// process kill the tail just read may be in the page cache only; the
+    /// writer's next records follow it in sequence and its next checkpoint
+    /// covers it, so a power loss that cut it short would leave records
+    /// missing with nothing to explain them, or a checkpoint past the
+    /// durable end. Runs before the group's writer exists, so before it
+    /// accepts a write or writes a checkpoint.
+    fn make_replayed_durable(&self, replay: ReplayFrom) -> Result<(), StoreError> {
+        for (&seq, seg) in self.segments.range(replay.seg..) {
+            let path = segment::segment_path(self.dir, seq);
+            seg.file.sync_data().map_err(io_err("fdatasync", &path))?;
+        }
+        self.storage
+            .sync_dir(self.dir)
+            .map_err(io_err("fsync dir", self.dir))
+    }
+
     /// A segment the index still needs is gone: deleted by hand, lost with
     /// a disk, or (before the fix that syncs relocations first) unlinked
     /// ahead of compaction's copies. Refuses, unless the operator accepted
