@@ -48,7 +48,7 @@ use std::sync::Arc;
 use crate::checkpoint;
 use crate::error::StoreError;
 use crate::inspect::{read_file, Layout};
-use crate::manifest::{Manifest, MANIFEST_NAME, MANIFEST_VERSION};
+use crate::manifest::{self, Manifest, MANIFEST_NAME, MANIFEST_VERSION};
 use crate::record::{self, Decoded};
 use crate::segment::{self, FORMAT_VERSION, SEGMENT_HEADER_BYTES};
 use crate::storage::{write_atomically, Storage, StorageFile};
@@ -528,7 +528,7 @@ pub fn restore(
                 f.path
             ))
         })?;
-        let dir = dirs[g as usize % dirs.len()].join(format!("group-{g:04}"));
+        let dir = manifest::group_dir(dirs, g);
         if made.insert(dir.clone()) {
             storage
                 .create_dir_all(&dir)
@@ -548,6 +548,8 @@ pub fn restore(
     for d in &made {
         storage.sync_dir(d).map_err(io("fsync dir", d))?;
     }
+    // Groups the backup holds no file of get their (empty) directory too.
+    manifest::create_group_dirs(storage, dirs, m.log_groups)?;
     for (i, d) in dirs.iter().enumerate() {
         let man = Manifest {
             group_count: m.log_groups,

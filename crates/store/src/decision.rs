@@ -167,7 +167,10 @@ pub enum Header {
     Torn,
     /// Checksum passes but it is not this group's segment of this number.
     Foreign,
-    /// No file of this number, though the journal around it has files.
+    /// No file of this number, though the journal around it has files
+    /// (`last_segment` false), or the segment the newest checkpoint
+    /// replays from, which it saw holding records, is gone with every
+    /// later one (`last_segment` true: the journal's tail is lost).
     Missing,
 }
 
@@ -206,8 +209,10 @@ pub const SEGMENT_TABLE: &[SegmentRow] = &[
         why: "not this group's segment, or another format version" },
     SegmentRow { header: Header::Missing, last_segment: None, valid_records: None, before_replay: Some(true), action: Action::Note,
         why: "segment reclaimed (before the checkpoint's replay start)" },
-    SegmentRow { header: Header::Missing, last_segment: None, valid_records: None, before_replay: Some(false), action: Action::Fail,
+    SegmentRow { header: Header::Missing, last_segment: Some(false), valid_records: None, before_replay: Some(false), action: Action::Fail,
         why: "segment missing from the journal to replay" },
+    SegmentRow { header: Header::Missing, last_segment: Some(true), valid_records: None, before_replay: Some(false), action: Action::Fail,
+        why: "the journal's tail is missing: the checkpoint replays from a segment that is gone" },
 ];
 
 fn segment_row_matches(row: &SegmentRow, c: &SegmentCase) -> bool {
@@ -279,6 +284,48 @@ pub fn decide_checkpoint(case: CheckpointCase) -> (Action, &'static str) {
         rows.next().is_none(),
         "checkpoint table overlaps at {case:?}"
     );
+    (row.action, row.why)
+}
+
+/// What the store's layout (its manifest and group directories) shows
+/// before any group is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayoutCase {
+    /// The manifest's group has its directory.
+    GroupDirPresent,
+    /// The manifest names a group whose directory is not there. A new
+    /// store, a restore and a reshape create every group directory before
+    /// writing the manifests, so this is a directory deleted or lost.
+    GroupDirMissing,
+    /// The manifest's `group_count` is 0 or above `LOG_GROUPS_MAX`: berth
+    /// never writes one (0 would divide by zero, a huge one spawn that many
+    /// threads).
+    GroupCountOutOfRange,
+}
+
+/// A row of [`LAYOUT_TABLE`].
+pub struct LayoutRow {
+    pub case: LayoutCase,
+    pub action: Action,
+    pub why: &'static str,
+}
+
+/// The layout decision table.
+#[rustfmt::skip]
+pub const LAYOUT_TABLE: &[LayoutRow] = &[
+    LayoutRow { case: LayoutCase::GroupDirPresent, action: Action::Apply,
+        why: "recover the group from its directory" },
+    LayoutRow { case: LayoutCase::GroupDirMissing, action: Action::Fail,
+        why: "group directory missing from an existing store: opening it empty would drop its messages" },
+    LayoutRow { case: LayoutCase::GroupCountOutOfRange, action: Action::Fail,
+        why: "manifest group_count out of range" },
+];
+
+/// The action for a layout observation.
+pub fn decide_layout(case: LayoutCase) -> (Action, &'static str) {
+    let mut rows = LAYOUT_TABLE.iter().filter(|r| r.case == case);
+    let row = rows.next().expect("layout table covers every case");
+    debug_assert!(rows.next().is_none(), "layout table overlaps at {case:?}");
     (row.action, row.why)
 }
 

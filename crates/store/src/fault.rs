@@ -16,8 +16,9 @@
 //! - Handles opened before a crash fail every call afterwards, as a process
 //!   that lost power would never issue another call.
 //! - A failed `sync_data` makes nothing durable.
-//! - Directories themselves are durable when created (the store creates
-//!   them once, at open, and syncs their parent is not modelled).
+//! - Directories themselves are durable when created or removed (the store
+//!   creates them once, with its manifests, whose write fsyncs their
+//!   parent; the parent's own sync is not modelled).
 //! - With [`FaultStorage::set_reorder_removals`], a removal is durable the
 //!   moment it returns, ahead of every unsynced write and directory change
 //!   (a journaling file system may commit an unlink before data written
@@ -418,6 +419,25 @@ impl Storage for FaultStorage {
             _ => {}
         }
         Ok(())
+    }
+
+    fn remove_dir(&self, dir: &Path) -> io::Result<()> {
+        let mut st = self.state.lock();
+        if st.down {
+            return Err(power_lost());
+        }
+        match Self::entries(&st, dir) {
+            None => Err(not_found(dir)),
+            Some(names) if !names.is_empty() => Err(io::Error::new(
+                io::ErrorKind::DirectoryNotEmpty,
+                format!("{} is not empty", dir.display()),
+            )),
+            // Durable at once, as creation is (see the module invariants).
+            Some(_) => {
+                st.dirs.remove(dir);
+                Ok(())
+            }
+        }
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::checkpoint::{CheckpointInfo, ReplayFrom};
-use crate::decision::Action;
+use crate::decision::{decide_layout, Action, LayoutCase};
 use crate::error::StoreError;
 use crate::index::Index;
 use crate::journal::{
@@ -283,7 +283,11 @@ impl Visit for Recovering<'_> {
                 group: self.group,
                 path: segment::segment_path(self.dir, seq),
                 offset: 0,
-                reason: format!("{why}: segment {seq} is not there"),
+                reason: format!(
+                    "{why}: segment {seq} is not there, and the records it held are unknown \
+                     (store.accept_missing_segments covers only segments whose messages the \
+                     index names); restore this group's directory from a backup"
+                ),
             }),
             // Before the replay start: recovery never reads it.
             _ => Ok(()),
@@ -399,7 +403,8 @@ fn hole_records(len: usize) -> Vec<u32> {
     out
 }
 
-/// Recovers group `group` stored in `dir`, whose records are checksummed
+/// Recovers group `group` stored in `dir` (which must exist: it is
+/// created with the store's manifests, never here), whose records are checksummed
 /// under `salt` (the manifest's record salt). With `accept_missing_segments`
 /// (see [`crate::StoreConfig`]), messages of a missing segment are dropped
 /// and reported; without it, a missing segment fails recovery.
@@ -411,10 +416,23 @@ pub fn recover_group(
     salt: u32,
     accept_missing_segments: bool,
 ) -> Result<GroupRecovery, StoreError> {
-    storage
-        .create_dir_all(dir)
-        .map_err(io_err("create dir", dir))?;
-    let names = storage.list(dir).map_err(io_err("list", dir))?;
+    let names = match storage.list(dir) {
+        Ok(names) => names,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let (action, why) = decide_layout(LayoutCase::GroupDirMissing);
+            debug_assert_eq!(action, Action::Fail);
+            return Err(StoreError::Recovery {
+                group,
+                path: dir.to_path_buf(),
+                offset: 0,
+                reason: format!(
+                    "{why}: restore the directory from a backup (berth store restore), or put \
+                     it back if it was moved; berth creates it only for a new store"
+                ),
+            });
+        }
+        Err(e) => return Err(StoreError::io("list", dir, e)),
+    };
     let listing = Listing::of(&names);
     let journal = Journal {
         group,

@@ -56,11 +56,11 @@ pub fn copy_and_verify(
     let staging: Vec<PathBuf> = plan.new_dirs.iter().map(|d| d.join(STAGING_DIR)).collect();
     let dir_count = u32::try_from(staging.len())
         .map_err(|e| StoreError::Config(format!("too many data_dirs: {e}")))?;
-    for (i, dir) in staging.iter().enumerate() {
+    for dir in &staging {
         super::remove_staging(storage.as_ref(), dir)?;
-        storage
-            .create_dir_all(dir)
-            .map_err(|e| StoreError::io("create dir", dir, e))?;
+    }
+    crate::manifest::create_group_dirs(storage.as_ref(), &staging, plan.new_groups)?;
+    for (i, dir) in staging.iter().enumerate() {
         let m = Manifest {
             group_count: plan.new_groups,
             dir_count,
