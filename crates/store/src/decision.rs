@@ -153,10 +153,24 @@ fn row_matches(row: &RecordRow, c: &RecordCase) -> bool {
 
 /// The action for a record observation.
 pub fn decide(case: &RecordCase) -> (Action, &'static str) {
-    let mut rows = RECORD_TABLE.iter().filter(|r| row_matches(r, case));
-    let row = rows.next().expect("decision table covers every case");
-    debug_assert!(rows.next().is_none(), "decision table overlaps at {case:?}");
+    let row = the_row(RECORD_TABLE, case, row_matches, "record");
     (row.action, row.why)
+}
+
+/// The one row of `table` that matches `case` (the tables' invariant,
+/// tested case by case; a release build takes the first).
+fn the_row<'t, R, C: std::fmt::Debug>(
+    table: &'t [R],
+    case: &C,
+    matches: impl Fn(&R, &C) -> bool,
+    name: &str,
+) -> &'t R {
+    let mut rows = table.iter().filter(|r| matches(r, case));
+    let row = rows
+        .next()
+        .unwrap_or_else(|| panic!("{name} table covers every case, not {case:?}"));
+    debug_assert!(rows.next().is_none(), "{name} table overlaps at {case:?}");
+    row
 }
 
 /// What a segment's header says, or that the segment is not there.
@@ -224,11 +238,7 @@ fn segment_row_matches(row: &SegmentRow, c: &SegmentCase) -> bool {
 
 /// The action for a segment observation.
 pub fn decide_segment(case: &SegmentCase) -> (Action, &'static str) {
-    let mut rows = SEGMENT_TABLE
-        .iter()
-        .filter(|r| segment_row_matches(r, case));
-    let row = rows.next().expect("segment table covers every case");
-    debug_assert!(rows.next().is_none(), "segment table overlaps at {case:?}");
+    let row = the_row(SEGMENT_TABLE, case, segment_row_matches, "segment");
     (row.action, row.why)
 }
 
@@ -251,11 +261,25 @@ pub enum CheckpointCase {
     NoneJournalReclaimed,
 }
 
-/// A row of [`CHECKPOINT_TABLE`].
-pub struct CheckpointRow {
-    pub case: CheckpointCase,
+/// A row of a table keyed by one case value ([`CHECKPOINT_TABLE`],
+/// [`LAYOUT_TABLE`]).
+pub struct CaseRow<C> {
+    pub case: C,
     pub action: Action,
     pub why: &'static str,
+}
+
+/// A row of [`CHECKPOINT_TABLE`].
+pub type CheckpointRow = CaseRow<CheckpointCase>;
+
+/// The action for `case` in a table keyed by case values.
+fn decide_case<C: PartialEq + std::fmt::Debug>(
+    table: &[CaseRow<C>],
+    case: &C,
+    name: &str,
+) -> (Action, &'static str) {
+    let row = the_row(table, case, |r, c| r.case == *c, name);
+    (row.action, row.why)
 }
 
 /// The checkpoint decision table (files are looked at newest first; the
@@ -278,13 +302,7 @@ pub const CHECKPOINT_TABLE: &[CheckpointRow] = &[
 
 /// The action for a checkpoint observation.
 pub fn decide_checkpoint(case: CheckpointCase) -> (Action, &'static str) {
-    let mut rows = CHECKPOINT_TABLE.iter().filter(|r| r.case == case);
-    let row = rows.next().expect("checkpoint table covers every case");
-    debug_assert!(
-        rows.next().is_none(),
-        "checkpoint table overlaps at {case:?}"
-    );
-    (row.action, row.why)
+    decide_case(CHECKPOINT_TABLE, &case, "checkpoint")
 }
 
 /// What the store's layout (its manifest and group directories) shows
@@ -304,11 +322,7 @@ pub enum LayoutCase {
 }
 
 /// A row of [`LAYOUT_TABLE`].
-pub struct LayoutRow {
-    pub case: LayoutCase,
-    pub action: Action,
-    pub why: &'static str,
-}
+pub type LayoutRow = CaseRow<LayoutCase>;
 
 /// The layout decision table.
 #[rustfmt::skip]
@@ -323,10 +337,7 @@ pub const LAYOUT_TABLE: &[LayoutRow] = &[
 
 /// The action for a layout observation.
 pub fn decide_layout(case: LayoutCase) -> (Action, &'static str) {
-    let mut rows = LAYOUT_TABLE.iter().filter(|r| r.case == case);
-    let row = rows.next().expect("layout table covers every case");
-    debug_assert!(rows.next().is_none(), "layout table overlaps at {case:?}");
-    (row.action, row.why)
+    decide_case(LAYOUT_TABLE, &case, "layout")
 }
 
 #[cfg(test)]
