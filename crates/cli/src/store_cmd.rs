@@ -290,6 +290,7 @@ fn verify_json(s: &Scanned) -> Value {
         "live_messages": s.groups.iter().map(|g| g.live_messages).sum::<u64>(),
         "problems": problems,
         "notes": s.groups.iter().flat_map(|g| g.notes.iter().map(problem_json)).collect::<Vec<_>>(),
+        "unsalted": s.layout.unsalted_note().is_some(),
     })
 }
 
@@ -403,6 +404,9 @@ fn print_verify(s: &Scanned) {
     }
     for n in s.groups.iter().flat_map(|g| &g.notes) {
         eprintln!("note: {} offset {}: {}", n.file.display(), n.offset, n.what);
+    }
+    if let Some(note) = s.layout.unsalted_note() {
+        eprintln!("note: {note}");
     }
     let records: u64 = s
         .groups

@@ -45,10 +45,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use rand::Rng;
+
 use crate::checkpoint;
 use crate::error::StoreError;
 use crate::inspect::{read_file, Layout};
-use crate::manifest::{Manifest, MANIFEST_NAME, MANIFEST_VERSION};
+use crate::manifest::{self, Manifest, MANIFEST_NAME, MANIFEST_VERSION};
 use crate::record::{self, Decoded};
 use crate::segment::{self, FORMAT_VERSION, SEGMENT_HEADER_BYTES};
 use crate::storage::{write_atomically, Storage, StorageFile};
@@ -455,6 +457,33 @@ fn ensure_empty(storage: &dyn Storage, dir: &Path) -> Result<(), StoreError> {
     }
 }
 
+/// Rewrites the segment at `path` with every record re-sealed from salt
+/// `from` to `to` ([`record::reseal`]), and fdatasyncs it. A backup holds
+/// whole records only (its check proved them), so a frame that does not
+/// check out is an error naming the file and offset.
+fn reseal_segment(
+    storage: &dyn Storage,
+    path: &Path,
+    from: u32,
+    to: u32,
+) -> Result<(), StoreError> {
+    let mut bytes = read_file(storage, path)?;
+    let start = SEGMENT_HEADER_BYTES.min(bytes.len());
+    let end = start + record::reseal(from, to, &mut bytes[start..]);
+    if end != bytes.len() {
+        return Err(StoreError::Corrupt {
+            path: path.to_path_buf(),
+            offset: end as u64,
+            reason: "restored segment holds a frame that does not check out under the backup's \
+                     record salt: the backup was changed after its check"
+                .into(),
+        });
+    }
+    let f = storage.open(path).map_err(io("open", path))?;
+    f.write_all_at(&bytes, 0).map_err(io("write", path))?;
+    f.sync_data().map_err(io("fdatasync", path))
+}
+
 /// Reads `OUT/BACKUP` and checks every file it lists against its length
 /// and checksum. Returns the manifest; any mismatch is an error naming
 /// the file.
@@ -515,6 +544,7 @@ pub fn restore(
         .map_err(|e| StoreError::Config(format!("too many data directories: {e}")))?;
     let prefix = format!("{BACKUP_DATA_DIR}/group-");
     let mut made = std::collections::BTreeSet::new();
+    let mut segments = Vec::new();
     for f in &m.files {
         let Some(rest) = f.path.strip_prefix(&prefix) else {
             continue; // the backup's own one-directory manifest
@@ -528,7 +558,7 @@ pub fn restore(
                 f.path
             ))
         })?;
-        let dir = dirs[g as usize % dirs.len()].join(format!("group-{g:04}"));
+        let dir = manifest::group_dir(dirs, g);
         if made.insert(dir.clone()) {
             storage
                 .create_dir_all(&dir)
@@ -544,9 +574,21 @@ pub fn restore(
             &dir.join(name),
             progress,
         )?;
+        if segment::parse_segment_name(name).is_some() {
+            segments.push(dir.join(name));
+        }
     }
     for d in &made {
         storage.sync_dir(d).map_err(io("fsync dir", d))?;
+    }
+    // Groups the backup holds no file of get their (empty) directory too.
+    manifest::create_group_dirs(storage, dirs, m.log_groups)?;
+    // A new store gets a new secret (and a version-1 store, salt 0, its
+    // first): every record is re-sealed under it before the manifests
+    // that name it exist.
+    let record_salt: u32 = rand::rng().random_range(1..=u32::MAX);
+    for seg in &segments {
+        reseal_segment(storage, seg, m.record_salt, record_salt)?;
     }
     for (i, d) in dirs.iter().enumerate() {
         let man = Manifest {
@@ -554,7 +596,7 @@ pub fn restore(
             dir_count,
             dir_index: u32::try_from(i).expect("checked above"),
             store_id: m.store_id,
-            record_salt: m.record_salt,
+            record_salt,
         };
         man.write(storage, d)?;
     }

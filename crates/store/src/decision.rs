@@ -153,10 +153,24 @@ fn row_matches(row: &RecordRow, c: &RecordCase) -> bool {
 
 /// The action for a record observation.
 pub fn decide(case: &RecordCase) -> (Action, &'static str) {
-    let mut rows = RECORD_TABLE.iter().filter(|r| row_matches(r, case));
-    let row = rows.next().expect("decision table covers every case");
-    debug_assert!(rows.next().is_none(), "decision table overlaps at {case:?}");
+    let row = the_row(RECORD_TABLE, case, row_matches, "record");
     (row.action, row.why)
+}
+
+/// The one row of `table` that matches `case` (the tables' invariant,
+/// tested case by case; a release build takes the first).
+fn the_row<'t, R, C: std::fmt::Debug>(
+    table: &'t [R],
+    case: &C,
+    matches: impl Fn(&R, &C) -> bool,
+    name: &str,
+) -> &'t R {
+    let mut rows = table.iter().filter(|r| matches(r, case));
+    let row = rows
+        .next()
+        .unwrap_or_else(|| panic!("{name} table covers every case, not {case:?}"));
+    debug_assert!(rows.next().is_none(), "{name} table overlaps at {case:?}");
+    row
 }
 
 /// What a segment's header says, or that the segment is not there.
@@ -167,7 +181,10 @@ pub enum Header {
     Torn,
     /// Checksum passes but it is not this group's segment of this number.
     Foreign,
-    /// No file of this number, though the journal around it has files.
+    /// No file of this number, though the journal around it has files
+    /// (`last_segment` false), or the segment the newest checkpoint
+    /// replays from, which it saw holding records, is gone with every
+    /// later one (`last_segment` true: the journal's tail is lost).
     Missing,
 }
 
@@ -206,8 +223,10 @@ pub const SEGMENT_TABLE: &[SegmentRow] = &[
         why: "not this group's segment, or another format version" },
     SegmentRow { header: Header::Missing, last_segment: None, valid_records: None, before_replay: Some(true), action: Action::Note,
         why: "segment reclaimed (before the checkpoint's replay start)" },
-    SegmentRow { header: Header::Missing, last_segment: None, valid_records: None, before_replay: Some(false), action: Action::Fail,
+    SegmentRow { header: Header::Missing, last_segment: Some(false), valid_records: None, before_replay: Some(false), action: Action::Fail,
         why: "segment missing from the journal to replay" },
+    SegmentRow { header: Header::Missing, last_segment: Some(true), valid_records: None, before_replay: Some(false), action: Action::Fail,
+        why: "the journal's tail is missing: the checkpoint replays from a segment that is gone" },
 ];
 
 fn segment_row_matches(row: &SegmentRow, c: &SegmentCase) -> bool {
@@ -219,11 +238,7 @@ fn segment_row_matches(row: &SegmentRow, c: &SegmentCase) -> bool {
 
 /// The action for a segment observation.
 pub fn decide_segment(case: &SegmentCase) -> (Action, &'static str) {
-    let mut rows = SEGMENT_TABLE
-        .iter()
-        .filter(|r| segment_row_matches(r, case));
-    let row = rows.next().expect("segment table covers every case");
-    debug_assert!(rows.next().is_none(), "segment table overlaps at {case:?}");
+    let row = the_row(SEGMENT_TABLE, case, segment_row_matches, "segment");
     (row.action, row.why)
 }
 
@@ -246,11 +261,25 @@ pub enum CheckpointCase {
     NoneJournalReclaimed,
 }
 
-/// A row of [`CHECKPOINT_TABLE`].
-pub struct CheckpointRow {
-    pub case: CheckpointCase,
+/// A row of a table keyed by one case value ([`CHECKPOINT_TABLE`],
+/// [`LAYOUT_TABLE`]).
+pub struct CaseRow<C> {
+    pub case: C,
     pub action: Action,
     pub why: &'static str,
+}
+
+/// A row of [`CHECKPOINT_TABLE`].
+pub type CheckpointRow = CaseRow<CheckpointCase>;
+
+/// The action for `case` in a table keyed by case values.
+fn decide_case<C: PartialEq + std::fmt::Debug>(
+    table: &[CaseRow<C>],
+    case: &C,
+    name: &str,
+) -> (Action, &'static str) {
+    let row = the_row(table, case, |r, c| r.case == *c, name);
+    (row.action, row.why)
 }
 
 /// The checkpoint decision table (files are looked at newest first; the
@@ -273,13 +302,42 @@ pub const CHECKPOINT_TABLE: &[CheckpointRow] = &[
 
 /// The action for a checkpoint observation.
 pub fn decide_checkpoint(case: CheckpointCase) -> (Action, &'static str) {
-    let mut rows = CHECKPOINT_TABLE.iter().filter(|r| r.case == case);
-    let row = rows.next().expect("checkpoint table covers every case");
-    debug_assert!(
-        rows.next().is_none(),
-        "checkpoint table overlaps at {case:?}"
-    );
-    (row.action, row.why)
+    decide_case(CHECKPOINT_TABLE, &case, "checkpoint")
+}
+
+/// What the store's layout (its manifest and group directories) shows
+/// before any group is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayoutCase {
+    /// The manifest's group has its directory.
+    GroupDirPresent,
+    /// The manifest names a group whose directory is not there. A new
+    /// store, a restore and a reshape create every group directory before
+    /// writing the manifests, so this is a directory deleted or lost.
+    GroupDirMissing,
+    /// The manifest's `group_count` is 0 or above `LOG_GROUPS_MAX`: berth
+    /// never writes one (0 would divide by zero, a huge one spawn that many
+    /// threads).
+    GroupCountOutOfRange,
+}
+
+/// A row of [`LAYOUT_TABLE`].
+pub type LayoutRow = CaseRow<LayoutCase>;
+
+/// The layout decision table.
+#[rustfmt::skip]
+pub const LAYOUT_TABLE: &[LayoutRow] = &[
+    LayoutRow { case: LayoutCase::GroupDirPresent, action: Action::Apply,
+        why: "recover the group from its directory" },
+    LayoutRow { case: LayoutCase::GroupDirMissing, action: Action::Fail,
+        why: "group directory missing from an existing store: opening it empty would drop its messages" },
+    LayoutRow { case: LayoutCase::GroupCountOutOfRange, action: Action::Fail,
+        why: "manifest group_count out of range" },
+];
+
+/// The action for a layout observation.
+pub fn decide_layout(case: LayoutCase) -> (Action, &'static str) {
+    decide_case(LAYOUT_TABLE, &case, "layout")
 }
 
 #[cfg(test)]

@@ -1,9 +1,14 @@
 //! A fault-injecting, in-memory [`Storage`] for tests: it remembers, for
 //! every file and directory, what is durable (covered by a completed
 //! `sync_data` / `sync_dir`) and what is only "in the page cache", and can
-//! simulate a power loss, torn writes, failing fsyncs and bit flips.
+//! simulate a power loss, a process kill, torn writes, failing fsyncs and
+//! bit flips.
 //!
 //! Invariants:
+//! - After [`FaultStorage::kill_process`], every byte and entry reads as
+//!   before (the page cache outlives the process), and what was unsynced
+//!   stays unsynced: a later [`FaultStorage::crash`] still drops it. Only
+//!   the handles die, with the process that held them.
 //! - After [`FaultStorage::crash`], a file holds exactly its bytes as of its
 //!   last successful `sync_data` (plus, with tearing on, a random prefix of
 //!   what was written after it, possibly with garbage at its end), and a
@@ -11,8 +16,9 @@
 //! - Handles opened before a crash fail every call afterwards, as a process
 //!   that lost power would never issue another call.
 //! - A failed `sync_data` makes nothing durable.
-//! - Directories themselves are durable when created (the store creates
-//!   them once, at open, and syncs their parent is not modelled).
+//! - Directories themselves are durable when created or removed (the store
+//!   creates them once, with its manifests, whose write fsyncs their
+//!   parent; the parent's own sync is not modelled).
 //! - With [`FaultStorage::set_reorder_removals`], a removal is durable the
 //!   moment it returns, ahead of every unsynced write and directory change
 //!   (a journaling file system may commit an unlink before data written
@@ -69,8 +75,9 @@ struct State {
     sync_latency: std::time::Duration,
     /// Each `sync_data` also moves this clock forward by the duration.
     sync_clock: Option<(Arc<ManualClock>, std::time::Duration)>,
-    /// Between `crash` and `power_on`: every call fails, as a machine
-    /// without power runs no code.
+    /// Between `crash` (or `kill_process`) and `power_on`: every call
+    /// fails, as a machine without power (or a killed process) runs no
+    /// code.
     down: bool,
     /// Removals become durable at once (see the module invariants).
     reorder_removals: bool,
@@ -173,7 +180,19 @@ impl FaultStorage {
         }
     }
 
-    /// Ends the outage begun by [`Self::crash`]: a new "boot" may open files.
+    /// Simulates `kill -9` of the process using the storage: its open
+    /// handles die and every call fails until [`Self::power_on`] (the next
+    /// process starting), but nothing is lost and nothing becomes durable:
+    /// written-but-unsynced bytes and entries are still read back, and are
+    /// still lost by a later [`Self::crash`].
+    pub fn kill_process(&self) {
+        let mut st = self.state.lock();
+        st.generation += 1;
+        st.down = true;
+    }
+
+    /// Ends the outage begun by [`Self::crash`] or [`Self::kill_process`]:
+    /// a new "boot" (or process) may open files.
     pub fn power_on(&self) {
         self.state.lock().down = false;
     }
@@ -402,6 +421,25 @@ impl Storage for FaultStorage {
         Ok(())
     }
 
+    fn remove_dir(&self, dir: &Path) -> io::Result<()> {
+        let mut st = self.state.lock();
+        if st.down {
+            return Err(power_lost());
+        }
+        match Self::entries(&st, dir) {
+            None => Err(not_found(dir)),
+            Some(names) if !names.is_empty() => Err(io::Error::new(
+                io::ErrorKind::DirectoryNotEmpty,
+                format!("{} is not empty", dir.display()),
+            )),
+            // Durable at once, as creation is (see the module invariants).
+            Some(_) => {
+                st.dirs.remove(dir);
+                Ok(())
+            }
+        }
+    }
+
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let mut st = self.state.lock();
         if st.down {
@@ -528,6 +566,27 @@ mod tests {
                 "reorder = {reorder}"
             );
         }
+    }
+
+    /// A process kill keeps the page cache: unsynced bytes read back after
+    /// it, and a power loss later still drops them.
+    #[test]
+    fn process_kill_keeps_unsynced_data_until_a_power_loss() {
+        let dir = Path::new("/d");
+        let fs = FaultStorage::new(3);
+        fs.create_dir_all(dir).unwrap();
+        let f = fs.create(&dir.join("f")).unwrap();
+        fs.sync_dir(dir).unwrap();
+        f.write_all_at(b"synced", 0).unwrap();
+        f.sync_data().unwrap();
+        f.write_all_at(b" cached", 6).unwrap();
+        fs.kill_process();
+        assert!(f.len().is_err(), "the killed process's handle is dead");
+        fs.power_on();
+        assert_eq!(fs.contents(&dir.join("f")).unwrap(), b"synced cached");
+        fs.crash();
+        fs.power_on();
+        assert_eq!(fs.contents(&dir.join("f")).unwrap(), b"synced");
     }
 
     #[test]

@@ -53,6 +53,19 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// What an operator should know about a store whose records carry no
+    /// salt (created with manifest version 1: salt 0), or `None`. Such a
+    /// store keeps that until it is copied into a new one, which gets a
+    /// salt and re-seals every record.
+    pub fn unsalted_note(&self) -> Option<&'static str> {
+        (self.manifest.record_salt == 0).then_some(
+            "this store is unsalted (created with manifest version 1): a record a publisher \
+             embeds in a payload could pass its checksum after damage; reshape it \
+             (berth serve --reshape) or back it up and restore it into new directories \
+             (berth store backup, berth store restore) to give it a record salt",
+        )
+    }
+
     /// Reads the manifests of `dirs` (in any order) and checks that they
     /// are the whole of one store.
     pub fn open(storage: &dyn Storage, dirs: &[PathBuf]) -> Result<Layout, StoreError> {

@@ -90,22 +90,35 @@ impl Listing {
 
     /// Numbers without a file between the oldest segment (or the replay
     /// start, if earlier) and the newest, each with its action.
+    ///
+    /// Also the replay start's segment when it and every later file are
+    /// gone although the checkpoint recorded a position past its header:
+    /// a checkpoint replays from the segment that was active when it was
+    /// written, and the writer creates a segment (and fsyncs its directory)
+    /// before any record in it, so that file existed durably. (A position
+    /// at the header may name a segment not yet created.)
     pub fn missing(&self, replay: ReplayFrom) -> Vec<(u32, Verdict)> {
-        let (Some(&first), Some(&last)) = (self.segments.first(), self.segments.last()) else {
-            return Vec::new();
+        let verdict = |seq: u32, tail: bool| {
+            Verdict::of(decide_segment(&SegmentCase {
+                header: Header::Missing,
+                last_segment: tail,
+                valid_records: false,
+                before_replay: seq < replay.seg,
+            }))
         };
-        (first.min(replay.seg)..=last)
-            .filter(|s| self.segments.binary_search(s).is_err())
-            .map(|seq| {
-                let verdict = Verdict::of(decide_segment(&SegmentCase {
-                    header: Header::Missing,
-                    last_segment: false,
-                    valid_records: false,
-                    before_replay: seq < replay.seg,
-                }));
-                (seq, verdict)
-            })
-            .collect()
+        let mut out: Vec<(u32, Verdict)> = match (self.segments.first(), self.segments.last()) {
+            (Some(&first), Some(&last)) => (first.min(replay.seg)..=last)
+                .filter(|s| self.segments.binary_search(s).is_err())
+                .map(|seq| (seq, verdict(seq, false)))
+                .collect(),
+            _ => Vec::new(),
+        };
+        let tail_lost = replay.offset > SEGMENT_HEADER_BYTES as u64
+            && self.newest_segment().is_none_or(|last| last < replay.seg);
+        if tail_lost {
+            out.push((replay.seg, verdict(replay.seg, true)));
+        }
+        out
     }
 }
 

@@ -26,6 +26,10 @@ pub enum SyncMode {
     Never,
 }
 
+/// Most log groups a store may have: each is a writer thread and a
+/// recovery thread, so the manifest's `group_count` is refused above it too.
+pub const LOG_GROUPS_MAX: u32 = 4096;
+
 /// Hard ceiling for `commit_delay_us_max`: the issue demands the gathering
 /// delay "never exceed a few ms".
 pub const COMMIT_DELAY_US_CEILING: u64 = 5_000;
@@ -153,9 +157,9 @@ impl StoreConfig {
         if self.data_dirs.is_empty() {
             return bad("data_dirs is empty".into());
         }
-        if self.log_groups == 0 || self.log_groups > 4096 {
+        if self.log_groups == 0 || self.log_groups > LOG_GROUPS_MAX {
             return bad(format!(
-                "log_groups = {} (expected 1..=4096)",
+                "log_groups = {} (expected 1..={LOG_GROUPS_MAX})",
                 self.log_groups
             ));
         }

@@ -21,9 +21,11 @@
 //!   directory fsync; never rewritten. A store whose manifests disagree
 //!   (another store's directory, reordered `data_dirs`) refuses to open.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use crate::decision::{decide_layout, LayoutCase};
 use crate::error::StoreError;
+use crate::limits::LOG_GROUPS_MAX;
 use crate::storage::Storage;
 
 /// Version of the manifest written by this build.
@@ -120,8 +122,16 @@ impl Manifest {
         if placement != PLACEMENT_SPLITMIX_MOD {
             return Err(corrupt(format!("unknown queue placement {placement}")));
         }
+        let group_count = u32_at(MAN_OFF_GROUP_COUNT);
+        if !(1..=LOG_GROUPS_MAX).contains(&group_count) {
+            let (_, why) = decide_layout(LayoutCase::GroupCountOutOfRange);
+            return Err(corrupt(format!(
+                "{why}: group_count {group_count} (expected 1..={LOG_GROUPS_MAX}); the manifest \
+                 is damaged or not berth's: restore this data directory from a backup"
+            )));
+        }
         Ok(Manifest {
-            group_count: u32_at(MAN_OFF_GROUP_COUNT),
+            group_count,
             dir_count: u32_at(MAN_OFF_DIR_COUNT),
             dir_index: u32_at(MAN_OFF_DIR_INDEX),
             store_id: u64::from_le_bytes(
@@ -132,6 +142,31 @@ impl Manifest {
             record_salt,
         })
     }
+}
+
+/// Directory of group `g` among the store's data directories `dirs`
+/// (groups are dealt round-robin over them).
+pub fn group_dir(dirs: &[PathBuf], g: u32) -> PathBuf {
+    dirs[g as usize % dirs.len()].join(format!("group-{g:04}"))
+}
+
+/// Creates the directory of every group of a store whose manifests are
+/// about to be written (a new store, a restore, a reshape's copy). Before
+/// the manifests: recovery refuses a store that has a manifest but lacks
+/// a group directory, and the manifest's own write fsyncs the data
+/// directory, which makes these entries durable with it.
+pub fn create_group_dirs(
+    storage: &dyn Storage,
+    dirs: &[PathBuf],
+    group_count: u32,
+) -> Result<(), StoreError> {
+    for g in 0..group_count {
+        let dir = group_dir(dirs, g);
+        storage
+            .create_dir_all(&dir)
+            .map_err(|e| StoreError::io("create dir", &dir, e))?;
+    }
+    Ok(())
 }
 
 /// Reads a whole small file.
@@ -179,6 +214,35 @@ mod tests {
         let mut bad = b;
         bad[13] ^= 1;
         assert!(Manifest::decode(&bad, Path::new("M")).is_err());
+    }
+
+    /// 0 groups would divide by zero, a huge count spawn that many threads:
+    /// berth never writes either, so a manifest that says so is refused,
+    /// naming the file.
+    #[test]
+    fn group_count_out_of_range_is_refused() {
+        for group_count in [0, LOG_GROUPS_MAX + 1, u32::MAX] {
+            let m = Manifest {
+                group_count,
+                dir_count: 1,
+                dir_index: 0,
+                store_id: 7,
+                record_salt: 9,
+            };
+            let e = Manifest::decode(&m.encode(), Path::new("/d/MANIFEST")).unwrap_err();
+            let text = e.to_string();
+            assert!(text.contains("/d/MANIFEST"), "{text}");
+            assert!(text.contains("group_count"), "{text}");
+            assert!(text.contains("restore"), "{text}");
+        }
+        let m = Manifest {
+            group_count: LOG_GROUPS_MAX,
+            dir_count: 1,
+            dir_index: 0,
+            store_id: 7,
+            record_salt: 9,
+        };
+        assert_eq!(Manifest::decode(&m.encode(), Path::new("M")).unwrap(), m);
     }
 
     /// A store created before the record salt (manifest version 1) still

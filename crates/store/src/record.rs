@@ -236,6 +236,25 @@ pub fn encode(salt: u32, lsn: u64, record: &Record<'_>, out: &mut Vec<u8>) {
     out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// Re-seals the records of `buf`, one after another from its start, under
+/// the salt `to`: each frame whose checksum passes under `from` gets the
+/// checksum `to` gives it, nothing else changes. Stops at the first frame
+/// that does not check out under `from` (or the end) and returns its
+/// offset; what follows is the caller's to judge. (Restore gives a new
+/// store a new salt this way, so an unsalted store does not stay so.)
+pub fn reseal(from: u32, to: u32, buf: &mut [u8]) -> usize {
+    let mut at = 0;
+    while let Decoded::Record { len, .. } | Decoded::Unparseable { len, .. } =
+        decode(from, &buf[at..])
+    {
+        let frame = &mut buf[at..at + len];
+        let crc = crc32c::crc32c_append(to, &frame[OFF_BODY_LEN..]);
+        frame[OFF_CRC..OFF_BODY_LEN].copy_from_slice(&crc.to_le_bytes());
+        at += len;
+    }
+    at
+}
+
 /// Why a frame is not a record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Corruption {

@@ -12,6 +12,9 @@
 //!   quarantine file, reported ([`DamageReport`]) and patched with a `Hole`
 //!   record so the next recovery neither re-reports nor trips on it.
 //! - Every valid record after a damaged range is kept.
+//! - What recovery accepted is durable before it returns: every replayed
+//!   segment is fdatasynced and the directory fsynced (the tail may have
+//!   been read from the page cache of a killed process).
 //! - Replay applies records through [`Index::apply`] (in the scanner), the
 //!   writer's own mutator, so the rebuilt state is the state the writer had.
 
@@ -21,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::checkpoint::{CheckpointInfo, ReplayFrom};
-use crate::decision::Action;
+use crate::decision::{decide_layout, Action, LayoutCase};
 use crate::error::StoreError;
 use crate::index::Index;
 use crate::journal::{
@@ -280,7 +283,11 @@ impl Visit for Recovering<'_> {
                 group: self.group,
                 path: segment::segment_path(self.dir, seq),
                 offset: 0,
-                reason: format!("{why}: segment {seq} is not there"),
+                reason: format!(
+                    "{why}: segment {seq} is not there, and the records it held are unknown \
+                     (store.accept_missing_segments covers only segments whose messages the \
+                     index names); restore this group's directory from a backup"
+                ),
             }),
             // Before the replay start: recovery never reads it.
             _ => Ok(()),
@@ -396,7 +403,8 @@ fn hole_records(len: usize) -> Vec<u32> {
     out
 }
 
-/// Recovers group `group` stored in `dir`, whose records are checksummed
+/// Recovers group `group` stored in `dir` (which must exist: it is
+/// created with the store's manifests, never here), whose records are checksummed
 /// under `salt` (the manifest's record salt). With `accept_missing_segments`
 /// (see [`crate::StoreConfig`]), messages of a missing segment are dropped
 /// and reported; without it, a missing segment fails recovery.
@@ -408,10 +416,23 @@ pub fn recover_group(
     salt: u32,
     accept_missing_segments: bool,
 ) -> Result<GroupRecovery, StoreError> {
-    storage
-        .create_dir_all(dir)
-        .map_err(io_err("create dir", dir))?;
-    let names = storage.list(dir).map_err(io_err("list", dir))?;
+    let names = match storage.list(dir) {
+        Ok(names) => names,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let (action, why) = decide_layout(LayoutCase::GroupDirMissing);
+            debug_assert_eq!(action, Action::Fail);
+            return Err(StoreError::Recovery {
+                group,
+                path: dir.to_path_buf(),
+                offset: 0,
+                reason: format!(
+                    "{why}: restore the directory from a backup (berth store restore), or put \
+                     it back if it was moved; berth creates it only for a new store"
+                ),
+            });
+        }
+        Err(e) => return Err(StoreError::io("list", dir, e)),
+    };
     let listing = Listing::of(&names);
     let journal = Journal {
         group,
@@ -451,6 +472,7 @@ pub fn recover_group(
     let walked = journal.walk(start, Span::Replay, &mut r)?;
     let mut index = walked.index;
     let index_from_journal = r.drop_missing(&mut index, accept_missing_segments)?;
+    r.make_replayed_durable(replay)?;
 
     // After the segments that survived: a removed torn segment's number is
     // reused, so numbering stays consecutive.
@@ -479,6 +501,23 @@ pub fn recover_group(
 }
 
 impl Recovering<'_> {
+    /// fdatasyncs every segment replayed, then the directory. After a
+    /// process kill the tail just read may be in the page cache only; the
+    /// writer's next records follow it in sequence and its next checkpoint
+    /// covers it, so a power loss that cut it short would leave records
+    /// missing with nothing to explain them, or a checkpoint past the
+    /// durable end. Runs before the group's writer exists, so before it
+    /// accepts a write or writes a checkpoint.
+    fn make_replayed_durable(&self, replay: ReplayFrom) -> Result<(), StoreError> {
+        for (&seq, seg) in self.segments.range(replay.seg..) {
+            let path = segment::segment_path(self.dir, seq);
+            seg.file.sync_data().map_err(io_err("fdatasync", &path))?;
+        }
+        self.storage
+            .sync_dir(self.dir)
+            .map_err(io_err("fsync dir", self.dir))
+    }
+
     /// A segment the index still needs is gone: deleted by hand, lost with
     /// a disk, or (before the fix that syncs relocations first) unlinked
     /// ahead of compaction's copies. Refuses, unless the operator accepted

@@ -21,8 +21,10 @@
 //!   still to be moved), so a crash during it is finished by the next start.
 //! - The old store is never deleted by berth: it stays in
 //!   `reshape-old-<unix_s>` for the operator to remove.
-//! - The copy keeps the store id, the record salt, every message id (so
-//!   per-queue order) and the message id high-water mark.
+//! - The copy keeps the store id, every message id (so per-queue order)
+//!   and the message id high-water mark; it gets a new record salt (a
+//!   version-1 store, salt 0, thereby its first), its records being
+//!   written afresh under it.
 
 mod copy;
 
@@ -55,6 +57,7 @@ const COMMIT_MAGIC: &str = "berth-reshape 1";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReshapePlan {
     pub store_id: u64,
+    /// The old store's record salt (the copy gets a new one).
     pub record_salt: u32,
     /// The store's directories, in manifest order.
     pub old_dirs: Vec<PathBuf>,

@@ -212,10 +212,7 @@ impl Store {
         let started = Instant::now();
         let (group_count, salt) = open_manifests(&config, storage.as_ref())?;
         let dirs: Vec<PathBuf> = (0..group_count)
-            .map(|g| {
-                let d = &config.data_dirs[g as usize % config.data_dirs.len()];
-                d.join(format!("group-{g:04}"))
-            })
+            .map(|g| manifest::group_dir(&config.data_dirs, g))
             .collect();
         let results = recover_groups(&config, storage.as_ref(), &dirs, salt, started);
 
@@ -731,6 +728,7 @@ fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<(u32, u
         // Secret from publishers (see record.rs); never 0, which means
         // "unsalted" (stores created before manifest version 2).
         let record_salt: u32 = rand::rng().random_range(1..=u32::MAX);
+        manifest::create_group_dirs(storage, &config.data_dirs, config.log_groups)?;
         for (i, dir) in config.data_dirs.iter().enumerate() {
             let m = Manifest {
                 group_count: config.log_groups,

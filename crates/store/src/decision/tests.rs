@@ -14,6 +14,11 @@ const CHECKPOINTS: [CheckpointCase; 6] = [
     CheckpointCase::NoneJournalWhole,
     CheckpointCase::NoneJournalReclaimed,
 ];
+const LAYOUTS: [LayoutCase; 3] = [
+    LayoutCase::GroupDirPresent,
+    LayoutCase::GroupDirMissing,
+    LayoutCase::GroupCountOutOfRange,
+];
 
 fn record_cases() -> Vec<RecordCase> {
     let mut out = Vec::new();
@@ -80,6 +85,10 @@ fn every_case_maps_to_exactly_one_action() {
         let matching = CHECKPOINT_TABLE.iter().filter(|r| r.case == c).count();
         assert_eq!(matching, 1, "{c:?} matches {matching} rows");
     }
+    for c in LAYOUTS {
+        let matching = LAYOUT_TABLE.iter().filter(|r| r.case == c).count();
+        assert_eq!(matching, 1, "{c:?} matches {matching} rows");
+    }
 }
 
 #[test]
@@ -99,6 +108,13 @@ fn every_row_is_reachable() {
         assert!(
             CHECKPOINTS.contains(&row.case),
             "checkpoint row {i} ({}) unreachable",
+            row.why
+        );
+    }
+    for (i, row) in LAYOUT_TABLE.iter().enumerate() {
+        assert!(
+            LAYOUTS.contains(&row.case),
+            "layout row {i} ({}) unreachable",
             row.why
         );
     }

@@ -8,12 +8,15 @@
 //!   per group of its queues, as a publish does.
 //! - The copy's message id high-water mark is at least the old one's, so
 //!   ids stay unique across the reshape.
+//! - The copy has a new record salt, never 0: every record it holds was
+//!   written afresh under it.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use rand::Rng;
 
 use super::{ReshapePlan, STAGING_DIR};
 use crate::error::StoreError;
@@ -56,17 +59,21 @@ pub fn copy_and_verify(
     let staging: Vec<PathBuf> = plan.new_dirs.iter().map(|d| d.join(STAGING_DIR)).collect();
     let dir_count = u32::try_from(staging.len())
         .map_err(|e| StoreError::Config(format!("too many data_dirs: {e}")))?;
-    for (i, dir) in staging.iter().enumerate() {
+    for dir in &staging {
         super::remove_staging(storage.as_ref(), dir)?;
-        storage
-            .create_dir_all(dir)
-            .map_err(|e| StoreError::io("create dir", dir, e))?;
+    }
+    crate::manifest::create_group_dirs(storage.as_ref(), &staging, plan.new_groups)?;
+    // The copy is a new store: a new secret (a version-1 store's first),
+    // under which the copy writes every record afresh. Drawn here, not in
+    // the plan, so planning stays a pure function of what is on disk.
+    let record_salt: u32 = rand::rng().random_range(1..=u32::MAX);
+    for (i, dir) in staging.iter().enumerate() {
         let m = Manifest {
             group_count: plan.new_groups,
             dir_count,
             dir_index: u32::try_from(i).expect("checked"),
             store_id: plan.store_id,
-            record_salt: plan.record_salt,
+            record_salt,
         };
         m.write(storage.as_ref(), dir)?;
     }
