@@ -57,8 +57,11 @@ impl Authed {
     /// as [`Authed::vhost`], then each `(resource, perm)` of `needs`
     /// checked as over AMQP (`basic.publish` needs write on the exchange,
     /// a declare configure, ...). Refused with RabbitMQ's 401 "Access
-    /// refused.". Administrators act in every vhost (RabbitMQ asks them
-    /// for permissions too, and grants a vhost's creator full ones).
+    /// refused.". Administrators are asked too: RabbitMQ runs these
+    /// actions through an AMQP channel opened as the user, so an
+    /// administrator without permissions in the vhost is refused there
+    /// (creating a vhost grants its creator full ones, see `vhosts::put`);
+    /// with `needs` empty (reading) administrators see every vhost.
     pub(crate) fn may(
         &self,
         st: &HttpState,
@@ -66,9 +69,6 @@ impl Authed {
         needs: &[(Resource<'_>, Perm)],
     ) -> Result<Arc<VHost>, Response> {
         let v = self.vhost(st, vhost)?;
-        if self.0.has_tag(TAG_ADMINISTRATOR) {
-            return Ok(v);
-        }
         let access = st.shared.broker.access();
         for &(resource, perm) in needs {
             if let Err(e) = access.check(&self.0.name, vhost, resource, perm) {
@@ -116,8 +116,9 @@ impl FromRequestParts<HttpState> for Authed {
     }
 }
 
-/// A request that passed HTTP basic auth with an `administrator` user.
-pub(crate) struct AdminAuthed;
+/// A request that passed HTTP basic auth with an `administrator` user;
+/// it carries the user (creating a vhost grants it permissions there).
+pub(crate) struct AdminAuthed(pub Arc<User>);
 
 impl FromRequestParts<HttpState> for AdminAuthed {
     type Rejection = Response;
@@ -126,8 +127,7 @@ impl FromRequestParts<HttpState> for AdminAuthed {
         let ConnectInfo(peer) = ConnectInfo::<SocketAddr>::from_request_parts(parts, st)
             .await
             .map_err(IntoResponse::into_response)?;
-        authenticate_admin(&st.shared, &parts.headers, peer)?;
-        Ok(AdminAuthed)
+        authenticate_admin(&st.shared, &parts.headers, peer).map(AdminAuthed)
     }
 }
 

@@ -1,6 +1,13 @@
 //! Exchanges: list (all, per vhost) with RabbitMQ's list parameters, GET,
 //! PUT (declare) and DELETE (`if-unused`). The default exchange is named
 //! `amq.default` in URLs.
+//!
+//! Invariants:
+//! - An exchange is shown with RabbitMQ 3.10's fields. berth does not
+//!   record who declared an exchange, so `user_who_performed_action` is
+//!   RabbitMQ's internal user for the default and `amq.*` exchanges and
+//!   empty for the others; it keeps no per-link publish statistics, so a
+//!   single exchange's `incoming` and `outgoing` are empty lists.
 
 use berth_broker::access::{Perm, Resource};
 use std::collections::HashMap;
@@ -18,11 +25,25 @@ use super::{
     vhost_or_404, Authed, HttpState,
 };
 
+/// RabbitMQ's name for the broker itself as the actor that made an
+/// object (`?INTERNAL_USER`): the built-in exchanges are its.
+const INTERNAL_USER: &str = "rmq-internal";
+
+/// Who declared exchange `name`, as far as berth knows (see the module
+/// invariants).
+fn declared_by(name: &str) -> &'static str {
+    if name.is_empty() || name.starts_with("amq.") {
+        INTERNAL_USER
+    } else {
+        ""
+    }
+}
+
 pub(crate) fn exchanges_json(v: &VHost) -> Vec<Value> {
     let mut es = v.exchanges();
     es.sort_by(|a, b| a.name.cmp(&b.name));
     let mut out = vec![
-        json!({"name": "", "vhost": v.name, "type": "direct", "durable": true, "auto_delete": false, "internal": false, "arguments": {}}),
+        json!({"name": "", "vhost": v.name, "type": "direct", "durable": true, "auto_delete": false, "internal": false, "arguments": {}, "user_who_performed_action": INTERNAL_USER}),
     ];
     out.extend(es.iter().map(|e| {
         let mut x = json!({
@@ -33,6 +54,7 @@ pub(crate) fn exchanges_json(v: &VHost) -> Vec<Value> {
             "auto_delete": e.auto_delete,
             "internal": e.internal,
             "arguments": table_json(&e.arguments),
+            "user_who_performed_action": declared_by(&e.name),
         });
         // RabbitMQ 3.10 shows `policy` only when one applies.
         if let Some(p) = e.applied_policies().policy {
@@ -93,7 +115,11 @@ pub(super) async fn one(
     exchanges_json(&v)
         .into_iter()
         .find(|e| e["name"] == name)
-        .map_or_else(not_found, |e| Json(e).into_response())
+        .map_or_else(not_found, |mut e| {
+            e["incoming"] = json!([]);
+            e["outgoing"] = json!([]);
+            Json(e).into_response()
+        })
 }
 
 /// `PUT /api/exchanges/{vhost}/{name}`: 201 if created, 204 if it existed
