@@ -8,26 +8,9 @@ for vhosts and exchanges are there too (what the Terraform provider reads).
 
 Each test starts its own berth (test_access.AuthBerth) and stops it."""
 
-import shutil
-
-import pytest
-
-from conftest import external_uri
-from test_access import AuthBerth
+from test_access import berth  # noqa: F401 (the fixture: a berth of its own)
 
 FULL = {"configure": ".*", "write": ".*", "read": ".*"}
-
-
-@pytest.fixture
-def berth():
-    if external_uri():
-        pytest.skip("starts its own berth")
-    b = AuthBerth()
-    try:
-        yield b
-    finally:
-        b.stop()
-        shutil.rmtree(b.dir, ignore_errors=True)
 
 
 def test_creating_a_vhost_grants_its_creator_full_permissions(berth):

@@ -6,37 +6,16 @@ messages past the bound stay in the queue.
 
 Each test starts its own berth (test_access.AuthBerth) and stops it."""
 
-import shutil
-
-import pytest
-
-from conftest import external_uri
-from test_access import AuthBerth
+from test_access import berths  # noqa: F401 (the fixture: berths of their own)
 
 GET_BODY_BYTES_MAX = 16 << 20
 PUBLISH = {"routing_key": "q", "payload": "hello", "payload_encoding": "string",
            "properties": {"delivery_mode": 2}}
 
 
-@pytest.fixture
-def start():
-    if external_uri():
-        pytest.skip("starts its own berth")
-    started = []
-
-    def run(*flags):
-        b = AuthBerth(extra_args=flags)
-        started.append(b)
-        return b
-    yield run
-    for b in started:
-        b.stop()
-        shutil.rmtree(b.dir, ignore_errors=True)
-
-
-def test_http_publish_is_refused_while_the_disk_alarm_is_on(start):
+def test_http_publish_is_refused_while_the_disk_alarm_is_on(berths):
     # No filesystem has an exabyte free: the alarm is on from the start.
-    berth = start("--disk-free-bytes-min", str(1 << 60))
+    berth = berths("--disk-free-bytes-min", str(1 << 60))
     berth.ok("PUT", "/api/queues/%2F/q", {"durable": True})
     status, out = berth.api("POST", "/api/exchanges/%2F/amq.default/publish", PUBLISH)
     assert status == 503, (status, out)
@@ -45,8 +24,8 @@ def test_http_publish_is_refused_while_the_disk_alarm_is_on(start):
     assert q["messages"] == 0, q
 
 
-def test_http_get_answer_is_bounded_in_bytes(start):
-    berth = start()
+def test_http_get_answer_is_bounded_in_bytes(berths):
+    berth = berths()
     berth.ok("PUT", "/api/queues/%2F/big", {"durable": False})
     # Over AMQP: the API takes request bodies of at most 2 MB.
     c = berth.connect()
