@@ -10,6 +10,7 @@
 //!   single exchange's `incoming` and `outgoing` are empty lists.
 
 use berth_broker::access::{Perm, Resource};
+use berth_broker::args::as_string;
 use std::collections::HashMap;
 
 use axum::extract::{Path, Query, State};
@@ -24,6 +25,7 @@ use super::{
     amqp_error, bad_request, exchange_name, flag, json_table, not_found, query_flag, table_json,
     vhost_or_404, Authed, HttpState,
 };
+use crate::permissions::Action;
 
 /// RabbitMQ's name for the broker itself as the actor that made an
 /// object (`?INTERNAL_USER`): the built-in exchanges are its.
@@ -130,14 +132,23 @@ pub(super) async fn put(
     Path((vhost, name)): Path<(String, String)>,
     body: Option<Json<Value>>,
 ) -> Response {
-    if let Err(r) = user.may(&st, &vhost, &[(Resource::Exchange(&name), Perm::Configure)]) {
+    let body = body.map_or(Value::Null, |Json(b)| b);
+    let arguments = json_table(body.get("arguments").unwrap_or(&Value::Null));
+    let ae = arguments
+        .inner()
+        .get("alternate-exchange")
+        .and_then(as_string);
+    let declare = Action::DeclareExchange {
+        name: &name,
+        alternate_exchange: ae.as_deref(),
+    };
+    if let Err(r) = user.may(&st, &vhost, &[declare]) {
         return r;
     }
     let v = match vhost_or_404(&st, &vhost) {
         Ok(v) => v,
         Err(r) => return r,
     };
-    let body = body.map_or(Value::Null, |Json(b)| b);
     let Some(kind) = body.get("type").and_then(Value::as_str) else {
         return bad_request("exchange type is required (\"type\": \"direct\", \"fanout\", \"topic\" or \"headers\")");
     };
@@ -157,7 +168,7 @@ pub(super) async fn put(
         durable,
         auto_delete,
         internal,
-        arguments: json_table(body.get("arguments").unwrap_or(&Value::Null)),
+        arguments,
     };
     match v.declare_exchange(&name, &d) {
         Ok(()) if existed => StatusCode::NO_CONTENT.into_response(),
@@ -173,7 +184,11 @@ pub(super) async fn delete(
     Path((vhost, name)): Path<(String, String)>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    if let Err(r) = user.may(&st, &vhost, &[(Resource::Exchange(&name), Perm::Configure)]) {
+    if let Err(r) = user.may(
+        &st,
+        &vhost,
+        &[Action::On(Resource::Exchange(&name), Perm::Configure)],
+    ) {
         return r;
     }
     let v = match vhost_or_404(&st, &vhost) {

@@ -16,6 +16,7 @@
 //!   the memory or disk alarm is on: AMQP publishers are not read then,
 //!   and the API must not be a way around that.
 
+use crate::permissions::Action;
 use berth_broker::access::{Perm, Resource};
 use std::time::{Duration, Instant};
 
@@ -156,7 +157,15 @@ pub(super) async fn publish(
     Path((vhost, name)): Path<(String, String)>,
     Json(body): Json<Value>,
 ) -> Response {
-    if let Err(r) = user.may(&st, &vhost, &[(Resource::Exchange(&name), Perm::Write)]) {
+    let exchange = exchange_name(&name);
+    let Some(routing_key) = body.get("routing_key").and_then(Value::as_str) else {
+        return bad_request("routing_key is required");
+    };
+    let publish = Action::Publish {
+        exchange,
+        routing_key,
+    };
+    if let Err(r) = user.may(&st, &vhost, &[publish]) {
         return r;
     }
     if let Some(alarm) = resource_alarm(&st) {
@@ -170,13 +179,9 @@ pub(super) async fn publish(
         Ok(v) => v,
         Err(r) => return r,
     };
-    let exchange = exchange_name(&name);
     if !exchange.is_empty() && v.exchange(exchange).is_err() {
         return super::not_found();
     }
-    let Some(routing_key) = body.get("routing_key").and_then(Value::as_str) else {
-        return bad_request("routing_key is required");
-    };
     let payload = body.get("payload").and_then(Value::as_str).unwrap_or("");
     let payload = match body.get("payload_encoding").and_then(Value::as_str) {
         None | Some("string") => Bytes::from(payload.as_bytes().to_vec()),
@@ -194,11 +199,14 @@ pub(super) async fn publish(
         Ok(p) => p,
         Err(r) => return r,
     };
-    let msg = match Message::new(
+    // As a client's publish: a `user_id` must name the user (406
+    // PRECONDITION_FAILED over AMQP, 400 with its text here).
+    let msg = match Message::published(
         exchange.to_owned(),
         routing_key.to_owned(),
         encode_properties(&props),
         payload,
+        &user.0.name,
     ) {
         Ok(m) => m,
         Err(e) => return amqp_error(&e),
@@ -251,7 +259,11 @@ pub(super) async fn get(
     Path((vhost, name)): Path<(String, String)>,
     Json(body): Json<Value>,
 ) -> Response {
-    if let Err(r) = user.may(&st, &vhost, &[(Resource::Queue(&name), Perm::Read)]) {
+    if let Err(r) = user.may(
+        &st,
+        &vhost,
+        &[Action::On(Resource::Queue(&name), Perm::Read)],
+    ) {
         return r;
     }
     let (_, q) = match find(&st, &vhost, &name) {
