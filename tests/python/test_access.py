@@ -135,6 +135,24 @@ def berth():
         shutil.rmtree(b.dir, ignore_errors=True)
 
 
+@pytest.fixture
+def berths():
+    """Starts berths of their own (`berths(*flags)`), stopped and removed
+    at the end of the test."""
+    if external_uri():
+        pytest.skip("starts its own berth")
+    started = []
+
+    def start(*flags):
+        b = AuthBerth(flags)
+        started.append(b)
+        return b
+    yield start
+    for b in started:
+        b.stop()
+        shutil.rmtree(b.dir, ignore_errors=True)
+
+
 def refused(kind, name, user, vhost="/"):
     return f"ACCESS_REFUSED - access to {kind} '{name}' in vhost '{vhost}' refused for user '{user}'"
 

@@ -17,8 +17,8 @@ import pika
 import pika.credentials
 import pytest
 
-from conftest import ROOT, external_uri
-from test_access import AuthBerth
+from conftest import ROOT
+from test_access import berths  # noqa: F401 (the fixture: berths of their own)
 
 
 def openssl(*args, cwd):
@@ -52,26 +52,16 @@ def certs():
 
 
 @pytest.fixture
-def tls_berth(certs):
-    if external_uri():
-        pytest.skip("starts its own berth")
-    started = []
-
+def tls_berth(certs, berths):  # noqa: F811
     def start(verify=True, fail_if_no_cert=True, cert_dir=certs):
-        args = ["--amqps-listen", "127.0.0.1:0",
-                "--tls-cert-file", os.path.join(cert_dir, "server.crt"),
-                "--tls-key-file", os.path.join(cert_dir, "server.key"),
-                "--tls-ca-file", os.path.join(certs, "ca.crt"),
-                "--tls-verify-peer", str(verify).lower(),
-                "--tls-fail-if-no-peer-cert", str(fail_if_no_cert).lower()]
-        b = AuthBerth(args)
-        started.append(b)
-        return b
+        return berths("--amqps-listen", "127.0.0.1:0",
+                      "--tls-cert-file", os.path.join(cert_dir, "server.crt"),
+                      "--tls-key-file", os.path.join(cert_dir, "server.key"),
+                      "--tls-ca-file", os.path.join(certs, "ca.crt"),
+                      "--tls-verify-peer", str(verify).lower(),
+                      "--tls-fail-if-no-peer-cert", str(fail_if_no_cert).lower())
 
-    yield start
-    for b in started:
-        b.stop()
-        shutil.rmtree(b.dir, ignore_errors=True)
+    return start
 
 
 def context(certs, client_cert=True, version=None):

@@ -17,8 +17,7 @@ import pika.credentials
 import pika.exceptions
 import pytest
 
-from conftest import external_uri
-from test_access import AuthBerth
+from test_access import AuthBerth, berths  # noqa: F401 (berths is a fixture)
 from test_tls import certs, openssl  # noqa: F401 (certs is a fixture)
 
 
@@ -42,25 +41,16 @@ def rfc2253_subject(path):
 
 
 @pytest.fixture
-def start(certs):  # noqa: F811
-    if external_uri():
-        pytest.skip("starts its own berth")
-    started = []
-
+def start(certs, berths):  # noqa: F811
     def run(*extra, ca_file=None):
-        b = AuthBerth(["--amqps-listen", "127.0.0.1:0",
-                       "--tls-cert-file", os.path.join(certs, "server.crt"),
-                       "--tls-key-file", os.path.join(certs, "server.key"),
-                       "--tls-ca-file", ca_file or os.path.join(certs, "ca.crt"),
-                       "--tls-verify-peer", "true", "--tls-fail-if-no-peer-cert", "true",
-                       *extra])
-        started.append(b)
-        return b
+        return berths("--amqps-listen", "127.0.0.1:0",
+                      "--tls-cert-file", os.path.join(certs, "server.crt"),
+                      "--tls-key-file", os.path.join(certs, "server.key"),
+                      "--tls-ca-file", ca_file or os.path.join(certs, "ca.crt"),
+                      "--tls-verify-peer", "true", "--tls-fail-if-no-peer-cert", "true",
+                      *extra)
 
-    yield run
-    for b in started:
-        b.stop()
-        shutil.rmtree(b.dir, ignore_errors=True)
+    return run
 
 
 def external(b, certs, name, cert_dir=None):  # noqa: F811

@@ -27,6 +27,7 @@ pub mod limits;
 mod listen;
 pub mod memory;
 pub mod outbound;
+pub mod permissions;
 pub mod registry;
 pub mod reshape;
 pub mod settings;

@@ -109,6 +109,11 @@ pub const CHECKPOINT_JOURNAL_BYTES_MIN: u64 = 64 * 1024;
 /// How long `POST /api/exchanges/{vhost}/{name}/publish` waits for the store
 /// to confirm a persistent message before it answers 503.
 pub const HTTP_PUBLISH_STORE_WAIT_MS: u64 = 10_000;
+/// Message body bytes one `POST /api/queues/{vhost}/{name}/get` answer
+/// carries at most (after `truncate`): the messages past it stay in the
+/// queue. A first message larger than this still comes back, alone, so
+/// every message can be read through the API.
+pub const HTTP_GET_BODY_BYTES_MAX: usize = 16 << 20;
 /// `limits.disk_free_bytes_min`: 50 MB, RabbitMQ's `disk_free_limit`
 /// default.
 pub const DEFAULT_DISK_FREE_BYTES_MIN: u64 = 50_000_000;

@@ -44,8 +44,10 @@ impl Conn {
         if p.immediate {
             return Err(AmqpError::not_implemented("immediate=true"));
         }
-        self.check(Resource::Exchange(&p.exchange), Perm::Write)?;
-        self.check_topic(&p.exchange, &p.routing_key, Perm::Write)?;
+        self.authorise(crate::permissions::Action::Publish {
+            exchange: &p.exchange,
+            routing_key: &p.routing_key,
+        })?;
         self.slot(channel).content.start(p).map_err(content_error)
     }
 

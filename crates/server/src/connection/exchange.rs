@@ -27,16 +27,15 @@ impl Conn {
                 // The default exchange is refused by the vhost, as RabbitMQ
                 // refuses it before any permission check.
                 if !d.passive && !name.is_empty() {
-                    self.check(Resource::Exchange(name), Perm::Configure)?;
                     let ae = d
                         .arguments
                         .inner()
                         .get("alternate-exchange")
                         .and_then(as_string);
-                    if let (Some(ae), Err(_)) = (ae, vhost.exchange(name)) {
-                        self.check(Resource::Exchange(name), Perm::Read)?;
-                        self.check(Resource::Exchange(&ae), Perm::Write)?;
-                    }
+                    self.authorise(crate::permissions::Action::DeclareExchange {
+                        name,
+                        alternate_exchange: ae.as_deref(),
+                    })?;
                 }
                 vhost.declare_exchange(
                     d.exchange.as_str(),

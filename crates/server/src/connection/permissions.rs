@@ -1,43 +1,27 @@
-//! The permission checks each AMQP class makes before it acts, in one
-//! place so every class asks the same way (the rules and reply texts are
-//! the broker's, in `berth_broker::access`).
+//! The permission checks each AMQP class makes before it acts: every one
+//! goes through [`crate::permissions::authorise`], the function the
+//! management API asks too, so both front doors give the same verdict.
 
 use berth_broker::access::{Perm, Resource};
-use berth_broker::exchange::ExchangeKind;
 use berth_broker::AmqpResult;
 
 use super::Conn;
+use crate::permissions::{authorise, Action};
 
 impl Conn {
-    /// May this connection's user do `perm` on `resource` in its vhost?
-    pub(super) fn check(&self, resource: Resource<'_>, perm: Perm) -> AmqpResult<()> {
-        self.shared
-            .broker
-            .access()
-            .check(&self.user, &self.vhost().name, resource, perm)
+    /// May this connection's user do `action` in its vhost?
+    pub(super) fn authorise(&self, action: Action<'_>) -> AmqpResult<()> {
+        authorise(
+            self.shared.broker.access(),
+            &self.user,
+            self.vhost(),
+            action,
+        )
     }
 
-    /// The user's topic permission on a routing key, if `exchange` is a
-    /// topic exchange that has one.
-    pub(super) fn check_topic(
-        &self,
-        exchange: &str,
-        routing_key: &str,
-        perm: Perm,
-    ) -> AmqpResult<()> {
-        let vhost = self.vhost();
-        self.shared.broker.access().check_topic(
-            &self.user,
-            &vhost.name,
-            exchange,
-            routing_key,
-            perm,
-            || {
-                vhost
-                    .exchange(exchange)
-                    .is_ok_and(|e| e.kind == ExchangeKind::Topic)
-            },
-        )
+    /// May this connection's user do `perm` on `resource` in its vhost?
+    pub(super) fn check(&self, resource: Resource<'_>, perm: Perm) -> AmqpResult<()> {
+        self.authorise(Action::On(resource, perm))
     }
 
     /// A binding (queue or exchange destination): write on the
@@ -49,8 +33,10 @@ impl Conn {
         source: &str,
         routing_key: &str,
     ) -> AmqpResult<()> {
-        self.check(destination, Perm::Write)?;
-        self.check(Resource::Exchange(source), Perm::Read)?;
-        self.check_topic(source, routing_key, Perm::Read)
+        self.authorise(Action::Bind {
+            destination,
+            source,
+            routing_key,
+        })
     }
 }

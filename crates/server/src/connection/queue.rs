@@ -40,12 +40,10 @@ impl Conn {
                 // dead-letter exchange needs read on the queue and write on
                 // the exchange, as RabbitMQ checks.
                 let authorise = |q: &str| -> AmqpResult<()> {
-                    self.check(Resource::Queue(q), Perm::Configure)?;
-                    if let Some(x) = &dlx {
-                        self.check(Resource::Queue(q), Perm::Read)?;
-                        self.check(Resource::Exchange(x), Perm::Write)?;
-                    }
-                    Ok(())
+                    self.authorise(crate::permissions::Action::DeclareQueue {
+                        name: q,
+                        dead_letter_exchange: dlx.as_deref(),
+                    })
                 };
                 let (name, messages, consumers) = vhost.declare_queue_authorised(
                     conn_id,

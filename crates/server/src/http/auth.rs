@@ -22,12 +22,13 @@ use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use berth_broker::access::{
-    Perm, Resource, User, TAG_ADMINISTRATOR, TAG_MANAGEMENT, TAG_MONITORING, TAG_POLICYMAKER,
+    User, TAG_ADMINISTRATOR, TAG_MANAGEMENT, TAG_MONITORING, TAG_POLICYMAKER,
 };
 use berth_broker::vhost::VHost;
 
 use super::error::unauthorized;
 use super::{sorted_vhosts, vhost_or_404, HttpState};
+use crate::permissions::{authorise, Action};
 use crate::state::Shared;
 
 /// A request that passed HTTP basic auth with a management user (and the
@@ -54,24 +55,24 @@ impl Authed {
     }
 
     /// The vhost named in a URL, for an action its permissions must allow:
-    /// as [`Authed::vhost`], then each `(resource, perm)` of `needs`
-    /// checked as over AMQP (`basic.publish` needs write on the exchange,
-    /// a declare configure, ...). Refused with RabbitMQ's 401 "Access
-    /// refused.". Administrators act in every vhost (RabbitMQ asks them
-    /// for permissions too, and grants a vhost's creator full ones).
+    /// as [`Authed::vhost`], then each action of `needs` checked by
+    /// [`crate::permissions::authorise`], the function AMQP connections
+    /// ask too. Refused with RabbitMQ's 401 "Access
+    /// refused.". Administrators are asked too: RabbitMQ runs these
+    /// actions through an AMQP channel opened as the user, so an
+    /// administrator without permissions in the vhost is refused there
+    /// (creating a vhost grants its creator full ones, see `vhosts::put`);
+    /// with `needs` empty (reading) administrators see every vhost.
     pub(crate) fn may(
         &self,
         st: &HttpState,
         vhost: &str,
-        needs: &[(Resource<'_>, Perm)],
+        needs: &[Action<'_>],
     ) -> Result<Arc<VHost>, Response> {
         let v = self.vhost(st, vhost)?;
-        if self.0.has_tag(TAG_ADMINISTRATOR) {
-            return Ok(v);
-        }
         let access = st.shared.broker.access();
-        for &(resource, perm) in needs {
-            if let Err(e) = access.check(&self.0.name, vhost, resource, perm) {
+        for &action in needs {
+            if let Err(e) = authorise(access, &self.0.name, &v, action) {
                 tracing::debug!(user = %self.0.name, error = %e, "management API action refused");
                 return Err(unauthorized("Access refused."));
             }
@@ -116,8 +117,9 @@ impl FromRequestParts<HttpState> for Authed {
     }
 }
 
-/// A request that passed HTTP basic auth with an `administrator` user.
-pub(crate) struct AdminAuthed;
+/// A request that passed HTTP basic auth with an `administrator` user;
+/// it carries the user (creating a vhost grants it permissions there).
+pub(crate) struct AdminAuthed(pub Arc<User>);
 
 impl FromRequestParts<HttpState> for AdminAuthed {
     type Rejection = Response;
@@ -126,8 +128,7 @@ impl FromRequestParts<HttpState> for AdminAuthed {
         let ConnectInfo(peer) = ConnectInfo::<SocketAddr>::from_request_parts(parts, st)
             .await
             .map_err(IntoResponse::into_response)?;
-        authenticate_admin(&st.shared, &parts.headers, peer)?;
-        Ok(AdminAuthed)
+        authenticate_admin(&st.shared, &parts.headers, peer).map(AdminAuthed)
     }
 }
 

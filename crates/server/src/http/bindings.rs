@@ -8,7 +8,8 @@
 //!   an empty key) when it has no arguments, else the key, `~` and a hash
 //!   of the arguments, so the same binding always has the same key.
 
-use berth_broker::access::{Perm, Resource};
+use crate::permissions::Action;
+use berth_broker::access::Resource;
 use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::Arc;
@@ -270,19 +271,28 @@ pub(super) async fn create(
     Path((vhost, source, kind, destination)): Path<(String, String, String, String)>,
     body: Option<Json<Value>>,
 ) -> Response {
-    if let Err(r) = user.may(&st, &vhost, &bind_needs(&source, &kind, &destination)) {
+    let body = body.map_or(Value::Null, |Json(b)| b);
+    let key = match body.get("routing_key") {
+        None | Some(Value::Null) => "",
+        Some(Value::String(s)) => s.as_str(),
+        Some(_) => return bad_request("routing_key must be a string"),
+    };
+    if let Err(r) = user.may(
+        &st,
+        &vhost,
+        &[bind_action(
+            exchange_name(&source),
+            &kind,
+            &destination,
+            key,
+        )],
+    ) {
         return r;
     }
     let source = exchange_name(&source);
     let (v, kind) = match endpoints(&st, &vhost, source, &kind, &destination) {
         Ok(x) => x,
         Err(r) => return r,
-    };
-    let body = body.map_or(Value::Null, |Json(b)| b);
-    let key = match body.get("routing_key") {
-        None | Some(Value::Null) => "",
-        Some(Value::String(s)) => s.as_str(),
-        Some(_) => return bad_request("routing_key must be a string"),
     };
     let args_json = body.get("arguments").cloned().unwrap_or_else(|| json!({}));
     let args = json_table(&args_json);
@@ -349,15 +359,23 @@ pub(super) async fn remove(
     user: Authed,
     Path((vhost, source, kind, destination, props)): Path<(String, String, String, String, String)>,
 ) -> Response {
-    if let Err(r) = user.may(&st, &vhost, &bind_needs(&source, &kind, &destination)) {
+    if let Err(r) = user.may(&st, &vhost, &[]) {
         return r;
     }
+    let url_kind = kind;
     let source = exchange_name(&source);
-    let (v, kind, b) = match find_one(&st, &vhost, source, &kind, &destination, &props) {
+    let (v, kind, b) = match find_one(&st, &vhost, source, &url_kind, &destination, &props) {
         Ok(x) => x,
         Err(r) => return r,
     };
     let key = b["routing_key"].as_str().unwrap_or("");
+    if let Err(r) = user.may(
+        &st,
+        &vhost,
+        &[bind_action(source, &url_kind, &destination, key)],
+    ) {
+        return r;
+    }
     // The arguments as stored (JSON loses AMQP integer widths).
     let Some(args) = v.exchange(source).ok().and_then(|e| {
         e.bindings()
@@ -391,18 +409,24 @@ pub(super) async fn remove(
 }
 
 /// What a binding change asks of the user's permissions, as `queue.bind`
-/// and `exchange.bind` do over AMQP: write on the destination, read on the
-/// source.
-fn bind_needs<'a>(source: &'a str, kind: &str, destination: &'a str) -> [(Resource<'a>, Perm); 2] {
-    let dest = if kind == "q" {
+/// and `exchange.bind` ask over AMQP (`source` as the broker names it:
+/// the default exchange is empty).
+fn bind_action<'a>(
+    source: &'a str,
+    kind: &str,
+    destination: &'a str,
+    routing_key: &'a str,
+) -> Action<'a> {
+    let destination = if kind == "q" {
         Resource::Queue(destination)
     } else {
         Resource::Exchange(destination)
     };
-    [
-        (dest, Perm::Write),
-        (Resource::Exchange(source), Perm::Read),
-    ]
+    Action::Bind {
+        destination,
+        source,
+        routing_key,
+    }
 }
 
 #[cfg(test)]

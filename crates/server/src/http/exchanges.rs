@@ -1,8 +1,16 @@
 //! Exchanges: list (all, per vhost) with RabbitMQ's list parameters, GET,
 //! PUT (declare) and DELETE (`if-unused`). The default exchange is named
 //! `amq.default` in URLs.
+//!
+//! Invariants:
+//! - An exchange is shown with RabbitMQ 3.10's fields. berth does not
+//!   record who declared an exchange, so `user_who_performed_action` is
+//!   RabbitMQ's internal user for the default and `amq.*` exchanges and
+//!   empty for the others; it keeps no per-link publish statistics, so a
+//!   single exchange's `incoming` and `outgoing` are empty lists.
 
 use berth_broker::access::{Perm, Resource};
+use berth_broker::args::as_string;
 use std::collections::HashMap;
 
 use axum::extract::{Path, Query, State};
@@ -17,12 +25,27 @@ use super::{
     amqp_error, bad_request, exchange_name, flag, json_table, not_found, query_flag, table_json,
     vhost_or_404, Authed, HttpState,
 };
+use crate::permissions::Action;
+
+/// RabbitMQ's name for the broker itself as the actor that made an
+/// object (`?INTERNAL_USER`): the built-in exchanges are its.
+const INTERNAL_USER: &str = "rmq-internal";
+
+/// Who declared exchange `name`, as far as berth knows (see the module
+/// invariants).
+fn declared_by(name: &str) -> &'static str {
+    if name.is_empty() || name.starts_with("amq.") {
+        INTERNAL_USER
+    } else {
+        ""
+    }
+}
 
 pub(crate) fn exchanges_json(v: &VHost) -> Vec<Value> {
     let mut es = v.exchanges();
     es.sort_by(|a, b| a.name.cmp(&b.name));
     let mut out = vec![
-        json!({"name": "", "vhost": v.name, "type": "direct", "durable": true, "auto_delete": false, "internal": false, "arguments": {}}),
+        json!({"name": "", "vhost": v.name, "type": "direct", "durable": true, "auto_delete": false, "internal": false, "arguments": {}, "user_who_performed_action": INTERNAL_USER}),
     ];
     out.extend(es.iter().map(|e| {
         let mut x = json!({
@@ -33,6 +56,7 @@ pub(crate) fn exchanges_json(v: &VHost) -> Vec<Value> {
             "auto_delete": e.auto_delete,
             "internal": e.internal,
             "arguments": table_json(&e.arguments),
+            "user_who_performed_action": declared_by(&e.name),
         });
         // RabbitMQ 3.10 shows `policy` only when one applies.
         if let Some(p) = e.applied_policies().policy {
@@ -93,7 +117,11 @@ pub(super) async fn one(
     exchanges_json(&v)
         .into_iter()
         .find(|e| e["name"] == name)
-        .map_or_else(not_found, |e| Json(e).into_response())
+        .map_or_else(not_found, |mut e| {
+            e["incoming"] = json!([]);
+            e["outgoing"] = json!([]);
+            Json(e).into_response()
+        })
 }
 
 /// `PUT /api/exchanges/{vhost}/{name}`: 201 if created, 204 if it existed
@@ -104,14 +132,23 @@ pub(super) async fn put(
     Path((vhost, name)): Path<(String, String)>,
     body: Option<Json<Value>>,
 ) -> Response {
-    if let Err(r) = user.may(&st, &vhost, &[(Resource::Exchange(&name), Perm::Configure)]) {
+    let body = body.map_or(Value::Null, |Json(b)| b);
+    let arguments = json_table(body.get("arguments").unwrap_or(&Value::Null));
+    let ae = arguments
+        .inner()
+        .get("alternate-exchange")
+        .and_then(as_string);
+    let declare = Action::DeclareExchange {
+        name: &name,
+        alternate_exchange: ae.as_deref(),
+    };
+    if let Err(r) = user.may(&st, &vhost, &[declare]) {
         return r;
     }
     let v = match vhost_or_404(&st, &vhost) {
         Ok(v) => v,
         Err(r) => return r,
     };
-    let body = body.map_or(Value::Null, |Json(b)| b);
     let Some(kind) = body.get("type").and_then(Value::as_str) else {
         return bad_request("exchange type is required (\"type\": \"direct\", \"fanout\", \"topic\" or \"headers\")");
     };
@@ -131,7 +168,7 @@ pub(super) async fn put(
         durable,
         auto_delete,
         internal,
-        arguments: json_table(body.get("arguments").unwrap_or(&Value::Null)),
+        arguments,
     };
     match v.declare_exchange(&name, &d) {
         Ok(()) if existed => StatusCode::NO_CONTENT.into_response(),
@@ -147,7 +184,11 @@ pub(super) async fn delete(
     Path((vhost, name)): Path<(String, String)>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    if let Err(r) = user.may(&st, &vhost, &[(Resource::Exchange(&name), Perm::Configure)]) {
+    if let Err(r) = user.may(
+        &st,
+        &vhost,
+        &[Action::On(Resource::Exchange(&name), Perm::Configure)],
+    ) {
         return r;
     }
     let v = match vhost_or_404(&st, &vhost) {

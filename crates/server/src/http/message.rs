@@ -6,10 +6,17 @@
 //! - A publish answers only once a persistent message routed to durable
 //!   queues is on disk (as a publisher confirm would), bounded by
 //!   [`crate::limits::HTTP_PUBLISH_STORE_WAIT_MS`].
-//! - A get takes at most [`GET_COUNT_MAX`] messages; with `ack_requeue_*`
-//!   or `reject_requeue_true` they go back to the queue, flagged
+//! - A get takes at most [`GET_COUNT_MAX`] messages, and stops before the
+//!   message that would take the bodies it answers past
+//!   [`crate::limits::HTTP_GET_BODY_BYTES_MAX`] (that one goes back to
+//!   the queue, flagged redelivered, whatever the ackmode); with
+//!   `ack_requeue_*` or `reject_requeue_true` they all go back, flagged
 //!   redelivered, as RabbitMQ does.
+//! - A publish is refused (503 `resource_alarm`, naming the alarm) while
+//!   the memory or disk alarm is on: AMQP publishers are not read then,
+//!   and the API must not be a way around that.
 
+use crate::permissions::Action;
 use berth_broker::access::{Perm, Resource};
 use std::time::{Duration, Instant};
 
@@ -124,6 +131,25 @@ fn properties_from_json(v: &Value) -> Result<AMQPProperties, Response> {
     Ok(p)
 }
 
+/// Why publishing is stopped now, if it is: the memory alarm, then the
+/// disk alarm, checked as a publishing AMQP connection checks them.
+fn resource_alarm(st: &HttpState) -> Option<String> {
+    let used = crate::memory::used_bytes();
+    let limit = st.shared.config.limits.memory_high_watermark();
+    if used > limit {
+        return Some(format!(
+            "resource alarm in effect: memory ({used} bytes in use, limits.memory_high_watermark is {limit} bytes); publishing resumes when it clears"
+        ));
+    }
+    if st.shared.disk.is_on() {
+        return Some(format!(
+            "resource alarm in effect: disk (a data directory has less than limits.disk_free_bytes_min = {} bytes free); publishing resumes when it clears",
+            st.shared.config.limits.disk_free_bytes_min
+        ));
+    }
+    None
+}
+
 /// `POST /api/exchanges/{vhost}/{name}/publish`.
 pub(super) async fn publish(
     State(st): State<HttpState>,
@@ -131,20 +157,31 @@ pub(super) async fn publish(
     Path((vhost, name)): Path<(String, String)>,
     Json(body): Json<Value>,
 ) -> Response {
-    if let Err(r) = user.may(&st, &vhost, &[(Resource::Exchange(&name), Perm::Write)]) {
+    let exchange = exchange_name(&name);
+    let Some(routing_key) = body.get("routing_key").and_then(Value::as_str) else {
+        return bad_request("routing_key is required");
+    };
+    let publish = Action::Publish {
+        exchange,
+        routing_key,
+    };
+    if let Err(r) = user.may(&st, &vhost, &[publish]) {
         return r;
+    }
+    if let Some(alarm) = resource_alarm(&st) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"error": "resource_alarm", "reason": alarm})),
+        )
+            .into_response();
     }
     let v = match vhost_or_404(&st, &vhost) {
         Ok(v) => v,
         Err(r) => return r,
     };
-    let exchange = exchange_name(&name);
     if !exchange.is_empty() && v.exchange(exchange).is_err() {
         return super::not_found();
     }
-    let Some(routing_key) = body.get("routing_key").and_then(Value::as_str) else {
-        return bad_request("routing_key is required");
-    };
     let payload = body.get("payload").and_then(Value::as_str).unwrap_or("");
     let payload = match body.get("payload_encoding").and_then(Value::as_str) {
         None | Some("string") => Bytes::from(payload.as_bytes().to_vec()),
@@ -162,11 +199,14 @@ pub(super) async fn publish(
         Ok(p) => p,
         Err(r) => return r,
     };
-    let msg = match Message::new(
+    // As a client's publish: a `user_id` must name the user (406
+    // PRECONDITION_FAILED over AMQP, 400 with its text here).
+    let msg = match Message::published(
         exchange.to_owned(),
         routing_key.to_owned(),
         encode_properties(&props),
         payload,
+        &user.0.name,
     ) {
         Ok(m) => m,
         Err(e) => return amqp_error(&e),
@@ -219,7 +259,11 @@ pub(super) async fn get(
     Path((vhost, name)): Path<(String, String)>,
     Json(body): Json<Value>,
 ) -> Response {
-    if let Err(r) = user.may(&st, &vhost, &[(Resource::Queue(&name), Perm::Read)]) {
+    if let Err(r) = user.may(
+        &st,
+        &vhost,
+        &[Action::On(Resource::Queue(&name), Perm::Read)],
+    ) {
         return r;
     }
     let (_, q) = match find(&st, &vhost, &name) {
@@ -264,12 +308,18 @@ pub(super) async fn get(
     let now = Instant::now();
     let mut taken = Vec::new();
     let mut out = Vec::new();
+    let mut shown_bytes = 0;
     while taken.len() < count {
         let Some((m, remaining)) = q.get(false, now) else {
             break;
         };
         let body = &m.msg.body;
         let shown = &body[..truncate.unwrap_or(body.len()).min(body.len())];
+        shown_bytes += shown.len();
+        if shown_bytes > crate::limits::HTTP_GET_BODY_BYTES_MAX && !taken.is_empty() {
+            q.requeue(vec![m], now, None);
+            break;
+        }
         let (payload, encoding) = match std::str::from_utf8(shown) {
             Ok(s) if !base64_only => (s.to_owned(), "string"),
             _ => (

@@ -3,6 +3,7 @@
 //! `DELETE .../contents` (purge).
 
 use berth_broker::access::{Perm, Resource};
+use berth_broker::args::as_string;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,6 +22,7 @@ use super::{
     amqp_error, bad_request, flag, json_table, not_found, query_flag, table_json, vhost_or_404,
     Authed, HttpState,
 };
+use crate::permissions::Action;
 
 /// The management API never owns an exclusive queue: connection ids start
 /// at 1.
@@ -172,14 +174,23 @@ pub(super) async fn put(
     Path((vhost, name)): Path<(String, String)>,
     body: Option<Json<Value>>,
 ) -> Response {
-    if let Err(r) = user.may(&st, &vhost, &[(Resource::Queue(&name), Perm::Configure)]) {
+    let body = body.map_or(Value::Null, |Json(b)| b);
+    let arguments = json_table(body.get("arguments").unwrap_or(&Value::Null));
+    let dlx = arguments
+        .inner()
+        .get("x-dead-letter-exchange")
+        .and_then(as_string);
+    let declare = Action::DeclareQueue {
+        name: &name,
+        dead_letter_exchange: dlx.as_deref(),
+    };
+    if let Err(r) = user.may(&st, &vhost, &[declare]) {
         return r;
     }
     let v = match vhost_or_404(&st, &vhost) {
         Ok(v) => v,
         Err(r) => return r,
     };
-    let body = body.map_or(Value::Null, |Json(b)| b);
     let (durable, auto_delete) = match (
         flag(&body, "durable", true),
         flag(&body, "auto_delete", false),
@@ -196,7 +207,7 @@ pub(super) async fn put(
         durable,
         exclusive: false,
         auto_delete,
-        arguments: json_table(body.get("arguments").unwrap_or(&Value::Null)),
+        arguments,
     };
     match v.declare_queue(API_CONNECTION_ID, &name, &d, Instant::now()) {
         Ok(_) if existed => StatusCode::NO_CONTENT.into_response(),
@@ -212,7 +223,11 @@ pub(super) async fn delete(
     Path((vhost, name)): Path<(String, String)>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    if let Err(r) = user.may(&st, &vhost, &[(Resource::Queue(&name), Perm::Configure)]) {
+    if let Err(r) = user.may(
+        &st,
+        &vhost,
+        &[Action::On(Resource::Queue(&name), Perm::Configure)],
+    ) {
         return r;
     }
     let (v, queue) = match find(&st, &vhost, &name) {
@@ -237,7 +252,11 @@ pub(super) async fn purge(
     user: Authed,
     Path((vhost, name)): Path<(String, String)>,
 ) -> Response {
-    if let Err(r) = user.may(&st, &vhost, &[(Resource::Queue(&name), Perm::Read)]) {
+    if let Err(r) = user.may(
+        &st,
+        &vhost,
+        &[Action::On(Resource::Queue(&name), Perm::Read)],
+    ) {
         return r;
     }
     let (_, queue) = match find(&st, &vhost, &name) {
