@@ -53,6 +53,7 @@ def start(certs):  # noqa: F811
                        "--tls-key-file", os.path.join(certs, "server.key"),
                        "--tls-ca-file", ca_file or os.path.join(certs, "ca.crt"),
                        "--tls-verify-peer", "true", "--tls-fail-if-no-peer-cert", "true",
+                       "--mechanism", "PLAIN", "--mechanism", "EXTERNAL",
                        *extra])
         started.append(b)
         return b
