@@ -28,12 +28,14 @@ broker_start() {
   fi
   _broker_dir=$(mktemp -d "${TMPDIR:-/tmp}/berth-clients.XXXXXX")
   # AMQPS too, when the openssl CLI can make a CA, a server certificate and
-  # a client certificate for guest (EXTERNAL logs in by the CN).
+  # a client certificate for guest (EXTERNAL, listed in auth.mechanisms
+  # here since it is not offered by default, logs in by the CN).
   local tls_args=()
   if _broker_make_certs "$_broker_dir/tls"; then
     tls_args=(--amqps-listen 127.0.0.1:0
       --tls-cert-file "$_broker_dir/tls/server.crt" --tls-key-file "$_broker_dir/tls/server.key"
-      --tls-ca-file "$_broker_dir/tls/ca.crt" --tls-verify-peer true)
+      --tls-ca-file "$_broker_dir/tls/ca.crt" --tls-verify-peer true
+      --mechanism PLAIN --mechanism AMQPLAIN --mechanism EXTERNAL)
   fi
   NO_COLOR=1 RUST_LOG=${RUST_LOG:-info} "$bin" serve \
     --amqp-listen 127.0.0.1:0 --data-dir "$_broker_dir/data" "${tls_args[@]}" \

@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 import time
 
+import amqp
 import pika
 import pika.credentials
 import pytest
@@ -53,13 +54,16 @@ def certs():
 
 @pytest.fixture
 def tls_berth(certs, berths):  # noqa: F811
-    def start(verify=True, fail_if_no_cert=True, cert_dir=certs):
+    def start(verify=True, fail_if_no_cert=True, cert_dir=certs,
+              mechanisms=("PLAIN", "AMQPLAIN", "EXTERNAL")):
+        mechanism_flags = [f for m in mechanisms or () for f in ("--mechanism", m)]
         return berths("--amqps-listen", "127.0.0.1:0",
                       "--tls-cert-file", os.path.join(cert_dir, "server.crt"),
                       "--tls-key-file", os.path.join(cert_dir, "server.key"),
                       "--tls-ca-file", os.path.join(certs, "ca.crt"),
                       "--tls-verify-peer", str(verify).lower(),
-                      "--tls-fail-if-no-peer-cert", str(fail_if_no_cert).lower())
+                      "--tls-fail-if-no-peer-cert", str(fail_if_no_cert).lower(),
+                      *mechanism_flags)
 
     return start
 
@@ -103,6 +107,46 @@ def test_external_for_a_certificate_without_a_user_is_refused(tls_berth, certs):
     with pytest.raises(pika.exceptions.ProbableAuthenticationError) as info:
         pika.BlockingConnection(tls_params(b, certs, pika.credentials.ExternalCredentials()))
     assert "EXTERNAL" in str(info.value)
+
+
+def py_amqp(b, certs):
+    """A py-amqp connection (the transport under kombu and Celery) with a
+    client certificate and guest's password, connected."""
+    conn = amqp.Connection(host=f"127.0.0.1:{b.amqps_port}", userid="guest",
+                           password="guest", ssl=context(certs), connect_timeout=10)
+    conn.connect()
+    return conn
+
+
+def offered(conn):
+    return [m.decode() if isinstance(m, bytes) else m for m in conn.mechanisms]
+
+
+def test_py_amqp_with_a_certificate_and_a_password_logs_in_by_default(tls_berth, certs):
+    # py-amqp picks EXTERNAL whenever the server offers it; RabbitMQ offers
+    # only PLAIN and AMQPLAIN unless `auth_mechanisms` lists EXTERNAL, so
+    # this client logs in with its password there, and must here too.
+    b = tls_berth(mechanisms=None)
+    conn = py_amqp(b, certs)
+    assert offered(conn) == ["PLAIN", "AMQPLAIN"]
+    ch = conn.channel()
+    q, _, _ = ch.queue_declare(exclusive=True)
+    ch.basic_publish(amqp.Message(b"by password"), routing_key=q)
+    assert ch.basic_get(q, no_ack=True).body == b"by password"
+    conn.close()
+
+
+def test_external_is_offered_only_when_listed_and_then_in_the_listed_order(tls_berth, certs):
+    b = tls_berth(mechanisms=("EXTERNAL", "PLAIN"))
+    b.add_user("tls-user", "unused-password")
+    conn = py_amqp(b, certs)  # py-amqp now picks EXTERNAL: user tls-user
+    assert offered(conn) == ["EXTERNAL", "PLAIN"]
+    conn.channel().queue_declare(exclusive=True)
+    conn.close()
+    # A mechanism that is not offered is refused, even if berth knows it.
+    b2 = tls_berth(mechanisms=("PLAIN",))
+    with pytest.raises(pika.exceptions.AMQPConnectionError):
+        pika.BlockingConnection(tls_params(b2, certs, pika.credentials.ExternalCredentials()))
 
 
 def test_a_client_without_certificate_is_refused_with_fail_if_no_peer_cert(tls_berth, certs):

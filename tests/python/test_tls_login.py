@@ -48,6 +48,7 @@ def start(certs, berths):  # noqa: F811
                       "--tls-key-file", os.path.join(certs, "server.key"),
                       "--tls-ca-file", ca_file or os.path.join(certs, "ca.crt"),
                       "--tls-verify-peer", "true", "--tls-fail-if-no-peer-cert", "true",
+                      "--mechanism", "PLAIN", "--mechanism", "EXTERNAL",
                       *extra)
 
     return run

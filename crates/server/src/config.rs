@@ -184,6 +184,9 @@ pub struct Auth {
     /// one beyond waits `LOGIN_FAILURE_DELAY_MS` (slows password guessing
     /// without delaying anyone else).
     pub login_failures_per_s_max: u32,
+    /// Login mechanisms offered, in this order (`EXTERNAL` only on a TLS
+    /// connection whose certificate names a user).
+    pub mechanisms: Vec<crate::mechanism::Mechanism>,
 }
 
 /// `[log]`.

@@ -25,6 +25,7 @@ mod https;
 pub mod journal;
 pub mod limits;
 mod listen;
+pub mod mechanism;
 pub mod memory;
 pub mod outbound;
 pub mod permissions;

@@ -24,6 +24,7 @@ use berth_protocol::{AMQPClass, AMQPValue, FieldTable, LongString};
 
 use super::exception::{decode_error, frame_error, End};
 use super::Conn;
+use crate::mechanism::{self, Mechanism};
 
 /// What the client said it understands in `start-ok`'s capabilities.
 struct ClientCapabilities {
@@ -102,17 +103,17 @@ impl Conn {
 
     /// `start` / `start-ok`: the client's capabilities and credentials.
     async fn start(&mut self) -> Result<ClientCapabilities, End> {
+        let offered = mechanism::offered(
+            &self.shared.config.auth.mechanisms,
+            self.peer_cert_name.is_some(),
+        );
         self.send_method(
             0,
             &AMQPClass::Connection(conn::AMQPMethod::Start(conn::Start {
                 version_major: 0,
                 version_minor: 9,
                 server_properties: server_properties(),
-                mechanisms: if self.peer_cert_name.is_some() {
-                    "PLAIN AMQPLAIN EXTERNAL".into()
-                } else {
-                    "PLAIN AMQPLAIN".into()
-                },
+                mechanisms: mechanism::offer_text(&offered).into(),
                 locales: "en_US".into(),
             })),
         );
@@ -127,18 +128,25 @@ impl Conn {
         let capabilities = client_capabilities(&start_ok.client_properties);
         self.client_properties = start_ok.client_properties.clone();
         self.flow.blocked_notify = capabilities.blocked_notify;
-        let external = start_ok.mechanism.as_str() == "EXTERNAL";
-        let credentials = if external {
-            self.peer_cert_name.clone().map(|u| (u, String::new()))
-        } else {
-            parse_credentials(start_ok.mechanism.as_str(), start_ok.response.as_bytes())
+        let chosen = start_ok
+            .mechanism
+            .as_str()
+            .parse::<Mechanism>()
+            .ok()
+            .filter(|m| offered.contains(m));
+        let external = chosen == Some(Mechanism::External);
+        let credentials = match chosen {
+            Some(Mechanism::External) => self.peer_cert_name.clone().map(|u| (u, String::new())),
+            Some(m) => parse_credentials(m, start_ok.response.as_bytes()),
+            None => None,
         };
         let (user, password) = match credentials {
             Some(c) => c,
             None => {
                 return Err(AmqpError::access_refused(format!(
-                    "unsupported or malformed authentication mechanism '{}'; use PLAIN or AMQPLAIN",
-                    start_ok.mechanism
+                    "unsupported or malformed authentication mechanism '{}'; use one of: {}",
+                    start_ok.mechanism,
+                    mechanism::offer_text(&offered)
                 ))
                 .during(CLASS_CONNECTION, METHOD_CONNECTION_START_OK)
                 .into())
@@ -299,9 +307,9 @@ fn client_capabilities(props: &FieldTable) -> ClientCapabilities {
 
 /// PLAIN: `\0user\0password`; AMQPLAIN: a field table body with LOGIN and
 /// PASSWORD.
-fn parse_credentials(mechanism: &str, response: &[u8]) -> Option<(String, String)> {
+fn parse_credentials(mechanism: Mechanism, response: &[u8]) -> Option<(String, String)> {
     match mechanism {
-        "PLAIN" => {
+        Mechanism::Plain => {
             let mut parts = response.split(|b| *b == 0);
             let _authzid = parts.next()?;
             let user = parts.next()?;
@@ -311,14 +319,14 @@ fn parse_credentials(mechanism: &str, response: &[u8]) -> Option<(String, String
                 String::from_utf8(pass.to_vec()).ok()?,
             ))
         }
-        "AMQPLAIN" => {
+        Mechanism::Amqplain => {
             let mut framed = (response.len() as u32).to_be_bytes().to_vec();
             framed.extend_from_slice(response);
             let table = codec::decode_field_table(&framed)?;
             let get = |k: &str| table.inner().get(k).and_then(berth_broker::args::as_string);
             Some((get("LOGIN")?, get("PASSWORD")?))
         }
-        _ => None,
+        Mechanism::External => None,
     }
 }
 

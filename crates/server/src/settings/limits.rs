@@ -6,6 +6,7 @@
 use super::slot::{field, list, non_empty, one, Refusal};
 use super::Setting;
 use crate::limits;
+use crate::mechanism::Mechanism;
 use berth_broker::limits as broker;
 
 pub(super) static LIMITS: &[Setting] = &[
@@ -210,7 +211,33 @@ pub(super) static AUTH: &[Setting] = &[
             limits::DEFAULT_LOGIN_FAILURES_PER_S_MAX
         }),
     },
+    Setting {
+        key: "auth.mechanisms",
+        flag: "mechanism",
+        value_name: "NAME",
+        default_note: "",
+        doc: "login mechanisms offered, in this order (RabbitMQ's `auth_mechanisms`): `PLAIN`, \
+              `AMQPLAIN`, `EXTERNAL`. `EXTERNAL` (the user named by the client's TLS \
+              certificate) is offered only when listed, and then only to a connection whose \
+              verified certificate names a user; a client that picks a mechanism it was not \
+              offered is refused",
+        slot: &list(field!(auth.mechanisms), || {
+            vec![Mechanism::Plain, Mechanism::Amqplain]
+        })
+        .check(|list| distinct_mechanisms(list)),
+    },
 ];
+
+/// At least one mechanism, none twice.
+fn distinct_mechanisms(list: &[Mechanism]) -> Result<(), Refusal> {
+    non_empty(list, "at least one login mechanism is needed")?;
+    for (i, m) in list.iter().enumerate() {
+        if list[..i].contains(m) {
+            return Err(Refusal::new(m.name(), "listed twice"));
+        }
+    }
+    Ok(())
+}
 
 pub(super) static LOG: &[Setting] = &[Setting {
     key: "log.log_level",

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 
 use crate::cert_login::{LoginFrom, SanType};
 use crate::config::SyncMode;
+use crate::mechanism::Mechanism;
 
 /// A setting's value type.
 pub trait Value: Sized + Clone + Send + Sync + 'static {
@@ -170,6 +171,12 @@ named!(SanType {
     SanType::OtherName => "other_name",
 });
 
+named!(Mechanism {
+    Mechanism::Plain => "PLAIN",
+    Mechanism::Amqplain => "AMQPLAIN",
+    Mechanism::External => "EXTERNAL",
+});
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,6 +198,7 @@ mod tests {
             LoginFrom::DistinguishedName,
             LoginFrom::SubjectAlternativeName,
         ]);
+        round_trips(&Mechanism::ALL);
         round_trips(&[
             SanType::Dns,
             SanType::Email,
