@@ -112,8 +112,13 @@ def test_external_for_a_certificate_without_a_user_is_refused(tls_berth, certs):
 def py_amqp(b, certs):
     """A py-amqp connection (the transport under kombu and Celery) with a
     client certificate and guest's password, connected."""
+    # py-amqp takes its TLS options as a dict (an SSLContext is ignored).
+    tls = {"ca_certs": os.path.join(certs, "ca.crt"),
+           "certfile": os.path.join(certs, "client.crt"),
+           "keyfile": os.path.join(certs, "client.key"),
+           "cert_reqs": ssl.CERT_REQUIRED, "server_hostname": "localhost"}
     conn = amqp.Connection(host=f"127.0.0.1:{b.amqps_port}", userid="guest",
-                           password="guest", ssl=context(certs), connect_timeout=10)
+                           password="guest", ssl=tls, connect_timeout=10)
     conn.connect()
     return conn
 
