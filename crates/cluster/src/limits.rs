@@ -1,0 +1,21 @@
+//! Every limit of the replication layer, with its unit, in one place.
+
+/// Largest frame one peer may send another (an append carrying a batch of
+/// entries, or a snapshot chunk). Larger frames close the connection.
+pub const PEER_FRAME_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// Entries per append request; with berth's one-entry-per-fsync-batch rule a
+/// request carries at most this many batches.
+pub const APPEND_ENTRIES_MAX: u64 = 64;
+
+/// Snapshot chunk size sent per install-snapshot request.
+pub const SNAPSHOT_CHUNK_BYTES: u64 = 4 * 1024 * 1024;
+
+/// How long a connecting peer has to complete the secret handshake.
+pub const HANDSHAKE_TIMEOUT_MS: u64 = 3_000;
+
+/// Bytes of the random challenge each side sends in the handshake.
+pub const CHALLENGE_BYTES: usize = 32;
+
+/// Shortest secret a cluster accepts (RabbitMQ's cookie is 20 characters).
+pub const SECRET_BYTES_MIN: usize = 16;

@@ -1,0 +1,484 @@
+//! The files that hold a node's Raft state, and the one thread that writes
+//! them.
+//!
+//! Interim layout (docs/FORMAT.md, "Cluster directory"): until a log group's
+//! segments become its Raft log, a node keeps its Raft log in its own files
+//! in `<data_dir>/cluster/`:
+//!
+//! - `raft.log`: one frame per entry, appended in index order;
+//! - `raft.vote`, `raft.purged`, `raft.snapshot`: one frame each, replaced
+//!   whole (write `*.tmp`, fdatasync, rename, fsync the directory).
+//!
+//! A frame is `u32 LE payload length | u32 LE crc32c(payload) | payload`.
+//!
+//! Invariants:
+//! - A job's completion is called only after its bytes were fdatasynced
+//!   (and, for a replaced file, after the rename was made durable).
+//! - Jobs complete in the order they were sent.
+//! - After one I/O error every later job fails with that error: a failed
+//!   fdatasync leaves the page cache in an unknown state, so nothing written
+//!   after it may be reported durable.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread;
+
+use crate::error::ClusterError;
+use crate::limits::PEER_FRAME_BYTES_MAX;
+use crate::sync_gate::SyncGate;
+
+pub const FRAME_HEADER_BYTES: usize = 8;
+const LEN_AT: usize = 0;
+const CRC_AT: usize = 4;
+const _: () = assert!(CRC_AT + 4 == FRAME_HEADER_BYTES);
+
+pub const LOG_FILE: &str = "raft.log";
+pub const VOTE_FILE: &str = "raft.vote";
+pub const PURGED_FILE: &str = "raft.purged";
+pub const SNAPSHOT_FILE: &str = "raft.snapshot";
+
+/// Frames one payload.
+#[must_use]
+pub fn encode_frame(payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).expect("frame payloads are bounded far below 4 GiB");
+    let mut out = Vec::with_capacity(FRAME_HEADER_BYTES + payload.len());
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// How a scan of a frame file ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tail {
+    /// The file ends exactly after its last frame.
+    Clean,
+    /// The file ends inside a frame (header or payload incomplete): a write
+    /// that never completed its fdatasync, so it was never acknowledged.
+    /// Safe to cut off.
+    Torn { at: u64 },
+    /// A complete frame whose checksum does not match: bytes that may have
+    /// been acknowledged are damaged. Never cut off silently.
+    Damaged { at: u64 },
+}
+
+/// The frames of a file, each with its offset, and how the file ended.
+#[derive(Debug)]
+pub struct Scan<'a> {
+    pub frames: Vec<(u64, &'a [u8])>,
+    pub tail: Tail,
+}
+
+/// Reads frames from the start of `bytes` until the end or the first bad
+/// frame. This is the decision table of recovery:
+///
+/// | remaining bytes at a frame start          | verdict            |
+/// |-------------------------------------------|--------------------|
+/// | none                                      | `Clean`            |
+/// | fewer than a header                       | `Torn`             |
+/// | header claims more bytes than remain      | `Torn`             |
+/// | header claims more than the frame limit   | `Damaged`          |
+/// | complete frame, checksum mismatch         | `Damaged`          |
+/// | complete frame, checksum matches          | frame, go on       |
+#[must_use]
+pub fn scan(bytes: &[u8]) -> Scan<'_> {
+    let mut frames = Vec::new();
+    let mut at = 0usize;
+    let tail = loop {
+        let rest = &bytes[at..];
+        if rest.is_empty() {
+            break Tail::Clean;
+        }
+        if rest.len() < FRAME_HEADER_BYTES {
+            break Tail::Torn { at: at as u64 };
+        }
+        let len =
+            u32::from_le_bytes(rest[LEN_AT..LEN_AT + 4].try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(rest[CRC_AT..CRC_AT + 4].try_into().expect("4 bytes"));
+        if len > PEER_FRAME_BYTES_MAX {
+            break Tail::Damaged { at: at as u64 };
+        }
+        if rest.len() < FRAME_HEADER_BYTES + len {
+            break Tail::Torn { at: at as u64 };
+        }
+        let payload = &rest[FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + len];
+        if crc32c::crc32c(payload) != crc {
+            break Tail::Damaged { at: at as u64 };
+        }
+        frames.push((at as u64, payload));
+        at += FRAME_HEADER_BYTES + len;
+    };
+    Scan { frames, tail }
+}
+
+/// What a node's cluster directory held at start.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// Each entry's payload with the offset of its frame in `raft.log`.
+    pub entries: Vec<(u64, Vec<u8>)>,
+    /// Where the next frame of `raft.log` goes.
+    pub log_end: u64,
+    pub vote: Option<Vec<u8>>,
+    pub purged: Option<Vec<u8>>,
+    pub snapshot: Option<Vec<u8>>,
+}
+
+/// A job's completion: `Ok` only once its bytes are durable.
+pub type Done = Box<dyn FnOnce(io::Result<()>) + Send>;
+
+enum Job {
+    Append {
+        at: u64,
+        frames: Vec<u8>,
+        done: Done,
+    },
+    Truncate {
+        len: u64,
+        done: Done,
+    },
+    Replace {
+        name: &'static str,
+        frame: Vec<u8>,
+        done: Done,
+    },
+}
+
+/// The sending side of the writer thread. Cloned by the log and the state
+/// machine; the thread ends when the last clone is dropped.
+#[derive(Clone)]
+pub struct Writer {
+    jobs: mpsc::Sender<Job>,
+}
+
+impl Writer {
+    /// Writes `frames` at byte `at` of `raft.log`, then fdatasyncs.
+    pub fn append(&self, at: u64, frames: Vec<u8>, done: Done) {
+        self.send(Job::Append { at, frames, done });
+    }
+
+    /// Cuts `raft.log` to `len` bytes, then fdatasyncs.
+    pub fn truncate(&self, len: u64, done: Done) {
+        self.send(Job::Truncate { len, done });
+    }
+
+    /// Replaces the single-frame file `name` by a frame of `payload`.
+    pub fn replace(&self, name: &'static str, payload: &[u8], done: Done) {
+        self.send(Job::Replace {
+            name,
+            frame: encode_frame(payload),
+            done,
+        });
+    }
+
+    fn send(&self, job: Job) {
+        if let Err(mpsc::SendError(job)) = self.jobs.send(job) {
+            let done = match job {
+                Job::Append { done, .. }
+                | Job::Truncate { done, .. }
+                | Job::Replace { done, .. } => done,
+            };
+            done(Err(io::Error::other("the Raft log writer has stopped")));
+        }
+    }
+}
+
+/// Opens (creating if needed) the cluster directory, reads what it holds,
+/// cuts a torn tail off `raft.log`, and starts the writer thread.
+pub fn open(dir: &Path, gate: SyncGate) -> Result<(Loaded, Writer), ClusterError> {
+    let io_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ClusterError::Io { path, source }
+    };
+    fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let log_path = dir.join(LOG_FILE);
+    let log = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&log_path)
+        .map_err(io_err(&log_path))?;
+    let bytes = fs::read(&log_path).map_err(io_err(&log_path))?;
+    let scan = scan(&bytes);
+    let log_end = match scan.tail {
+        Tail::Clean => bytes.len() as u64,
+        Tail::Torn { at } => {
+            tracing::warn!(path = %log_path.display(), at, cut = bytes.len() as u64 - at,
+                "cutting a torn tail (an append that never completed its fdatasync) off the Raft log");
+            log.set_len(at).map_err(io_err(&log_path))?;
+            log.sync_data().map_err(io_err(&log_path))?;
+            at
+        }
+        Tail::Damaged { at } => {
+            return Err(ClusterError::DamagedLog {
+                path: log_path,
+                offset: at,
+            })
+        }
+    };
+    let entries = scan
+        .frames
+        .iter()
+        .map(|(at, p)| (*at, p.to_vec()))
+        .collect();
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))?;
+    let loaded = Loaded {
+        entries,
+        log_end,
+        vote: read_single(&dir.join(VOTE_FILE))?,
+        purged: read_single(&dir.join(PURGED_FILE))?,
+        snapshot: read_single(&dir.join(SNAPSHOT_FILE))?,
+    };
+    let (tx, rx) = mpsc::channel();
+    let thread = WriterThread {
+        dir: dir.to_path_buf(),
+        log,
+        gate,
+        failed: None,
+    };
+    thread::Builder::new()
+        .name("raft-log".into())
+        .spawn(move || thread.run(&rx))
+        .map_err(io_err(dir))?;
+    Ok((loaded, Writer { jobs: tx }))
+}
+
+/// A file replaced whole holds exactly one valid frame, or does not exist.
+fn read_single(path: &Path) -> Result<Option<Vec<u8>>, ClusterError> {
+    let bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(ClusterError::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let scan = scan(&bytes);
+    match (scan.frames.as_slice(), scan.tail) {
+        ([(_, payload)], Tail::Clean) => Ok(Some(payload.to_vec())),
+        _ => Err(ClusterError::Undecodable {
+            path: path.to_path_buf(),
+            detail: format!(
+                "expected one whole frame, found {} and {:?}",
+                scan.frames.len(),
+                scan.tail
+            ),
+        }),
+    }
+}
+
+struct WriterThread {
+    dir: PathBuf,
+    log: File,
+    gate: SyncGate,
+    /// The first I/O error; every later job fails with it.
+    failed: Option<(io::ErrorKind, String)>,
+}
+
+impl WriterThread {
+    fn run(mut self, jobs: &mpsc::Receiver<Job>) {
+        let mut next = jobs.recv().ok();
+        while let Some(job) = next.take() {
+            match job {
+                Job::Append { at, frames, done } => {
+                    // Gather every append already queued behind this one:
+                    // one fdatasync covers them all.
+                    let mut dones = vec![done];
+                    let mut result = self.write_at(at, &frames);
+                    loop {
+                        match jobs.try_recv() {
+                            Ok(Job::Append { at, frames, done }) => {
+                                if result.is_ok() {
+                                    result = self.write_at(at, &frames);
+                                }
+                                dones.push(done);
+                            }
+                            Ok(other) => {
+                                next = Some(other);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    let result = result.and_then(|()| self.sync_log());
+                    for done in dones {
+                        done(self.copy(&result));
+                    }
+                }
+                Job::Truncate { len, done } => {
+                    let result = self
+                        .check()
+                        .and_then(|()| self.log.set_len(len))
+                        .and_then(|()| self.sync_log());
+                    let result = self.remember(result);
+                    done(result);
+                }
+                Job::Replace { name, frame, done } => {
+                    let result = self.check().and_then(|()| self.replace(name, &frame));
+                    let result = self.remember(result);
+                    done(result);
+                }
+            }
+            if next.is_none() {
+                next = jobs.recv().ok();
+            }
+        }
+    }
+
+    fn write_at(&mut self, at: u64, frames: &[u8]) -> io::Result<()> {
+        self.check()?;
+        let result = self.log.write_all_at(frames, at);
+        self.remember(result)
+    }
+
+    fn sync_log(&mut self) -> io::Result<()> {
+        self.check()?;
+        self.gate.pass();
+        let result = self.log.sync_data();
+        self.remember(result)
+    }
+
+    fn replace(&self, name: &str, frame: &[u8]) -> io::Result<()> {
+        let tmp = self.dir.join(format!("{name}.tmp"));
+        let mut file = File::create(&tmp)?;
+        file.write_all(frame)?;
+        self.gate.pass();
+        file.sync_data()?;
+        fs::rename(&tmp, self.dir.join(name))?;
+        File::open(&self.dir)?.sync_all()
+    }
+
+    fn check(&self) -> io::Result<()> {
+        match &self.failed {
+            None => Ok(()),
+            Some((kind, msg)) => Err(io::Error::new(
+                *kind,
+                format!("the Raft log failed earlier: {msg}"),
+            )),
+        }
+    }
+
+    fn remember(&mut self, result: io::Result<()>) -> io::Result<()> {
+        if let Err(e) = &result {
+            if self.failed.is_none() {
+                tracing::error!(dir = %self.dir.display(), error = %e, "Raft log I/O failed; this node stops writing");
+                self.failed = Some((e.kind(), e.to_string()));
+            }
+        }
+        result
+    }
+
+    fn copy(&self, result: &io::Result<()>) -> io::Result<()> {
+        match result {
+            Ok(()) => Ok(()),
+            Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames(payloads: &[&[u8]]) -> Vec<u8> {
+        payloads.iter().flat_map(|p| encode_frame(p)).collect()
+    }
+
+    #[test]
+    fn every_row_of_the_decision_table() {
+        let two = frames(&[b"one", b"two"]);
+        let first_len = (FRAME_HEADER_BYTES + 3) as u64;
+        // Clean.
+        let s = scan(&two);
+        assert_eq!(s.tail, Tail::Clean);
+        assert_eq!(s.frames.len(), 2);
+        // Fewer bytes than a header.
+        let s = scan(&two[..FRAME_HEADER_BYTES + 3 + 5]);
+        assert_eq!(s.tail, Tail::Torn { at: first_len });
+        // Payload incomplete.
+        let s = scan(&two[..two.len() - 1]);
+        assert_eq!(s.tail, Tail::Torn { at: first_len });
+        assert_eq!(s.frames.len(), 1);
+        // Checksum mismatch in a complete frame.
+        let mut flipped = two.clone();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 0x40;
+        assert_eq!(scan(&flipped).tail, Tail::Damaged { at: first_len });
+        // A length past the frame limit.
+        let mut huge = two;
+        huge[first_len as usize..first_len as usize + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(scan(&huge).tail, Tail::Damaged { at: first_len });
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_and_a_damaged_frame_refuses_to_start() {
+        let dir =
+            std::env::temp_dir().join(format!("berth-cluster-logfile-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let good = frames(&[b"alpha", b"beta"]);
+        let mut torn = good.clone();
+        torn.extend_from_slice(&encode_frame(b"gamma")[..6]);
+        fs::write(dir.join(LOG_FILE), &torn).unwrap();
+        let (loaded, _w) = open(&dir, SyncGate::default()).unwrap();
+        assert_eq!(loaded.entries.len(), 2);
+        assert_eq!(loaded.log_end, good.len() as u64);
+        assert_eq!(
+            fs::metadata(dir.join(LOG_FILE)).unwrap().len(),
+            good.len() as u64
+        );
+
+        let mut damaged = good;
+        damaged[FRAME_HEADER_BYTES] ^= 1;
+        fs::write(dir.join(LOG_FILE), &damaged).unwrap();
+        let err = open(&dir, SyncGate::default())
+            .err()
+            .expect("a damaged frame must refuse");
+        let text = err.to_string();
+        assert!(
+            text.contains("raft.log") && text.contains("byte 0") && text.contains("remove-node"),
+            "{text}"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn completions_wait_for_the_gate_and_keep_their_order() {
+        let dir = std::env::temp_dir().join(format!("berth-cluster-gate-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let gate = SyncGate::default();
+        let (_, writer) = open(&dir, gate.clone()).unwrap();
+        let (tx, rx) = mpsc::channel();
+        gate.close();
+        let mut at = 0;
+        for i in 0..3u8 {
+            let f = encode_frame(&[i; 10]);
+            let tx = tx.clone();
+            writer.append(
+                at,
+                f.clone(),
+                Box::new(move |r| tx.send((i, r.is_ok())).unwrap()),
+            );
+            at += f.len() as u64;
+        }
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_millis(300))
+                .is_err(),
+            "reported durable before fdatasync"
+        );
+        gate.open();
+        let got: Vec<_> = (0..3).map(|_| rx.recv().unwrap()).collect();
+        assert_eq!(got, vec![(0, true), (1, true), (2, true)]);
+        drop(writer);
+        let (loaded, _w) = open(&dir, SyncGate::default()).unwrap();
+        assert_eq!(loaded.entries.len(), 3);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

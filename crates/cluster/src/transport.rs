@@ -1,0 +1,57 @@
+//! How nodes talk: one TCP connection per (sender, receiver) pair, frames
+//! delimited by a length prefix (tokio-util's codec), each frame one
+//! postcard-encoded request or response. A connection starts with a
+//! challenge-response proof of the cluster secret in both directions.
+//!
+//! Invariants:
+//! - Nothing reaches Raft from a connection that has not proven the secret.
+//! - A frame that does not decode closes its connection, never the node.
+
+mod client;
+mod handshake;
+mod server;
+
+use openraft::error::{InstallSnapshotError, RaftError};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpStream;
+use tokio_util::codec::{Framed, LengthDelimitedCodec};
+
+use crate::limits::PEER_FRAME_BYTES_MAX;
+use crate::types::{NodeId, TypeConfig};
+
+pub(crate) use client::Network;
+pub(crate) use server::serve;
+
+/// Version of the frames below; a peer speaking another version is refused
+/// at the handshake with both versions named.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+#[derive(Serialize, Deserialize)]
+pub(crate) enum Request {
+    Append(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<NodeId>),
+    Snapshot(InstallSnapshotRequest<TypeConfig>),
+}
+
+#[derive(Serialize, Deserialize)]
+pub(crate) enum Response {
+    Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
+    Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
+    Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
+}
+
+pub(crate) type Conn = Framed<TcpStream, LengthDelimitedCodec>;
+
+pub(crate) fn framed(stream: TcpStream) -> Conn {
+    let _ = stream.set_nodelay(true); // latency only; the connection works either way
+    Framed::new(
+        stream,
+        LengthDelimitedCodec::builder()
+            .max_frame_length(PEER_FRAME_BYTES_MAX)
+            .new_codec(),
+    )
+}

@@ -1,0 +1,174 @@
+//! The sending side: openraft's network factory and one client per peer,
+//! each holding at most one authenticated connection, re-made on demand.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::BasicNode;
+use tokio::net::TcpStream;
+
+use super::{framed, handshake, Conn, Request, Response};
+use crate::types::{NodeId, TypeConfig};
+
+type RpcError<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, RaftError<NodeId, E>>;
+
+/// Makes a [`Peer`] for each member openraft replicates to.
+pub(crate) struct Network {
+    pub(crate) node: NodeId,
+    pub(crate) secret: Arc<Vec<u8>>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = Peer;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
+        Peer {
+            node: self.node,
+            target,
+            addr: node.addr.clone(),
+            secret: self.secret.clone(),
+            conn: None,
+        }
+    }
+}
+
+pub(crate) struct Peer {
+    node: NodeId,
+    target: NodeId,
+    addr: String,
+    secret: Arc<Vec<u8>>,
+    conn: Option<Conn>,
+}
+
+/// Why one call failed, before it is shaped into openraft's error.
+enum CallError {
+    /// No connection could be made or proven: back off.
+    Unreachable(io::Error),
+    /// The connection broke or timed out mid-call: retry.
+    Network(io::Error),
+}
+
+impl Peer {
+    async fn connected(&mut self) -> Result<&mut Conn, CallError> {
+        if self.conn.is_none() {
+            let stream = TcpStream::connect(&self.addr)
+                .await
+                .map_err(CallError::Unreachable)?;
+            let mut conn = framed(stream);
+            handshake::connect(&mut conn, &self.secret, self.node).await.map_err(|e| {
+                tracing::warn!(peer = self.target, addr = %self.addr, error = %e, "cluster handshake failed");
+                CallError::Unreachable(e)
+            })?;
+            self.conn = Some(conn);
+        }
+        Ok(self.conn.as_mut().expect("connected above"))
+    }
+
+    async fn call(&mut self, request: &Request, ttl: Duration) -> Result<Response, CallError> {
+        let bytes =
+            postcard::to_allocvec(request).map_err(|e| CallError::Network(io::Error::other(e)))?;
+        let result = tokio::time::timeout(ttl, async {
+            let conn = self.connected().await?;
+            conn.send(Bytes::from(bytes))
+                .await
+                .map_err(CallError::Network)?;
+            let frame = conn
+                .next()
+                .await
+                .ok_or_else(|| {
+                    CallError::Network(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "peer closed the connection",
+                    ))
+                })?
+                .map_err(CallError::Network)?;
+            postcard::from_bytes(&frame).map_err(|e| {
+                CallError::Network(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("response does not decode: {e}"),
+                ))
+            })
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(CallError::Network(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no answer in time",
+            )))
+        });
+        if result.is_err() {
+            self.conn = None; // a half-used connection cannot be trusted to line up answers
+        }
+        result
+    }
+
+    fn shape<E: std::error::Error>(&self, e: CallError) -> RPCError<NodeId, BasicNode, E> {
+        match e {
+            CallError::Unreachable(e) => RPCError::Unreachable(Unreachable::new(&e)),
+            CallError::Network(e) => RPCError::Network(NetworkError::new(&e)),
+        }
+    }
+
+    fn unexpected<E: std::error::Error>(&self) -> RPCError<NodeId, BasicNode, E> {
+        let e = io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the peer answered a different request",
+        );
+        RPCError::Network(NetworkError::new(&e))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for Peer {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RpcError> {
+        match self.call(&Request::Append(rpc), option.hard_ttl()).await {
+            Ok(Response::Append(r)) => {
+                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            Ok(_) => Err(self.unexpected()),
+            Err(e) => Err(self.shape(e)),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<NodeId>, RpcError<InstallSnapshotError>> {
+        match self.call(&Request::Snapshot(rpc), option.hard_ttl()).await {
+            Ok(Response::Snapshot(r)) => {
+                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            Ok(_) => Err(self.unexpected()),
+            Err(e) => Err(self.shape(e)),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RpcError> {
+        match self.call(&Request::Vote(rpc), option.hard_ttl()).await {
+            Ok(Response::Vote(r)) => {
+                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            Ok(_) => Err(self.unexpected()),
+            Err(e) => Err(self.shape(e)),
+        }
+    }
+}

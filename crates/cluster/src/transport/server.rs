@@ -1,0 +1,107 @@
+//! The receiving side: accepts peers, proves the secret, and hands each
+//! request to the local Raft node. A peer whose connection closes while it
+//! leads is most likely dead (its process ended): the node asks for an
+//! election at once instead of waiting out the election timeout.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::TcpListener;
+
+use super::{framed, handshake, Conn, Request, Response};
+use crate::types::{NodeId, Raft};
+
+/// Accepts peers until the task is aborted.
+/// Each connection runs in a task of one set, so that aborting this task
+/// (the node stops) closes every peer connection too.
+pub(crate) async fn serve(listener: TcpListener, raft: Raft, secret: Arc<Vec<u8>>) {
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        while connections.try_join_next().is_some() {}
+        let (stream, addr) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                // Out of descriptors and the like: wait, never spin.
+                tracing::warn!(error = %e, "cluster listener cannot accept");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let raft = raft.clone();
+        let secret = secret.clone();
+        connections.spawn(async move {
+            let mut conn = framed(stream);
+            match handshake::accept(&mut conn, &secret).await {
+                Ok(peer) => serve_peer(conn, peer, &raft).await,
+                Err(e) => tracing::warn!(%addr, error = %e, "refused a cluster connection"),
+            }
+        });
+    }
+}
+
+async fn serve_peer(mut conn: Conn, peer: NodeId, raft: &Raft) {
+    while let Some(frame) = conn.next().await {
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(peer, error = %e, "closing a cluster connection: bad frame");
+                break;
+            }
+        };
+        let request: Request = match postcard::from_bytes(&frame) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(peer, error = %e, "closing a cluster connection: request does not decode");
+                break;
+            }
+        };
+        let response = match request {
+            Request::Append(rpc) => Response::Append(raft.append_entries(rpc).await),
+            Request::Vote(rpc) => Response::Vote(raft.vote(rpc).await),
+            Request::Snapshot(rpc) => Response::Snapshot(raft.install_snapshot(rpc).await),
+        };
+        let bytes = match postcard::to_allocvec(&response) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(peer, error = %e, "cannot encode a cluster response");
+                break;
+            }
+        };
+        if conn.send(Bytes::from(bytes)).await.is_err() {
+            break;
+        }
+    }
+    // The leader's connection closed. If its process is gone, a connect to
+    // its address is refused at once, and an election now costs one round
+    // trip instead of the election timeout. A leader that is merely slow or
+    // partitioned keeps its port open (or does not answer), so a silent
+    // failure still waits for the timeout.
+    let (leader, addr) = {
+        let m = raft.metrics().borrow().clone();
+        (
+            m.current_leader,
+            m.membership_config
+                .membership()
+                .get_node(&peer)
+                .map(|n| n.addr.clone()),
+        )
+    };
+    if leader != Some(peer) {
+        return;
+    }
+    let Some(addr) = addr else { return };
+    let probe = tokio::time::timeout(
+        std::time::Duration::from_millis(200),
+        tokio::net::TcpStream::connect(&addr),
+    )
+    .await;
+    if let Ok(Err(e)) = probe {
+        if e.kind() == std::io::ErrorKind::ConnectionRefused {
+            tracing::info!(peer, %addr, "the leader's process is gone (connection refused); asking for an election");
+            if let Err(e) = raft.trigger().elect().await {
+                tracing::warn!(error = %e, "cannot start an election");
+            }
+        }
+    }
+}

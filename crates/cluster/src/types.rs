@@ -1,0 +1,41 @@
+//! The openraft type configuration berth uses. Private to this crate: the
+//! rest of berth sees [`crate::ClusterNode`] and plain bytes.
+
+use std::fmt;
+use std::io::Cursor;
+
+use serde::{Deserialize, Serialize};
+
+/// A node's identity inside Raft: a number, stable for the node's life,
+/// chosen by the operator's peer list.
+pub type NodeId = u64;
+
+/// One replicated command: opaque bytes that the [`crate::Apply`]
+/// implementation decodes (metadata commands, a gathered batch of records).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Command(pub Vec<u8>);
+
+impl fmt::Display for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "command({} bytes)", self.0.len())
+    }
+}
+
+openraft::declare_raft_types!(
+    /// berth's Raft types: opaque commands, numeric node ids, nodes known by
+    /// their peer address, snapshots held in memory.
+    pub TypeConfig:
+        D = Command,
+        R = (),
+        NodeId = NodeId,
+        Node = openraft::BasicNode,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+pub type Entry = openraft::Entry<TypeConfig>;
+pub type LogId = openraft::LogId<NodeId>;
+pub type Vote = openraft::Vote<NodeId>;
+pub type StorageError = openraft::StorageError<NodeId>;
+pub type Raft = openraft::Raft<TypeConfig>;

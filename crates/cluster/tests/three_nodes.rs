@@ -1,0 +1,285 @@
+//! Three members on loopback in one process: what Raft promises berth.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use berth_cluster::{Apply, ClusterNode, NodeConfig, NodeId, ProposeError, SyncGate};
+use parking_lot::Mutex;
+use tokio::net::TcpListener;
+
+/// Records every applied command, in order.
+#[derive(Default)]
+struct Recorder {
+    applied: Mutex<Vec<Vec<u8>>>,
+}
+
+impl Apply for Recorder {
+    fn apply(&self, _index: u64, command: &[u8]) {
+        self.applied.lock().push(command.to_vec());
+    }
+    fn snapshot(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for c in self.applied.lock().iter() {
+            out.extend_from_slice(&u32::try_from(c.len()).unwrap().to_le_bytes());
+            out.extend_from_slice(c);
+        }
+        out
+    }
+    fn restore(&self, snapshot: &[u8]) {
+        let mut applied = Vec::new();
+        let mut rest = snapshot;
+        while !rest.is_empty() {
+            let len = u32::from_le_bytes(rest[..4].try_into().unwrap()) as usize;
+            applied.push(rest[4..4 + len].to_vec());
+            rest = &rest[4 + len..];
+        }
+        *self.applied.lock() = applied;
+    }
+}
+
+struct Cluster {
+    root: PathBuf,
+    members: BTreeMap<NodeId, String>,
+    nodes: BTreeMap<NodeId, (ClusterNode, Arc<Recorder>)>,
+}
+
+const SECRET: &[u8] = b"a cluster secret of enough bytes";
+const WAIT: Duration = Duration::from_secs(20);
+
+impl Cluster {
+    async fn start(
+        name: &str,
+        gates: &BTreeMap<NodeId, SyncGate>,
+        secrets: &BTreeMap<NodeId, &[u8]>,
+    ) -> Self {
+        let root =
+            std::env::temp_dir().join(format!("berth-cluster-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let mut listeners = BTreeMap::new();
+        for id in 1..=3u64 {
+            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            listeners.insert(id, l);
+        }
+        let members: BTreeMap<NodeId, String> = listeners
+            .iter()
+            .map(|(id, l)| (*id, l.local_addr().unwrap().to_string()))
+            .collect();
+        let mut cluster = Self {
+            root,
+            members,
+            nodes: BTreeMap::new(),
+        };
+        for (id, listener) in listeners {
+            let gate = gates.get(&id).cloned().unwrap_or_default();
+            let secret = secrets.get(&id).copied().unwrap_or(SECRET);
+            cluster.start_node(id, listener, gate, secret).await;
+        }
+        cluster
+    }
+
+    async fn start_node(
+        &mut self,
+        id: NodeId,
+        listener: TcpListener,
+        gate: SyncGate,
+        secret: &[u8],
+    ) {
+        let mut config = NodeConfig::new(
+            id,
+            self.root.join(format!("n{id}")),
+            self.members.clone(),
+            secret.to_vec(),
+        );
+        config.election_timeout_ms = (600, 1_200);
+        config.heartbeat_ms = 150;
+        config.sync_gate = gate;
+        let app = Arc::new(Recorder::default());
+        let node = ClusterNode::start(config, listener, app.clone())
+            .await
+            .unwrap();
+        self.nodes.insert(id, (node, app));
+    }
+
+    async fn leader(&self) -> NodeId {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            // A leader every live member agrees on.
+            let seen: Vec<_> = self.nodes.values().map(|(n, _)| n.leader()).collect();
+            if let Some(Some(l)) = seen.first() {
+                if seen.iter().all(|s| *s == Some(*l)) && self.nodes.contains_key(l) {
+                    return *l;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no agreed leader within {WAIT:?}: {seen:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn propose_all(&self, leader: NodeId, from: u32, to: u32) {
+        let node = &self.nodes[&leader].0;
+        for i in from..to {
+            node.propose(format!("c{i}").into_bytes(), WAIT)
+                .await
+                .unwrap_or_else(|e| panic!("c{i}: {e}"));
+        }
+    }
+
+    /// Waits until every live member applied exactly `expected`, in order.
+    async fn agree(&self, expected: &[Vec<u8>]) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let lists: Vec<_> = self
+                .nodes
+                .iter()
+                .map(|(id, (_, r))| (*id, r.applied.lock().clone()))
+                .collect();
+            if lists.iter().all(|(_, l)| l == expected) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "members did not agree within {WAIT:?}: {:?}",
+                lists
+                    .iter()
+                    .map(|(id, l)| (id, l.len()))
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn stop(mut self) {
+        for (_, (node, _)) in std::mem::take(&mut self.nodes) {
+            node.shutdown().await;
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+fn commands(to: u32) -> Vec<Vec<u8>> {
+    (0..to).map(|i| format!("c{i}").into_bytes()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_apply_one_order_and_survive_the_leader_stopping() {
+    let mut cluster = Cluster::start("failover", &BTreeMap::new(), &BTreeMap::new()).await;
+    let first = cluster.leader().await;
+    cluster.propose_all(first, 0, 30).await;
+    cluster.agree(&commands(30)).await;
+
+    // A follower refuses to propose and names the leader.
+    let follower = *cluster.nodes.keys().find(|id| **id != first).unwrap();
+    match cluster.nodes[&follower]
+        .0
+        .propose(b"x".to_vec(), WAIT)
+        .await
+    {
+        Err(ProposeError::NotLeader { leader, addr }) => {
+            assert_eq!(leader, Some(first));
+            assert_eq!(addr.as_deref(), Some(cluster.members[&first].as_str()));
+        }
+        other => panic!("a follower must refuse with NotLeader, got {other:?}"),
+    }
+
+    // Stop the leader: its port closes, the others elect a new one.
+    let stopped_at = Instant::now();
+    let (old, _) = cluster.nodes.remove(&first).unwrap();
+    old.shutdown().await;
+    let second = cluster.leader().await;
+    let failover = stopped_at.elapsed();
+    assert_ne!(second, first);
+    cluster.propose_all(second, 30, 60).await;
+    eprintln!("failover: new leader {second} after {failover:?}");
+
+    // The old leader comes back on its address and catches up.
+    let listener = TcpListener::bind(&cluster.members[&first]).await.unwrap();
+    cluster
+        .start_node(first, listener, SyncGate::default(), SECRET)
+        .await;
+    cluster.agree(&commands(60)).await;
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_commits_until_a_majority_has_fdatasynced() {
+    let gates: BTreeMap<NodeId, SyncGate> = (1..=3).map(|id| (id, SyncGate::default())).collect();
+    let cluster = Cluster::start("gate", &gates, &BTreeMap::new()).await;
+    let leader = cluster.leader().await;
+    cluster.propose_all(leader, 0, 3).await;
+    cluster.agree(&commands(3)).await;
+
+    // Both followers' disks hold every fdatasync: the leader alone is no
+    // majority, so nothing may commit or apply anywhere.
+    let followers: Vec<NodeId> = gates.keys().copied().filter(|id| *id != leader).collect();
+    for f in &followers {
+        gates[f].close();
+    }
+    let node = &cluster.nodes[&leader].0;
+    let before: Vec<_> = cluster
+        .nodes
+        .values()
+        .map(|(n, _)| n.applied_index())
+        .collect();
+    match node
+        .propose(b"c3".to_vec(), Duration::from_millis(2_000))
+        .await
+    {
+        Err(ProposeError::Timeout(_)) => {}
+        other => panic!("committed without a majority of fdatasyncs: {other:?}"),
+    }
+    for (id, (_, r)) in &cluster.nodes {
+        assert_eq!(
+            r.applied.lock().len(),
+            3,
+            "node {id} applied an entry no majority has synced"
+        );
+    }
+    let after: Vec<_> = cluster
+        .nodes
+        .values()
+        .map(|(n, _)| n.applied_index())
+        .collect();
+    assert_eq!(
+        before, after,
+        "an applied index moved while no majority had synced"
+    );
+
+    // One follower's disk catches up: leader + it are a majority.
+    gates[&followers[0]].open();
+    cluster.propose_all(leader, 4, 5).await;
+    gates[&followers[1]].open();
+    let mut expected = commands(3);
+    expected.push(b"c3".to_vec());
+    expected.push(b"c4".to_vec());
+    cluster.agree(&expected).await;
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_without_the_secret_gets_nothing() {
+    let mut secrets: BTreeMap<NodeId, &[u8]> = BTreeMap::new();
+    secrets.insert(3, b"not the secret the others share".as_slice());
+    let mut cluster = Cluster::start("secret", &BTreeMap::new(), &secrets).await;
+    let (stranger, stranger_log) = cluster.nodes.remove(&3).unwrap();
+    let leader = cluster.leader().await;
+    cluster.propose_all(leader, 0, 5).await;
+    cluster.agree(&commands(5)).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(
+        stranger_log.applied.lock().is_empty(),
+        "a node with the wrong secret received entries"
+    );
+    assert_eq!(
+        stranger.last_log_index(),
+        None,
+        "a node with the wrong secret has log entries"
+    );
+    assert_ne!(stranger.leader(), Some(leader));
+    stranger.shutdown().await;
+    cluster.stop().await;
+}
