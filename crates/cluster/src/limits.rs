@@ -19,3 +19,7 @@ pub const CHALLENGE_BYTES: usize = 32;
 
 /// Shortest secret a cluster accepts (RabbitMQ's cookie is 20 characters).
 pub const SECRET_BYTES_MIN: usize = 16;
+
+/// Purged entries are dropped from `raft.log` (by rewriting it) once they
+/// take at least this many bytes and at least half the file.
+pub const LOG_REWRITE_BYTES_MIN: u64 = 1024 * 1024;

@@ -144,6 +144,10 @@ enum Job {
         frame: Vec<u8>,
         done: Done,
     },
+    DropHead {
+        from: u64,
+        done: Done,
+    },
 }
 
 /// The sending side of the writer thread. Cloned by the log and the state
@@ -164,6 +168,13 @@ impl Writer {
         self.send(Job::Truncate { len, done });
     }
 
+    /// Rewrites `raft.log` without its first `from` bytes (purged entries):
+    /// the rest is copied to `raft.log.tmp`, fdatasynced and renamed over
+    /// it. Offsets of later appends must already count from the new start.
+    pub fn drop_head(&self, from: u64, done: Done) {
+        self.send(Job::DropHead { from, done });
+    }
+
     /// Replaces the single-frame file `name` by a frame of `payload`.
     pub fn replace(&self, name: &'static str, payload: &[u8], done: Done) {
         self.send(Job::Replace {
@@ -178,7 +189,8 @@ impl Writer {
             let done = match job {
                 Job::Append { done, .. }
                 | Job::Truncate { done, .. }
-                | Job::Replace { done, .. } => done,
+                | Job::Replace { done, .. }
+                | Job::DropHead { done, .. } => done,
             };
             done(Err(io::Error::other("the Raft log writer has stopped")));
         }
@@ -325,6 +337,11 @@ impl WriterThread {
                     let result = self.remember(result);
                     done(result);
                 }
+                Job::DropHead { from, done } => {
+                    let result = self.check().and_then(|()| self.drop_head(from));
+                    let result = self.remember(result);
+                    done(result);
+                }
             }
             if next.is_none() {
                 next = jobs.recv().ok();
@@ -353,6 +370,25 @@ impl WriterThread {
         file.sync_data()?;
         fs::rename(&tmp, self.dir.join(name))?;
         File::open(&self.dir)?.sync_all()
+    }
+
+    fn drop_head(&mut self, from: u64) -> io::Result<()> {
+        let len = self.log.metadata()?.len();
+        let mut rest =
+            vec![0u8; usize::try_from(len.saturating_sub(from)).map_err(io::Error::other)?];
+        self.log.read_exact_at(&mut rest, from)?;
+        let tmp = self.dir.join(format!("{LOG_FILE}.tmp"));
+        let mut file = File::create(&tmp)?;
+        file.write_all(&rest)?;
+        self.gate.pass();
+        file.sync_data()?;
+        fs::rename(&tmp, self.dir.join(LOG_FILE))?;
+        File::open(&self.dir)?.sync_all()?;
+        self.log = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(self.dir.join(LOG_FILE))?;
+        Ok(())
     }
 
     fn check(&self) -> io::Result<()> {

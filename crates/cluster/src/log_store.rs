@@ -23,6 +23,7 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::error::ClusterError;
+use crate::limits::LOG_REWRITE_BYTES_MIN;
 use crate::log_file::{self, encode_frame, Loaded, Writer, PURGED_FILE, VOTE_FILE};
 use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
 
@@ -223,9 +224,42 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.durable(|done| self.writer.replace(PURGED_FILE, &payload, done))
             .await
             .map_err(|e| StorageIOError::write_logs(&e))?;
-        let mut s = self.state.lock();
-        s.entries = s.entries.split_off(&(log_id.index + 1));
-        s.purged = Some(log_id);
+        // Purged frames stay in raft.log until they are most of it; then
+        // the file is rewritten without them, and every offset (including
+        // those of appends sent later, which the writer runs after the
+        // rewrite) counts from the new start. The job is sent under the
+        // lock so that no append can slip in between.
+        let rewritten = {
+            let mut s = self.state.lock();
+            s.entries = s.entries.split_off(&(log_id.index + 1));
+            s.purged = Some(log_id);
+            let head = s
+                .entries
+                .values()
+                .next()
+                .map_or(s.log_end, |(offset, _)| *offset);
+            if head >= LOG_REWRITE_BYTES_MIN && head * 2 >= s.log_end {
+                for (offset, _) in s.entries.values_mut() {
+                    *offset -= head;
+                }
+                s.log_end -= head;
+                let (tx, rx) = oneshot::channel();
+                self.writer.drop_head(
+                    head,
+                    Box::new(move |r| {
+                        let _ = tx.send(r); // a dropped waiter only means shutdown
+                    }),
+                );
+                Some(rx)
+            } else {
+                None
+            }
+        };
+        if let Some(rx) = rewritten {
+            rx.await
+                .unwrap_or_else(|_| Err(io::Error::other("the Raft log writer has stopped")))
+                .map_err(|e| StorageIOError::write_logs(&e))?;
+        }
         Ok(())
     }
 }

@@ -134,6 +134,9 @@ impl ClusterNode {
             max_payload_entries: APPEND_ENTRIES_MAX,
             snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_after_entries),
+            // Entries kept behind a snapshot, so that a follower a little
+            // behind catches up from the log rather than a whole snapshot.
+            max_in_snapshot_log_to_keep: config.snapshot_after_entries.min(1_000),
             ..Config::default()
         }
         .validate()

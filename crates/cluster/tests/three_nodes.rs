@@ -283,3 +283,107 @@ async fn a_member_without_the_secret_gets_nothing() {
     stranger.shutdown().await;
     cluster.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_cluster_restart_keeps_every_committed_command() {
+    let mut cluster = Cluster::start("restart", &BTreeMap::new(), &BTreeMap::new()).await;
+    let leader = cluster.leader().await;
+    cluster.propose_all(leader, 0, 20).await;
+    cluster.agree(&commands(20)).await;
+    let ids: Vec<NodeId> = cluster.nodes.keys().copied().collect();
+    for id in &ids {
+        let (node, _) = cluster.nodes.remove(id).unwrap();
+        node.shutdown().await;
+    }
+    for id in &ids {
+        let listener = TcpListener::bind(&cluster.members[id]).await.unwrap();
+        cluster
+            .start_node(*id, listener, SyncGate::default(), SECRET)
+            .await;
+    }
+    let leader = cluster.leader().await;
+    cluster.propose_all(leader, 20, 25).await;
+    cluster.agree(&commands(25)).await;
+    cluster.stop().await;
+}
+
+/// A member that was away while snapshots replaced the log catches up from
+/// a snapshot; the purged entries leave raft.log (it is rewritten).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_behind_the_purged_log_catches_up_by_snapshot() {
+    let root = std::env::temp_dir().join(format!("berth-cluster-snap-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let mut listeners = BTreeMap::new();
+    for id in 1..=3u64 {
+        listeners.insert(id, TcpListener::bind("127.0.0.1:0").await.unwrap());
+    }
+    let members: BTreeMap<NodeId, String> = listeners
+        .iter()
+        .map(|(id, l)| (*id, l.local_addr().unwrap().to_string()))
+        .collect();
+    let mut cluster = Cluster {
+        root: root.clone(),
+        members,
+        nodes: BTreeMap::new(),
+    };
+    let config = |cluster: &Cluster, id: NodeId| {
+        let mut c = NodeConfig::new(
+            id,
+            cluster.root.join(format!("n{id}")),
+            cluster.members.clone(),
+            SECRET.to_vec(),
+        );
+        c.election_timeout_ms = (600, 1_200);
+        c.heartbeat_ms = 150;
+        c.snapshot_after_entries = 20;
+        c
+    };
+    for (id, listener) in listeners {
+        let app = Arc::new(Recorder::default());
+        let node = ClusterNode::start(config(&cluster, id), listener, app.clone())
+            .await
+            .unwrap();
+        cluster.nodes.insert(id, (node, app));
+    }
+    let leader = cluster.leader().await;
+    let away = *cluster.nodes.keys().find(|id| **id != leader).unwrap();
+    let (node, _) = cluster.nodes.remove(&away).unwrap();
+    node.shutdown().await;
+
+    // 16 KiB commands: 200 of them make the purged head of raft.log large
+    // enough to be rewritten away.
+    let big = |i: u32| {
+        let mut c = format!("c{i}:").into_bytes();
+        c.resize(16 * 1024, b'x');
+        c
+    };
+    let expected: Vec<Vec<u8>> = (0..200).map(big).collect();
+    for c in &expected {
+        cluster.nodes[&leader]
+            .0
+            .propose(c.clone(), WAIT)
+            .await
+            .unwrap();
+    }
+    cluster.agree(&expected).await;
+    let log_bytes = std::fs::metadata(root.join(format!("n{leader}/raft.log")))
+        .unwrap()
+        .len();
+    assert!(
+        log_bytes < 100 * 16 * 1024,
+        "raft.log still holds purged entries: {log_bytes} bytes"
+    );
+
+    let listener = TcpListener::bind(&cluster.members[&away]).await.unwrap();
+    let app = Arc::new(Recorder::default());
+    let node = ClusterNode::start(config(&cluster, away), listener, app.clone())
+        .await
+        .unwrap();
+    cluster.nodes.insert(away, (node, app));
+    cluster.agree(&expected).await;
+    assert!(
+        root.join(format!("n{away}/raft.snapshot")).exists(),
+        "the member caught up without a snapshot"
+    );
+    cluster.stop().await;
+}

@@ -143,18 +143,15 @@ pub(crate) async fn connect(conn: &mut Conn, secret: &[u8], node: NodeId) -> io:
             Verdict::Refused { reason } => {
                 Err(refused(format!("the peer refused this node: {reason}")))
             }
-            Verdict::Accepted { proof: theirs } => proof(
-                secret,
-                b"server",
-                &ours,
-                &hello.challenge,
-            )
-            .verify_slice(&theirs)
-            .map_err(|_| {
-                refused(
+            Verdict::Accepted { proof: theirs } => {
+                proof(secret, b"server", &ours, &hello.challenge)
+                    .verify_slice(&theirs)
+                    .map_err(|_| {
+                        refused(
                     "the peer does not know the cluster secret: it is not a member of this cluster",
                 )
-            }),
+                    })
+            }
         }
     })
     .await
