@@ -19,6 +19,7 @@
 //! - No peer joins without proving knowledge of the cluster secret (HMAC
 //!   challenge in both directions); the secret never crosses the wire.
 
+mod batch;
 mod error;
 pub mod limits;
 pub mod log_file;

@@ -23,3 +23,16 @@ pub const SECRET_BYTES_MIN: usize = 16;
 /// Purged entries are dropped from `raft.log` (by rewriting it) once they
 /// take at least this many bytes and at least half the file.
 pub const LOG_REWRITE_BYTES_MIN: u64 = 1024 * 1024;
+
+/// Proposals gathered into one Raft entry, at most.
+pub const PROPOSALS_PER_ENTRY_MAX: usize = 4_096;
+
+/// Bytes of proposals gathered into one Raft entry: gathering stops once a
+/// batch reaches this size (one proposal may exceed it alone).
+pub const ENTRY_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+/// Proposals waiting for the gatherer; a full queue makes `propose` wait.
+pub const PROPOSALS_QUEUED_MAX: usize = 65_536;
+
+/// How often a node looks at how long its running fdatasync has taken.
+pub const DISK_WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);

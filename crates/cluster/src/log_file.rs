@@ -24,7 +24,11 @@ use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::thread;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use crate::error::ClusterError;
 use crate::limits::PEER_FRAME_BYTES_MAX;
@@ -155,9 +159,19 @@ enum Job {
 #[derive(Clone)]
 pub struct Writer {
     jobs: mpsc::Sender<Job>,
+    /// When the fdatasync now running started (`None`: none running).
+    sync_since: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Writer {
+    /// How long the fdatasync now running has taken so far; `None` when
+    /// the disk is idle. A leader watches this to step down from a wedged
+    /// disk.
+    #[must_use]
+    pub fn sync_running_for(&self) -> Option<Duration> {
+        self.sync_since.lock().map(|t| t.elapsed())
+    }
+
     /// Writes `frames` at byte `at` of `raft.log`, then fdatasyncs.
     pub fn append(&self, at: u64, frames: Vec<u8>, done: Done) {
         self.send(Job::Append { at, frames, done });
@@ -247,7 +261,9 @@ pub fn open(dir: &Path, gate: SyncGate) -> Result<(Loaded, Writer), ClusterError
         snapshot: read_single(&dir.join(SNAPSHOT_FILE))?,
     };
     let (tx, rx) = mpsc::channel();
+    let sync_since = Arc::new(Mutex::new(None));
     let thread = WriterThread {
+        sync_since: sync_since.clone(),
         dir: dir.to_path_buf(),
         log,
         gate,
@@ -257,7 +273,13 @@ pub fn open(dir: &Path, gate: SyncGate) -> Result<(Loaded, Writer), ClusterError
         .name("raft-log".into())
         .spawn(move || thread.run(&rx))
         .map_err(io_err(dir))?;
-    Ok((loaded, Writer { jobs: tx }))
+    Ok((
+        loaded,
+        Writer {
+            jobs: tx,
+            sync_since,
+        },
+    ))
 }
 
 /// A file replaced whole holds exactly one valid frame, or does not exist.
@@ -287,6 +309,7 @@ fn read_single(path: &Path) -> Result<Option<Vec<u8>>, ClusterError> {
 }
 
 struct WriterThread {
+    sync_since: Arc<Mutex<Option<Instant>>>,
     dir: PathBuf,
     log: File,
     gate: SyncGate,
@@ -357,8 +380,7 @@ impl WriterThread {
 
     fn sync_log(&mut self) -> io::Result<()> {
         self.check()?;
-        self.gate.pass();
-        let result = self.log.sync_data();
+        let result = self.sync(&self.log);
         self.remember(result)
     }
 
@@ -366,8 +388,7 @@ impl WriterThread {
         let tmp = self.dir.join(format!("{name}.tmp"));
         let mut file = File::create(&tmp)?;
         file.write_all(frame)?;
-        self.gate.pass();
-        file.sync_data()?;
+        self.sync(&file)?;
         fs::rename(&tmp, self.dir.join(name))?;
         File::open(&self.dir)?.sync_all()
     }
@@ -380,8 +401,7 @@ impl WriterThread {
         let tmp = self.dir.join(format!("{LOG_FILE}.tmp"));
         let mut file = File::create(&tmp)?;
         file.write_all(&rest)?;
-        self.gate.pass();
-        file.sync_data()?;
+        self.sync(&file)?;
         fs::rename(&tmp, self.dir.join(LOG_FILE))?;
         File::open(&self.dir)?.sync_all()?;
         self.log = OpenOptions::new()
@@ -389,6 +409,15 @@ impl WriterThread {
             .write(true)
             .open(self.dir.join(LOG_FILE))?;
         Ok(())
+    }
+
+    /// fdatasync, with the time it runs visible to [`Writer::sync_running_for`].
+    fn sync(&self, file: &File) -> io::Result<()> {
+        *self.sync_since.lock() = Some(Instant::now());
+        self.gate.pass();
+        let result = file.sync_data();
+        *self.sync_since.lock() = None;
+        result
     }
 
     fn check(&self) -> io::Result<()> {

@@ -4,22 +4,35 @@
 //! Invariants:
 //! - `propose` returns `Ok(index)` only once the command is committed (on a
 //!   majority of members, each having fdatasynced it) and applied locally.
+//! - Proposals made while an entry is being committed are gathered into the
+//!   next entry (one Raft entry per batch, so Raft's per-entry cost is paid
+//!   per batch); they keep the order in which they reached the node.
+//! - A node whose own fdatasync has run longer than `sync_stall_ms_max`
+//!   refuses proposals, stops sending heartbeats and starting elections, so
+//!   a wedged disk cannot keep the leadership (LavinMQ #2151); it takes part
+//!   again once its disk answers.
 //! - A cluster forms from the static peer list with no further command: the
 //!   member with the smallest id initialises it on its first start.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, Config, SnapshotPolicy};
 use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+use crate::batch;
 use crate::error::ClusterError;
-use crate::limits::{APPEND_ENTRIES_MAX, SECRET_BYTES_MIN, SNAPSHOT_CHUNK_BYTES};
-use crate::log_file;
+use crate::limits::{
+    APPEND_ENTRIES_MAX, DISK_WATCH_INTERVAL, ENTRY_BYTES_MAX, PROPOSALS_PER_ENTRY_MAX,
+    PROPOSALS_QUEUED_MAX, SECRET_BYTES_MIN, SNAPSHOT_CHUNK_BYTES,
+};
+use crate::log_file::{self, Writer};
 use crate::log_store::LogStore;
 use crate::state_machine::{Apply, StateMachine};
 use crate::sync_gate::SyncGate;
@@ -42,6 +55,8 @@ pub struct NodeConfig {
     pub heartbeat_ms: u64,
     /// Committed entries kept before a snapshot replaces them.
     pub snapshot_after_entries: u64,
+    /// An fdatasync running longer than this fences the node (see above).
+    pub sync_stall_ms_max: u64,
     /// Test hook in front of every fdatasync; production passes the default.
     pub sync_gate: SyncGate,
 }
@@ -63,6 +78,7 @@ impl NodeConfig {
             election_timeout_ms: (1_000, 2_000),
             heartbeat_ms: 250,
             snapshot_after_entries: 10_000,
+            sync_stall_ms_max: 5_000,
             sync_gate: SyncGate::default(),
         }
     }
@@ -92,8 +108,9 @@ impl NodeConfig {
     }
 }
 
-/// Why a proposal was not committed.
-#[derive(Debug, thiserror::Error)]
+/// Why a proposal was not committed. After `Timeout` (and `Stopped`) the
+/// outcome is unknown: the entry may still commit.
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum ProposeError {
     #[error("this node is not the leader; the leader is {leader:?} at {addr:?}")]
     NotLeader {
@@ -102,15 +119,27 @@ pub enum ProposeError {
     },
     #[error("not committed within {0:?}: no majority is reachable (or its disks are slow)")]
     Timeout(Duration),
+    #[error(
+        "this node's disk has not finished an fdatasync for {0:?}; it does not lead until it does"
+    )]
+    DiskStalled(Duration),
     #[error("the Raft node has stopped: {0}")]
     Stopped(String),
+}
+
+struct Proposal {
+    command: Vec<u8>,
+    reply: oneshot::Sender<Result<u64, ProposeError>>,
 }
 
 pub struct ClusterNode {
     id: NodeId,
     raft: Raft,
     log: LogStore,
-    listener: JoinHandle<()>,
+    proposals: mpsc::Sender<Proposal>,
+    writer: Writer,
+    fenced: Arc<AtomicBool>,
+    tasks: Vec<JoinHandle<()>>,
 }
 
 impl ClusterNode {
@@ -125,7 +154,7 @@ impl ClusterNode {
         config.check()?;
         let (loaded, writer) = log_file::open(&config.dir, config.sync_gate.clone())?;
         let log = LogStore::from_loaded(&config.dir, &loaded, writer.clone())?;
-        let sm = StateMachine::from_loaded(&config.dir, &loaded, writer, app)?;
+        let sm = StateMachine::from_loaded(&config.dir, &loaded, writer.clone(), app)?;
         let raft_config = Config {
             cluster_name: "berth".into(),
             election_timeout_min: config.election_timeout_ms.0,
@@ -149,12 +178,27 @@ impl ClusterNode {
         let raft = Raft::new(config.id, Arc::new(raft_config), network, log.clone(), sm)
             .await
             .map_err(|e| ClusterError::Engine(e.to_string()))?;
-        let listener = tokio::spawn(transport::serve(listener, raft.clone(), secret));
+        let fenced = Arc::new(AtomicBool::new(false));
+        let (proposals, queue) = mpsc::channel(PROPOSALS_QUEUED_MAX);
+        let stall = Duration::from_millis(config.sync_stall_ms_max);
+        let tasks = vec![
+            tokio::spawn(transport::serve(listener, raft.clone(), secret)),
+            tokio::spawn(gather(raft.clone(), queue)),
+            tokio::spawn(watch_disk(
+                raft.clone(),
+                writer.clone(),
+                fenced.clone(),
+                stall,
+            )),
+        ];
         let node = Self {
             id: config.id,
             raft,
             log,
-            listener,
+            proposals,
+            writer,
+            fenced,
+            tasks,
         };
         let first = config.members.keys().next().copied();
         if first == Some(config.id)
@@ -182,19 +226,33 @@ impl ClusterNode {
         self.id
     }
 
-    /// Replicates `command`; `Ok(index)` once it is committed and applied.
+    /// Replicates `command`; `Ok(index)` once it is committed and applied
+    /// (`index` is that of the Raft entry it was gathered into).
     pub async fn propose(&self, command: Vec<u8>, timeout: Duration) -> Result<u64, ProposeError> {
-        match tokio::time::timeout(timeout, self.raft.client_write(Command(command))).await {
-            Err(_) => Err(ProposeError::Timeout(timeout)),
-            Ok(Ok(reply)) => Ok(reply.log_id.index),
-            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
-                Err(ProposeError::NotLeader {
-                    leader: f.leader_id,
-                    addr: f.leader_node.map(|n| n.addr),
-                })
-            }
-            Ok(Err(e)) => Err(ProposeError::Stopped(e.to_string())),
+        if self.fenced.load(Ordering::Acquire) {
+            return Err(ProposeError::DiskStalled(
+                self.writer.sync_running_for().unwrap_or_default(),
+            ));
         }
+        let (reply, answer) = oneshot::channel();
+        let work = async {
+            self.proposals
+                .send(Proposal { command, reply })
+                .await
+                .map_err(|_| ProposeError::Stopped("the proposal queue is closed".into()))?;
+            answer
+                .await
+                .unwrap_or_else(|_| Err(ProposeError::Stopped("the proposal was dropped".into())))
+        };
+        tokio::time::timeout(timeout, work)
+            .await
+            .unwrap_or(Err(ProposeError::Timeout(timeout)))
+    }
+
+    /// Is this node fenced off by a stalled disk?
+    #[must_use]
+    pub fn fenced(&self) -> bool {
+        self.fenced.load(Ordering::Acquire)
     }
 
     /// The leader this node currently follows (or itself).
@@ -245,11 +303,69 @@ impl ClusterNode {
             .collect()
     }
 
-    /// Stops Raft and the listener (the process keeps running).
+    /// Stops Raft, the listener and the node's tasks (the process keeps
+    /// running).
     pub async fn shutdown(self) {
-        self.listener.abort();
+        for task in &self.tasks {
+            task.abort();
+        }
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "Raft did not stop cleanly");
+        }
+    }
+}
+
+/// Gathers proposals that arrive while an entry is being committed into the
+/// next entry (see [`batch`] for its bytes).
+async fn gather(raft: Raft, mut queue: mpsc::Receiver<Proposal>) {
+    while let Some(first) = queue.recv().await {
+        let mut bytes = first.command.len();
+        let mut batch = vec![first];
+        while batch.len() < PROPOSALS_PER_ENTRY_MAX && bytes < ENTRY_BYTES_MAX {
+            match queue.try_recv() {
+                Ok(p) => {
+                    bytes += p.command.len();
+                    batch.push(p);
+                }
+                Err(_) => break,
+            }
+        }
+        let entry = batch::encode(batch.iter().map(|p| p.command.as_slice()));
+        let result = match raft.client_write(Command(entry)).await {
+            Ok(reply) => Ok(reply.log_id.index),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(ProposeError::NotLeader {
+                    leader: f.leader_id,
+                    addr: f.leader_node.map(|n| n.addr),
+                })
+            }
+            Err(e) => Err(ProposeError::Stopped(e.to_string())),
+        };
+        for p in batch {
+            let _ = p.reply.send(result.clone()); // the proposer may have timed out and gone
+        }
+    }
+}
+
+/// Fences the node while its own fdatasync is stalled, and lifts the fence
+/// once the disk answers again.
+async fn watch_disk(raft: Raft, writer: Writer, fenced: Arc<AtomicBool>, stall: Duration) {
+    let mut tick = tokio::time::interval(DISK_WATCH_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let running = writer.sync_running_for();
+        let stalled = running.is_some_and(|d| d > stall);
+        if stalled && !fenced.load(Ordering::Acquire) {
+            tracing::error!(?running, "this node's fdatasync is stalled: it stops leading, heartbeating and electing until the disk answers");
+            fenced.store(true, Ordering::Release);
+            raft.runtime_config().heartbeat(false);
+            raft.runtime_config().elect(false);
+        } else if !stalled && fenced.load(Ordering::Acquire) {
+            tracing::info!("this node's disk answers again: it takes part in elections again");
+            raft.runtime_config().heartbeat(true);
+            raft.runtime_config().elect(true);
+            fenced.store(false, Ordering::Release);
         }
     }
 }

@@ -3,8 +3,9 @@
 //! [`Apply::snapshot`] returns, kept durable in `raft.snapshot`.
 //!
 //! Invariants:
-//! - Commands reach [`Apply::apply`] in log order, each index once per
-//!   process life; after a restart they are applied again from the last
+//! - Commands reach [`Apply::apply`] in log order (commands gathered into
+//!   one entry share its index, in the order they were proposed), each
+//!   once per process life; after a restart they are applied again from the last
 //!   snapshot on (the application's in-memory state starts from
 //!   [`Apply::restore`]).
 //! - A snapshot is reported built or installed only once `raft.snapshot`
@@ -22,6 +23,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
+use crate::batch;
 use crate::error::ClusterError;
 use crate::log_file::{Loaded, Writer, SNAPSHOT_FILE};
 use crate::types::{Entry, LogId, NodeId, StorageError, TypeConfig};
@@ -143,7 +145,17 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             self.last_applied = Some(entry.log_id);
             match entry.payload {
                 EntryPayload::Blank => {}
-                EntryPayload::Normal(command) => self.app.apply(entry.log_id.index, &command.0),
+                EntryPayload::Normal(command) => {
+                    let commands = batch::decode(&command.0).map_err(|e| {
+                        StorageIOError::apply(
+                            entry.log_id,
+                            &std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+                        )
+                    })?;
+                    for c in commands {
+                        self.app.apply(entry.log_id.index, c);
+                    }
+                }
                 EntryPayload::Membership(m) => {
                     self.membership = StoredMembership::new(Some(entry.log_id), m)
                 }

@@ -1,169 +1,14 @@
 //! Three members on loopback in one process: what Raft promises berth.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use berth_cluster::{Apply, ClusterNode, NodeConfig, NodeId, ProposeError, SyncGate};
-use parking_lot::Mutex;
+use berth_cluster::{ClusterNode, NodeConfig, NodeId, ProposeError, SyncGate};
 use tokio::net::TcpListener;
 
-/// Records every applied command, in order.
-#[derive(Default)]
-struct Recorder {
-    applied: Mutex<Vec<Vec<u8>>>,
-}
-
-impl Apply for Recorder {
-    fn apply(&self, _index: u64, command: &[u8]) {
-        self.applied.lock().push(command.to_vec());
-    }
-    fn snapshot(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        for c in self.applied.lock().iter() {
-            out.extend_from_slice(&u32::try_from(c.len()).unwrap().to_le_bytes());
-            out.extend_from_slice(c);
-        }
-        out
-    }
-    fn restore(&self, snapshot: &[u8]) {
-        let mut applied = Vec::new();
-        let mut rest = snapshot;
-        while !rest.is_empty() {
-            let len = u32::from_le_bytes(rest[..4].try_into().unwrap()) as usize;
-            applied.push(rest[4..4 + len].to_vec());
-            rest = &rest[4 + len..];
-        }
-        *self.applied.lock() = applied;
-    }
-}
-
-struct Cluster {
-    root: PathBuf,
-    members: BTreeMap<NodeId, String>,
-    nodes: BTreeMap<NodeId, (ClusterNode, Arc<Recorder>)>,
-}
-
-const SECRET: &[u8] = b"a cluster secret of enough bytes";
-const WAIT: Duration = Duration::from_secs(20);
-
-impl Cluster {
-    async fn start(
-        name: &str,
-        gates: &BTreeMap<NodeId, SyncGate>,
-        secrets: &BTreeMap<NodeId, &[u8]>,
-    ) -> Self {
-        let root =
-            std::env::temp_dir().join(format!("berth-cluster-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        let mut listeners = BTreeMap::new();
-        for id in 1..=3u64 {
-            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-            listeners.insert(id, l);
-        }
-        let members: BTreeMap<NodeId, String> = listeners
-            .iter()
-            .map(|(id, l)| (*id, l.local_addr().unwrap().to_string()))
-            .collect();
-        let mut cluster = Self {
-            root,
-            members,
-            nodes: BTreeMap::new(),
-        };
-        for (id, listener) in listeners {
-            let gate = gates.get(&id).cloned().unwrap_or_default();
-            let secret = secrets.get(&id).copied().unwrap_or(SECRET);
-            cluster.start_node(id, listener, gate, secret).await;
-        }
-        cluster
-    }
-
-    async fn start_node(
-        &mut self,
-        id: NodeId,
-        listener: TcpListener,
-        gate: SyncGate,
-        secret: &[u8],
-    ) {
-        let mut config = NodeConfig::new(
-            id,
-            self.root.join(format!("n{id}")),
-            self.members.clone(),
-            secret.to_vec(),
-        );
-        config.election_timeout_ms = (600, 1_200);
-        config.heartbeat_ms = 150;
-        config.sync_gate = gate;
-        let app = Arc::new(Recorder::default());
-        let node = ClusterNode::start(config, listener, app.clone())
-            .await
-            .unwrap();
-        self.nodes.insert(id, (node, app));
-    }
-
-    async fn leader(&self) -> NodeId {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            // A leader every live member agrees on.
-            let seen: Vec<_> = self.nodes.values().map(|(n, _)| n.leader()).collect();
-            if let Some(Some(l)) = seen.first() {
-                if seen.iter().all(|s| *s == Some(*l)) && self.nodes.contains_key(l) {
-                    return *l;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no agreed leader within {WAIT:?}: {seen:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn propose_all(&self, leader: NodeId, from: u32, to: u32) {
-        let node = &self.nodes[&leader].0;
-        for i in from..to {
-            node.propose(format!("c{i}").into_bytes(), WAIT)
-                .await
-                .unwrap_or_else(|e| panic!("c{i}: {e}"));
-        }
-    }
-
-    /// Waits until every live member applied exactly `expected`, in order.
-    async fn agree(&self, expected: &[Vec<u8>]) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let lists: Vec<_> = self
-                .nodes
-                .iter()
-                .map(|(id, (_, r))| (*id, r.applied.lock().clone()))
-                .collect();
-            if lists.iter().all(|(_, l)| l == expected) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "members did not agree within {WAIT:?}: {:?}",
-                lists
-                    .iter()
-                    .map(|(id, l)| (id, l.len()))
-                    .collect::<Vec<_>>()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn stop(mut self) {
-        for (_, (node, _)) in std::mem::take(&mut self.nodes) {
-            node.shutdown().await;
-        }
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
-}
-
-fn commands(to: u32) -> Vec<Vec<u8>> {
-    (0..to).map(|i| format!("c{i}").into_bytes()).collect()
-}
+mod common;
+use common::{commands, Cluster, Recorder, SECRET, WAIT};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_apply_one_order_and_survive_the_leader_stopping() {
@@ -324,6 +169,7 @@ async fn a_member_behind_the_purged_log_catches_up_by_snapshot() {
     let mut cluster = Cluster {
         root: root.clone(),
         members,
+        tune: |_| {},
         nodes: BTreeMap::new(),
     };
     let config = |cluster: &Cluster, id: NodeId| {
