@@ -29,6 +29,7 @@ mod state_machine;
 pub mod sync_gate;
 pub mod transport;
 mod types;
+pub mod untrusted;
 
 pub use error::ClusterError;
 pub use node::{ClusterNode, NodeConfig, ProposeError};

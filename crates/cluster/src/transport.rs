@@ -55,3 +55,9 @@ pub(crate) fn framed(stream: TcpStream) -> Conn {
             .new_codec(),
     )
 }
+
+/// Decodes `bytes` as each frame a peer can send (for the fuzz target).
+pub(crate) fn decode_untrusted(bytes: &[u8]) {
+    let _ = postcard::from_bytes::<Request>(bytes);
+    handshake::decode_untrusted(bytes);
+}

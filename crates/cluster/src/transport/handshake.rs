@@ -162,3 +162,10 @@ pub(crate) async fn connect(conn: &mut Conn, secret: &[u8], node: NodeId) -> io:
         )
     })?
 }
+
+/// Decodes `bytes` as each handshake frame (for the fuzz target).
+pub(crate) fn decode_untrusted(bytes: &[u8]) {
+    let _ = postcard::from_bytes::<Hello>(bytes);
+    let _ = postcard::from_bytes::<Answer>(bytes);
+    let _ = postcard::from_bytes::<Verdict>(bytes);
+}
