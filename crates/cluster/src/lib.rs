@@ -25,6 +25,7 @@ pub mod limits;
 pub mod log_file;
 pub mod log_store;
 mod node;
+mod probation;
 mod state_machine;
 pub mod sync_gate;
 pub mod transport;

@@ -125,6 +125,9 @@ pub struct Loaded {
     pub entries: Vec<(u64, Vec<u8>)>,
     /// Where the next frame of `raft.log` goes.
     pub log_end: u64,
+    /// Where recovery found a damaged frame and cut the log: entries this
+    /// node acknowledged may be gone, so it must catch up before it votes.
+    pub damaged_at: Option<u64>,
     pub vote: Option<Vec<u8>>,
     pub purged: Option<Vec<u8>>,
     pub snapshot: Option<Vec<u8>>,
@@ -229,6 +232,7 @@ pub fn open(dir: &Path, gate: SyncGate) -> Result<(Loaded, Writer), ClusterError
         .map_err(io_err(&log_path))?;
     let bytes = fs::read(&log_path).map_err(io_err(&log_path))?;
     let scan = scan(&bytes);
+    let mut damaged_at = None;
     let log_end = match scan.tail {
         Tail::Clean => bytes.len() as u64,
         Tail::Torn { at } => {
@@ -239,10 +243,22 @@ pub fn open(dir: &Path, gate: SyncGate) -> Result<(Loaded, Writer), ClusterError
             at
         }
         Tail::Damaged { at } => {
-            return Err(ClusterError::DamagedLog {
-                path: log_path,
-                offset: at,
-            })
+            // Entries from here on may have been acknowledged: keep their
+            // bytes for inspection, cut them off, and let the node catch up
+            // on probation (it neither votes nor stands for election until
+            // it holds everything a leader has committed).
+            let aside = dir.join(format!("{LOG_FILE}.damaged-{at}"));
+            tracing::error!(path = %log_path.display(), at, aside = %aside.display(),
+                "the Raft log is damaged (a complete frame with a wrong checksum); cutting it there and \
+                 rejoining on probation: no vote until caught up with a leader");
+            let mut file = File::create(&aside).map_err(io_err(&aside))?;
+            file.write_all(&bytes[usize::try_from(at).expect("offset within a read file")..])
+                .and_then(|()| file.sync_data())
+                .map_err(io_err(&aside))?;
+            log.set_len(at).map_err(io_err(&log_path))?;
+            log.sync_data().map_err(io_err(&log_path))?;
+            damaged_at = Some(at);
+            at
         }
     };
     let entries = scan
@@ -256,6 +272,7 @@ pub fn open(dir: &Path, gate: SyncGate) -> Result<(Loaded, Writer), ClusterError
     let loaded = Loaded {
         entries,
         log_end,
+        damaged_at,
         vote: read_single(&dir.join(VOTE_FILE))?,
         purged: read_single(&dir.join(PURGED_FILE))?,
         snapshot: read_single(&dir.join(SNAPSHOT_FILE))?,
@@ -483,7 +500,7 @@ mod tests {
     }
 
     #[test]
-    fn a_torn_tail_is_cut_and_a_damaged_frame_refuses_to_start() {
+    fn a_torn_tail_is_cut_and_a_damaged_frame_is_set_aside_and_cut() {
         let dir =
             std::env::temp_dir().join(format!("berth-cluster-logfile-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
@@ -492,24 +509,32 @@ mod tests {
         let mut torn = good.clone();
         torn.extend_from_slice(&encode_frame(b"gamma")[..6]);
         fs::write(dir.join(LOG_FILE), &torn).unwrap();
-        let (loaded, _w) = open(&dir, SyncGate::default()).unwrap();
+        let (loaded, w) = open(&dir, SyncGate::default()).unwrap();
+        drop(w);
         assert_eq!(loaded.entries.len(), 2);
         assert_eq!(loaded.log_end, good.len() as u64);
+        assert_eq!(
+            loaded.damaged_at, None,
+            "a torn tail was never acknowledged: no probation"
+        );
         assert_eq!(
             fs::metadata(dir.join(LOG_FILE)).unwrap().len(),
             good.len() as u64
         );
 
-        let mut damaged = good;
-        damaged[FRAME_HEADER_BYTES] ^= 1;
+        let second = (FRAME_HEADER_BYTES + 5) as u64;
+        let mut damaged = good.clone();
+        damaged[second as usize + FRAME_HEADER_BYTES] ^= 1;
         fs::write(dir.join(LOG_FILE), &damaged).unwrap();
-        let err = open(&dir, SyncGate::default())
-            .err()
-            .expect("a damaged frame must refuse");
-        let text = err.to_string();
-        assert!(
-            text.contains("raft.log") && text.contains("byte 0") && text.contains("remove-node"),
-            "{text}"
+        let (loaded, _w) = open(&dir, SyncGate::default()).unwrap();
+        assert_eq!(loaded.damaged_at, Some(second));
+        assert_eq!(loaded.entries.len(), 1);
+        assert_eq!(fs::metadata(dir.join(LOG_FILE)).unwrap().len(), second);
+        let aside = fs::read(dir.join(format!("{LOG_FILE}.damaged-{second}"))).unwrap();
+        assert_eq!(
+            aside,
+            damaged[second as usize..],
+            "the damaged bytes are kept for inspection"
         );
         fs::remove_dir_all(&dir).unwrap();
     }

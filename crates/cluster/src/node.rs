@@ -34,6 +34,7 @@ use crate::limits::{
 };
 use crate::log_file::{self, Writer};
 use crate::log_store::LogStore;
+use crate::probation::Probation;
 use crate::state_machine::{Apply, StateMachine};
 use crate::sync_gate::SyncGate;
 use crate::transport::{self, Network};
@@ -132,13 +133,20 @@ struct Proposal {
     reply: oneshot::Sender<Result<u64, ProposeError>>,
 }
 
+/// Whether this node may take part in elections: not while its disk is
+/// stalled (`fenced`), nor while it is on probation after a damaged log.
+pub(crate) struct Standing {
+    pub(crate) fenced: AtomicBool,
+    pub(crate) probation: Probation,
+}
+
 pub struct ClusterNode {
     id: NodeId,
     raft: Raft,
     log: LogStore,
     proposals: mpsc::Sender<Proposal>,
     writer: Writer,
-    fenced: Arc<AtomicBool>,
+    standing: Arc<Standing>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -178,16 +186,27 @@ impl ClusterNode {
         let raft = Raft::new(config.id, Arc::new(raft_config), network, log.clone(), sm)
             .await
             .map_err(|e| ClusterError::Engine(e.to_string()))?;
-        let fenced = Arc::new(AtomicBool::new(false));
+        let standing = Arc::new(Standing {
+            fenced: AtomicBool::new(false),
+            probation: Probation::new(loaded.damaged_at.is_some()),
+        });
+        if standing.probation.active() {
+            raft.runtime_config().elect(false);
+        }
         let (proposals, queue) = mpsc::channel(PROPOSALS_QUEUED_MAX);
         let stall = Duration::from_millis(config.sync_stall_ms_max);
         let tasks = vec![
-            tokio::spawn(transport::serve(listener, raft.clone(), secret)),
+            tokio::spawn(transport::serve(
+                listener,
+                raft.clone(),
+                secret,
+                standing.clone(),
+            )),
             tokio::spawn(gather(raft.clone(), queue)),
             tokio::spawn(watch_disk(
                 raft.clone(),
                 writer.clone(),
-                fenced.clone(),
+                standing.clone(),
                 stall,
             )),
         ];
@@ -197,7 +216,7 @@ impl ClusterNode {
             log,
             proposals,
             writer,
-            fenced,
+            standing,
             tasks,
         };
         let first = config.members.keys().next().copied();
@@ -229,7 +248,7 @@ impl ClusterNode {
     /// Replicates `command`; `Ok(index)` once it is committed and applied
     /// (`index` is that of the Raft entry it was gathered into).
     pub async fn propose(&self, command: Vec<u8>, timeout: Duration) -> Result<u64, ProposeError> {
-        if self.fenced.load(Ordering::Acquire) {
+        if self.standing.fenced.load(Ordering::Acquire) {
             return Err(ProposeError::DiskStalled(
                 self.writer.sync_running_for().unwrap_or_default(),
             ));
@@ -252,7 +271,14 @@ impl ClusterNode {
     /// Is this node fenced off by a stalled disk?
     #[must_use]
     pub fn fenced(&self) -> bool {
-        self.fenced.load(Ordering::Acquire)
+        self.standing.fenced.load(Ordering::Acquire)
+    }
+
+    /// Is this node on probation after a damaged log (no vote, no
+    /// election until it has caught up with a leader)?
+    #[must_use]
+    pub fn on_probation(&self) -> bool {
+        self.standing.probation.active()
     }
 
     /// The leader this node currently follows (or itself).
@@ -349,7 +375,8 @@ async fn gather(raft: Raft, mut queue: mpsc::Receiver<Proposal>) {
 
 /// Fences the node while its own fdatasync is stalled, and lifts the fence
 /// once the disk answers again.
-async fn watch_disk(raft: Raft, writer: Writer, fenced: Arc<AtomicBool>, stall: Duration) {
+async fn watch_disk(raft: Raft, writer: Writer, standing: Arc<Standing>, stall: Duration) {
+    let fenced = &standing.fenced;
     let mut tick = tokio::time::interval(DISK_WATCH_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -364,7 +391,9 @@ async fn watch_disk(raft: Raft, writer: Writer, fenced: Arc<AtomicBool>, stall: 
         } else if !stalled && fenced.load(Ordering::Acquire) {
             tracing::info!("this node's disk answers again: it takes part in elections again");
             raft.runtime_config().heartbeat(true);
-            raft.runtime_config().elect(true);
+            if !standing.probation.active() {
+                raft.runtime_config().elect(true);
+            }
             fenced.store(false, Ordering::Release);
         }
     }

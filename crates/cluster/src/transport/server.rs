@@ -10,12 +10,19 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpListener;
 
 use super::{framed, handshake, Conn, Request, Response};
+use crate::node::Standing;
 use crate::types::{NodeId, Raft};
+use openraft::error::{Fatal, RaftError};
 
 /// Accepts peers until the task is aborted.
 /// Each connection runs in a task of one set, so that aborting this task
 /// (the node stops) closes every peer connection too.
-pub(crate) async fn serve(listener: TcpListener, raft: Raft, secret: Arc<Vec<u8>>) {
+pub(crate) async fn serve(
+    listener: TcpListener,
+    raft: Raft,
+    secret: Arc<Vec<u8>>,
+    standing: Arc<Standing>,
+) {
     let mut connections = tokio::task::JoinSet::new();
     loop {
         while connections.try_join_next().is_some() {}
@@ -30,17 +37,18 @@ pub(crate) async fn serve(listener: TcpListener, raft: Raft, secret: Arc<Vec<u8>
         };
         let raft = raft.clone();
         let secret = secret.clone();
+        let standing = standing.clone();
         connections.spawn(async move {
             let mut conn = framed(stream);
             match handshake::accept(&mut conn, &secret).await {
-                Ok(peer) => serve_peer(conn, peer, &raft).await,
+                Ok(peer) => serve_peer(conn, peer, &raft, &standing).await,
                 Err(e) => tracing::warn!(%addr, error = %e, "refused a cluster connection"),
             }
         });
     }
 }
 
-async fn serve_peer(mut conn: Conn, peer: NodeId, raft: &Raft) {
+async fn serve_peer(mut conn: Conn, peer: NodeId, raft: &Raft, standing: &Standing) {
     while let Some(frame) = conn.next().await {
         let frame = match frame {
             Ok(f) => f,
@@ -57,7 +65,19 @@ async fn serve_peer(mut conn: Conn, peer: NodeId, raft: &Raft) {
             }
         };
         let response = match request {
-            Request::Append(rpc) => Response::Append(raft.append_entries(rpc).await),
+            Request::Append(rpc) => {
+                let commit = rpc.leader_commit.map(|c| c.index);
+                let reply = raft.append_entries(rpc).await;
+                if reply.is_ok() {
+                    standing.probation.heard_commit(commit);
+                }
+                Response::Append(reply)
+            }
+            // On probation this node may lack entries it acknowledged: it
+            // must not help elect anyone (probation.rs).
+            Request::Vote(_) if standing.probation.active() => {
+                Response::Vote(Err(RaftError::Fatal(Fatal::Stopped)))
+            }
             Request::Vote(rpc) => Response::Vote(raft.vote(rpc).await),
             Request::Snapshot(rpc) => Response::Snapshot(raft.install_snapshot(rpc).await),
         };
@@ -70,6 +90,16 @@ async fn serve_peer(mut conn: Conn, peer: NodeId, raft: &Raft) {
         };
         if conn.send(Bytes::from(bytes)).await.is_err() {
             break;
+        }
+        let applied = raft.metrics().borrow().last_applied.map(|l| l.index);
+        if standing.probation.end_if_caught_up(applied) {
+            tracing::info!(
+                applied,
+                "caught up with the leader after a damaged log: this node votes and may lead again"
+            );
+            if !standing.fenced.load(std::sync::atomic::Ordering::Acquire) {
+                raft.runtime_config().elect(true);
+            }
         }
     }
     // The leader's connection closed. If its process is gone, a connect to

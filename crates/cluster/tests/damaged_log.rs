@@ -1,0 +1,108 @@
+//! A member whose Raft log is damaged (a complete frame with a wrong
+//! checksum) may have lost entries it acknowledged: it rejoins on
+//! probation, never helping to elect a leader until it has caught up.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use berth_cluster::{NodeId, SyncGate};
+use tokio::net::TcpListener;
+
+mod common;
+use common::{commands, Cluster, SECRET, WAIT};
+
+/// Flips one payload byte of the `n`th frame of a node's raft.log.
+fn damage_frame(log: &Path, n: usize) {
+    let mut bytes = std::fs::read(log).unwrap();
+    let mut at = 0usize;
+    for _ in 0..n {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        at += 8 + len;
+    }
+    assert!(at + 9 < bytes.len(), "raft.log has fewer than {n} frames");
+    bytes[at + 9] ^= 0x20;
+    std::fs::write(log, bytes).unwrap();
+}
+
+async fn restart(cluster: &mut Cluster, id: NodeId) {
+    let listener = TcpListener::bind(&cluster.members[&id]).await.unwrap();
+    cluster
+        .start_node(id, listener, SyncGate::default(), SECRET)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_with_a_damaged_log_votes_only_after_catching_up() {
+    let mut cluster = Cluster::start("damaged", &BTreeMap::new(), &BTreeMap::new()).await;
+    let leader = cluster.leader().await;
+    cluster.propose_all(leader, 0, 20).await;
+    cluster.agree(&commands(20)).await;
+    let damaged = *cluster.nodes.keys().find(|id| **id != leader).unwrap();
+    let third = *cluster
+        .nodes
+        .keys()
+        .find(|id| **id != leader && **id != damaged)
+        .unwrap();
+
+    // The leader and the damaged member stop; the damaged member's log
+    // loses its tail from the 3rd frame on.
+    for id in [leader, damaged] {
+        let (node, _) = cluster.nodes.remove(&id).unwrap();
+        node.shutdown().await;
+    }
+    let dir = cluster.root.join(format!("n{damaged}"));
+    damage_frame(&dir.join("raft.log"), 3);
+    restart(&mut cluster, damaged).await;
+    assert!(
+        cluster.nodes[&damaged].0.on_probation(),
+        "a damaged log must start on probation"
+    );
+    let aside = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("raft.log.damaged-")
+        });
+    assert!(aside, "the damaged bytes were not kept aside");
+
+    // With only the third member and the damaged one alive, nobody may be
+    // elected: the damaged member grants no vote (the third would need it).
+    let quiet_until = Instant::now() + Duration::from_millis(3_000);
+    while Instant::now() < quiet_until {
+        for (id, (node, _)) in &cluster.nodes {
+            assert_ne!(
+                node.leader(),
+                Some(*id),
+                "node {id} became leader with the damaged member's help"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The old leader returns: a leader is elected without the damaged
+    // member, which catches up and leaves probation.
+    restart(&mut cluster, leader).await;
+    let now_leading = cluster.leader().await;
+    assert_ne!(now_leading, damaged);
+    cluster.agree(&commands(20)).await;
+    let deadline = Instant::now() + WAIT;
+    while cluster.nodes[&damaged].0.on_probation() {
+        assert!(
+            Instant::now() < deadline,
+            "the damaged member never left probation"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Now it counts again: with the third member stopped, the other two
+    // (one of them the formerly damaged) still commit.
+    let (node, _) = cluster.nodes.remove(&third).unwrap();
+    node.shutdown().await;
+    let now_leading = cluster.leader().await;
+    cluster.propose_all(now_leading, 20, 25).await;
+    cluster.agree(&commands(25)).await;
+    cluster.stop().await;
+}
