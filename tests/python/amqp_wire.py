@@ -225,8 +225,9 @@ class PeerClosed(Exception):
 
 # ---------------------------------------------------------------- client
 class RawConnection:
-    def __init__(self, host, port, timeout_s=10):
-        self.sock = socket.create_connection((host, port), timeout=timeout_s)
+    def __init__(self, host, port, timeout_s=10, source=None):
+        self.sock = socket.create_connection((host, port), timeout=timeout_s,
+                                             source_address=(source, 0) if source else None)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = b""
         self.frame_max = 131072

@@ -1,6 +1,6 @@
 //! The AMQP accept loop, for plain and TLS listeners alike: the
 //! connection limit, the connection ids, and the one step that differs
-//! (a TLS handshake, bounded by `net.handshake_timeout_ms`, and the user
+//! (a TLS handshake, bounded by `net.tls_handshake_timeout_ms`, and the user
 //! name its client certificate gives) before the connection code takes
 //! over.
 //!
@@ -115,7 +115,7 @@ async fn handshake(
     peer: SocketAddr,
     shared: &Shared,
 ) -> Option<(ReadStream, WriteStream, Option<String>)> {
-    let timeout = Duration::from_millis(shared.config.net.handshake_timeout_ms);
+    let timeout = Duration::from_millis(shared.config.net.tls_handshake_timeout_ms);
     let tls = match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {

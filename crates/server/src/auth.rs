@@ -1,9 +1,9 @@
 //! Login rules, for AMQP and HTTP alike: startup of the stored users,
 //! vhosts and permissions (restore, then the defaults of a new store),
 //! password and certificate (`EXTERNAL`) logins with RabbitMQ's loopback
-//! rule, and the failed-login throttle. The HTTP API's basic auth and tag
-//! rules are in `http::auth`; the names a client certificate gives are in
-//! [`crate::cert_login`].
+//! rule. The login budget of each address is in [`crate::throttle`]; the
+//! HTTP API's basic auth and tag rules are in `http::auth`; the names a
+//! client certificate gives are in [`crate::cert_login`].
 //!
 //! Invariants:
 //! - The default user and vhost are created once per store (a marker in
@@ -114,60 +114,5 @@ fn is_loopback(peer: SocketAddr) -> bool {
         SocketAddr::V6(a) => {
             a.ip().is_loopback() || a.ip().to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
         }
-    }
-}
-
-/// Slows down password guessing: each source address gets
-/// `auth.login_failures_per_s_max` failed logins per second answered at
-/// once; beyond that each refusal waits [`crate::limits::LOGIN_FAILURE_DELAY_MS`]
-/// first. The wait is an async sleep of the guessing connection only, so
-/// other clients (even from the same address, with the right password)
-/// log in undelayed.
-#[derive(Default)]
-pub struct LoginThrottle {
-    /// Per source address: (start of the current one-second window,
-    /// failures in it). Bounded by [`crate::limits::LOGIN_THROTTLE_ADDRESSES_MAX`].
-    failures:
-        parking_lot::Mutex<std::collections::HashMap<std::net::IpAddr, (std::time::Instant, u32)>>,
-}
-
-impl LoginThrottle {
-    /// Records a failed login from `ip`; returns how long to wait before
-    /// answering it.
-    pub fn failed(&self, ip: std::net::IpAddr, per_s_max: u32) -> std::time::Duration {
-        use crate::limits::{LOGIN_FAILURE_DELAY_MS, LOGIN_THROTTLE_ADDRESSES_MAX};
-        let now = std::time::Instant::now();
-        let second = std::time::Duration::from_secs(1);
-        let mut map = self.failures.lock();
-        if map.len() >= LOGIN_THROTTLE_ADDRESSES_MAX {
-            map.retain(|_, (start, _)| now.duration_since(*start) < second);
-        }
-        let e = map.entry(ip).or_insert((now, 0));
-        if now.duration_since(e.0) >= second {
-            *e = (now, 0);
-        }
-        e.1 = e.1.saturating_add(1);
-        if e.1 > per_s_max {
-            std::time::Duration::from_millis(LOGIN_FAILURE_DELAY_MS)
-        } else {
-            std::time::Duration::ZERO
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::LoginThrottle;
-
-    #[test]
-    fn failures_beyond_the_budget_per_second_are_delayed() {
-        let t = LoginThrottle::default();
-        let ip = "10.0.0.1".parse().unwrap();
-        for _ in 0..3 {
-            assert!(t.failed(ip, 3).is_zero());
-        }
-        assert!(!t.failed(ip, 3).is_zero());
-        // Another address has its own budget.
-        assert!(t.failed("10.0.0.2".parse().unwrap(), 3).is_zero());
     }
 }

@@ -94,6 +94,8 @@ pub struct Net {
     pub heartbeat_s: u16,
     /// Time a client has to complete the AMQP handshake.
     pub handshake_timeout_ms: u64,
+    /// Time a client has to complete the TLS handshake (AMQPS, HTTPS).
+    pub tls_handshake_timeout_ms: u64,
 }
 
 /// When the store calls `fdatasync` (see docs/DURABILITY.md): the store's
@@ -180,9 +182,8 @@ pub struct Auth {
     pub default_pass: String,
     /// Users that may only connect from a loopback address.
     pub loopback_users: Vec<String>,
-    /// Failed logins per second from one address answered at once; each
-    /// one beyond waits `LOGIN_FAILURE_DELAY_MS` (slows password guessing
-    /// without delaying anyone else).
+    /// Login budget of one source address (`crate::throttle`): this many
+    /// at once, then this many per second.
     pub login_failures_per_s_max: u32,
     /// Login mechanisms offered, in this order (`EXTERNAL` only on a TLS
     /// connection whose certificate names a user).

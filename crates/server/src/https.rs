@@ -6,8 +6,10 @@
 //! Invariants:
 //! - A slow or failing TLS handshake costs only its own task: handshakes
 //!   run beside the accept loop (at most [`limits::HTTPS_HANDSHAKES_MAX`]
-//!   at once, each bounded by `net.handshake_timeout_ms`) and only
-//!   finished ones reach the HTTP server.
+//!   at once and [`limits::HTTPS_HANDSHAKES_PER_ADDRESS_MAX`] from one
+//!   address, see [`crate::handshake_slots`], each bounded by
+//!   `net.tls_handshake_timeout_ms`) and only finished ones reach the HTTP
+//!   server.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,9 +18,10 @@ use std::time::Duration;
 use axum::serve::ListenerExt;
 use axum::Router;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch};
 use tokio_rustls::server::TlsStream;
 
+use crate::handshake_slots::HandshakeSlots;
 use crate::limits;
 use crate::tls::Tls;
 
@@ -85,12 +88,17 @@ async fn accept_loop(
     done: mpsc::Sender<(TlsStream<tokio::net::TcpStream>, SocketAddr)>,
     timeout: Duration,
 ) {
-    let slots = Arc::new(Semaphore::new(limits::HTTPS_HANDSHAKES_MAX));
+    let slots = HandshakeSlots::default();
     loop {
-        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+        let Some(total) = slots.free().await else {
             return;
         };
         let (stream, peer) = crate::listen::accept(&listener, "https").await;
+        let Some(slot) = slots.take(total, peer.ip()) else {
+            tracing::debug!(%peer, "HTTPS: closed, its address has {} TLS handshakes running",
+                limits::HTTPS_HANDSHAKES_PER_ADDRESS_MAX);
+            continue;
+        };
         let (acceptor, done) = (tls.acceptor(), done.clone());
         tokio::spawn(async move {
             let shaken = tokio::time::timeout(timeout, acceptor.accept(stream)).await;

@@ -20,6 +20,7 @@ pub mod connection;
 pub mod disk;
 pub mod event_log;
 pub mod field_json;
+mod handshake_slots;
 pub mod http;
 mod https;
 pub mod journal;
@@ -35,6 +36,7 @@ pub mod settings;
 pub mod state;
 pub mod stats;
 pub mod stream;
+pub mod throttle;
 pub mod tls;
 
 use std::fs::File;
@@ -222,12 +224,13 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
     if let Some(path) = &config.management.load_definitions {
         load_definitions(&broker, path)?;
     }
+    let logins = throttle::LoginThrottle::new(config.auth.login_failures_per_s_max);
     let shared = Arc::new(Shared {
         broker: Arc::clone(&broker),
         config: Arc::new(config),
         registry: Arc::new(registry::Registry::default()),
         disk: Arc::default(),
-        logins: auth::LoginThrottle::default(),
+        logins,
     });
     let (tx, rx) = watch::channel(false);
     disk::spawn_watch(
@@ -311,7 +314,7 @@ fn serve_http(
             shutdown.clone(),
         ));
     }
-    let timeout = Duration::from_millis(state.shared.config.net.handshake_timeout_ms);
+    let timeout = Duration::from_millis(state.shared.config.net.tls_handshake_timeout_ms);
     let app = http::router(state);
     for l in plain {
         let app = app.clone();

@@ -122,14 +122,26 @@ pub const DEFAULT_DISK_FREE_BYTES_MIN: u64 = 50_000_000;
 /// data directories' filesystems (RabbitMQ checks every 10 s at most; a
 /// small filesystem fills faster, so more often).
 pub const DISK_CHECK_MS: u64 = 250;
-/// Wait before refusing a login from an address that failed more than
-/// `auth.login_failures_per_s_max` times this second (slows guessing).
-pub const LOGIN_FAILURE_DELAY_MS: u64 = 200;
-/// Source addresses the login throttle remembers before it forgets the
-/// stale ones.
-pub const LOGIN_THROTTLE_ADDRESSES_MAX: usize = 10_000;
+/// Longest a login attempt waits for its address's turn (`crate::throttle`);
+/// an address whose turns are booked further ahead is refused without its
+/// password being checked. Below `DEFAULT_HANDSHAKE_TIMEOUT_MS`, so an
+/// AMQP client gets its answer before its handshake times out.
+pub const LOGIN_WAIT_MS_MAX: u64 = 5_000;
+/// Source addresses (IPv4 addresses, IPv6 /64s) the login throttle
+/// remembers: its table has this many entries, 32 bytes each, allocated at
+/// startup; a new address takes the place of the fullest bucket of its set.
+/// A power of two.
+pub const LOGIN_THROTTLE_ADDRESSES_MAX: usize = 8_192;
 /// Default of `auth.login_failures_per_s_max`.
 pub const DEFAULT_LOGIN_FAILURES_PER_S_MAX: u32 = 10;
 /// TLS handshakes an HTTPS listener runs at once; beyond it, accepting
 /// waits (the kernel's listen backlog holds the rest).
 pub const HTTPS_HANDSHAKES_MAX: usize = 256;
+/// TLS handshakes an HTTPS listener runs at once for one source address
+/// (IPv4 address, IPv6 /64); a further connection from it is closed at
+/// once, so idle sockets from one address cannot hold every slot. Above
+/// the 6 connections a browser opens per host.
+pub const HTTPS_HANDSHAKES_PER_ADDRESS_MAX: usize = 16;
+/// `net.tls_handshake_timeout_ms`: a TLS handshake takes a few round
+/// trips; a socket that has not finished one by then is closed.
+pub const DEFAULT_TLS_HANDSHAKE_TIMEOUT_MS: u64 = 3_000;

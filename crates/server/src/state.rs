@@ -1,6 +1,6 @@
 //! What every connection and every HTTP request shares: the broker, the
 //! configuration, the registry of live connections, the disk alarm and
-//! the failed-login throttle. One value of [`Shared`] is built at startup
+//! the login budgets of source addresses. One value of [`Shared`] is built at startup
 //! and handed (in an `Arc`) to the accept loop and the HTTP router.
 //!
 //! Invariants:
@@ -22,6 +22,6 @@ pub struct Shared {
     pub registry: Arc<crate::registry::Registry>,
     /// Set while a data directory is low on space (see [`crate::disk`]).
     pub disk: Arc<crate::disk::DiskAlarm>,
-    /// Failed logins per source address (AMQP and HTTP).
-    pub logins: crate::auth::LoginThrottle,
+    /// Login budget per source address (AMQP and HTTP alike).
+    pub logins: crate::throttle::LoginThrottle,
 }

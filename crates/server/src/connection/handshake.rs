@@ -153,6 +153,12 @@ impl Conn {
             }
         };
         self.user.clone_from(&user);
+        if let Err(why) = self.shared.logins.turn(self.peer.ip()).await {
+            tracing::warn!(peer = %self.peer, %user, "login not checked: {why}");
+            return Err(AmqpError::access_refused(why.to_string())
+                .during(CLASS_CONNECTION, METHOD_CONNECTION_START_OK)
+                .into());
+        }
         let checked = if external {
             crate::auth::login_external(&self.shared.broker, &self.shared.config, &user, self.peer)
                 .map(|_| ())
@@ -161,19 +167,15 @@ impl Conn {
         };
         if let Err(why) = checked {
             tracing::warn!(peer = %self.peer, %user, "login refused: {why}");
-            let wait = self.shared.logins.failed(
-                self.peer.ip(),
-                self.shared.config.auth.login_failures_per_s_max,
-            );
-            if !wait.is_zero() {
-                tokio::time::sleep(wait).await;
-            }
             return Err(AmqpError::access_refused(format!(
                 "Login was refused using authentication mechanism {}. For details see the broker logfile.",
                 start_ok.mechanism
             ))
             .into());
         }
+        self.shared
+            .logins
+            .refund(self.peer.ip(), std::time::Instant::now());
         Ok(capabilities)
     }
 

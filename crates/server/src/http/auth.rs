@@ -10,8 +10,8 @@
 //! - Wrong or missing credentials, and valid credentials with too few
 //!   tags, answer 401 with RabbitMQ's reasons (`Login failed`, `Not
 //!   management user`, `Not administrator user`), as RabbitMQ 3.10 does.
-//! - An answer to wrong credentials waits in the same per-address
-//!   throttle as AMQP logins.
+//! - Credentials are checked only on a turn of the address's login
+//!   budget, the one AMQP logins take from too ([`crate::throttle`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,7 +26,7 @@ use berth_broker::access::{
 };
 use berth_broker::vhost::VHost;
 
-use super::error::unauthorized;
+use super::error::{too_many_logins, unauthorized};
 use super::{sorted_vhosts, vhost_or_404, HttpState};
 use crate::permissions::{authorise, Action};
 use crate::state::Shared;
@@ -185,25 +185,31 @@ pub fn authenticate(
 #[derive(Clone, Copy)]
 struct LoginFailed;
 
-/// Middleware: an answer to wrong credentials goes through the same
-/// per-address throttle as AMQP logins (`auth.login_failures_per_s_max`),
-/// waiting asynchronously, so a password-guessing HTTP client slows itself
-/// down and no one else.
-pub async fn throttle_failed_logins(
+/// Middleware: a request with credentials takes a turn from its address's
+/// login budget ([`crate::throttle`], shared with AMQP logins) before it
+/// runs, waiting asynchronously for it, so a password-guessing HTTP client
+/// slows itself down and no other address; beyond the budget's longest
+/// wait it is answered 429 unchecked. The turn is given back when the
+/// answer is not a failed login, so only wrong credentials spend it (a
+/// request holds its turn while it runs).
+pub async fn throttle_logins(
     axum::extract::State(st): axum::extract::State<HttpState>,
     axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<SocketAddr>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    if !request.headers().contains_key(header::AUTHORIZATION) {
+        return next.run(request).await;
+    }
+    if let Err(why) = st.shared.logins.turn(peer.ip()).await {
+        tracing::info!(%peer, "HTTP login not checked: {why}");
+        return too_many_logins(&why);
+    }
     let response = next.run(request).await;
-    if response.extensions().get::<LoginFailed>().is_some() {
-        let wait = st
-            .shared
+    if response.extensions().get::<LoginFailed>().is_none() {
+        st.shared
             .logins
-            .failed(peer.ip(), st.shared.config.auth.login_failures_per_s_max);
-        if !wait.is_zero() {
-            tokio::time::sleep(wait).await;
-        }
+            .refund(peer.ip(), std::time::Instant::now());
     }
     response
 }

@@ -50,6 +50,18 @@ pub(crate) fn unauthorized(why: &str) -> Response {
         .into_response()
 }
 
+/// 429 to a request whose credentials were not checked because its
+/// address spent its login budget ([`crate::throttle`]); `why` says for how
+/// long, and so does `Retry-After`.
+pub(crate) fn too_many_logins(why: &crate::throttle::NotChecked) -> Response {
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [(header::RETRY_AFTER, why.retry_after_s().to_string())],
+        Json(json!({"error": "too_many_requests", "reason": why.to_string()})),
+    )
+        .into_response()
+}
+
 /// The HTTP answer to a broker error: 404 for a missing object, 501 for
 /// what berth does not implement, 400 with the AMQP reply text otherwise
 /// (as RabbitMQ's API answers a failed declare or delete).

@@ -168,7 +168,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/metrics/per-object", get(metrics::per_object))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            auth::throttle_failed_logins,
+            auth::throttle_logins,
         ))
         .layer(axum::middleware::from_fn(console::quiet_challenge))
         .merge(console::routes())

@@ -203,12 +203,23 @@ pub(super) static AUTH: &[Setting] = &[
         flag: "login-failures-per-s-max",
         value_name: "N",
         default_note: "",
-        doc: "failed logins per second from one source address (AMQP and HTTP basic auth \
-              counted together) answered at once; each further one waits 200 ms \
-              (`LOGIN_FAILURE_DELAY_MS`) before its refusal, which slows password guessing \
-              without delaying any other login",
+        doc: "login budget of one source address (an IPv4 address or an IPv6 /64), shared by \
+              all its AMQP connections and HTTP requests: N logins at once, then N per \
+              second; a login that succeeds gives its turn back. Beyond it an attempt waits \
+              for its turn before its password is checked, and is refused unchecked when \
+              the turns are booked more than 5 s ahead (`LOGIN_WAIT_MS_MAX`). See \
+              [SECURITY.md](SECURITY.md#logins)",
         slot: &one(field!(auth.login_failures_per_s_max), || {
             limits::DEFAULT_LOGIN_FAILURES_PER_S_MAX
+        })
+        .check(|n| {
+            if *n == 0 {
+                return Err(Refusal::new(
+                    "0",
+                    "must be at least 1 (logins per second from one address)",
+                ));
+            }
+            Ok(())
         }),
     },
     Setting {

@@ -90,6 +90,25 @@ pub(super) static NET: &[Setting] = &[
             limits::DEFAULT_HANDSHAKE_TIMEOUT_MS
         }),
     },
+    Setting {
+        key: "net.tls_handshake_timeout_ms",
+        flag: "tls-handshake-timeout-ms",
+        value_name: "MS",
+        default_note: "",
+        doc: "time a client has to complete the TLS handshake on an AMQPS or HTTPS listener \
+              (the AMQP handshake then has `net.handshake_timeout_ms`). An HTTPS listener \
+              runs at most 256 handshakes at once (`HTTPS_HANDSHAKES_MAX`), 16 per source \
+              address (`HTTPS_HANDSHAKES_PER_ADDRESS_MAX`)",
+        slot: &one(field!(net.tls_handshake_timeout_ms), || {
+            limits::DEFAULT_TLS_HANDSHAKE_TIMEOUT_MS
+        })
+        .check(|ms| {
+            if *ms == 0 {
+                return Err(Refusal::new("0", "must be at least 1"));
+            }
+            Ok(())
+        }),
+    },
 ];
 
 pub(super) static MANAGEMENT: &[Setting] = &[Setting {
