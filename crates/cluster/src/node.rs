@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
-use openraft::{BasicNode, Config, SnapshotPolicy};
+use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -36,6 +36,7 @@ use crate::log_file::{self, Writer};
 use crate::log_store::LogStore;
 use crate::probation::Probation;
 use crate::state_machine::{Apply, StateMachine};
+use crate::status::{ClusterStatus, MemberStatus, Role};
 use crate::sync_gate::SyncGate;
 use crate::transport::{self, Network};
 use crate::types::{Command, NodeId, Raft};
@@ -147,6 +148,8 @@ pub struct ClusterNode {
     proposals: mpsc::Sender<Proposal>,
     writer: Writer,
     standing: Arc<Standing>,
+    /// A leader's lease: the shortest election timeout.
+    lease_ms: u64,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -217,6 +220,7 @@ impl ClusterNode {
             proposals,
             writer,
             standing,
+            lease_ms: config.election_timeout_ms.0,
             tasks,
         };
         let first = config.members.keys().next().copied();
@@ -327,6 +331,73 @@ impl ClusterNode {
             .membership()
             .voter_ids()
             .collect()
+    }
+
+    /// The node's view of the cluster (see [`ClusterStatus`]).
+    #[must_use]
+    pub fn status(&self) -> ClusterStatus {
+        let m = self.raft.metrics().borrow().clone();
+        let role = match m.state {
+            ServerState::Leader => Role::Leader,
+            ServerState::Follower => Role::Follower,
+            ServerState::Candidate => Role::Candidate,
+            ServerState::Learner => Role::Learner,
+            ServerState::Shutdown => Role::Stopped,
+        };
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let members = membership
+            .nodes()
+            .map(|(id, node)| {
+                let matched = m
+                    .replication
+                    .as_ref()
+                    .and_then(|r| r.get(id).copied().flatten())
+                    .map(|l| l.index);
+                let matched = if *id == m.id && role == Role::Leader {
+                    m.last_log_index
+                } else {
+                    matched
+                };
+                let lag = match (role, m.last_log_index) {
+                    (Role::Leader, Some(last)) => Some(last.saturating_sub(matched.unwrap_or(0))),
+                    _ => None,
+                };
+                MemberStatus {
+                    id: *id,
+                    addr: node.addr.clone(),
+                    voter: voters.contains(id),
+                    matched_index: matched,
+                    lag,
+                }
+            })
+            .collect();
+        ClusterStatus {
+            id: m.id,
+            role,
+            term: m.current_term,
+            leader: m.current_leader,
+            last_log_index: m.last_log_index,
+            applied_index: m.last_applied.map(|l| l.index),
+            snapshot_index: m.snapshot.map(|l| l.index),
+            millis_since_quorum_ack: m.millis_since_quorum_ack,
+            fenced: self.fenced(),
+            on_probation: self.on_probation(),
+            members,
+        }
+    }
+
+    /// May this node confirm and deliver right now? Only a leader whose
+    /// disk is not stalled and that a quorum acknowledged within the
+    /// shortest election timeout: past that, another leader may exist
+    /// (the lease has run out) and a deposed leader must not deliver.
+    #[must_use]
+    pub fn may_serve(&self) -> bool {
+        let m = self.raft.metrics().borrow().clone();
+        m.state == ServerState::Leader
+            && !self.fenced()
+            && m.millis_since_quorum_ack
+                .is_some_and(|ms| ms < self.lease_ms)
     }
 
     /// Stops Raft, the listener and the node's tasks (the process keeps

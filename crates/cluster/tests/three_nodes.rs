@@ -233,3 +233,54 @@ async fn a_member_behind_the_purged_log_catches_up_by_snapshot() {
     );
     cluster.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_each_members_lag_and_a_lone_leader_loses_its_lease() {
+    use berth_cluster::Role;
+    let mut cluster = Cluster::start("status", &BTreeMap::new(), &BTreeMap::new()).await;
+    let leader = cluster.leader().await;
+    cluster.propose_all(leader, 0, 10).await;
+    cluster.agree(&commands(10)).await;
+    assert!(
+        cluster.nodes[&leader].0.may_serve(),
+        "a leader with a quorum may serve"
+    );
+    let follower = *cluster.nodes.keys().find(|id| **id != leader).unwrap();
+    assert!(
+        !cluster.nodes[&follower].0.may_serve(),
+        "a follower may not serve"
+    );
+    let s = cluster.nodes[&follower].0.status();
+    assert_eq!((s.role, s.leader), (Role::Follower, Some(leader)));
+    assert!(
+        s.members.iter().all(|m| m.lag.is_none()),
+        "only a leader knows lags"
+    );
+
+    // One follower stops; 5 more commands: the leader sees it behind.
+    let (node, _) = cluster.nodes.remove(&follower).unwrap();
+    node.shutdown().await;
+    cluster.propose_all(leader, 10, 15).await;
+    let s = cluster.nodes[&leader].0.status();
+    assert_eq!(s.role, Role::Leader);
+    assert_eq!(s.members.len(), 3);
+    let away = s.members.iter().find(|m| m.id == follower).unwrap();
+    assert!(away.lag.unwrap() >= 5, "the stopped member's lag: {away:?}");
+    let me = s.members.iter().find(|m| m.id == leader).unwrap();
+    assert_eq!(me.lag, Some(0));
+
+    // The last follower stops too: the leader's lease runs out, it may no
+    // longer confirm or deliver.
+    let other = *cluster.nodes.keys().find(|id| **id != leader).unwrap();
+    let (node, _) = cluster.nodes.remove(&other).unwrap();
+    node.shutdown().await;
+    let deadline = Instant::now() + WAIT;
+    while cluster.nodes[&leader].0.may_serve() {
+        assert!(
+            Instant::now() < deadline,
+            "a leader without a quorum kept serving"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cluster.stop().await;
+}

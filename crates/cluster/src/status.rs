@@ -1,0 +1,46 @@
+//! What a node knows about its cluster, in berth's terms, for `berth
+//! cluster status`, the management API and Prometheus.
+
+use crate::types::NodeId;
+
+/// A node's part in Raft right now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Leader,
+    Follower,
+    Candidate,
+    Learner,
+    Stopped,
+}
+
+#[derive(Clone, Debug)]
+pub struct MemberStatus {
+    pub id: NodeId,
+    /// Its cluster listener, as the membership records it.
+    pub addr: String,
+    pub voter: bool,
+    /// The last index the leader knows this member holds (only a leader
+    /// knows; `None` elsewhere or before the first answer).
+    pub matched_index: Option<u64>,
+    /// Entries this member is behind the leader's log (leader only).
+    pub lag: Option<u64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct ClusterStatus {
+    pub id: NodeId,
+    pub role: Role,
+    pub term: u64,
+    pub leader: Option<NodeId>,
+    pub last_log_index: Option<u64>,
+    pub applied_index: Option<u64>,
+    pub snapshot_index: Option<u64>,
+    /// Milliseconds since a quorum last acknowledged this leader (leader
+    /// only): the age of its lease.
+    pub millis_since_quorum_ack: Option<u64>,
+    /// Disk stalled: no proposals, no heartbeats, no elections.
+    pub fenced: bool,
+    /// Damaged log: no vote, no election until caught up.
+    pub on_probation: bool,
+    pub members: Vec<MemberStatus>,
+}
