@@ -230,7 +230,7 @@ pub struct BackupReport {
 }
 
 /// A file opened at the cut: its handle and the length to copy.
-struct CutFile {
+pub(crate) struct CutFile {
     rel: String,
     file: Arc<dyn StorageFile>,
     len: u64,
@@ -244,7 +244,7 @@ fn io<'a>(op: &'static str, p: &'a Path) -> impl FnOnce(std::io::Error) -> Store
 
 /// Opens every file of every group (the cut). A file listed but gone
 /// before it could be opened (reclaimed meanwhile) makes the pass restart.
-fn cut(storage: &dyn Storage, layout: &Layout) -> Result<Vec<CutFile>, StoreError> {
+pub(crate) fn cut(storage: &dyn Storage, layout: &Layout) -> Result<Vec<CutFile>, StoreError> {
     let mut attempt = 0;
     'again: loop {
         let mut files = Vec::new();
@@ -339,7 +339,9 @@ fn copy_file(
     Ok(crc)
 }
 
-/// Backs up the store in `layout` into the empty or absent directory `out`.
+/// Backs up the store in `layout`, which no broker is writing, into the
+/// empty or absent directory `out`. (A running broker's store is backed up
+/// through `Store::backup`, whose cut is one instant for every group.)
 pub fn backup(
     storage: &dyn Storage,
     layout: &Layout,
@@ -348,9 +350,30 @@ pub fn backup(
     created_unix_s: u64,
     progress: &dyn Fn(u64),
 ) -> Result<BackupReport, StoreError> {
+    backup_with_cut(
+        storage,
+        layout,
+        out,
+        broker_version,
+        created_unix_s,
+        progress,
+        &|| cut(storage, layout),
+    )
+}
+
+/// [`backup`] with the cut taken by `take_cut` (after `out` was checked).
+pub(crate) fn backup_with_cut(
+    storage: &dyn Storage,
+    layout: &Layout,
+    out: &Path,
+    broker_version: &str,
+    created_unix_s: u64,
+    progress: &dyn Fn(u64),
+    take_cut: &dyn Fn() -> Result<Vec<CutFile>, StoreError>,
+) -> Result<BackupReport, StoreError> {
     ensure_empty(storage, out)?;
     let salt = layout.manifest.record_salt;
-    let files = cut(storage, layout)?;
+    let files = take_cut()?;
     let data = out.join(BACKUP_DATA_DIR);
     storage
         .create_dir_all(&data)
