@@ -227,6 +227,10 @@ pub struct BackupReport {
     pub bytes: u64,
     /// Bytes of records in progress at the cut, left out.
     pub trimmed_bytes: u64,
+    /// How long the store's writers were paused for the cut (a backup of
+    /// an open store, `Store::backup`); `None` for a backup of files no
+    /// broker writes.
+    pub pause: Option<std::time::Duration>,
 }
 
 /// A file opened at the cut: its handle and the length to copy.
@@ -462,6 +466,7 @@ pub(crate) fn backup_with_cut(
         manifest,
         bytes,
         trimmed_bytes: trimmed,
+        pause: None,
     })
 }
 
