@@ -460,13 +460,24 @@ async fn online_backup_while_publishing_restores_every_confirmed_message() {
     );
     let err = String::from_utf8_lossy(&offline.stderr);
     assert_eq!(offline.status.code(), Some(2), "{err}");
-    assert!(err.contains("a broker is running") && err.contains("--online"), "{err}");
+    assert!(
+        err.contains("a broker is running") && err.contains("--online"),
+        "{err}"
+    );
     assert!(!out.join("BACKUP").exists(), "no backup taken offline");
     let before = confirmed.load(Ordering::SeqCst);
     let (o, url) = (out.clone(), broker.http.clone());
     let backup = tokio::task::spawn_blocking(move || {
         berth(
-            &["store", "backup", o.to_str().unwrap(), "--online", "--url", &url, "--json"],
+            &[
+                "store",
+                "backup",
+                o.to_str().unwrap(),
+                "--online",
+                "--url",
+                &url,
+                "--json",
+            ],
             &[],
         )
     })

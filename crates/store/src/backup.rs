@@ -29,13 +29,18 @@
 //! ```
 //!
 //! Invariants:
-//! - A backup is consistent per group: every file of a group is opened in
-//!   one pass before any is copied (a handle stays readable after the
-//!   broker reclaims its file), and the newest segment is copied only up
-//!   to its length at that moment, trimmed to its last whole record. The
-//!   writer only appends, so the copy is a journal prefix recovery accepts.
+//! - A backup is one instant of the whole store: every file of every
+//!   group is opened before any is copied (a handle stays readable after
+//!   the broker reclaims its file), either with no broker running (the
+//!   CLI holds its lock) or while every group's writer is paused
+//!   (`Store::backup`); the newest segment is copied only up to its length
+//!   at that moment, trimmed to its last whole record. The writer only
+//!   appends, so each group's copy is a journal prefix recovery accepts.
 //! - Everything confirmed before the backup started is in it (a confirmed
-//!   record is written before its confirm, so it is within the cut).
+//!   record is written before its confirm, so it is within the cut), also
+//!   a message dead-lettered between groups meanwhile (its Remove is
+//!   written only after its copy is durable, so a cut with the Remove has
+//!   the copy).
 //! - `BACKUP` is written last, through a temp file and rename: a backup
 //!   without it is incomplete and restore refuses it.
 //! - Restore checks the format versions and every file's checksum before

@@ -68,8 +68,7 @@ pub const BACKUP_PAUSE_WAIT_MS_MAX: u64 = 5_000;
 /// lists and opens the groups' files (milliseconds); a writer still held
 /// at this bound resumes on its own and that backup fails, so a stuck
 /// backup can never stall publishers for longer.
-pub const BACKUP_PAUSE_HOLD_MS_MAX: u64 =
-    BACKUP_PAUSE_WAIT_MS_MAX + 5_000;
+pub const BACKUP_PAUSE_HOLD_MS_MAX: u64 = BACKUP_PAUSE_WAIT_MS_MAX + 5_000;
 
 /// Configuration of a store. Build with [`StoreConfig::new`] and adjust
 /// fields; every field documents its default.

@@ -89,7 +89,12 @@ fn queue_in(store: &Store, g: u32, skip: u64) -> QueueId {
 
 fn publish(store: &Store, msg: MsgId, q: QueueId) {
     let (done, ticket) = Ticket::new();
-    store.publish(msg, &[q], Bytes::from(format!("message {}", msg.0)), Some(done));
+    store.publish(
+        msg,
+        &[q],
+        Bytes::from(format!("message {}", msg.0)),
+        Some(done),
+    );
     ticket.wait().expect("publish");
 }
 
@@ -194,7 +199,11 @@ fn a_dead_letter_between_the_cuts_of_two_groups_is_in_the_backup() {
     }
     // The store itself went on: every message is now in the target.
     drop(rec);
-    Arc::try_unwrap(store).ok().expect("one owner").close().unwrap();
+    Arc::try_unwrap(store)
+        .ok()
+        .expect("one owner")
+        .close()
+        .unwrap();
     for d in [&dir, &out] {
         let _cleanup = std::fs::remove_dir_all(d);
     }
@@ -280,7 +289,11 @@ fn backups_taken_while_dead_letters_cross_groups_hold_every_message() {
             );
         }
     }
-    Arc::try_unwrap(store).ok().expect("one owner").close().unwrap();
+    Arc::try_unwrap(store)
+        .ok()
+        .expect("one owner")
+        .close()
+        .unwrap();
     let _cleanup = std::fs::remove_dir_all(&dir);
     for out in &outs {
         let _cleanup = std::fs::remove_dir_all(out);

@@ -95,10 +95,17 @@ fn reshape_leaves_the_old_store_byte_for_byte_unchanged_whatever_its_recovery_re
     let x = at + bytes[at..].iter().position(|b| *b == b'x').unwrap();
     bytes[x] ^= 1;
     std::fs::write(first, &bytes).unwrap();
-    std::fs::write(g0.join(CHECKPOINT_TMP_NAME), b"a checkpoint a crash cut short").unwrap();
+    std::fs::write(
+        g0.join(CHECKPOINT_TMP_NAME),
+        b"a checkpoint a crash cut short",
+    )
+    .unwrap();
     let g1 = dir.join("group-0001");
     let newest = segments(&g1).pop().unwrap();
-    let mut f = std::fs::OpenOptions::new().append(true).open(&newest).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&newest)
+        .unwrap();
     std::io::Write::write_all(&mut f, &[0x5a; 37]).unwrap();
     drop(f);
 
@@ -122,7 +129,10 @@ fn reshape_leaves_the_old_store_byte_for_byte_unchanged_whatever_its_recovery_re
         }
     }
     let added: Vec<&PathBuf> = after.keys().filter(|p| !before.contains_key(*p)).collect();
-    assert!(added.is_empty(), "reshape wrote into the old store: {added:?}");
+    assert!(
+        added.is_empty(),
+        "reshape wrote into the old store: {added:?}"
+    );
 
     // The copy holds what recovery keeps: every message but the damaged one.
     assert_eq!(report.messages, 6 * 40 - 1, "{report:?}");

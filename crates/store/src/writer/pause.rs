@@ -91,8 +91,7 @@ impl CutBarrier {
             if st.paused == self.groups {
                 return Ok(());
             }
-            if self.changed.wait_until(&mut st, deadline).timed_out() && st.paused < self.groups
-            {
+            if self.changed.wait_until(&mut st, deadline).timed_out() && st.paused < self.groups {
                 return Err(StoreError::Config(format!(
                     "backup gave up: only {} of {} log groups paused for the cut within \
                      {BACKUP_PAUSE_WAIT_MS_MAX} ms (a long compaction step holds the others); \
