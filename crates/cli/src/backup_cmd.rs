@@ -1,12 +1,19 @@
 //! `berth store backup OUT` and `berth store restore OUT`: a whole store
 //! copied with a manifest (format versions, log groups, segment size,
-//! layout, broker version, every file's checksum), taken from a running
-//! broker's directories or offline, and restored into any number of data
-//! directories with no hand-set parameter.
+//! layout, broker version, every file's checksum), and restored into any
+//! number of data directories with no hand-set parameter.
+//!
+//! A backup reads the data directories itself only while no broker runs
+//! on them (it holds the broker's lock meanwhile); a running broker is
+//! backed up with `--online`, through `POST /api/berth/store/backup`: the
+//! broker pauses every log group for the cut, so the backup is one
+//! instant of the whole store (a cut read from the files group by group
+//! is not, and could miss a message dead-lettered between groups).
 //!
 //! Exit codes: 0 = done and verified; 1 = the backup or the restored store
 //! does not verify (corrupt); 2 = refused or failed (bad arguments, a
-//! non-empty target, a format this build does not read, an I/O error).
+//! non-empty target, a broker running on the directories without
+//! `--online`, a format this build does not read, an I/O error).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,8 +35,19 @@ pub struct BackupArgs {
     #[arg(value_name = "OUT")]
     out: PathBuf,
     /// A data directory of the store (repeat for each, in any order).
-    #[arg(long = "data-dir", value_name = "DIR", required = true)]
+    #[arg(
+        long = "data-dir",
+        value_name = "DIR",
+        required_unless_present = "online"
+    )]
     data_dir: Vec<PathBuf>,
+    /// Ask the running broker to take the backup, through its HTTP API
+    /// (--url, --username, --password); OUT is then a directory on the
+    /// broker's machine.
+    #[arg(long)]
+    online: bool,
+    #[command(flatten)]
+    api: crate::admin::ApiArgs,
     /// Print one JSON document instead of text.
     #[arg(long)]
     json: bool,
@@ -65,10 +83,70 @@ fn code_of(e: &StoreError) -> u8 {
     }
 }
 
+/// `--online`: the broker takes the backup.
+fn backup_online(a: &BackupArgs) -> ExitCode {
+    let out = match std::path::absolute(&a.out) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("berth store backup: {}: {e}", a.out.display());
+            return ExitCode::from(EXIT_UNREADABLE);
+        }
+    };
+    let body = json!({ "dir": out });
+    match a.api.call("POST", "/api/berth/store/backup", Some(&body)) {
+        Err(e) => {
+            eprintln!("berth store backup: {e}");
+            ExitCode::from(EXIT_UNREADABLE)
+        }
+        Ok(v) => {
+            let n = |k: &str| v.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+            if a.json {
+                println!("{v}");
+            } else {
+                println!(
+                    "backup {} by the running broker: {} file(s), {} bytes, {} log groups; \
+                     verified ({} bytes of a write in progress left out; writers paused {} us \
+                     for the cut)",
+                    out.display(),
+                    n("files"),
+                    n("bytes"),
+                    n("log_groups"),
+                    n("trimmed_bytes"),
+                    n("pause_us")
+                );
+            }
+            ExitCode::SUCCESS
+        }
+    }
+}
+
 pub fn backup(a: &BackupArgs) -> ExitCode {
+    if a.online {
+        return backup_online(a);
+    }
     let storage = OsStorage;
     let layout = match Layout::open(&storage, &a.data_dir) {
         Ok(l) => l,
+        Err(e) => {
+            eprintln!("berth store backup: {e}");
+            return ExitCode::from(EXIT_UNREADABLE);
+        }
+    };
+    // The broker's own lock, held for the whole copy: a broker running on
+    // these directories keeps writing every group while they are read one
+    // by one, so only it can take a cut consistent across groups.
+    let _locks = match berth_server::lock_data_dirs(&a.data_dir) {
+        Ok(l) => l,
+        Err(berth_server::ServerError::DataDirLocked { path }) => {
+            eprintln!(
+                "berth store backup: a broker is running on {} (it holds berth.lock); back it up \
+                 through it instead, so the cut is one instant of every log group: berth store \
+                 backup {} --online --url http://HOST:PORT (its net.http_listen)",
+                path.display(),
+                a.out.display()
+            );
+            return ExitCode::from(EXIT_UNREADABLE);
+        }
         Err(e) => {
             eprintln!("berth store backup: {e}");
             return ExitCode::from(EXIT_UNREADABLE);

@@ -22,12 +22,15 @@ const SEGMENT_SIZE_BYTES: &str = "65536";
 struct Broker {
     child: Child,
     uri: String,
+    /// `http://ADDR` of its management API.
+    http: String,
 }
 
 impl Broker {
     fn start(dirs: &[PathBuf], groups: u32) -> Broker {
         let mut cmd = Command::new(BERTH);
         cmd.args(["serve", "--amqp-listen", "127.0.0.1:0"])
+            .args(["--http-listen", "127.0.0.1:0"])
             .args(["--segment-size-bytes", SEGMENT_SIZE_BYTES])
             .args(["--log-groups", &groups.to_string()]);
         for d in dirs {
@@ -43,24 +46,28 @@ impl Broker {
         std::thread::spawn(move || {
             let mut tx = Some(tx);
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(addr) = line
-                    .split("amqp=")
-                    .nth(1)
-                    .filter(|_| line.contains("berth ready"))
-                {
-                    let addr = addr.split([',', ' ']).next().unwrap_or_default().to_owned();
-                    if let Some(tx) = tx.take() {
-                        let _receiver_may_have_given_up = tx.send(addr);
-                    }
+                if !line.contains("berth ready") {
+                    continue;
+                }
+                let first = |kind: &str| {
+                    line.split(kind)
+                        .nth(1)
+                        .and_then(|a| a.split([',', ' ']).next())
+                        .unwrap_or_default()
+                        .to_owned()
+                };
+                if let Some(tx) = tx.take() {
+                    let _receiver_may_have_given_up = tx.send((first("amqp="), first("http=")));
                 }
             }
         });
-        let addr = rx
+        let (addr, http) = rx
             .recv_timeout(Duration::from_secs(30))
             .expect("berth did not report ready within 30 s");
         Broker {
             child,
             uri: format!("amqp://guest:guest@{addr}/%2f"),
+            http: format!("http://{http}"),
         }
     }
 
@@ -445,10 +452,34 @@ async fn online_backup_while_publishing_restores_every_confirmed_message() {
     while confirmed.load(Ordering::SeqCst) < 300 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Reading a running broker's files group by group is not one instant
+    // of the store: refused, pointing at --online.
+    let offline = berth(
+        &["store", "backup", out.to_str().unwrap()],
+        std::slice::from_ref(&dir),
+    );
+    let err = String::from_utf8_lossy(&offline.stderr);
+    assert_eq!(offline.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("a broker is running") && err.contains("--online"),
+        "{err}"
+    );
+    assert!(!out.join("BACKUP").exists(), "no backup taken offline");
     let before = confirmed.load(Ordering::SeqCst);
-    let (d, o) = (dir.clone(), out.clone());
+    let (o, url) = (out.clone(), broker.http.clone());
     let backup = tokio::task::spawn_blocking(move || {
-        berth(&["store", "backup", o.to_str().unwrap(), "--json"], &[d])
+        berth(
+            &[
+                "store",
+                "backup",
+                o.to_str().unwrap(),
+                "--online",
+                "--url",
+                &url,
+                "--json",
+            ],
+            &[],
+        )
     })
     .await
     .unwrap();

@@ -56,6 +56,15 @@ pub fn apply(config: &crate::Config, sc: &StoreConfig) -> Result<(), ServerError
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let r = reshape::run(&plan, sc, Arc::new(OsStorage), now_unix_s).map_err(store_err)?;
+    if r.copy.damaged_ranges > 0 {
+        tracing::warn!(
+            damaged_ranges = r.copy.damaged_ranges,
+            old_kept = ?r.old_kept,
+            "the old store had damaged journal ranges: their messages are not in the new store; \
+             the damaged bytes are still in the old store kept aside (berth store verify \
+             --data-dir on it names them)"
+        );
+    }
     tracing::info!(
         queues = r.copy.queues,
         messages = r.copy.messages,

@@ -29,13 +29,18 @@
 //! ```
 //!
 //! Invariants:
-//! - A backup is consistent per group: every file of a group is opened in
-//!   one pass before any is copied (a handle stays readable after the
-//!   broker reclaims its file), and the newest segment is copied only up
-//!   to its length at that moment, trimmed to its last whole record. The
-//!   writer only appends, so the copy is a journal prefix recovery accepts.
+//! - A backup is one instant of the whole store: every file of every
+//!   group is opened before any is copied (a handle stays readable after
+//!   the broker reclaims its file), either with no broker running (the
+//!   CLI holds its lock) or while every group's writer is paused
+//!   (`Store::backup`); the newest segment is copied only up to its length
+//!   at that moment, trimmed to its last whole record. The writer only
+//!   appends, so each group's copy is a journal prefix recovery accepts.
 //! - Everything confirmed before the backup started is in it (a confirmed
-//!   record is written before its confirm, so it is within the cut).
+//!   record is written before its confirm, so it is within the cut), also
+//!   a message dead-lettered between groups meanwhile (its Remove is
+//!   written only after its copy is durable, so a cut with the Remove has
+//!   the copy).
 //! - `BACKUP` is written last, through a temp file and rename: a backup
 //!   without it is incomplete and restore refuses it.
 //! - Restore checks the format versions and every file's checksum before
@@ -227,10 +232,14 @@ pub struct BackupReport {
     pub bytes: u64,
     /// Bytes of records in progress at the cut, left out.
     pub trimmed_bytes: u64,
+    /// How long the store's writers were paused for the cut (a backup of
+    /// an open store, `Store::backup`); `None` for a backup of files no
+    /// broker writes.
+    pub pause: Option<std::time::Duration>,
 }
 
 /// A file opened at the cut: its handle and the length to copy.
-struct CutFile {
+pub(crate) struct CutFile {
     rel: String,
     file: Arc<dyn StorageFile>,
     len: u64,
@@ -244,7 +253,7 @@ fn io<'a>(op: &'static str, p: &'a Path) -> impl FnOnce(std::io::Error) -> Store
 
 /// Opens every file of every group (the cut). A file listed but gone
 /// before it could be opened (reclaimed meanwhile) makes the pass restart.
-fn cut(storage: &dyn Storage, layout: &Layout) -> Result<Vec<CutFile>, StoreError> {
+pub(crate) fn cut(storage: &dyn Storage, layout: &Layout) -> Result<Vec<CutFile>, StoreError> {
     let mut attempt = 0;
     'again: loop {
         let mut files = Vec::new();
@@ -339,7 +348,9 @@ fn copy_file(
     Ok(crc)
 }
 
-/// Backs up the store in `layout` into the empty or absent directory `out`.
+/// Backs up the store in `layout`, which no broker is writing, into the
+/// empty or absent directory `out`. (A running broker's store is backed up
+/// through `Store::backup`, whose cut is one instant for every group.)
 pub fn backup(
     storage: &dyn Storage,
     layout: &Layout,
@@ -348,9 +359,30 @@ pub fn backup(
     created_unix_s: u64,
     progress: &dyn Fn(u64),
 ) -> Result<BackupReport, StoreError> {
+    backup_with_cut(
+        storage,
+        layout,
+        out,
+        broker_version,
+        created_unix_s,
+        progress,
+        &|| cut(storage, layout),
+    )
+}
+
+/// [`backup`] with the cut taken by `take_cut` (after `out` was checked).
+pub(crate) fn backup_with_cut(
+    storage: &dyn Storage,
+    layout: &Layout,
+    out: &Path,
+    broker_version: &str,
+    created_unix_s: u64,
+    progress: &dyn Fn(u64),
+    take_cut: &dyn Fn() -> Result<Vec<CutFile>, StoreError>,
+) -> Result<BackupReport, StoreError> {
     ensure_empty(storage, out)?;
     let salt = layout.manifest.record_salt;
-    let files = cut(storage, layout)?;
+    let files = take_cut()?;
     let data = out.join(BACKUP_DATA_DIR);
     storage
         .create_dir_all(&data)
@@ -439,6 +471,7 @@ pub fn backup(
         manifest,
         bytes,
         trimmed_bytes: trimmed,
+        pause: None,
     })
 }
 

@@ -27,6 +27,7 @@ pub mod inspect;
 pub mod journal;
 pub mod limits;
 pub mod manifest;
+pub mod overlay;
 pub mod record;
 pub mod recovery;
 mod report;

@@ -58,6 +58,18 @@ pub const PAYLOAD_BYTES_MAX: u32 = RECORD_BODY_BYTES_MAX - 64 * 1024;
 /// [`RECORD_BODY_BYTES_MAX`].
 pub const REMOVE_MSGS_PER_RECORD_MAX: usize = 64 * 1024;
 
+/// Longest a backup of a running store waits for every group's writer to
+/// pause for its cut. A writer pauses between batches, so this is at most
+/// one batch (one write and one fdatasync) or one compaction step; past
+/// it the backup fails with an error and every writer resumes.
+pub const BACKUP_PAUSE_WAIT_MS_MAX: u64 = 5_000;
+
+/// Longest a group's writer stays paused for a backup's cut. The cut only
+/// lists and opens the groups' files (milliseconds); a writer still held
+/// at this bound resumes on its own and that backup fails, so a stuck
+/// backup can never stall publishers for longer.
+pub const BACKUP_PAUSE_HOLD_MS_MAX: u64 = BACKUP_PAUSE_WAIT_MS_MAX + 5_000;
+
 /// Configuration of a store. Build with [`StoreConfig::new`] and adjust
 /// fields; every field documents its default.
 #[derive(Clone, Debug)]

@@ -33,6 +33,8 @@ use crate::storage::{OsStorage, Storage, StorageFile};
 use crate::writer::{self, Cmd, Done, GroupShared, Op, Waiter, Writer, WriterInit};
 use crate::{group_of, MsgId, QueueId, StoreConfig};
 
+mod online_backup;
+
 pub use crate::report::{GroupStats, Recovered, RecoveredMessage, RecoveryStats};
 
 struct Group {
@@ -48,6 +50,10 @@ pub struct Store {
     groups: Vec<Group>,
     next_msg_id: AtomicU64,
     payload_bytes_max: u32,
+    /// What the store's files are read through (a backup reads them).
+    storage: Arc<dyn Storage>,
+    /// The configured data directories (a backup reads their manifests).
+    data_dirs: Vec<PathBuf>,
 }
 
 /// A blocking completion, for callers without an async runtime (tests,
@@ -288,6 +294,8 @@ impl Store {
                 groups,
                 next_msg_id: AtomicU64::new(msg_id_hw + 1),
                 payload_bytes_max: config.payload_bytes_max,
+                storage,
+                data_dirs: config.data_dirs.clone(),
             },
             recovered,
         ))

@@ -15,6 +15,7 @@
 
 pub mod access;
 mod auth;
+mod backup;
 mod bindings;
 mod connections;
 mod console;
@@ -164,6 +165,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/api/consumers/{vhost}", get(connections::consumers_in))
         .route("/api/openapi.json", get(openapi::openapi))
         .route("/api/berth/store/compact", post(store::compact))
+        .route("/api/berth/store/backup", post(backup::backup))
         .route("/metrics", get(metrics::aggregated))
         .route("/metrics/per-object", get(metrics::per_object))
         .layer(axum::middleware::from_fn_with_state(

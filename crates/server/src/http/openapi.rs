@@ -164,6 +164,12 @@ const ROUTES: &[(&str, &[&str], &str)] = &[
         "Compact the store now; answers the segment bytes freed (administrator)",
     ),
     (
+        "/api/berth/store/backup",
+        &["post"],
+        "Back the store up into {\"dir\": absolute path on the broker's machine}, \
+         its cut taken with every log group paused (administrator)",
+    ),
+    (
         "/metrics",
         &["get"],
         "Prometheus metrics, queues aggregated (no auth)",

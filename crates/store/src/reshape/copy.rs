@@ -3,7 +3,10 @@
 //! old store.
 //!
 //! Invariants:
-//! - The old store is only read (opening it recovers it as any start would).
+//! - The old store is only read: it is opened through an
+//!   [`OverlayStorage`], so its recovery decides as at any start but
+//!   whatever it repairs (a torn tail, a damaged range, an unfinished
+//!   checkpoint) is repaired in memory, for the copy, never in its files.
 //! - A message keeps its id; a message in several queues is written once
 //!   per group of its queues, as a publish does.
 //! - The copy's message id high-water mark is at least the old one's, so
@@ -21,12 +24,17 @@ use rand::Rng;
 use super::{ReshapePlan, STAGING_DIR};
 use crate::error::StoreError;
 use crate::manifest::Manifest;
+use crate::overlay::OverlayStorage;
 use crate::storage::Storage;
 use crate::store::{Recovered, Store, Ticket};
 use crate::{MsgId, QueueId, StoreConfig, SyncMode};
 
 /// Messages read and written per round (bounds the memory a copy holds).
 const COPY_MESSAGES_PER_ROUND: usize = 256;
+
+/// The old store's checkpoint interval and idle roll during a copy: a
+/// week, i.e. never (its view is read, not written).
+const OLD_STORE_IDLE_MS: u64 = 7 * 24 * 3_600 * 1_000;
 
 /// A queue id the store reserves for a reshape: a message published to it
 /// and removed at once carries the old store's message id high-water mark
@@ -40,6 +48,9 @@ pub struct CopyReport {
     pub messages: u64,
     pub payload_bytes: u64,
     pub metadata_keys: u64,
+    /// Damaged ranges the old store's recovery found (their messages are
+    /// not in the copy; their bytes stay in the old store).
+    pub damaged_ranges: usize,
 }
 
 fn mismatch(what: String) -> StoreError {
@@ -80,7 +91,14 @@ pub fn copy_and_verify(
     let mut old_cfg = base.clone();
     old_cfg.data_dirs.clone_from(&plan.old_dirs);
     old_cfg.log_groups = plan.old_groups;
-    let (old, old_rec) = Store::open_with(old_cfg, Arc::clone(&storage))?;
+    // Nothing is written to the old store, so nothing to reclaim or
+    // checkpoint in its view (which would only cost memory).
+    old_cfg.compaction_live_percent_max = 0;
+    old_cfg.checkpoint_journal_bytes = u64::MAX;
+    old_cfg.checkpoint_interval_ms = OLD_STORE_IDLE_MS;
+    old_cfg.segment_idle_roll_ms = OLD_STORE_IDLE_MS;
+    let view: Arc<dyn Storage> = Arc::new(OverlayStorage::new(Arc::clone(&storage)));
+    let (old, old_rec) = Store::open_with(old_cfg, view)?;
     let mut new_cfg = base.clone();
     new_cfg.data_dirs.clone_from(&staging);
     new_cfg.log_groups = plan.new_groups;
@@ -88,7 +106,10 @@ pub fn copy_and_verify(
     new_cfg.sync = SyncMode::Never;
     let (new, _) = Store::open_with(new_cfg.clone(), Arc::clone(&storage))?;
 
-    let mut report = CopyReport::default();
+    let mut report = CopyReport {
+        damaged_ranges: old_rec.damage.len(),
+        ..CopyReport::default()
+    };
     for (k, v) in &old_rec.metadata {
         new.put_meta(k.clone(), v.clone(), None);
         report.metadata_keys += 1;

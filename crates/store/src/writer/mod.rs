@@ -49,6 +49,7 @@ use crate::{MsgId, QueueId};
 
 mod checkpoints;
 mod gather;
+pub(crate) mod pause;
 mod requests;
 
 use checkpoints::{CheckpointResult, CHECKPOINT_POLL_MS};
@@ -275,6 +276,7 @@ impl Writer {
                     }
                 }
                 Cmd::Checkpoint { done } | Cmd::Compact { done } => done(Err(e.clone())),
+                Cmd::Pause(barrier) => barrier.refuse(self.group(), e.to_string()),
                 Cmd::Shutdown { done } => {
                     if let Some(done) = done {
                         done(Err(e));
@@ -619,6 +621,7 @@ impl Writer {
                 }
                 done(result);
             }
+            Cmd::Pause(barrier) => barrier.hold(self.group()),
             Cmd::Write { .. } | Cmd::Shutdown { .. } => unreachable!("handled by run"),
         }
     }

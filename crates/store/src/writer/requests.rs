@@ -141,6 +141,9 @@ pub(crate) enum Cmd {
     Compact {
         done: Done,
     },
+    /// Pause until a backup's cut of every group is taken (see
+    /// [`super::pause`]).
+    Pause(Arc<super::pause::CutBarrier>),
     Shutdown {
         done: Option<Done>,
     },
