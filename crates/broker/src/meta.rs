@@ -393,6 +393,12 @@ fn args_from_hex(hex: &str) -> Option<FieldTable> {
     decode_field_table(&bytes?)
 }
 
+/// The kind of definition a key holds (`q` for a queue, ...: its first
+/// part, docs/FORMAT.md "Metadata keys"), whichever way the key is spelled.
+pub fn key_kind(key: &[u8]) -> Option<u8> {
+    key::kind(key)
+}
+
 /// Splits a metadata key into its parts, for showing it: a key that is
 /// not well formed comes back whole, as one part.
 pub fn split_key(key: &[u8]) -> Vec<String> {

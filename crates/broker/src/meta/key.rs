@@ -74,3 +74,15 @@ pub(super) fn split(key: &[u8]) -> Result<Vec<String>, String> {
     }
     Ok(parts)
 }
+
+/// The kind letter a key starts with (its first part), in either spelling,
+/// without decoding the rest.
+pub(super) fn kind(key: &[u8]) -> Option<u8> {
+    match key.strip_prefix(&[LENGTH_PREFIXED]) {
+        None => key.first().copied(),
+        Some(rest) => match rest {
+            [0, 0, 0, 1, kind, ..] => Some(*kind),
+            _ => None,
+        },
+    }
+}

@@ -355,3 +355,17 @@ proptest::proptest! {
         let _ = MetaCommand::decode(&key, Some(b""));
     }
 }
+
+#[test]
+fn the_kind_of_a_key_is_read_from_either_spelling() {
+    for n in ["q1", "a\0b"] {
+        let (k, _) = MetaCommand::DeleteQueue {
+            vhost: "/".into(),
+            name: n.into(),
+        }
+        .encode();
+        assert_eq!(key_kind(&k), Some(b'q'), "{k:?}");
+    }
+    assert_eq!(key_kind(b""), None);
+    assert_eq!(key_kind(b"\xff\0\0\0\x02qq"), None);
+}
