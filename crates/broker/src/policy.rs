@@ -215,10 +215,7 @@ impl Policy {
                         shown(value)
                     )));
                 };
-                if let (true, Some(why)) = (
-                    key.starts_with("dead-letter-"),
-                    shortstr_problem(&s),
-                ) {
+                if let (true, Some(why)) = (key.starts_with("dead-letter-"), shortstr_problem(&s)) {
                     return Err(fail(format!("{key} is {why}")));
                 }
                 match key {

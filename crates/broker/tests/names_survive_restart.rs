@@ -225,7 +225,11 @@ fn entrances(v: &VHost, broker: &Broker, x: &str, q: &str, rk: &str, t0: Instant
     };
     let r = v.declare_queue(1, "dl-source", &dl, t0);
     if !(fits(x) && fits(rk)) {
-        refused(r, "queue.declare x-dead-letter-*", if fits(x) { rk } else { x });
+        refused(
+            r,
+            "queue.declare x-dead-letter-*",
+            if fits(x) { rk } else { x },
+        );
         return want;
     }
     r.unwrap();

@@ -70,7 +70,8 @@ pub fn json_table(v: &Value) -> Result<FieldTable, String> {
                 let start: String = k.chars().take(32).collect();
                 return Err(format!("the key '{start}…' is {why}"));
             };
-            let value = json_value(x).map_err(|e| format!("in '{name}': {e}", name = name.as_str()))?;
+            let value =
+                json_value(x).map_err(|e| format!("in '{name}': {e}", name = name.as_str()))?;
             t.insert(name, value);
         }
     }
@@ -88,7 +89,10 @@ mod tests {
         let v = json!({"a": [{"k".repeat(300): 1}]});
         let e = json_table(&v).unwrap_err();
         assert!(e.starts_with("in 'a': the key 'kkkk"), "{e}");
-        assert!(e.contains("is 300 bytes long, but at most 255 bytes"), "{e}");
+        assert!(
+            e.contains("is 300 bytes long, but at most 255 bytes"),
+            "{e}"
+        );
         let v = json!({"k".repeat(255): "x"});
         assert_eq!(json_table(&v).unwrap().inner().len(), 1);
     }

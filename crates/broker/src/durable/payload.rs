@@ -110,7 +110,10 @@ mod tests {
         let at_limit = format!("{}€", "a".repeat(252));
         let b = encode_message(&at_limit, &at_limit, b"", b"body").unwrap();
         let (e, k, _, body) = decode_message(&b).unwrap();
-        assert_eq!((e, k, &body[..]), (at_limit.clone(), at_limit, &b"body"[..]));
+        assert_eq!(
+            (e, k, &body[..]),
+            (at_limit.clone(), at_limit, &b"body"[..])
+        );
     }
 
     #[test]

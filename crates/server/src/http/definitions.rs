@@ -284,9 +284,8 @@ fn import_topology(
             durable: bool_of(q, "durable", true),
             exclusive: false,
             auto_delete: bool_of(q, "auto_delete", false),
-            arguments: json_table(&q["arguments"]).map_err(|why| {
-                format!("queue '{name}' in vhost '{}': arguments: {why}", v.name)
-            })?,
+            arguments: json_table(&q["arguments"])
+                .map_err(|why| format!("queue '{name}' in vhost '{}': arguments: {why}", v.name))?,
         };
         v.declare_queue(API_CONNECTION_ID, name, &d, now)
             .map_err(|err| format!("queue '{name}' in vhost '{}': {}", v.name, err.reply_text()))?;
