@@ -8,6 +8,7 @@
 use berth_protocol::{AMQPValue, FieldTable};
 
 use crate::error::{AmqpError, AmqpResult};
+use crate::names::shortstr_problem;
 
 /// What a full queue does with one more message (`x-overflow`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -127,6 +128,24 @@ fn display_value(v: &AMQPValue) -> String {
 }
 
 impl QueueArgs {
+    /// Refuses dead-letter names that do not fit a shortstr: a dead letter
+    /// carries them as its exchange and routing key (`names.rs`). Asked
+    /// by `queue.declare`, not by a restore, so a queue stored before the
+    /// rule still loads.
+    pub fn check_names(&self, queue: &str, vhost: &str) -> AmqpResult<()> {
+        for (key, value) in [
+            ("x-dead-letter-exchange", &self.dead_letter_exchange),
+            ("x-dead-letter-routing-key", &self.dead_letter_routing_key),
+        ] {
+            if let Some(why) = value.as_deref().and_then(shortstr_problem) {
+                return Err(AmqpError::precondition_failed(format!(
+                    "invalid arg '{key}' for queue '{queue}' in vhost '{vhost}': {why}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Parses and validates the arguments of `queue.declare`.
     pub fn parse(queue: &str, vhost: &str, table: &FieldTable) -> AmqpResult<Self> {
         let invalid = |key: &str, why: String| {

@@ -31,7 +31,7 @@ pub use durability::{Durability, PAGING_BIT};
 pub use error::JournalError;
 pub use journal::{EventSink, Journal};
 pub use memory::{MemoryJournal, MetaWrite, NoJournal};
-pub use payload::{decode_message, encode_message, StoredMessage};
+pub use payload::{decode_message, encode_message, NameTooLong, StoredMessage};
 
 // The metadata key namespace lives with the metadata commands; these stay
 // here for the store tools, which name queue ids by their definitions.

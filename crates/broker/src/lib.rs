@@ -26,6 +26,7 @@ pub mod exchange;
 pub mod limits;
 pub mod message;
 pub mod meta;
+pub mod names;
 mod naming;
 mod paging;
 pub mod password;

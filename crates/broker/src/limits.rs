@@ -8,6 +8,10 @@ use crate::error::{AmqpError, AmqpResult};
 /// journal are read back when needed.
 pub const RESIDENT_MESSAGES_MAX_DEFAULT: usize = 4096;
 
+/// Bytes of an AMQP shortstr: every exchange and queue name and routing
+/// key (`names.rs` holds the HTTP API, definitions and policies to it too).
+pub const SHORTSTR_BYTES_MAX: usize = 255;
+
 /// Bytes a stored message payload holds beside the body and the
 /// properties: exchange and routing key (shortstrs, at most 255 bytes
 /// each, with their length bytes) and the properties length (docs/FORMAT.md,

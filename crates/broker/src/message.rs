@@ -12,6 +12,7 @@ use berth_protocol::{AMQPProperties, AMQPValue, FieldTable};
 use bytes::Bytes;
 
 use crate::error::{AmqpError, AmqpResult};
+use crate::names::check_shortstr;
 
 /// Bytes held by all live messages (bodies and properties), for the memory
 /// alarm. Counted when a message is built and released when its last
@@ -96,6 +97,8 @@ impl Message {
         properties: Bytes,
         body: Bytes,
     ) -> AmqpResult<Arc<Self>> {
+        check_shortstr("exchange name", &exchange)?;
+        check_shortstr("routing key", &routing_key)?;
         let expiration_ms = match props.expiration() {
             None => None,
             Some(s) => Some(s.as_str().parse::<u64>().map_err(|_| {

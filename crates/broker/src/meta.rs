@@ -13,6 +13,8 @@
 //!   golden-bytes tests, and `decode(encode(c)) == c` for every command.
 //! - A key says what it defines (its first part, a one-letter kind); a put
 //!   carries a value, a delete none. The last command on a key wins.
+//! - Any names make a key that decodes back to them, a zero byte in a name
+//!   included (`meta/key.rs`).
 
 use berth_protocol::codec::{decode_field_table, encode_field_table};
 use berth_protocol::{AMQPValue, FieldTable};
@@ -20,6 +22,9 @@ use berth_protocol::{AMQPValue, FieldTable};
 use crate::args::{as_i128, as_string};
 use crate::password::{Algorithm, PasswordHash};
 use crate::policy::{ApplyTo, Policy, PolicyKind};
+
+mod key;
+use key::join;
 
 /// One change to the broker's definitions.
 #[derive(Debug, Clone, PartialEq)]
@@ -198,7 +203,7 @@ impl MetaCommand {
     /// delete). The error names the key's parts and what is wrong; the
     /// entry then stays in the journal untouched.
     pub fn decode(key: &[u8], value: Option<&[u8]>) -> Result<Self, String> {
-        let parts = split_key(key);
+        let parts = key::split(key).map_err(|why| format!("{:?}: {why}", split_key(key)))?;
         decode_parts(&parts, value).map_err(|why| format!("{parts:?}: {why}"))
     }
 
@@ -335,11 +340,7 @@ fn decode_parts(parts: &[String], value: Option<&[u8]>) -> Result<MetaCommand, S
     })
 }
 
-// --- Keys: parts joined with a zero byte ----------------------------------
-
-fn join(parts: &[&[u8]]) -> Vec<u8> {
-    parts.join(&0u8)
-}
+// --- Keys: parts joined with a zero byte, or length-prefixed (key.rs) -----
 
 fn user_key(name: &str) -> Vec<u8> {
     join(&[b"u", name.as_bytes()])
@@ -392,11 +393,16 @@ fn args_from_hex(hex: &str) -> Option<FieldTable> {
     decode_field_table(&bytes?)
 }
 
-/// Splits a metadata key into its parts.
+/// The kind of definition a key holds (`q` for a queue, ...: its first
+/// part, docs/FORMAT.md "Metadata keys"), whichever way the key is spelled.
+pub fn key_kind(key: &[u8]) -> Option<u8> {
+    key::kind(key)
+}
+
+/// Splits a metadata key into its parts, for showing it: a key that is
+/// not well formed comes back whole, as one part.
 pub fn split_key(key: &[u8]) -> Vec<String> {
-    key.split(|b| *b == 0)
-        .map(|p| String::from_utf8_lossy(p).into_owned())
-        .collect()
+    key::split(key).unwrap_or_else(|_| vec![String::from_utf8_lossy(key).into_owned()])
 }
 
 // --- Values: AMQP field tables --------------------------------------------

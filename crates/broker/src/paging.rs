@@ -169,8 +169,13 @@ impl Pager {
                 let Body::Resident(m) = &e.body else {
                     continue;
                 };
+                // A name no entrance lets through: the body stays resident.
+                let Ok(payload) =
+                    encode_message(&m.exchange, &m.routing_key, &m.properties, &m.body)
+                else {
+                    continue;
+                };
                 let id = dur.new_message_id();
-                let payload = encode_message(&m.exchange, &m.routing_key, &m.properties, &m.body);
                 dur.journal().publish(id, &[pid], payload, None);
                 e.stored = Some(id | PAGING_BIT);
                 candidates.push((l, i, id | PAGING_BIT));

@@ -23,6 +23,7 @@ use berth_protocol::{AMQPValue, FieldTable};
 use regex::Regex;
 
 use crate::args::{as_i128, as_string, type_name, Overflow, QueueArgs};
+use crate::names::shortstr_problem;
 
 /// A user policy (`/api/policies`) or an operator policy
 /// (`/api/operator-policies`).
@@ -214,6 +215,9 @@ impl Policy {
                         shown(value)
                     )));
                 };
+                if let (true, Some(why)) = (key.starts_with("dead-letter-"), shortstr_problem(&s)) {
+                    return Err(fail(format!("{key} is {why}")));
+                }
                 match key {
                     "overflow" => {
                         settings.overflow = Some(match s.as_str() {
@@ -545,6 +549,21 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.0.contains("regular expression"), "{e}");
+        // Issue 16: a dead letter carries these as its exchange and key.
+        for key in ["dead-letter-exchange", "dead-letter-routing-key"] {
+            let long = "k".repeat(256);
+            let e = Policy::new(
+                PolicyKind::Policy,
+                "/",
+                "p",
+                ".*",
+                ApplyTo::Queues,
+                0,
+                def(&[(key, text(&long))]),
+            )
+            .unwrap_err();
+            assert!(e.0.contains(&format!("{key} is 256 bytes long")), "{e}");
+        }
         assert!(ApplyTo::parse("bindings").is_err());
         // Mirroring keys mean nothing on one node: accepted, no effect.
         let p = Policy::new(

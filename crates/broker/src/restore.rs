@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use crate::broker::Broker;
 use crate::message::Message;
-use crate::meta::{queue_id_of, MetaCommand};
+use crate::meta::{key_kind, queue_id_of, MetaCommand};
 use crate::queue::Queue;
 
 /// What a journal gave back after a restart.
@@ -52,7 +52,7 @@ impl Recovered {
         let queue = self
             .meta
             .iter()
-            .filter(|(k, _)| k.first() == Some(&b'q'))
+            .filter(|(k, _)| key_kind(k) == Some(b'q'))
             .filter_map(|(_, v)| queue_id_of(v))
             .max()
             .unwrap_or(0)

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use crate::args::Overflow;
 use crate::dead_letter::DeathReason;
-use crate::durable::{encode_message, Done, Durability, EventSink};
+use crate::durable::{encode_message, Done, Durability, EventSink, JournalError};
 use crate::events::{self, Event, EventKind, Origin};
 use crate::exchange::{Destination, Exchange};
 use crate::message::Message;
@@ -112,14 +112,28 @@ pub(crate) fn deliver_to(
     } else {
         Vec::new()
     };
-    let stored = (!stored_in.is_empty()).then(|| {
-        let id = dur.new_message_id();
-        let payload = encode_message(&msg.exchange, &msg.routing_key, &msg.properties, &msg.body);
+    let stored = if stored_in.is_empty() {
+        None
+    } else {
         let done = durable.map(|f| f());
         r.durable = done.is_some();
-        dur.journal().publish(id, &stored_in, payload, done);
-        id
-    });
+        match encode_message(&msg.exchange, &msg.routing_key, &msg.properties, &msg.body) {
+            Ok(payload) => {
+                let id = dur.new_message_id();
+                dur.journal().publish(id, &stored_in, payload, done);
+                Some(id)
+            }
+            // Entrances refuse such names (`names.rs`); should one get
+            // through, the publisher is told it is not stored (a nack),
+            // and the message lives in memory only.
+            Err(e) => {
+                if let Some(done) = done {
+                    done(Err(JournalError::new(e.to_string())));
+                }
+                None
+            }
+        }
+    };
     for q in targets {
         let id = stored.filter(|_| q.store_id.is_some());
         let accepted = q.enqueue_from(Arc::clone(msg), id, now, origin);

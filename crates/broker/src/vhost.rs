@@ -26,6 +26,7 @@ use crate::exchange::{Destination, Exchange, ExchangeKind};
 use crate::limits::CountLimits;
 use crate::message::Message;
 use crate::meta::{BindingDef, ExchangeDef, MetaCommand, QueueDef};
+use crate::names::check_shortstr;
 use crate::naming::server_named;
 use crate::queue::{Queue, QueueEnv, QueueOwner};
 pub use crate::routing::PublishResult;
@@ -237,6 +238,7 @@ impl VHost {
                 self.name
             )));
         }
+        check_shortstr("exchange name", name)?;
         // Redeclaring an existing `amq.*` exchange with its own properties
         // is fine (clients do it); creating a new one is not.
         if name.starts_with("amq.") && !self.exchanges.read().contains_key(name) {
@@ -374,6 +376,7 @@ impl VHost {
             let s = q.stats();
             return Ok((q.name.clone(), s.ready, s.consumers));
         }
+        check_shortstr("queue name", name)?;
         if name.starts_with("amq.") {
             return Err(AmqpError::access_refused(format!(
                 "queue name '{name}' contains reserved prefix 'amq.*'"
@@ -386,6 +389,7 @@ impl VHost {
         };
         authorise(&name)?;
         let args = QueueArgs::parse(&name, &self.name, &d.arguments)?;
+        args.check_names(&name, &self.name)?;
         if args.queue_type == QueueType::Quorum && (d.exclusive || d.auto_delete || !d.durable) {
             return Err(AmqpError::precondition_failed(format!(
                 "invalid property '{}' for queue '{name}' in vhost '{}': quorum queues must be durable, non-exclusive and non-auto-delete",

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::access::AccessError;
-use crate::meta::{split_key, MetaCommand};
+use crate::meta::{key_kind, split_key, MetaCommand};
 use crate::vhost::VHost;
 
 use super::Broker;
@@ -100,7 +100,7 @@ pub(crate) fn decode_stored(
     let mut skipped = Vec::new();
     let mut cmds: Vec<Stored> = meta
         .iter()
-        .filter(|(k, _)| k.first().is_some_and(|b| kinds.contains(b)))
+        .filter(|(k, _)| key_kind(k).is_some_and(|b| kinds.contains(&b)))
         .filter_map(|(k, v)| match MetaCommand::decode(k, Some(v)) {
             Ok(c) => Some((split_key(k), c)),
             Err(why) => {

@@ -5,13 +5,40 @@
 //! Invariants:
 //! - [`decode_message`] of [`encode_message`]'s output gives back the
 //!   same four parts; a payload that ends early is refused, never misread.
+//! - A name is written whole or not at all: one longer than its u8 length
+//!   can say is an error, never cut (the entrances refuse such names
+//!   first, `names.rs`).
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+use crate::limits::SHORTSTR_BYTES_MAX;
+
+/// A message whose exchange or routing key does not fit the payload's u8
+/// length.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the message's {field} is {bytes} bytes long; a stored message holds at most {SHORTSTR_BYTES_MAX}")]
+pub struct NameTooLong {
+    /// `exchange` or `routing key`.
+    pub field: &'static str,
+    pub bytes: usize,
+}
+
 /// Encodes a message for the journal.
-pub fn encode_message(exchange: &str, routing_key: &str, properties: &[u8], body: &[u8]) -> Bytes {
-    let ex = &exchange.as_bytes()[..exchange.len().min(255)];
-    let rk = &routing_key.as_bytes()[..routing_key.len().min(255)];
+pub fn encode_message(
+    exchange: &str,
+    routing_key: &str,
+    properties: &[u8],
+    body: &[u8],
+) -> Result<Bytes, NameTooLong> {
+    for (field, s) in [("exchange", exchange), ("routing key", routing_key)] {
+        if s.len() > SHORTSTR_BYTES_MAX {
+            return Err(NameTooLong {
+                field,
+                bytes: s.len(),
+            });
+        }
+    }
+    let (ex, rk) = (exchange.as_bytes(), routing_key.as_bytes());
     let mut b =
         BytesMut::with_capacity(2 + ex.len() + rk.len() + 4 + properties.len() + body.len());
     b.put_u8(ex.len() as u8);
@@ -21,7 +48,7 @@ pub fn encode_message(exchange: &str, routing_key: &str, properties: &[u8], body
     b.put_u32(properties.len() as u32);
     b.extend_from_slice(properties);
     b.extend_from_slice(body);
-    b.freeze()
+    Ok(b.freeze())
 }
 
 /// A decoded journal message: (exchange, routing key, properties, body).
@@ -56,7 +83,7 @@ mod tests {
 
     #[test]
     fn message_encoding_roundtrips() {
-        let b = encode_message("ex", "a.b", b"\x10\x00\x02", b"hello");
+        let b = encode_message("ex", "a.b", b"\x10\x00\x02", b"hello").unwrap();
         let (e, k, p, body) = decode_message(&b).unwrap();
         assert_eq!(
             (e.as_str(), k.as_str(), &p[..], &body[..]),
@@ -64,9 +91,34 @@ mod tests {
         );
     }
 
+    /// Issue 16: names were cut at 255 bytes, mid-character even, and the
+    /// message then failed to decode at restore.
+    #[test]
+    fn a_name_past_a_shortstr_is_refused_never_cut() {
+        let long = format!("{}€", "a".repeat(253));
+        assert_eq!(
+            encode_message("ex", &long, b"", b"body"),
+            Err(NameTooLong {
+                field: "routing key",
+                bytes: 256
+            })
+        );
+        assert_eq!(
+            encode_message(&long, "k", b"", b"body").unwrap_err().field,
+            "exchange"
+        );
+        let at_limit = format!("{}€", "a".repeat(252));
+        let b = encode_message(&at_limit, &at_limit, b"", b"body").unwrap();
+        let (e, k, _, body) = decode_message(&b).unwrap();
+        assert_eq!(
+            (e, k, &body[..]),
+            (at_limit.clone(), at_limit, &b"body"[..])
+        );
+    }
+
     #[test]
     fn truncated_message_is_refused_not_misread() {
-        let b = encode_message("ex", "a.b", b"\x10\x00\x02", b"");
+        let b = encode_message("ex", "a.b", b"\x10\x00\x02", b"").unwrap();
         for cut in 0..b.len() - 1 {
             assert!(decode_message(&b.slice(..cut)).is_none(), "cut at {cut}");
         }
@@ -75,7 +127,7 @@ mod tests {
     /// docs/FORMAT.md, "Broker payloads": a message as the broker stores it.
     #[test]
     fn golden_bytes_message_payload() {
-        let b = encode_message("ex", "a.b", b"\x10\x00\x02", b"hello");
+        let b = encode_message("ex", "a.b", b"\x10\x00\x02", b"hello").unwrap();
         let expected: &[u8] = &[
             0x02, b'e', b'x', // exchange: u8 length, bytes
             0x03, b'a', b'.', b'b', // routing key: u8 length, bytes

@@ -216,3 +216,156 @@ fn golden_bytes_other_keys() {
         "a vhost has an empty value"
     );
 }
+
+/// Commands whose every name is `n` (a vhost, user, exchange, queue,
+/// binding end or routing key): one of each key kind.
+fn commands_named(n: &str) -> Vec<MetaCommand> {
+    use MetaCommand as C;
+    let b = BindingDef {
+        vhost: n.into(),
+        source: n.into(),
+        to_queue: true,
+        destination: n.into(),
+        routing_key: n.into(),
+        arguments: table(&[("x-match", s("all"))]),
+    };
+    vec![
+        C::PutVhost { name: n.into() },
+        C::DeleteUser { name: n.into() },
+        C::DeletePermission {
+            vhost: n.into(),
+            user: n.into(),
+        },
+        C::DeleteTopicPermission {
+            vhost: n.into(),
+            user: n.into(),
+            exchange: n.into(),
+        },
+        C::DeletePolicy {
+            kind: PolicyKind::Operator,
+            vhost: n.into(),
+            name: n.into(),
+        },
+        C::PutExchange(ExchangeDef {
+            vhost: n.into(),
+            name: n.into(),
+            kind: "direct".into(),
+            auto_delete: false,
+            internal: false,
+            arguments: FieldTable::default(),
+        }),
+        C::PutQueue(QueueDef {
+            vhost: n.into(),
+            name: n.into(),
+            id: 3,
+            auto_delete: false,
+            arguments: FieldTable::default(),
+        }),
+        C::DeleteQueue {
+            vhost: n.into(),
+            name: n.into(),
+        },
+        C::PutBinding(b.clone()),
+        C::DeleteBinding(b),
+    ]
+}
+
+/// Issue 16: a zero byte in a name used to add a part to the key, so the
+/// definition was skipped as malformed at restore and its messages were
+/// stranded.
+#[test]
+fn a_name_with_a_zero_byte_decodes_back_unchanged() {
+    for n in ["odd\0name", "\0", "\0\0", "a\0", "\0b"] {
+        for c in commands_named(n) {
+            let (key, value) = c.encode();
+            assert_eq!(MetaCommand::decode(&key, value.as_deref()), Ok(c));
+        }
+    }
+}
+
+/// docs/FORMAT.md, "Metadata keys": a key with a zero byte in a name is
+/// length-prefixed.
+#[test]
+fn golden_bytes_length_prefixed_key() {
+    let (k, _) = MetaCommand::DeleteQueue {
+        vhost: "/".into(),
+        name: "a\0b".into(),
+    }
+    .encode();
+    let expected: &[u8] = &[
+        0xFF, // length-prefixed
+        0, 0, 0, 1, b'q', // kind
+        0, 0, 0, 1, b'/', // vhost
+        0, 0, 0, 3, b'a', 0, b'b', // name
+    ];
+    assert_eq!(k, expected);
+}
+
+#[test]
+fn a_length_prefixed_key_that_ends_early_or_needs_no_prefix_is_refused() {
+    let (k, _) = MetaCommand::DeleteQueue {
+        vhost: "/".into(),
+        name: "a\0b".into(),
+    }
+    .encode();
+    for cut in 1..k.len() {
+        let e = MetaCommand::decode(&k[..cut], None).unwrap_err();
+        assert!(
+            e.contains("ends inside") || e.contains("without a zero byte"),
+            "cut at {cut}: {e}"
+        );
+    }
+    // `q` · `/` · `q1` spelled length-prefixed: a second key for the
+    // same queue, which berth never writes.
+    let e = MetaCommand::decode(b"\xff\0\0\0\x01q\0\0\0\x01/\0\0\0\x02q1", None).unwrap_err();
+    assert!(e.contains("without a zero byte"), "{e}");
+}
+
+fn any_name() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    let ch = prop_oneof![
+        Just('\0'),
+        Just('a'),
+        Just('.'),
+        Just('é'),
+        Just('€'),
+        Just('𝄞'),
+        Just('\u{FF}'),
+        any::<char>(),
+    ];
+    proptest::collection::vec(ch, 0..90).prop_map(|v| v.into_iter().collect())
+}
+
+proptest::proptest! {
+    /// Whatever the names, a command decodes back from its key unchanged.
+    #[test]
+    fn any_names_decode_back_unchanged(n in any_name()) {
+        for c in commands_named(&n) {
+            let (key, value) = c.encode();
+            proptest::prop_assert_eq!(MetaCommand::decode(&key, value.as_deref()), Ok(c));
+        }
+    }
+
+    /// Bytes that are not a key give an error, never a panic.
+    #[test]
+    fn any_bytes_decode_or_fail_without_panicking(
+        key in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+    ) {
+        let _ = MetaCommand::decode(&key, None);
+        let _ = MetaCommand::decode(&key, Some(b""));
+    }
+}
+
+#[test]
+fn the_kind_of_a_key_is_read_from_either_spelling() {
+    for n in ["q1", "a\0b"] {
+        let (k, _) = MetaCommand::DeleteQueue {
+            vhost: "/".into(),
+            name: n.into(),
+        }
+        .encode();
+        assert_eq!(key_kind(&k), Some(b'q'), "{k:?}");
+    }
+    assert_eq!(key_kind(b""), None);
+    assert_eq!(key_kind(b"\xff\0\0\0\x02qq"), None);
+}

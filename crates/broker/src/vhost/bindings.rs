@@ -17,6 +17,7 @@ use crate::durable::JournalError;
 use crate::error::{AmqpError, AmqpResult};
 use crate::exchange::{Destination, Exchange};
 use crate::meta::{BindingDef, MetaCommand};
+use crate::names::check_shortstr;
 use crate::queue::Queue;
 
 impl VHost {
@@ -131,6 +132,7 @@ impl VHost {
         routing_key: &str,
         arguments: &FieldTable,
     ) -> AmqpResult<()> {
+        check_shortstr("routing key", routing_key)?;
         if self.binding_is_durable(source, &dest) {
             let def = self.binding_def(&source.name, &dest, routing_key, arguments);
             self.record(&MetaCommand::PutBinding(def))

@@ -295,7 +295,10 @@ pub(super) async fn create(
         Err(r) => return r,
     };
     let args_json = body.get("arguments").cloned().unwrap_or_else(|| json!({}));
-    let args = json_table(&args_json);
+    let args = match json_table(&args_json) {
+        Ok(a) => a,
+        Err(why) => return bad_request(format!("arguments: {why}")),
+    };
     let bound = if kind == "queue" {
         let owner = v
             .find_queue(&destination)

@@ -257,7 +257,9 @@ fn import_topology(
             durable: bool_of(e, "durable", true),
             auto_delete: bool_of(e, "auto_delete", false),
             internal: bool_of(e, "internal", false),
-            arguments: json_table(&e["arguments"]),
+            arguments: json_table(&e["arguments"]).map_err(|why| {
+                format!("exchange '{name}' in vhost '{}': arguments: {why}", v.name)
+            })?,
         };
         v.declare_exchange(name, &d).map_err(|err| {
             format!(
@@ -282,7 +284,8 @@ fn import_topology(
             durable: bool_of(q, "durable", true),
             exclusive: false,
             auto_delete: bool_of(q, "auto_delete", false),
-            arguments: json_table(&q["arguments"]),
+            arguments: json_table(&q["arguments"])
+                .map_err(|why| format!("queue '{name}' in vhost '{}': arguments: {why}", v.name))?,
         };
         v.declare_queue(API_CONNECTION_ID, name, &d, now)
             .map_err(|err| format!("queue '{name}' in vhost '{}': {}", v.name, err.reply_text()))?;
@@ -301,7 +304,12 @@ fn import_topology(
             ));
             continue;
         };
-        let args = json_table(&b["arguments"]);
+        let args = json_table(&b["arguments"]).map_err(|why| {
+            format!(
+                "binding '{source}' -> '{dest}' in vhost '{}': arguments: {why}",
+                v.name
+            )
+        })?;
         let bound = if str_of(b, "destination_type") == "exchange" {
             v.bind_exchange(dest, source, key, &args)
         } else {

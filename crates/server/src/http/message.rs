@@ -81,7 +81,15 @@ fn properties_from_json(v: &Value) -> Result<AMQPProperties, Response> {
     let Some(obj) = v.as_object() else {
         return Ok(p);
     };
-    let text = |k: &str| obj.get(k).and_then(Value::as_str).map(ShortString::from);
+    let text = |k: &str| -> Result<Option<ShortString>, Response> {
+        let Some(s) = obj.get(k).and_then(Value::as_str) else {
+            return Ok(None);
+        };
+        ShortString::try_new(s).map(Some).map_err(|_| {
+            let why = berth_broker::names::shortstr_problem(s).unwrap_or_default();
+            bad_request(format!("property {k} is {why}"))
+        })
+    };
     let small = |k: &str| -> Result<Option<u8>, Response> {
         match obj.get(k) {
             None | Some(Value::Null) => Ok(None),
@@ -93,14 +101,14 @@ fn properties_from_json(v: &Value) -> Result<AMQPProperties, Response> {
                 .ok_or_else(|| bad_request(format!("property {k} must be an integer 0..255"))),
         }
     };
-    if let Some(x) = text("content_type") {
+    if let Some(x) = text("content_type")? {
         p = p.with_content_type(x);
     }
-    if let Some(x) = text("content_encoding") {
+    if let Some(x) = text("content_encoding")? {
         p = p.with_content_encoding(x);
     }
     if let Some(h) = obj.get("headers") {
-        p = p.with_headers(json_table(h));
+        p = p.with_headers(json_table(h).map_err(|why| bad_request(format!("headers: {why}")))?);
     }
     if let Some(d) = small("delivery_mode")? {
         p = p.with_delivery_mode(d);
@@ -121,7 +129,7 @@ fn properties_from_json(v: &Value) -> Result<AMQPProperties, Response> {
         ("user_id", AMQPProperties::with_user_id),
         ("app_id", AMQPProperties::with_app_id),
     ] {
-        if let Some(x) = text(k) {
+        if let Some(x) = text(k)? {
             p = set(p, x);
         }
     }

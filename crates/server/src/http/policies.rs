@@ -93,10 +93,10 @@ pub(crate) fn from_json(
         }
     };
     let definition = match &body["definition"] {
-        d @ Value::Object(_) => json_table(d),
+        d @ Value::Object(_) => json_table(d).map_err(definition_error)?,
         // rabbitmqadmin and some tools send the definition as a JSON string.
         Value::String(s) => match serde_json::from_str::<Value>(s) {
-            Ok(d @ Value::Object(_)) => json_table(&d),
+            Ok(d @ Value::Object(_)) => json_table(&d).map_err(definition_error)?,
             _ => return Err("Validation failed\n\ndefinition must be a JSON object\n".into()),
         },
         _ => {
@@ -231,4 +231,9 @@ pub(crate) fn queue_policy_fields(q: &berth_broker::queue::Queue) -> [(&'static 
             table_json(&a.effective_definition()),
         ),
     ]
+}
+
+/// A definition key that cannot be a field name, as a validation failure.
+fn definition_error(why: String) -> String {
+    format!("Validation failed\n\ndefinition: {why}\n")
 }

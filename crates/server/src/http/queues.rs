@@ -175,7 +175,10 @@ pub(super) async fn put(
     body: Option<Json<Value>>,
 ) -> Response {
     let body = body.map_or(Value::Null, |Json(b)| b);
-    let arguments = json_table(body.get("arguments").unwrap_or(&Value::Null));
+    let arguments = match json_table(body.get("arguments").unwrap_or(&Value::Null)) {
+        Ok(a) => a,
+        Err(why) => return bad_request(format!("arguments: {why}")),
+    };
     let dlx = arguments
         .inner()
         .get("x-dead-letter-exchange")
