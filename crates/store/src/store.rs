@@ -328,6 +328,10 @@ impl Store {
             fail(done, e);
             return;
         }
+        if let Some(e) = g.shared.no_space.lock().clone() {
+            fail(done, e);
+            return;
+        }
         let done = done.map(|d| Waiter::new(d, group));
         if let Err(mpsc::SendError(Cmd::Write { done, .. })) = g.tx.send(Cmd::Write { op, done }) {
             match done {
@@ -603,6 +607,8 @@ impl Store {
                         inner.index.heap_bytes() as u64,
                     )
                 };
+                let poisoned_by = g.shared.poisoned.lock().as_ref().map(|c| c.to_string());
+                let no_space = g.shared.no_space.lock().as_ref().map(ToString::to_string);
                 // One fstat per segment, outside the lock the writer takes.
                 let segment_bytes = files.iter().map(|f| f.len().unwrap_or(0)).sum();
                 GroupStats {
@@ -612,7 +618,9 @@ impl Store {
                     live_bytes,
                     recovery: g.recovery,
                     group: g.shared.group,
-                    poisoned: g.shared.poisoned.lock().is_some(),
+                    poisoned: poisoned_by.is_some(),
+                    poisoned_by,
+                    no_space,
                     live_messages,
                     index_bytes,
                     segments: files.len() as u64,

@@ -29,11 +29,7 @@ fn segments(fs: &FaultStorage) -> Vec<String> {
 
 /// Publishes until one is confirmed, for at most 10 s; the ids of the
 /// refused ones go to `failed`.
-fn publish_until_confirmed(
-    store: &Store,
-    payload: &[u8],
-    failed: &mut Vec<MsgId>,
-) -> MsgId {
+fn publish_until_confirmed(store: &Store, payload: &[u8], failed: &mut Vec<MsgId>) -> MsgId {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (m, r) = publish(store, payload);
@@ -88,7 +84,10 @@ fn fill_then_free(before: usize, payload_bytes: usize, slack_bytes: u64) -> (Fau
         );
         failed.push(m);
     }
-    assert!(!store.stats()[0].poisoned, "a full disk is not a poisoned group");
+    assert!(
+        !store.stats()[0].poisoned,
+        "a full disk is not a poisoned group"
+    );
     assert_eq!(
         segments(&fs),
         segments_before,
@@ -166,11 +165,17 @@ fn failed_fsync_still_poisons_until_reopen_even_after_retries() {
     let e = r.unwrap_err();
     assert!(matches!(e, StoreError::Poisoned { .. }), "{e}");
     assert!(store.stats()[0].poisoned);
-    assert!(store.close().is_err(), "close must report the poisoned group");
+    assert!(
+        store.close().is_err(),
+        "close must report the poisoned group"
+    );
     fs.crash();
     fs.power_on();
     let (store, rec) = open(&fs, &cfg);
-    assert_eq!(rec.queues[&Q].iter().map(|r| r.msg).collect::<Vec<_>>(), vec![ok]);
+    assert_eq!(
+        rec.queues[&Q].iter().map(|r| r.msg).collect::<Vec<_>>(),
+        vec![ok]
+    );
     let (_, r) = publish(&store, b"after reopen");
     r.expect("a reopened group takes writes");
 }
