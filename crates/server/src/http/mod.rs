@@ -31,6 +31,7 @@ mod permissions;
 mod policies;
 mod queues;
 mod store;
+mod store_alarms;
 mod users;
 mod vhosts;
 mod whoami;
