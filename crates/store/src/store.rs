@@ -299,8 +299,11 @@ impl Store {
     }
 
     /// The lsn of the newest record of `group` known fdatasynced: a
-    /// position in the group's journal, monotonic, every record up to it on
-    /// stable storage (0 before the group's first sync since it opened).
+    /// position in the group's journal, every record up to it on stable
+    /// storage (0 before the group's first sync since it opened). It never
+    /// decreases, except when a write that found the disk full is taken
+    /// back after a segment roll had synced part of its batch: those
+    /// positions are gone from disk and will be handed out again.
     /// Read from a completion under `store.sync = always`, it is at least
     /// the completed record's position. Panics if `group` is not below
     /// [`Store::group_count`].

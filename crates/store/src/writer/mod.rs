@@ -88,7 +88,8 @@ pub struct GroupCounters {
     pub batch_records: crate::histogram::BatchRecords,
     /// The lsn of the newest record this writer has fdatasynced: every
     /// record of the group up to it is on stable storage. 0 until the
-    /// writer's first sync after the store opened; never decreases. Read
+    /// writer's first sync after the store opened; decreases only when a
+    /// write that found the disk full is taken back (see [`space`]). Read
     /// it from a completion to learn a position at least as far as the
     /// completed record's (under `store.sync = always`).
     pub durable_lsn: AtomicU64,
