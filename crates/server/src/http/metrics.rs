@@ -220,7 +220,7 @@ type G = berth_store::GroupStats;
 type Family = (&'static str, &'static str, &'static str, fn(&G) -> String);
 
 /// The per-group store metrics (a data table: one row per family).
-const STORE_FAMILIES: [Family; 15] = [
+const STORE_FAMILIES: [Family; 16] = [
     (
         "berth_store_fsyncs_total",
         "counter",
