@@ -103,8 +103,12 @@ class Publisher:
             a = f.args()
             tag, multiple = a.longlong(), a.octet() & 1
             kind = "ack" if f.method_ids == w.BASIC_ACK else "nack"
-            for t in (range(1, tag + 1) if multiple else [tag]):
-                assert self.outcome.setdefault(t, kind) == kind, f"tag {t} settled twice"
+            if multiple:  # every tag up to it not settled yet
+                for t in range(1, tag + 1):
+                    self.outcome.setdefault(t, kind)
+            else:
+                assert tag not in self.outcome, f"tag {tag} settled twice"
+                self.outcome[tag] = kind
 
     def numbers(self, kind):
         return sorted(self.sent[t] for t, k in self.outcome.items() if k == kind)
