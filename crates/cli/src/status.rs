@@ -498,11 +498,11 @@ mod tests {
         let out = render_status(&s, 400);
         assert!(out.contains(&format!("alarms: {reason}")), "{out}");
         assert!(
-            out.contains("store group 0: 4 fsyncs, mean fsync 0.00 ms, POISONED (refuses writes until the broker restarts; see alarms)"),
+            out.contains("store group 0: 4.0 fsyncs, mean fsync 0.00 ms, POISONED (refuses writes until the broker restarts; see alarms)"),
             "{out}"
         );
         assert!(
-            out.contains("store group 1: 4 fsyncs, mean fsync 0.00 ms, DISK FULL (refuses writes until space is freed; see alarms)"),
+            out.contains("store group 1: 4.0 fsyncs, mean fsync 0.00 ms, DISK FULL (refuses writes until space is freed; see alarms)"),
             "{out}"
         );
     }
