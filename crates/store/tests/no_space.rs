@@ -53,7 +53,7 @@ fn publish_until_confirmed(store: &Store, payload: &[u8], failed: &mut Vec<MsgId
 /// restart must find every confirmed message exactly once and none of the
 /// refused ones.
 fn fill_then_free(before: usize, payload_bytes: usize, slack_bytes: u64) -> (FaultStorage, usize) {
-    let fs = FaultStorage::new(seed(16_15));
+    let fs = FaultStorage::new(seed(1615));
     fs.set_tear_on_crash(true);
     let mut cfg = config(1);
     cfg.segment_size_bytes = 4096;
@@ -148,7 +148,7 @@ fn full_disk_with_not_even_the_segment_file_writable_recovers() {
 /// until the store is reopened and recovery reads what is really there.
 #[test]
 fn failed_fsync_still_poisons_until_reopen_even_after_retries() {
-    let fs = FaultStorage::new(seed(16_16));
+    let fs = FaultStorage::new(seed(1616));
     let cfg = config(1);
     let (store, _) = open(&fs, &cfg);
     let (ok, r) = publish(&store, b"ok");

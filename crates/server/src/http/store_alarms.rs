@@ -48,7 +48,7 @@ mod tests {
             no_space: Some("log group 5 has no space left".into()),
             ..GroupStats::default()
         };
-        assert!(store_alarms(&[healthy.clone()]).is_empty());
+        assert!(store_alarms(std::slice::from_ref(&healthy)).is_empty());
         let got = store_alarms(&[healthy, poisoned, full]);
         assert_eq!(got.len(), 2, "{got:?}");
         assert!(
