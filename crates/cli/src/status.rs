@@ -248,10 +248,10 @@ pub fn table(kind: Kind, items: &[Value], width: usize) -> String {
     out
 }
 
-/// Per log group: fsyncs, mean fsync latency and poisoning, from the
-/// `berth_store_*` lines of `/metrics`.
+/// Per log group: fsyncs, mean fsync latency, poisoning and waiting for
+/// disk space, from the `berth_store_*` lines of `/metrics`.
 fn store_health(metrics: &str) -> Vec<Value> {
-    let mut groups: std::collections::BTreeMap<String, [f64; 3]> = Default::default();
+    let mut groups: std::collections::BTreeMap<String, [f64; 4]> = Default::default();
     for line in metrics.lines().filter(|l| l.starts_with("berth_store_")) {
         let Some((series, value)) = line.rsplit_once(' ') else {
             continue;
@@ -267,15 +267,21 @@ fn store_health(metrics: &str) -> Vec<Value> {
             "berth_store_fsyncs_total" => 0,
             "berth_store_fsync_seconds_total" => 1,
             "berth_store_poisoned" => 2,
+            "berth_store_no_space" => 3,
             _ => continue,
         };
         groups.entry(group).or_default()[slot] = value.parse().unwrap_or(0.0);
     }
     groups
         .into_iter()
-        .map(|(g, [syncs, secs, poisoned])| {
-            let mean_ms = if syncs > 0.0 { secs * 1000.0 / syncs } else { 0.0 };
-            json!({"group": g, "fsyncs": syncs, "fsync_ms_mean": mean_ms, "poisoned": poisoned > 0.0})
+        .map(|(g, [syncs, secs, poisoned, no_space])| {
+            let mean_ms = if syncs > 0.0 {
+                secs * 1000.0 / syncs
+            } else {
+                0.0
+            };
+            json!({"group": g, "fsyncs": syncs, "fsync_ms_mean": mean_ms,
+                "poisoned": poisoned > 0.0, "no_space": no_space > 0.0})
         })
         .collect()
 }
@@ -329,7 +335,9 @@ fn render_status(s: &Value, width: usize) -> String {
             cell(g.get("fsyncs")),
             g["fsync_ms_mean"].as_f64().unwrap_or(0.0),
             if g["poisoned"] == true {
-                ", POISONED (refuses writes)"
+                ", POISONED (refuses writes until the broker restarts; see alarms)"
+            } else if g["no_space"] == true {
+                ", DISK FULL (refuses writes until space is freed; see alarms)"
             } else {
                 ""
             }
@@ -472,5 +480,30 @@ mod tests {
         let g = store_health(m);
         assert_eq!(g.len(), 1);
         assert!((g[0]["fsync_ms_mean"].as_f64().unwrap_or(0.0) - 0.5).abs() < 1e-9);
+    }
+
+    /// A group that refuses writes shows on its own line, and the alarms
+    /// line carries the broker's sentence with the remedy.
+    #[test]
+    fn status_shows_a_poisoned_and_a_full_group_with_the_alarm_reason() {
+        let m = "berth_store_fsyncs_total{group=\"0\"} 4\nberth_store_poisoned{group=\"0\"} 1\nberth_store_no_space{group=\"0\"} 0\n\
+                 berth_store_fsyncs_total{group=\"1\"} 4\nberth_store_poisoned{group=\"1\"} 0\nberth_store_no_space{group=\"1\"} 1\n";
+        let reason = "resource alarm(s) in effect: log group 0 is poisoned and refuses writes (nacks every publish to its queues) after: fdatasync x: EIO; check the disk (dmesg, SMART), then restart the broker (stop and start `berth serve`)";
+        let s = json!({
+            "overview": {},
+            "queues": {"items": []},
+            "alarms": {"status": "failed", "reason": reason},
+            "store_groups": store_health(m),
+        });
+        let out = render_status(&s, 400);
+        assert!(out.contains(&format!("alarms: {reason}")), "{out}");
+        assert!(
+            out.contains("store group 0: 4.0 fsyncs, mean fsync 0.00 ms, POISONED (refuses writes until the broker restarts; see alarms)"),
+            "{out}"
+        );
+        assert!(
+            out.contains("store group 1: 4.0 fsyncs, mean fsync 0.00 ms, DISK FULL (refuses writes until space is freed; see alarms)"),
+            "{out}"
+        );
     }
 }

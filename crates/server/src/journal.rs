@@ -8,9 +8,11 @@
 //! position is the lsn its record gets, which the group's writer thread
 //! hands out in the order requests reach it; that thread runs the
 //! completions of a batch after the batch's write (and, under
-//! `store.sync = always`, its fdatasync), so in lsn order; a failed write
-//! or sync poisons the group, which then fails what was pending and every
-//! later request.
+//! `store.sync = always`, its fdatasync), so in lsn order; a failed sync
+//! (or write, but for a full disk) poisons the group, which then fails
+//! what was pending and every later request; a write that found the disk
+//! full is taken back (it keeps no lsn) and the group refuses requests
+//! until space returns.
 //!
 //! Invariants:
 //! - Metadata calls block (off the async reactor, via `block_in_place`)

@@ -30,6 +30,24 @@ pub enum StoreError {
         #[source]
         cause: Arc<StoreError>,
     },
+    /// A write found the disk full (ENOSPC, EDQUOT) before it reached
+    /// fdatasync. Its batch was taken back (nothing of it is on disk, no
+    /// waiter of it succeeds), and the group refuses writes until a probe
+    /// finds space again, every `retry_ms`; then it takes writes again by
+    /// itself. Not a poisoning: no fsync failed.
+    #[error(
+        "log group {group} has no space left for this write (nothing of it was stored): \
+         free space on the file system holding {} (or raise its quota); the group \
+         checks every {retry_ms} ms and takes writes again by itself",
+        dir.display()
+    )]
+    NoSpace {
+        group: u32,
+        dir: PathBuf,
+        retry_ms: u64,
+        #[source]
+        cause: Arc<StoreError>,
+    },
     /// A group's writer thread died (a bug: it panicked). Its group is
     /// poisoned; this is the cause every waiter sees.
     #[error("the writer thread of log group {group} died: {reason}")]
@@ -76,6 +94,23 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether this is a `write` or `create` that found no space (ENOSPC)
+    /// or no quota (EDQUOT) left: the one failure a group may take back
+    /// and recover from. A failed fdatasync is never one, whatever its
+    /// errno: after it, what the page cache holds is unknown.
+    pub(crate) fn is_out_of_space(&self) -> bool {
+        match self {
+            StoreError::Io { op, source, .. } => {
+                matches!(*op, "write" | "create")
+                    && matches!(
+                        source.kind(),
+                        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+                    )
+            }
+            _ => false,
+        }
+    }
+
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
         StoreError::Io {
             op,

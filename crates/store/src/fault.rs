@@ -16,6 +16,10 @@
 //! - Handles opened before a crash fail every call afterwards, as a process
 //!   that lost power would never issue another call.
 //! - A failed `sync_data` makes nothing durable.
+//! - With a capacity set ([`FaultStorage::set_capacity_bytes`]), a write
+//!   that would take the files' total size beyond it writes the part that
+//!   fits (a torn record, as a real `write` that ran out of blocks leaves)
+//!   and fails with ENOSPC; shrinking a file always succeeds.
 //! - Directories themselves are durable when created or removed (the store
 //!   creates them once, with its manifests, whose write fsyncs their
 //!   parent; the parent's own sync is not modelled).
@@ -86,6 +90,9 @@ struct State {
     removes_until_crash: Option<(u64, &'static str)>,
     /// The next `sync_data` panics (a bug in the caller's thread).
     panic_on_sync: bool,
+    /// The most bytes all files together may hold (a small disk that
+    /// another process filled); `None`: unbounded.
+    capacity_bytes: Option<u64>,
 }
 
 /// The fault-injecting storage. Cheap to clone; clones share one state.
@@ -138,6 +145,7 @@ impl FaultStorage {
                 reorder_removals: false,
                 removes_until_crash: None,
                 panic_on_sync: false,
+                capacity_bytes: None,
             })),
         }
     }
@@ -232,6 +240,19 @@ impl FaultStorage {
     /// with EIO (and makes nothing durable). `None` heals the disk.
     pub fn fail_syncs_after(&self, n: Option<u64>) {
         self.state.lock().syncs_until_failure = n;
+    }
+
+    /// Limits the bytes all files together may hold: a write beyond it
+    /// writes what fits and fails with ENOSPC (`StorageFull`). `None`
+    /// gives the space back.
+    pub fn set_capacity_bytes(&self, capacity: Option<u64>) {
+        self.state.lock().capacity_bytes = capacity;
+    }
+
+    /// Bytes all files hold now (what a read sees), for tests that fill
+    /// the disk to just above it.
+    pub fn used_bytes(&self) -> u64 {
+        self.state.lock().used_bytes()
     }
 
     /// Makes every `sync_data` take at least `latency` (like a real disk),
@@ -451,6 +472,26 @@ impl Storage for FaultStorage {
     }
 }
 
+impl State {
+    /// Bytes of the files a directory lists (a removed file's space is
+    /// free again, as once its last handle closes).
+    fn used_bytes(&self) -> u64 {
+        let linked: std::collections::BTreeSet<usize> = self
+            .dirs
+            .values()
+            .flat_map(|d| d.volatile.values().copied())
+            .collect();
+        linked
+            .into_iter()
+            .map(|id| self.nodes[id].volatile.len() as u64)
+            .sum()
+    }
+}
+
+fn no_space() -> io::Error {
+    io::Error::from_raw_os_error(28) // ENOSPC: StorageFull
+}
+
 impl FaultFile {
     fn with<T>(&self, f: impl FnOnce(&mut State, usize) -> io::Result<T>) -> io::Result<T> {
         let mut st = self.state.lock();
@@ -477,15 +518,29 @@ impl StorageFile for FaultFile {
 
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.with(|st, id| {
-            let node = &mut st.nodes[id];
             let start = usize::try_from(offset).map_err(io::Error::other)?;
+            // What the other files leave of the capacity for this one.
+            let room = st.capacity_bytes.map(|cap| {
+                let others = st
+                    .used_bytes()
+                    .saturating_sub(st.nodes[id].volatile.len() as u64);
+                usize::try_from(cap.saturating_sub(others)).unwrap_or(usize::MAX)
+            });
+            let node = &mut st.nodes[id];
+            let wanted_end = start + buf.len();
+            let end = room.map_or(wanted_end, |r| wanted_end.min(r.max(node.volatile.len())));
+            if end <= start && !buf.is_empty() {
+                return Err(no_space());
+            }
             node.dirty_from = node.dirty_from.min(start);
             let data = &mut node.volatile;
-            let end = start + buf.len();
             if data.len() < end {
                 data.resize(end, 0);
             }
-            data[start..end].copy_from_slice(buf);
+            data[start..end].copy_from_slice(&buf[..end - start]);
+            if end < wanted_end {
+                return Err(no_space());
+            }
             Ok(())
         })
     }

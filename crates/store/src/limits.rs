@@ -41,6 +41,12 @@ pub const COMMIT_DELAY_US_CEILING: u64 = 5_000;
 /// event into one per batch at low concurrency.
 pub const EVENT_GATHER_MS: u64 = 10;
 
+/// How often a log group whose write met a full disk (ENOSPC, EDQUOT)
+/// probes for free space; meanwhile it refuses writes at once. Short,
+/// because each refused publish is a nack; long enough that a full disk
+/// costs one small `pwrite` per group per period, not a busy loop.
+pub const NO_SPACE_RETRY_MS: u64 = 250;
+
 /// Largest record body the decoder accepts. Bounded so that a corrupt length
 /// field can never make recovery allocate gigabytes. 129 MiB: the largest
 /// message RabbitMQ accepts by default (128 MiB) plus room for what the

@@ -50,7 +50,14 @@ pub struct RecoveryStats {
 #[derive(Debug, Default, Clone)]
 pub struct GroupStats {
     pub group: u32,
+    /// A failed fdatasync (or write, other than for space) stopped the
+    /// group: it refuses writes until the store is reopened.
     pub poisoned: bool,
+    /// What poisoned it, when it is.
+    pub poisoned_by: Option<String>,
+    /// While the group waits for disk space (a write found the disk
+    /// full): the error its writes are refused with. Clears by itself.
+    pub no_space: Option<String>,
     pub live_messages: u64,
     /// Estimated heap bytes of the group's message index (hash table
     /// slots at their current capacity plus multi-queue side entries).

@@ -307,8 +307,11 @@ impl Store {
     }
 
     /// The lsn of the newest record of `group` known fdatasynced: a
-    /// position in the group's journal, monotonic, every record up to it on
-    /// stable storage (0 before the group's first sync since it opened).
+    /// position in the group's journal, every record up to it on stable
+    /// storage (0 before the group's first sync since it opened). It never
+    /// decreases, except when a write that found the disk full is taken
+    /// back after a segment roll had synced part of its batch: those
+    /// positions are gone from disk and will be handed out again.
     /// Read from a completion under `store.sync = always`, it is at least
     /// the completed record's position. Panics if `group` is not below
     /// [`Store::group_count`].
@@ -333,6 +336,10 @@ impl Store {
     fn send(&self, group: u32, op: Op, done: Option<Done>) {
         let g = &self.groups[group as usize];
         if let Some(e) = g.shared.poison_error() {
+            fail(done, e);
+            return;
+        }
+        if let Some(e) = g.shared.no_space.lock().clone() {
             fail(done, e);
             return;
         }
@@ -611,6 +618,8 @@ impl Store {
                         inner.index.heap_bytes() as u64,
                     )
                 };
+                let poisoned_by = g.shared.poisoned.lock().as_ref().map(|c| c.to_string());
+                let no_space = g.shared.no_space.lock().as_ref().map(ToString::to_string);
                 // One fstat per segment, outside the lock the writer takes.
                 let segment_bytes = files.iter().map(|f| f.len().unwrap_or(0)).sum();
                 GroupStats {
@@ -620,7 +629,9 @@ impl Store {
                     live_bytes,
                     recovery: g.recovery,
                     group: g.shared.group,
-                    poisoned: g.shared.poisoned.lock().is_some(),
+                    poisoned: poisoned_by.is_some(),
+                    poisoned_by,
+                    no_space,
                     live_messages,
                     index_bytes,
                     segments: files.len() as u64,

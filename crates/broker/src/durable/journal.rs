@@ -39,9 +39,13 @@ use crate::meta::MetaCommand;
 /// # Failure
 ///
 /// A write that cannot be made durable completes with `Err`, the cause
-/// kept. A group that failed a write or a sync refuses every later write
-/// (each completes with `Err`), so nothing after a lost write is reported
-/// durable; what was pending is failed, never silently dropped. The
+/// kept. A group that failed a sync (or a write for another reason than
+/// a full disk) refuses every later write (each completes with `Err`), so
+/// nothing after a lost write is reported durable. A write that found the
+/// disk full is taken back whole — it keeps no position, later writes take
+/// the positions it had — and the group refuses writes until space
+/// returns, then takes them again. What was pending is failed, never
+/// silently dropped. The
 /// broker turns an `Err` into a publisher nack, a channel error or a
 /// refused `-ok`; a message whose removal failed stays (and is redelivered
 /// after a restart).

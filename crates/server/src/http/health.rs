@@ -1,6 +1,7 @@
 //! Health checks as RabbitMQ's API has them: `aliveness-test` (a real
 //! publish and get through a queue named `aliveness-test`), alarms,
-//! port listeners and virtual hosts. A passing check answers 200
+//! port listeners and virtual hosts. The alarms check also names every
+//! log group that refuses writes, with what clears it (`store_alarms`). A passing check answers 200
 //! `{"status":"ok"}`, a failing one 503 `{"status":"failed","reason":...}`.
 
 use std::time::Instant;
@@ -81,12 +82,20 @@ pub(super) async fn aliveness(
 pub(super) async fn alarms(State(st): State<HttpState>, _: Authed) -> Response {
     let used = berth_broker::message::message_bytes();
     let limit = st.shared.config.limits.memory_high_watermark();
+    let mut alarms = Vec::new();
     if limit > 0 && used >= limit {
-        return failed(format!(
-            "resource alarm(s) in effect: memory ({used} bytes of messages held, limits.memory_high_watermark is {limit} bytes)"
+        alarms.push(format!(
+            "memory ({used} bytes of messages held, limits.memory_high_watermark is {limit} bytes)"
         ));
     }
-    ok()
+    alarms.extend(super::store_alarms::store_alarms(&st.journal.store.stats()));
+    if alarms.is_empty() {
+        return ok();
+    }
+    failed(format!(
+        "resource alarm(s) in effect: {}",
+        alarms.join("; ")
+    ))
 }
 
 pub(super) async fn port_listener(

@@ -220,7 +220,7 @@ type G = berth_store::GroupStats;
 type Family = (&'static str, &'static str, &'static str, fn(&G) -> String);
 
 /// The per-group store metrics (a data table: one row per family).
-const STORE_FAMILIES: [Family; 15] = [
+const STORE_FAMILIES: [Family; 16] = [
     (
         "berth_store_fsyncs_total",
         "counter",
@@ -305,8 +305,14 @@ const STORE_FAMILIES: [Family; 15] = [
     (
         "berth_store_poisoned",
         "gauge",
-        "1 if the group refuses writes after an I/O error.",
+        "1 if the group refuses writes after a failed fdatasync or write, until a restart.",
         |g| u8::from(g.poisoned).to_string(),
+    ),
+    (
+        "berth_store_no_space",
+        "gauge",
+        "1 while the group refuses writes because a write found the disk full; it clears by itself once space is freed.",
+        |g| u8::from(g.no_space.is_some()).to_string(),
     ),
 ];
 

@@ -32,6 +32,7 @@ mod permissions;
 mod policies;
 mod queues;
 mod store;
+mod store_alarms;
 mod users;
 mod vhosts;
 mod whoami;

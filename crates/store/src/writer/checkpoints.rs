@@ -209,7 +209,8 @@ impl Writer {
                 self.last_checkpoint = now;
             }
         }
-        if self.compaction_candidate().is_some()
+        if !self.waiting_for_space()
+            && self.compaction_candidate().is_some()
             && now >= self.last_compaction + Duration::from_millis(self.cfg.compaction_pause_ms)
         {
             if let Err(e) = self.compact_step(self.cfg.compaction_bytes_per_turn) {
@@ -471,6 +472,7 @@ impl Writer {
             )
         };
         let Some(file) = file else { return Ok(()) };
+        let mark = self.mark();
         let path = segment::segment_path(&self.shared.dir, seq);
         let mut copied = 0usize;
         let mut moved: Vec<(MsgId, Vec<QueueId>, Loc)> = Vec::new();
@@ -512,13 +514,13 @@ impl Writer {
                 payload,
             }) {
                 Ok(l) => l,
-                Err(e) => return Err(self.poison(e)),
+                Err(e) => return Err(self.write_failed(&mark, e)),
             };
             moved.push((msg, queues, new_loc));
             copied += loc.len as usize;
         }
         if let Err(e) = self.write_buf() {
-            return Err(self.poison(e));
+            return Err(self.write_failed(&mark, e));
         }
         let mut inner = self.shared.inner.lock();
         for (msg, queues, loc) in &moved {

@@ -8,8 +8,11 @@
 //! - A request's completion runs after its batch was written, and — in
 //!   `SyncMode::Always`, or for a `Flush` — after a successful fdatasync
 //!   covering it. Every completion runs exactly once.
-//! - A failed write or fdatasync poisons the group: the batch fails, every
-//!   later request fails, and nothing reports success that was not synced.
+//! - A failed fdatasync, or a failed write for any reason but a full disk,
+//!   poisons the group: the batch fails, every later request fails, and
+//!   nothing reports success that was not synced. A write that found the
+//!   disk full is taken back and the group waits for space (see
+//!   [`space`]): the batch fails, later requests fail until space returns.
 //! - No request can make the writer panic: a request too large for one
 //!   record is split (Remove) or refused (see [`Op::invalid`]). Should the
 //!   thread die anyway (a bug), its group is poisoned, every request it
@@ -51,6 +54,7 @@ mod checkpoints;
 mod gather;
 pub(crate) mod pause;
 mod requests;
+mod space;
 
 use checkpoints::{CheckpointResult, CHECKPOINT_POLL_MS};
 use gather::GatherPolicy;
@@ -85,7 +89,8 @@ pub struct GroupCounters {
     pub batch_records: crate::histogram::BatchRecords,
     /// The lsn of the newest record this writer has fdatasynced: every
     /// record of the group up to it is on stable storage. 0 until the
-    /// writer's first sync after the store opened; never decreases. Read
+    /// writer's first sync after the store opened; decreases only when a
+    /// write that found the disk full is taken back (see [`space`]). Read
     /// it from a completion to learn a position at least as far as the
     /// completed record's (under `store.sync = always`).
     pub durable_lsn: AtomicU64,
@@ -104,6 +109,9 @@ pub(crate) struct GroupShared {
     pub dir: PathBuf,
     pub inner: Mutex<Shared>,
     pub poisoned: Mutex<Option<Arc<StoreError>>>,
+    /// Set while the group waits for disk space ([`StoreError::NoSpace`]):
+    /// what every write is refused with meanwhile.
+    pub no_space: Mutex<Option<StoreError>>,
     pub counters: GroupCounters,
 }
 
@@ -163,6 +171,8 @@ pub(crate) struct Writer {
     /// not counted when choosing what to compact, so one bad record never
     /// stalls reclamation of the rest.
     unmovable: BTreeMap<u32, Vec<(MsgId, Loc)>>,
+    /// Set while a write found the disk full and space has not returned.
+    space: Option<space::SpaceWait>,
 }
 
 pub(crate) struct WriterInit {
@@ -200,6 +210,7 @@ impl Writer {
                 files,
             }),
             poisoned: Mutex::new(None),
+            no_space: Mutex::new(None),
             counters: GroupCounters::default(),
         });
         let now = clock.now();
@@ -226,6 +237,7 @@ impl Writer {
             checkpoint_in_flight: None,
             snapshot_next: !init.index_from_journal,
             unmovable: BTreeMap::new(),
+            space: None,
         };
         (w, shared)
     }
@@ -338,6 +350,7 @@ impl Writer {
                 }
                 return;
             }
+            self.probe_space_if_due();
             self.housekeeping();
         }
     }
@@ -406,6 +419,12 @@ impl Writer {
             }
             return;
         }
+        if let Some(e) = self.refused_for_space() {
+            for w in writes.into_iter().filter_map(|(_, d)| d) {
+                w.complete(Err(e.clone()));
+            }
+            return;
+        }
         let mut writes: Vec<(Op, Option<Waiter>)> = writes
             .into_iter()
             .filter_map(|(op, done)| match op.invalid() {
@@ -421,6 +440,7 @@ impl Writer {
             .collect();
         net_out(&mut writes, &self.shared.counters);
         let force_sync = writes.iter().any(|(op, _)| matches!(op, Op::Flush));
+        let mark = self.mark();
         let result = self.append(&writes, force_sync);
         self.gather.batch_done(batch_writes, self.clock.now());
         match result {
@@ -430,7 +450,7 @@ impl Writer {
                 }
             }
             Err(e) => {
-                let e = self.poison(e);
+                let e = self.write_failed(&mark, e);
                 for w in writes.into_iter().filter_map(|(_, d)| d) {
                     w.complete(Err(e.clone()));
                 }
@@ -647,7 +667,9 @@ impl Writer {
         } else if self.checkpoint_wanted() {
             consider(self.last_checkpoint + Duration::from_millis(self.cfg.checkpoint_interval_ms));
         }
-        if self.compaction_candidate().is_some() {
+        if let Some(retry_at) = self.space_retry_at() {
+            consider(retry_at);
+        } else if self.compaction_candidate().is_some() {
             consider(self.last_compaction + Duration::from_millis(self.cfg.compaction_pause_ms));
         }
         at
