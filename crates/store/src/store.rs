@@ -576,8 +576,12 @@ impl Store {
         self.all_groups(|done| Cmd::Checkpoint { done })
     }
 
-    /// Compacts every eligible segment now (blocking; normally this runs in
-    /// the background with bounded I/O).
+    /// Compacts every segment eligible now and returns when that is done
+    /// (blocking the caller). Each group's writer runs it in steps of at
+    /// most `compaction_bytes_per_turn` between its commits, so the
+    /// group's publishers keep being written meanwhile. (Without this call,
+    /// compaction runs in the background, one step per
+    /// `compaction_pause_ms`.)
     pub fn compact(&self) -> Result<(), StoreError> {
         self.all_groups(|done| Cmd::Compact { done })
     }

@@ -48,6 +48,7 @@ use crate::storage::{Storage, StorageFile};
 use crate::{MsgId, QueueId};
 
 mod checkpoints;
+mod compact;
 mod gather;
 mod requests;
 
@@ -162,6 +163,9 @@ pub(crate) struct Writer {
     /// not counted when choosing what to compact, so one bad record never
     /// stalls reclamation of the rest.
     unmovable: BTreeMap<u32, Vec<(MsgId, Loc)>>,
+    /// Compaction requested with [`Cmd::Compact`], run a bounded step per
+    /// turn of the loop (see `compact.rs`).
+    compaction: compact::Requested,
 }
 
 pub(crate) struct WriterInit {
@@ -225,6 +229,7 @@ impl Writer {
             checkpoint_in_flight: None,
             snapshot_next: !init.index_from_journal,
             unmovable: BTreeMap::new(),
+            compaction: compact::Requested::default(),
         };
         (w, shared)
     }
@@ -323,7 +328,9 @@ impl Writer {
             for c in controls {
                 self.control(c);
             }
+            self.compaction_turn();
             if let Some(done) = shutdown {
+                self.compaction_abandoned();
                 let result = self.close();
                 if let Some(done) = done {
                     done(result);
@@ -612,13 +619,7 @@ impl Writer {
     fn control(&mut self, cmd: Cmd) {
         match cmd {
             Cmd::Checkpoint { done } => done(self.checkpoint()),
-            Cmd::Compact { done } => {
-                let mut result = Ok(());
-                while result.is_ok() && self.compaction_candidate().is_some() {
-                    result = self.compact_step(usize::MAX);
-                }
-                done(result);
-            }
+            Cmd::Compact { done } => self.compaction_requested(done),
             Cmd::Write { .. } | Cmd::Shutdown { .. } => unreachable!("handled by run"),
         }
     }
@@ -629,6 +630,10 @@ impl Writer {
         }
         let mut at: Option<Instant> = None;
         let mut consider = |t: Instant| at = Some(at.map_or(t, |a| a.min(t)));
+        if self.compaction.is_pending() {
+            // The next step is due as soon as pending requests are taken.
+            consider(self.clock.now());
+        }
         if self.dirty && self.cfg.sync == SyncMode::Interval {
             consider(self.last_sync + Duration::from_millis(self.cfg.sync_interval_ms));
         }
