@@ -121,6 +121,14 @@ impl Journal for StoreJournal {
         let msgs: Vec<MsgId> = msgs.iter().map(|m| MsgId(*m)).collect();
         self.store.written(QueueId(queue), &msgs)
     }
+
+    fn has_room(&self) -> bool {
+        self.store.has_room()
+    }
+
+    fn poll_room(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        self.store.poll_room(cx)
+    }
 }
 
 /// Opens the store and builds the broker from what it holds.

@@ -88,6 +88,8 @@ fn a_publish_is_confirmed_while_a_large_compaction_is_still_running() {
     );
     assert_eq!(store.read(queue, m).unwrap(), Bytes::from_static(b"during"));
     for id in &kept {
-        store.read(queue, *id).expect("a live message survives compaction");
+        store
+            .read(queue, *id)
+            .expect("a live message survives compaction");
     }
 }

@@ -50,10 +50,12 @@ use crate::{MsgId, QueueId};
 mod checkpoints;
 mod compact;
 mod gather;
+mod inbox;
 mod requests;
 
 use checkpoints::{CheckpointResult, CHECKPOINT_POLL_MS};
 use gather::GatherPolicy;
+pub(crate) use inbox::{inbox, Inbox, Outbox};
 pub use requests::Done;
 use requests::{cmd_size, net_out};
 pub(crate) use requests::{publish_invalid, Cmd, Op, Waiter};
@@ -130,7 +132,7 @@ pub(crate) struct Writer {
     shared: Arc<GroupShared>,
     storage: Arc<dyn Storage>,
     cfg: StoreConfig,
-    rx: Receiver<Cmd>,
+    rx: Inbox,
     active: Option<Active>,
     /// Lengths of sealed segments.
     sealed: BTreeMap<u32, u64>,
@@ -188,7 +190,7 @@ impl Writer {
         dir: PathBuf,
         storage: Arc<dyn Storage>,
         cfg: StoreConfig,
-        rx: Receiver<Cmd>,
+        rx: Inbox,
         init: WriterInit,
         clock: Arc<dyn Clock>,
     ) -> (Self, Arc<GroupShared>) {
