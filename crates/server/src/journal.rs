@@ -204,8 +204,19 @@ pub fn open_broker(
     for s in &report.skipped {
         tracing::warn!("not restored: {s}");
     }
+    // Records of queues that no longer exist (a publish raced a deletion,
+    // or a crash came between a definition's delete and its purge): a
+    // purge makes them dead, and compaction and segment deletion reclaim
+    // their space.
     for q in &report.orphaned_queues {
         journal.purge(*q, None);
+    }
+    if !report.orphaned_queues.is_empty() {
+        tracing::info!(
+            queues = report.orphaned_queues.len(),
+            messages = report.orphaned_messages,
+            "reclaimed stored messages of deleted queues"
+        );
     }
     tracing::info!(
         exchanges = report.exchanges,
