@@ -3,9 +3,10 @@
 //!
 //! Invariants:
 //! - One turn of the writer loop copies at most `compaction_bytes_per_turn`
-//!   bytes of live records, then goes back to its requests: a publish that
-//!   arrives during a compaction waits for at most one step, never for the
-//!   whole compaction.
+//!   bytes of live records and fdatasyncs them, then goes back to its
+//!   requests: a publish that arrives during a compaction waits for at most
+//!   one step, never for the whole compaction, and its own fdatasync has at
+//!   most one step's copies to write.
 //! - A requested compaction covers the segments sealed when it was asked
 //!   for (numbered below [`Requested::below`]): segments that become mostly
 //!   dead while it runs are left to background compaction, so a steady
@@ -49,7 +50,9 @@ impl Writer {
         }
         let below = self.compaction.below;
         let result = match self.compaction_candidate_below(below) {
-            Some(_) => self.compact_step(self.cfg.compaction_bytes_per_turn, below),
+            Some(_) => self
+                .compact_step(self.cfg.compaction_bytes_per_turn, below)
+                .and_then(|()| self.sync_step()),
             None => Ok(()),
         };
         if result.is_ok() && self.compaction_candidate_below(below).is_some() {
@@ -60,6 +63,16 @@ impl Writer {
         }
         for done in std::mem::take(&mut self.compaction.waiters) {
             done(result.clone());
+        }
+    }
+
+    /// Syncs the step's copies: unsynced, they would pile up over the
+    /// steps taken while no publish came, and the next publish's fdatasync
+    /// would have to write them all (hundreds of ms for tens of MiB).
+    fn sync_step(&mut self) -> Result<(), StoreError> {
+        match self.write_buf().and_then(|()| self.sync()) {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.poison(e)),
         }
     }
 
