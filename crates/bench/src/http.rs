@@ -1,6 +1,7 @@
-//! A minimal HTTP/1.1 GET (plain TCP, basic auth) for timing a broker's
-//! management API status query. Only what `GET /api/queues` needs: one
-//! request per connection, the response read to EOF.
+//! A minimal HTTP/1.1 client (plain TCP, basic auth) for timing a broker's
+//! management API status query and triggering its compaction. Only what
+//! `GET /api/queues` and `POST /api/berth/store/compact` need: one request
+//! per connection, no request body, the response read to EOF.
 
 use std::time::{Duration, Instant};
 
@@ -55,8 +56,19 @@ pub async fn get(
     path: &str,
     timeout: Duration,
 ) -> Result<(u16, usize, Duration), BenchError> {
-    let (status, raw, took) = get_raw(base, path, timeout).await?;
+    let (status, raw, took) = request_raw(base, "GET", path, timeout).await?;
     Ok((status, raw.len(), took))
+}
+
+/// POSTs an empty body to `path` under `base` (e.g. the compaction
+/// trigger); returns the status code and the time to the last byte.
+pub async fn post(
+    base: &BaseUrl,
+    path: &str,
+    timeout: Duration,
+) -> Result<(u16, Duration), BenchError> {
+    let (status, _, took) = request_raw(base, "POST", path, timeout).await?;
+    Ok((status, took))
 }
 
 /// GETs `path` under `base`; returns the status code and the body (a
@@ -66,7 +78,7 @@ pub async fn get_body(
     path: &str,
     timeout: Duration,
 ) -> Result<(u16, Vec<u8>), BenchError> {
-    let (status, raw, _) = get_raw(base, path, timeout).await?;
+    let (status, raw, _) = request_raw(base, "GET", path, timeout).await?;
     let Some(split) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
         return Err(BenchError::Http(format!(
             "no end of headers in the answer to GET {path} from {}",
@@ -98,8 +110,9 @@ fn dechunk(mut body: &[u8]) -> Option<Vec<u8>> {
     }
 }
 
-async fn get_raw(
+async fn request_raw(
     base: &BaseUrl,
+    method: &str,
     path: &str,
     timeout: Duration,
 ) -> Result<(u16, Vec<u8>, Duration), BenchError> {
@@ -107,7 +120,7 @@ async fn get_raw(
     let fut = async {
         let mut s = tokio::net::TcpStream::connect(&base.host_port).await?;
         let mut req = format!(
-            "GET {}{} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nAccept: application/json\r\n",
+            "{method} {}{} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nAccept: application/json\r\nContent-Length: 0\r\n",
             base.base_path, path, base.host_port
         );
         if let Some((u, p)) = &base.auth {
@@ -131,9 +144,9 @@ async fn get_raw(
     };
     let buf = tokio::time::timeout(timeout, fut)
         .await
-        .map_err(|_| BenchError::Timeout(format!("GET {path} took over {timeout:?}")))?
+        .map_err(|_| BenchError::Timeout(format!("{method} {path} took over {timeout:?}")))?
         .map_err(|source| BenchError::Io {
-            context: format!("GET {path} from {}", base.host_port),
+            context: format!("{method} {path} at {}", base.host_port),
             source,
         })?;
     let status = std::str::from_utf8(buf.get(..12).unwrap_or(&[]))

@@ -98,6 +98,18 @@ impl Broker {
         self.dur.journal()
     }
 
+    /// Whether the journal takes more writes without going over its bound
+    /// (see [`Journal::poll_room`]).
+    pub fn journal_has_room(&self) -> bool {
+        self.dur.journal().has_room()
+    }
+
+    /// [`Journal::poll_room`]: what a connection awaits before it reads
+    /// more work while the journal's queues are full.
+    pub fn poll_journal_room(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        self.dur.journal().poll_room(cx)
+    }
+
     /// Now, by the broker's clock.
     pub fn now(&self) -> Instant {
         self.clock.now()

@@ -8,10 +8,14 @@
 //!   needs the former (see [`MetaCommand::replay_rank`]).
 //! - Nothing the journal gave back is dropped silently: an entry that
 //!   cannot be used stays in the journal and is reported.
+//! - Messages are orphaned (for the caller to purge) only when no stored
+//!   queue definition claims their queue id: none names it, and every
+//!   stored queue definition could be read. Otherwise they are kept and
+//!   reported, as the queue they belong to may come back.
 //! - Restored messages are flagged redelivered (they may have been
 //!   delivered before the crash).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -74,8 +78,44 @@ pub struct RestoreReport {
     /// Entries that could not be restored, and why.
     pub skipped: Vec<String>,
     /// Queue ids with stored messages but no definition (the queue was
-    /// deleted and the crash came before its purge was durable).
+    /// deleted and the crash came before its purge was durable, or a
+    /// publish raced the deletion), in id order: the caller purges them.
     pub orphaned_queues: Vec<u64>,
+    /// Messages stored for the orphaned queues.
+    pub orphaned_messages: usize,
+}
+
+/// Which queue ids the stored queue definitions name, read from their raw
+/// values (so a definition that does not decode or apply still claims its
+/// messages).
+struct QueueClaims {
+    ids: HashSet<u64>,
+    /// A stored queue definition whose id cannot be read: any queue's
+    /// messages may be its.
+    unreadable: bool,
+}
+
+impl QueueClaims {
+    fn of(meta: &[(Vec<u8>, Vec<u8>)]) -> Self {
+        let mut claims = QueueClaims {
+            ids: HashSet::new(),
+            unreadable: false,
+        };
+        for (_, v) in meta.iter().filter(|(k, _)| k.first() == Some(&b'q')) {
+            match queue_id_of(v) {
+                Some(id) => {
+                    claims.ids.insert(id);
+                }
+                None => claims.unreadable = true,
+            }
+        }
+        claims
+    }
+
+    /// Whether messages stored for `queue` belong to no queue at all.
+    fn orphans(&self, queue: u64) -> bool {
+        !self.unreadable && !self.ids.contains(&queue)
+    }
 }
 
 impl Broker {
@@ -84,6 +124,7 @@ impl Broker {
     /// the journal and reported, never silently dropped.
     pub fn restore(&self, recovered: Recovered, now: Instant) -> RestoreReport {
         let mut messages = recovered.messages;
+        let claims = QueueClaims::of(&recovered.meta);
         let (cmds, skipped) = crate::broker::decode_stored(&recovered.meta, b"xqb");
         let mut report = RestoreReport {
             skipped,
@@ -107,11 +148,20 @@ impl Broker {
                 _ => {}
             }
         }
-        for (qid, msgs) in messages {
-            if !msgs.is_empty() {
+        let mut left: Vec<(u64, usize)> = messages
+            .into_iter()
+            .filter(|(_, msgs)| !msgs.is_empty())
+            .map(|(qid, msgs)| (qid, msgs.len()))
+            .collect();
+        left.sort_unstable();
+        for (qid, count) in left {
+            if claims.orphans(qid) {
+                report.orphaned_queues.push(qid);
+                report.orphaned_messages += count;
+            } else {
                 report
                     .skipped
-                    .push(format!("{} messages of unknown queue id {qid}", msgs.len()));
+                    .push(format!("{count} messages of unknown queue id {qid}"));
             }
         }
         report

@@ -149,7 +149,24 @@ pub(crate) fn deliver_to(
             r.backlogged = Some(Arc::clone(q));
         }
     }
+    if let Some(id) = stored {
+        forget_in_deleted(dur, targets, id);
+    }
     r
+}
+
+/// A queue deleted between routing and the journal write above may have
+/// journaled its purge before that write: the record would stay live with
+/// no queue to remove it (issue 16 item 4). So each deleted target's copy
+/// is removed again, after the write (same queue, same group, later
+/// position). A queue still live now is deleted later, and its purge,
+/// journaled after this check, comes after the write.
+fn forget_in_deleted(dur: &Durability, targets: &[Arc<Queue>], id: u64) {
+    for q in targets {
+        if let (Some(sid), true) = (q.store_id, q.is_deleted()) {
+            dur.journal().remove(sid, &[id], None);
+        }
+    }
 }
 
 /// A message reached queue `q` (or was refused by its `x-overflow =

@@ -123,6 +123,14 @@ impl Journal for StoreJournal {
         let msgs: Vec<MsgId> = msgs.iter().map(|m| MsgId(*m)).collect();
         self.store.written(QueueId(queue), &msgs)
     }
+
+    fn has_room(&self) -> bool {
+        self.store.has_room()
+    }
+
+    fn poll_room(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        self.store.poll_room(cx)
+    }
 }
 
 /// Opens the store and builds the broker from what it holds.
@@ -198,8 +206,19 @@ pub fn open_broker(
     for s in &report.skipped {
         tracing::warn!("not restored: {s}");
     }
+    // Records of queues that no longer exist (a publish raced a deletion,
+    // or a crash came between a definition's delete and its purge): a
+    // purge makes them dead, and compaction and segment deletion reclaim
+    // their space.
     for q in &report.orphaned_queues {
         journal.purge(*q, None);
+    }
+    if !report.orphaned_queues.is_empty() {
+        tracing::info!(
+            queues = report.orphaned_queues.len(),
+            messages = report.orphaned_messages,
+            "reclaimed stored messages of deleted queues"
+        );
     }
     tracing::info!(
         exchanges = report.exchanges,

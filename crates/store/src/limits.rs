@@ -100,8 +100,9 @@ pub struct StoreConfig {
     /// this. A single larger record gets a segment of its own.
     /// Default 64 MiB. Must be below 4 GiB (offsets are 32-bit).
     pub segment_size_bytes: u64,
-    /// Requests a group's channel holds before `append` blocks the caller
-    /// (back-pressure). Default 8192.
+    /// Requests a group's queue holds before `Store::poll_room` says it is
+    /// full (back-pressure by admission: sending never blocks). Default
+    /// 8192.
     pub channel_requests_max: usize,
     /// The writer stops draining its channel into one batch past this many
     /// bytes. Default 8 MiB.

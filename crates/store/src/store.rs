@@ -14,8 +14,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, SyncSender};
+use std::sync::mpsc;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -30,7 +31,7 @@ use crate::manifest::{self, Manifest, MANIFEST_NAME};
 use crate::record;
 use crate::recovery::{self, GroupRecovery, Progress};
 use crate::storage::{OsStorage, Storage, StorageFile};
-use crate::writer::{self, Cmd, Done, GroupShared, Op, Waiter, Writer, WriterInit};
+use crate::writer::{self, Cmd, Done, GroupShared, Op, Outbox, Waiter, Writer, WriterInit};
 use crate::{group_of, MsgId, QueueId, StoreConfig};
 
 mod online_backup;
@@ -40,7 +41,9 @@ pub use crate::report::{GroupStats, Recovered, RecoveredMessage, RecoveryStats};
 struct Group {
     /// How long this group's recovery took when the store opened.
     recovery: Duration,
-    tx: SyncSender<Cmd>,
+    /// Requests to the group's writer: never blocks a sender; bounded by
+    /// admission (see [`Store::poll_room`]).
+    tx: Outbox,
     shared: Arc<GroupShared>,
     thread: Option<JoinHandle<()>>,
 }
@@ -239,7 +242,7 @@ impl Store {
             let g = u32::try_from(g).expect("validated");
             msg_id_hw = msg_id_hw.max(rec.index.msg_id_hw);
             recovered.add_group(&rec);
-            let (tx, rx) = mpsc::sync_channel(config.channel_requests_max);
+            let (tx, rx) = writer::inbox(config.channel_requests_max);
             let init = WriterInit {
                 files: rec
                     .segments
@@ -362,10 +365,39 @@ impl Store {
         })
     }
 
+    /// Whether every group's request queue is below `channel_requests_max`.
+    pub fn has_room(&self) -> bool {
+        self.groups.iter().all(|g| g.tx.room().has_room())
+    }
+
+    /// Back-pressure for async callers: `Ready` once every group's request
+    /// queue is below `channel_requests_max`; else `Pending`, and `cx` is
+    /// woken when the writers have taken enough. Requests are never
+    /// refused or blocked for a full queue: a caller that produces writes
+    /// on behalf of others (a connection) awaits this before it takes on
+    /// more work, so the queues stay bounded without a thread waiting.
+    pub fn poll_room(&self, cx: &mut Context<'_>) -> Poll<()> {
+        for g in &self.groups {
+            if g.tx.room().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
+        Poll::Ready(())
+    }
+
+    /// [`Store::poll_room`] for a thread off any async runtime (tools,
+    /// tests): blocks until every group's request queue has room.
+    pub fn wait_room(&self) {
+        for g in &self.groups {
+            g.tx.room().wait();
+        }
+    }
+
     /// Stores `payload` as message `msg` in `queues`. The payload is written
     /// once per group among the queues' groups. `done` runs once every group
     /// completed (see docs/DURABILITY.md for what that means per sync mode).
-    /// Blocks while a group's channel is full (back-pressure).
+    /// Never blocks: back-pressure is the caller's, through
+    /// [`Store::poll_room`] or [`Store::wait_room`] before it sends more.
     pub fn publish(&self, msg: MsgId, queues: &[QueueId], payload: Bytes, done: Option<Done>) {
         if queues.is_empty() || queues.iter().any(|q| q.0 == u64::MAX) {
             fail(
@@ -591,8 +623,12 @@ impl Store {
         self.all_groups(|done| Cmd::Checkpoint { done })
     }
 
-    /// Compacts every eligible segment now (blocking; normally this runs in
-    /// the background with bounded I/O).
+    /// Compacts every segment eligible now and returns when that is done
+    /// (blocking the caller). Each group's writer runs it in steps of at
+    /// most `compaction_bytes_per_turn` between its commits, so the
+    /// group's publishers keep being written meanwhile. (Without this call,
+    /// compaction runs in the background, one step per
+    /// `compaction_pause_ms`.)
     pub fn compact(&self) -> Result<(), StoreError> {
         self.all_groups(|done| Cmd::Compact { done })
     }

@@ -1,7 +1,8 @@
-//! The five seed experiments. Each module has its `Args` (clap), a `Config`
+//! The five seed experiments, and `compaction` (issue 16). Each module has its `Args` (clap), a `Config`
 //! resolved from the args and the `--scale` preset, and `run_once`, one run
 //! against one broker returning figures and accounting.
 
+pub mod compaction;
 pub mod fanin;
 pub mod groupcommit;
 pub mod pagesize;
@@ -35,6 +36,10 @@ pub enum ScenarioArgs {
     /// request/reply load, SIGKILL the broker, restart it, time until every
     /// queue reports its depth and a consumer gets a message.
     Restart(restart::Args),
+    /// Online compaction (issue 16): confirm latency of one steady
+    /// publisher alone, then while a large compaction runs (triggered
+    /// through the management API; needs --mgmt-url).
+    Compaction(compaction::Args),
 }
 
 impl ScenarioArgs {
@@ -46,6 +51,7 @@ impl ScenarioArgs {
             ScenarioArgs::Groupcommit(a) => &a.common,
             ScenarioArgs::Spooler(a) => &a.common,
             ScenarioArgs::Restart(a) => &a.common,
+            ScenarioArgs::Compaction(a) => &a.common,
         }
     }
 }
@@ -58,6 +64,7 @@ pub enum Plan {
     Groupcommit(groupcommit::Config),
     Spooler(spooler::Config),
     Restart(Box<restart::Config>),
+    Compaction(compaction::Config),
 }
 
 impl Plan {
@@ -68,6 +75,7 @@ impl Plan {
             ScenarioArgs::Groupcommit(a) => Plan::Groupcommit(groupcommit::Config::from_args(a)?),
             ScenarioArgs::Spooler(a) => Plan::Spooler(spooler::Config::from_args(a)?),
             ScenarioArgs::Restart(a) => Plan::Restart(Box::new(restart::Config::from_args(a)?)),
+            ScenarioArgs::Compaction(a) => Plan::Compaction(compaction::Config::from_args(a)?),
         })
     }
 
@@ -79,6 +87,7 @@ impl Plan {
             Plan::Groupcommit(_) => "groupcommit",
             Plan::Spooler(_) => "spooler",
             Plan::Restart(_) => "restart",
+            Plan::Compaction(_) => "compaction",
         }
     }
 
@@ -89,6 +98,7 @@ impl Plan {
             Plan::Groupcommit(c) => groupcommit::run_once(c, target, ui).await,
             Plan::Spooler(c) => spooler::run_once(c, target, ui).await,
             Plan::Restart(c) => restart::run_once(c, target, ui).await,
+            Plan::Compaction(c) => compaction::run_once(c, target, ui).await,
         }
     }
 }

@@ -5,6 +5,8 @@
 //! below is what the broker relies on; an implementation that cannot keep
 //! it must not implement this trait.
 
+use std::task::{Context, Poll};
+
 use bytes::Bytes;
 
 use super::{Done, JournalError};
@@ -52,11 +54,22 @@ use crate::meta::MetaCommand;
 ///
 /// # Threads and blocking
 ///
-/// `publish`, `remove` and `purge` never wait for the disk: they hand the
-/// write to the group (a bounded queue, whose back-pressure may block the
-/// caller briefly) and return; `done` runs later on the group's completion
-/// thread (the store's group writer), or at once on the caller's thread
-/// when the write is refused up front. A completion must be short and must
+/// `publish`, `remove` and `purge` never block: they hand the write to
+/// the group's queue and return at once, however long that queue is;
+/// `done` runs later on the group's completion thread (the store's group
+/// writer), or at once on the caller's thread when the write is refused
+/// up front.
+///
+/// # Back-pressure
+///
+/// A group's queue is bounded by admission, not by blocking the sender:
+/// [`Journal::poll_room`] is `Pending` while some group's queue is at its
+/// bound, and wakes the caller's task once it is below. A caller that
+/// makes writes on behalf of a peer (the server's connection reading
+/// frames) awaits it before it takes on more work, so a full queue stops
+/// that peer being read and never holds a thread; writes made anyway
+/// (one frame's worth per caller, a timer's expiries, an HTTP request)
+/// are accepted, so the bound is exceeded by at most that. A completion must be short and must
 /// not call back into the journal (it would wait on the thread running
 /// it). `put_meta`, `delete_meta`, `read` and `read_many` block the
 /// calling thread until the write is durable (or the bytes are read): the
@@ -96,6 +109,17 @@ pub trait Journal: Send + Sync {
     fn written(&self, queue: u64, msgs: &[u64]) -> Vec<bool> {
         let _ = queue;
         vec![false; msgs.len()]
+    }
+    /// Whether every group's queue of writes is below its bound now.
+    fn has_room(&self) -> bool {
+        true
+    }
+    /// `Ready` once every group's queue of writes is below its bound;
+    /// else `Pending`, and `cx`'s waker is woken when it is (see
+    /// "Back-pressure" above).
+    fn poll_room(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let _ = cx;
+        Poll::Ready(())
     }
 }
 

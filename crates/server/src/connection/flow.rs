@@ -1,7 +1,8 @@
 //! When a connection is not read: the memory and disk alarms, flow pauses
-//! behind backlogged queues, too many journal completions pending, an
-//! output buffer at twice its bound; and consumers paused by a full output
-//! buffer resuming once it drained.
+//! behind backlogged queues, too many journal completions pending, the
+//! journal's queues of writes at their bound, an output buffer at twice
+//! its bound; and consumers paused by a full output buffer resuming once
+//! it drained.
 //!
 //! Invariants:
 //! - Back-pressure stops reading from the socket (TCP does the rest); it
@@ -10,7 +11,11 @@
 //!   alarms once memory in use is below the watermark and the disks have
 //!   space, the completion bound as the journal completes writes, a full
 //!   output buffer once the writer took it (a peer that never reads holds
-//!   at most its bounded buffers until it goes away).
+//!   at most its bounded buffers until it goes away), a full journal queue
+//!   once its writer took requests (the task awaits that; no thread waits).
+//! - While the journal's queues are full, not even frames already read are
+//!   handled: each connection adds at most the one frame it was handling
+//!   when the queue filled (see `Journal::poll_room`).
 //! - Journal completions in flight to this connection (its `stored`
 //!   channel) are at most [`limits::COMPLETIONS_PER_CONNECTION_MAX`]: each
 //!   is counted when its write is submitted and the socket is not read at
@@ -79,10 +84,18 @@ impl Flow {
 impl Conn {
     /// Whether the socket may be read now.
     pub(super) fn may_read(&self) -> bool {
-        !self.flow.blocked
+        self.journal_has_room()
+            && !self.flow.blocked
             && !self.flow.is_paused()
             && self.unconfirmed + self.tx_waits < limits::COMPLETIONS_PER_CONNECTION_MAX
             && !self.out.is_full()
+    }
+
+    /// Whether the journal takes more writes now; when not, the connection
+    /// handles no frame and awaits `Broker::poll_journal_room` (its main
+    /// loop).
+    pub(super) fn journal_has_room(&self) -> bool {
+        self.shared.broker.journal_has_room()
     }
 
     /// The resource alarms: publishing connections stop being read while

@@ -308,7 +308,8 @@ impl Conn {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let info = self.info.clone();
         loop {
-            loop {
+            // While the journal is full, frames wait undecoded (flow.rs).
+            while self.journal_has_room() {
                 match decode_frame(&mut self.rbuf, self.frame_max) {
                     Ok(Some(f)) => {
                         if let Err(e) = self.handle_frame(f) {
@@ -327,8 +328,11 @@ impl Conn {
             self.flow.end_pause_if_over(Instant::now());
             let paused = self.flow.is_paused();
             let reading = self.may_read();
+            let journal_full = !self.journal_has_room();
+            let shared = Arc::clone(&self.shared);
             tokio::select! {
                 () = tokio::time::sleep(Duration::from_millis(limits::FLOW_CHECK_MS)), if paused => {}
+                () = std::future::poll_fn(|cx| shared.broker.poll_journal_room(cx)), if journal_full => {}
                 r = read_into(&mut self.rd, &mut self.rbuf), if reading => {
                     if let Err(e) = r { return e; }
                     self.last_read = Instant::now();

@@ -213,7 +213,7 @@ impl Writer {
             && self.compaction_candidate().is_some()
             && now >= self.last_compaction + Duration::from_millis(self.cfg.compaction_pause_ms)
         {
-            if let Err(e) = self.compact_step(self.cfg.compaction_bytes_per_turn) {
+            if let Err(e) = self.compact_step(self.cfg.compaction_bytes_per_turn, u32::MAX) {
                 tracing::error!(group = self.group(), error = %e, "compaction failed");
             }
             self.last_compaction = self.clock.now();
@@ -440,10 +440,16 @@ impl Writer {
     /// The oldest sealed segment that is mostly dead and still holds live
     /// records compaction can move.
     pub(super) fn compaction_candidate(&self) -> Option<u32> {
+        self.compaction_candidate_below(u32::MAX)
+    }
+
+    /// [`Self::compaction_candidate`] among the segments numbered below
+    /// `below`.
+    pub(super) fn compaction_candidate_below(&self, below: u32) -> Option<u32> {
         let inner = self.shared.inner.lock();
         let pct = u64::from(self.cfg.compaction_live_percent_max);
         self.sealed
-            .iter()
+            .range(..below)
             .find(|(s, len)| {
                 let live = inner.index.seg_live(**s);
                 let stuck = self.unmovable.get(*s).map_or(0, |v| {
@@ -455,13 +461,14 @@ impl Writer {
     }
 
     /// Copies up to `bytes_max` of live records out of the candidate
-    /// segment into the active one (as `Relocate` records). A record that
-    /// cannot be read or does not verify is reported and skipped for good.
-    pub(super) fn compact_step(&mut self, bytes_max: usize) -> Result<(), StoreError> {
+    /// segment numbered below `below` into the active one (as `Relocate`
+    /// records). A record that cannot be read or does not verify is
+    /// reported and skipped for good.
+    pub(super) fn compact_step(&mut self, bytes_max: usize, below: u32) -> Result<(), StoreError> {
         if let Some(e) = self.shared.poison_error() {
             return Err(e);
         }
-        let Some(seq) = self.compaction_candidate() else {
+        let Some(seq) = self.compaction_candidate_below(below) else {
             return Ok(());
         };
         let (file, live) = {

@@ -51,13 +51,16 @@ use crate::storage::{Storage, StorageFile};
 use crate::{MsgId, QueueId};
 
 mod checkpoints;
+mod compact;
 mod gather;
+mod inbox;
 pub(crate) mod pause;
 mod requests;
 mod space;
 
 use checkpoints::{CheckpointResult, CHECKPOINT_POLL_MS};
 use gather::GatherPolicy;
+pub(crate) use inbox::{inbox, Inbox, Outbox};
 pub use requests::Done;
 use requests::{cmd_size, net_out};
 pub(crate) use requests::{publish_invalid, Cmd, Op, Waiter};
@@ -138,7 +141,7 @@ pub(crate) struct Writer {
     shared: Arc<GroupShared>,
     storage: Arc<dyn Storage>,
     cfg: StoreConfig,
-    rx: Receiver<Cmd>,
+    rx: Inbox,
     active: Option<Active>,
     /// Lengths of sealed segments.
     sealed: BTreeMap<u32, u64>,
@@ -173,6 +176,9 @@ pub(crate) struct Writer {
     unmovable: BTreeMap<u32, Vec<(MsgId, Loc)>>,
     /// Set while a write found the disk full and space has not returned.
     space: Option<space::SpaceWait>,
+    /// Compaction requested with [`Cmd::Compact`], run a bounded step per
+    /// turn of the loop (see `compact.rs`).
+    compaction: compact::Requested,
 }
 
 pub(crate) struct WriterInit {
@@ -195,7 +201,7 @@ impl Writer {
         dir: PathBuf,
         storage: Arc<dyn Storage>,
         cfg: StoreConfig,
-        rx: Receiver<Cmd>,
+        rx: Inbox,
         init: WriterInit,
         clock: Arc<dyn Clock>,
     ) -> (Self, Arc<GroupShared>) {
@@ -238,6 +244,7 @@ impl Writer {
             snapshot_next: !init.index_from_journal,
             unmovable: BTreeMap::new(),
             space: None,
+            compaction: compact::Requested::default(),
         };
         (w, shared)
     }
@@ -337,7 +344,9 @@ impl Writer {
             for c in controls {
                 self.control(c);
             }
+            self.compaction_turn();
             if let Some(done) = shutdown {
+                self.compaction_abandoned();
                 let result = self.close();
                 if let Some(done) = done {
                     done(result);
@@ -634,13 +643,7 @@ impl Writer {
     fn control(&mut self, cmd: Cmd) {
         match cmd {
             Cmd::Checkpoint { done } => done(self.checkpoint()),
-            Cmd::Compact { done } => {
-                let mut result = Ok(());
-                while result.is_ok() && self.compaction_candidate().is_some() {
-                    result = self.compact_step(usize::MAX);
-                }
-                done(result);
-            }
+            Cmd::Compact { done } => self.compaction_requested(done),
             Cmd::Pause(barrier) => barrier.hold(self.group()),
             Cmd::Write { .. } | Cmd::Shutdown { .. } => unreachable!("handled by run"),
         }
@@ -652,6 +655,10 @@ impl Writer {
         }
         let mut at: Option<Instant> = None;
         let mut consider = |t: Instant| at = Some(at.map_or(t, |a| a.min(t)));
+        if self.compaction.is_pending() && !self.waiting_for_space() {
+            // The next step is due as soon as pending requests are taken.
+            consider(self.clock.now());
+        }
         if self.dirty && self.cfg.sync == SyncMode::Interval {
             consider(self.last_sync + Duration::from_millis(self.cfg.sync_interval_ms));
         }

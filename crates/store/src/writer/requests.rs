@@ -137,7 +137,8 @@ pub(crate) enum Cmd {
     Checkpoint {
         done: Done,
     },
-    /// Compacts every eligible segment now, unbounded (tests, operator tool).
+    /// Compacts every segment eligible now, a bounded step per turn of the
+    /// writer loop (tests, operator tool); completes when it is done.
     Compact {
         done: Done,
     },
