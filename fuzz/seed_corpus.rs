@@ -200,7 +200,7 @@ fn content() {
 fn records() {
     let mut segment = Vec::new();
     let queues = [QueueId(7), QueueId(9)];
-    let payload = encode_message("ex", "a.b", &properties(), b"hello");
+    let payload = encode_message("ex", "a.b", &properties(), b"hello").expect("short names");
     let records = [
         (
             1,
@@ -285,12 +285,12 @@ fn payloads() {
     write(
         "payload",
         "message",
-        &encode_message("ex", "a.b", &properties(), b"hello"),
+        &encode_message("ex", "a.b", &properties(), b"hello").expect("short names"),
     );
     write(
         "payload",
         "message-golden",
-        &encode_message("ex", "a.b", b"\x10\x00\x02", b"hello"),
+        &encode_message("ex", "a.b", b"\x10\x00\x02", b"hello").expect("short names"),
     );
     let mut args = FieldTable::default();
     args.insert("x-message-ttl".into(), AMQPValue::LongInt(1000));
