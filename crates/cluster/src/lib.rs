@@ -26,6 +26,7 @@ pub mod log_file;
 pub mod log_store;
 mod node;
 mod probation;
+mod standing;
 mod state_machine;
 mod status;
 pub mod sync_gate;

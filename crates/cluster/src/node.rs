@@ -35,6 +35,7 @@ use crate::limits::{
 use crate::log_file::{self, Writer};
 use crate::log_store::LogStore;
 use crate::probation::Probation;
+use crate::standing::Standing;
 use crate::state_machine::{Apply, StateMachine};
 use crate::status::{ClusterStatus, MemberStatus, Role};
 use crate::sync_gate::SyncGate;
@@ -132,13 +133,6 @@ pub enum ProposeError {
 struct Proposal {
     command: Vec<u8>,
     reply: oneshot::Sender<Result<u64, ProposeError>>,
-}
-
-/// Whether this node may take part in elections: not while its disk is
-/// stalled (`fenced`), nor while it is on probation after a damaged log.
-pub(crate) struct Standing {
-    pub(crate) fenced: AtomicBool,
-    pub(crate) probation: Probation,
 }
 
 pub struct ClusterNode {

@@ -10,7 +10,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpListener;
 
 use super::{framed, handshake, Conn, Request, Response};
-use crate::node::Standing;
+use crate::standing::Standing;
 use crate::types::{NodeId, Raft};
 use openraft::error::{Fatal, RaftError};
 
