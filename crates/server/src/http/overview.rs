@@ -109,7 +109,10 @@ fn node_json(st: &HttpState) -> Value {
 }
 
 pub(super) async fn nodes(State(st): State<HttpState>, _: Authed) -> Response {
-    Json(vec![node_json(&st)]).into_response()
+    match super::cluster::nodes(&st) {
+        Some(members) => Json(members).into_response(),
+        None => Json(vec![node_json(&st)]).into_response(),
+    }
 }
 
 pub(super) async fn node(
