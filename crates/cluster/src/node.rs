@@ -63,6 +63,10 @@ pub struct NodeConfig {
     /// A proposal not committed within this is answered `Timeout` (its
     /// outcome unknown) so that later ones are not stuck behind it.
     pub commit_timeout_ms: u64,
+    /// Whether this member may form the cluster from `members` at its
+    /// first start (if it has the smallest id); a member started to join
+    /// an existing cluster must not.
+    pub may_form: bool,
     /// Test hook in front of every fdatasync; production passes the default.
     pub sync_gate: SyncGate,
 }
@@ -86,6 +90,7 @@ impl NodeConfig {
             snapshot_after_entries: 10_000,
             sync_stall_ms_max: 5_000,
             commit_timeout_ms: 5_000,
+            may_form: true,
             sync_gate: SyncGate::default(),
         }
     }
@@ -236,6 +241,7 @@ impl ClusterNode {
         };
         let first = config.members.keys().next().copied();
         if first == Some(config.id)
+            && config.may_form
             && !node
                 .raft
                 .is_initialized()

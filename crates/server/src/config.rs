@@ -204,6 +204,9 @@ pub struct Cluster {
     pub peers: Vec<String>,
     /// A file holding the cluster's shared secret (every member the same).
     pub secret_file: Option<PathBuf>,
+    /// This member joins an existing cluster (`berth cluster add-node`)
+    /// and never forms one of its own.
+    pub join: bool,
     /// The shortest election timeout; the longest is twice it.
     pub election_timeout_ms: u64,
     /// An fdatasync of the Raft log running longer fences the node.

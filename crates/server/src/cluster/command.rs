@@ -11,6 +11,7 @@
 //! 5 DeleteMeta  key (rest)
 //! 6 Announce    name_len u32 | name | amqp_len u32 | amqp | http (rest)
 //!               (addresses comma-separated; http empty when off)
+//! 7 Member      name (rest): a member's name, so every member can name it
 //! ```
 //!
 //! Invariants:
@@ -49,6 +50,10 @@ pub enum Command {
         amqp: String,
         http: String,
     },
+    /// A member joins under this name (its Raft id is the name's hash).
+    Member {
+        name: String,
+    },
 }
 
 const PUBLISH: u8 = 1;
@@ -57,6 +62,7 @@ const PURGE: u8 = 3;
 const PUT_META: u8 = 4;
 const DELETE_META: u8 = 5;
 const ANNOUNCE: u8 = 6;
+const MEMBER: u8 = 7;
 
 fn put_len(out: &mut Vec<u8>, n: usize) {
     out.extend_from_slice(
@@ -116,6 +122,10 @@ impl Command {
                 out.extend_from_slice(amqp.as_bytes());
                 out.extend_from_slice(http.as_bytes());
             }
+            Command::Member { name } => {
+                out.push(MEMBER);
+                out.extend_from_slice(name.as_bytes());
+            }
         }
         out
     }
@@ -153,6 +163,9 @@ impl Command {
                 let http = r.text(r.0.len())?;
                 Command::Announce { name, amqp, http }
             }
+            MEMBER => Command::Member {
+                name: r.text(r.0.len())?,
+            },
             other => return Err(format!("unknown command tag {other}")),
         };
         if !r.0.is_empty() {
@@ -229,6 +242,9 @@ mod tests {
                 name: "berth1".into(),
                 amqp: "127.0.0.1:5672".into(),
                 http: String::new(),
+            },
+            Command::Member {
+                name: "berth4".into(),
             },
         ]
     }

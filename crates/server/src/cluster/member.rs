@@ -91,14 +91,13 @@ impl Member {
             events: std::sync::OnceLock::new(),
         });
         let announced = Arc::new(Announcements::default());
+        for p in &peers {
+            announced.set_name(raft_id(&p.name), p.name.clone());
+        }
         let replica = Arc::new(Replica::new(local, Arc::clone(&announced)));
         let members: BTreeMap<u64, String> = peers
             .iter()
             .map(|p| (raft_id(&p.name), p.addr.clone()))
-            .collect();
-        let names: BTreeMap<u64, String> = peers
-            .iter()
-            .map(|p| (raft_id(&p.name), p.name.clone()))
             .collect();
         let t = c.election_timeout_ms;
         let mut nc = NodeConfig::new(raft_id(&name), raft_dir(config), members, secret);
@@ -106,6 +105,7 @@ impl Member {
         nc.heartbeat_ms = (t / 5).max(50);
         nc.sync_stall_ms_max = c.sync_stall_ms_max;
         nc.commit_timeout_ms = (4 * t).max(5_000);
+        nc.may_form = !c.join;
         let node = ClusterNode::start(nc, listener, Arc::clone(&replica) as _)
             .await
             .map_err(|e| startup(format!("cannot start the cluster member: {e}")))?;
@@ -114,7 +114,6 @@ impl Member {
             view: Arc::new(ClusterView {
                 name,
                 node: Arc::new(node),
-                names,
                 announced,
             }),
             replica,

@@ -4,11 +4,12 @@
 //! from this store, as after a restart.
 //!
 //! Invariants:
-//! - Applying a committed command a second time (Raft re-applies what
-//!   follows the last snapshot after a restart) leaves the store as
-//!   applying it once did: a publish of a message the queue already holds
-//!   is skipped; removes, purges and metadata writes are idempotent. So
-//!   the store need not be durable ahead of the Raft log.
+//! - At a start the store is first made equal to the last snapshot (or
+//!   emptied, with none), and then Raft re-applies every entry after it:
+//!   so a command is never applied on top of its own effects, and the store
+//!   need not be durable ahead of the Raft log. (Skipping publishes the
+//!   store already holds is not enough: a removal or purge still queued
+//!   in the store would hide a later publish of the same message.)
 //! - A snapshot lists the whole state as commands (every metadata key,
 //!   every live message of every queue with its body); restoring one makes
 //!   the store equal to it, whatever the store held before.
@@ -111,15 +112,8 @@ impl Replica {
                 queues,
                 payload,
             } => {
-                let msg = MsgId(msg);
-                let missing: Vec<QueueId> = queues
-                    .into_iter()
-                    .map(QueueId)
-                    .filter(|q| !store.written(*q, &[msg])[0])
-                    .collect();
-                if !missing.is_empty() {
-                    store.publish(msg, &missing, payload, Some(self.watch(index)));
-                }
+                let queues: Vec<QueueId> = queues.into_iter().map(QueueId).collect();
+                store.publish(MsgId(msg), &queues, payload, Some(self.watch(index)));
             }
             Command::Remove { queue, msgs } => {
                 let msgs: Vec<MsgId> = msgs.into_iter().map(MsgId).collect();
@@ -133,6 +127,10 @@ impl Replica {
             Command::Announce { name, amqp, http } => {
                 tracing::info!(member = %name, amqp = %amqp, http = %http, "a new leader serves clients");
                 self.announced.set(name, Serves { amqp, http });
+            }
+            Command::Member { name } => {
+                tracing::info!(member = %name, "a member is named");
+                self.announced.set_name(super::peers::raft_id(&name), name);
             }
         }
     }
@@ -174,6 +172,9 @@ impl berth_cluster::Apply for Replica {
             );
             out.extend_from_slice(&bytes);
         };
+        for name in self.announced.names().into_values() {
+            put(Command::Member { name });
+        }
         for (name, serves) in &self.announced.all() {
             put(Command::Announce {
                 name: name.clone(),
@@ -201,6 +202,10 @@ impl berth_cluster::Apply for Replica {
             }
         }
         out
+    }
+
+    fn start_empty(&self) {
+        self.restore(&[]);
     }
 
     fn restore(&self, snapshot: &[u8]) {
@@ -232,6 +237,9 @@ impl berth_cluster::Apply for Replica {
                 }
                 Command::Announce { name, amqp, http } => {
                     self.announced.set(name, Serves { amqp, http });
+                }
+                Command::Member { name } => {
+                    self.announced.set_name(super::peers::raft_id(&name), name);
                 }
                 other => self.fail(format!("a snapshot holds {other:?}")),
             }

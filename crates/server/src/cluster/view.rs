@@ -17,48 +17,102 @@ pub struct Serves {
     pub http: String,
 }
 
-/// Member name → where it serves clients, as it announced when it became
-/// leader (a replicated command, so every member knows it).
+/// What members said of themselves through the log (so every member
+/// knows it): member name → where it serves clients, as it announced when
+/// it became leader; Raft id → member name.
 #[derive(Default)]
-pub struct Announcements(Mutex<BTreeMap<String, Serves>>);
+pub struct Announcements {
+    serves: Mutex<BTreeMap<String, Serves>>,
+    names: Mutex<BTreeMap<u64, String>>,
+}
 
 impl Announcements {
     pub fn get(&self, name: &str) -> Option<Serves> {
-        self.0.lock().get(name).cloned()
+        self.serves.lock().get(name).cloned()
     }
 
     pub fn set(&self, name: String, serves: Serves) {
-        self.0.lock().insert(name, serves);
+        self.serves.lock().insert(name, serves);
     }
 
     pub fn all(&self) -> BTreeMap<String, Serves> {
-        self.0.lock().clone()
+        self.serves.lock().clone()
+    }
+
+    pub fn name(&self, id: u64) -> Option<String> {
+        self.names.lock().get(&id).cloned()
+    }
+
+    pub fn set_name(&self, id: u64, name: String) {
+        self.names.lock().insert(id, name);
+    }
+
+    pub fn names(&self) -> BTreeMap<u64, String> {
+        self.names.lock().clone()
     }
 }
 
 pub struct ClusterView {
     pub name: String,
     pub node: Arc<ClusterNode>,
-    /// Raft id → member name, from the peer list.
-    pub names: BTreeMap<u64, String>,
+    /// Raft id → member name: the peer list's, and those of members added
+    /// since (a replicated command, see [`Announcements::name`]).
     pub announced: Arc<Announcements>,
 }
 
 impl ClusterView {
+    /// A member's name (`#id` for one this member never heard named).
+    pub fn name_of(&self, id: u64) -> String {
+        self.announced.name(id).unwrap_or_else(|| format!("#{id}"))
+    }
+
     /// The name of the member this one follows (or its own), if known.
     pub fn leader_name(&self) -> Option<String> {
-        let id = self.node.leader()?;
-        Some(
-            self.names
-                .get(&id)
-                .cloned()
-                .unwrap_or_else(|| format!("#{id}")),
-        )
+        Some(self.name_of(self.node.leader()?))
     }
 
     /// Is this member the leader now?
     pub fn leads(&self) -> bool {
         self.leader_name().as_deref() == Some(self.name.as_str())
+    }
+
+    /// Adds the member `peer` (`NAME@HOST:PORT`): its name goes through
+    /// the log first, then Raft adds it as a learner, lets it catch up
+    /// (by snapshot when the log behind it is purged) and makes it a
+    /// voter. Leader only.
+    pub async fn add(&self, peer: &str) -> Result<String, String> {
+        let p = super::peers::parse(peer)?;
+        let id = super::peers::raft_id(&p.name);
+        if self.node.voters().contains(&id) {
+            return Err(format!("{} is already a member", p.name));
+        }
+        let named = super::command::Command::Member {
+            name: p.name.clone(),
+        };
+        let timeout = std::time::Duration::from_millis(crate::limits::CLUSTER_ANNOUNCE_TIMEOUT_MS);
+        self.node
+            .propose(named.encode(), timeout)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.node
+            .add_member(id, p.addr.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(p.name)
+    }
+
+    /// Removes the member named `name`. Leader only; a leader does not
+    /// remove itself (stop it, let another lead, then remove it there).
+    pub async fn remove(&self, name: &str) -> Result<(), String> {
+        if name == self.name {
+            return Err(format!(
+                "{name} leads: stop it so that another member leads, then remove it there"
+            ));
+        }
+        self.node
+            .remove_member(super::peers::raft_id(name))
+            .await
+            .map_err(|e| e.to_string())
     }
 
     /// What a client turned away by a follower is told.

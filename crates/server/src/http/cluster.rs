@@ -5,13 +5,14 @@
 //! sees them), the members in `/api/nodes`, and the quorum-queue fields
 //! `leader`, `members`, `online` of every queue.
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use berth_cluster::Role;
 use serde_json::{json, Value};
 
-use super::{Authed, HttpState};
+use super::auth::AdminAuthed;
+use super::{bad_request, Authed, HttpState};
 use crate::cluster::view::ClusterView;
 
 /// A member counts as running while it answered the leader within this
@@ -26,10 +27,7 @@ pub(crate) struct Members {
 }
 
 fn member_name(view: &ClusterView, id: u64) -> String {
-    view.names
-        .get(&id)
-        .cloned()
-        .unwrap_or_else(|| format!("#{id}"))
+    view.name_of(id)
 }
 
 impl Members {
@@ -149,4 +147,38 @@ pub(super) fn nodes(st: &HttpState) -> Option<Vec<Value>> {
             })
             .collect(),
     )
+}
+
+/// `POST /api/berth/cluster/members` `{"peer": "NAME@HOST:PORT"}`: adds a
+/// member (administrator; leader only). Answers once it is a voter.
+pub(super) async fn add(
+    State(st): State<HttpState>,
+    _: AdminAuthed,
+    Json(body): Json<Value>,
+) -> Response {
+    let Some(view) = &st.shared.cluster else {
+        return bad_request("this broker is not a cluster member");
+    };
+    let Some(peer) = body.get("peer").and_then(Value::as_str) else {
+        return bad_request("expected {\"peer\": \"NAME@HOST:PORT\"}");
+    };
+    match view.add(peer).await {
+        Ok(name) => Json(json!({"added": name})).into_response(),
+        Err(e) => bad_request(&e),
+    }
+}
+
+/// `DELETE /api/berth/cluster/members/{name}` (administrator; leader only).
+pub(super) async fn remove(
+    State(st): State<HttpState>,
+    _: AdminAuthed,
+    Path(name): Path<String>,
+) -> Response {
+    let Some(view) = &st.shared.cluster else {
+        return bad_request("this broker is not a cluster member");
+    };
+    match view.remove(&name).await {
+        Ok(()) => Json(json!({"removed": name})).into_response(),
+        Err(e) => bad_request(&e),
+    }
 }

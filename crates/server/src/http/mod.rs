@@ -78,6 +78,8 @@ pub fn router(state: HttpState) -> Router {
         .route("/api/health/checks/alarms", get(health::alarms))
         .route("/api/health/checks/is-leader", get(cluster::is_leader))
         .route("/api/berth/cluster", get(cluster::status))
+        .route("/api/berth/cluster/members", post(cluster::add))
+        .route("/api/berth/cluster/members/{name}", delete(cluster::remove))
         .route("/api/health/checks/local-alarms", get(health::alarms))
         .route(
             "/api/health/checks/port-listener/{port}",

@@ -1,7 +1,7 @@
 //! The settings of `[cluster]`: membership of a replicated cluster
 //! (docs/CLUSTERING.md). Without `cluster.node_id` berth is one node.
 
-use super::slot::{field, list, maybe, one, Refusal};
+use super::slot::{field, list, maybe, one, switch, Refusal};
 use super::Setting;
 use crate::cluster::peers;
 use crate::config::Cluster;
@@ -46,6 +46,15 @@ pub(super) static CLUSTER: &[Setting] = &[
         doc: "A file holding the shared secret (at least 16 bytes; the same file on every \
               member); a peer that cannot prove it knows it gets nothing.",
         slot: &maybe(field!(cluster.secret_file)),
+    },
+    Setting {
+        key: "cluster.join",
+        flag: "cluster-join",
+        value_name: "",
+        default_note: "off",
+        doc: "This member joins a running cluster (add it there with `berth cluster add-node`) \
+              and never forms a cluster of its own from `cluster.peers`.",
+        slot: &switch(field!(cluster.join)),
     },
     Setting {
         key: "cluster.election_timeout_ms",
