@@ -27,6 +27,9 @@ pub struct PublishResult {
     pub queues: usize,
     /// Some queue refused it (`x-overflow = reject-publish`).
     pub rejected: bool,
+    /// A delayed exchange holds it until it is due (it is routed then, so
+    /// it is never returned as unroutable: docs/DELAYED.md).
+    pub delayed: bool,
     /// It was journaled: the completion made for it runs once it is stored.
     pub durable: bool,
     /// It went to a queue whose consumers are busy but not keeping up: the
@@ -37,7 +40,7 @@ pub struct PublishResult {
 impl PublishResult {
     /// No queue at all matched (for `mandatory`).
     pub fn unroutable(&self) -> bool {
-        self.queues == 0 && !self.rejected
+        self.queues == 0 && !self.rejected && !self.delayed
     }
 }
 
