@@ -23,6 +23,10 @@ pub const MESSAGE_PAYLOAD_NAMES_BYTES_MAX: u64 = 1 + 255 + 1 + 255 + 4;
 /// holds the timer tick for long).
 pub const DELAYED_ROUTED_PER_TURN_MAX: usize = 10_000;
 
+/// The delivery limit of a queue with delayed retry that sets none
+/// (`x-delivery-limit`), as RabbitMQ 4's quorum queues default it.
+pub const DELAYED_RETRY_DELIVERY_LIMIT_DEFAULT: u64 = 20;
+
 /// Stored delayed messages read back together at restore (for their due
 /// times).
 pub const RESTORE_READ_BATCH_MESSAGES: usize = 1024;
