@@ -116,13 +116,11 @@ def test_a_delayed_mandatory_message_is_not_returned(conn, ch, names, berth_only
     is published, so it is never returned (as with the plugin)."""
     x = names.exchange("delayed")
     declare_delayed(ch, x, "direct")
-    returned = []
-    ch.add_on_return_callback(lambda *a: returned.append(a))
     ch.confirm_delivery()
+    # pika raises UnroutableError for a returned message in confirm mode.
     ch.basic_publish(x, "nowhere", b"m", delayed_props(50), mandatory=True)
-    ch.basic_publish(x, "nowhere", b"now", delayed_props(None), mandatory=True)
-    conn.process_data_events(time_limit=0.3)
-    assert [r[3] for r in returned] == [b"now"]
+    with pytest.raises(pika.exceptions.UnroutableError):
+        ch.basic_publish(x, "nowhere", b"now", delayed_props(None), mandatory=True)
 
 
 def api(port, path):
@@ -248,3 +246,42 @@ def test_deleting_a_delayed_exchange_discards_its_pending_messages(start_berth):
     assert drain(ch, q) == []
     assert "discarded" in b.log_tail(200) and "messages=3" in b.log_tail(200)
     conn.close()
+
+
+def test_a_nacked_message_waits_its_backoff_without_taking_prefetch(conn, ch, names, berth_only):
+    """Delayed retry (x-delayed-retry-*): a nack with requeue holds the
+    message for its backoff; meanwhile the consumer's single prefetch slot
+    serves the next message; the retried one carries x-delivery-count."""
+    q = names.queue()
+    ch.queue_declare(q, arguments={"x-delayed-retry-min": 300,
+                                   "x-delayed-retry-multiplier": 1})
+    ch.confirm_delivery()
+    ch.basic_publish("", q, b"fails")
+    ch.basic_publish("", q, b"next")
+    ch.basic_qos(prefetch_count=1)
+    got = []
+
+    def on_message(c, method, props, body):
+        got.append((body, time.monotonic(), (props.headers or {}).get("x-delivery-count")))
+        if body == b"fails" and len(got) == 1:
+            c.basic_nack(method.delivery_tag, requeue=True)
+        else:
+            c.basic_ack(method.delivery_tag)
+
+    ch.basic_consume(q, on_message)
+    deadline = time.monotonic() + 5
+    while len(got) < 3 and time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.01)
+    assert [(b, n) for b, _, n in got] == [(b"fails", None), (b"next", None), (b"fails", 1)]
+    assert got[1][1] - got[0][1] < 0.25, "the waiting message took the prefetch slot"
+    assert got[2][1] - got[0][1] >= 0.3, "retried before its backoff"
+
+
+def test_delayed_retry_arguments_fail_with_406(conn, names, berth_only):
+    q = names.queue()
+    for args in ({"x-delayed-retry-min": 0}, {"x-delayed-retry-max": 10},
+                 {"x-delayed-retry-min": 100, "x-delayed-retry-max": 10},
+                 {"x-delayed-retry-min": "100"}):
+        ch = conn.channel()
+        with channel_error(PRECONDITION_FAILED, text="x-delayed-retry"):
+            ch.queue_declare(q, arguments=args)
