@@ -11,6 +11,9 @@ sys.path.insert(0, "tests/python")
 import amqp_wire as w
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
+# --queue: the same messages to a durable queue, not delayed (the baseline
+# a queued message costs, for comparison).
+TO_QUEUE = "--queue" in sys.argv
 BIN = os.environ.get("BERTH_BIN", "target/release/berth")
 d = tempfile.mkdtemp(prefix="berth-delayed-rss-")
 
@@ -28,9 +31,9 @@ def start():
     raise SystemExit("berth did not start:\n" + open(d + "/log").read())
 
 
-def rss_kib(pid):
+def rss_kib(pid, field="VmRSS:"):
     for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
+        if line.startswith(field):
             return int(line.split()[1])
 
 
@@ -66,7 +69,8 @@ try:
         for _ in range(min(5000, N - sent)):
             props = struct.pack(">H", 0x3000) + w.table({"x-delay": rng.randint(600_000, 1_200_000)}) + b"\x02"
             body = b"%016d" % sent
-            out.append(w.method_frame(1, w.BASIC_PUBLISH, struct.pack(">H", 0) + w.shortstr("later") + w.shortstr("k") + b"\x00")
+            ex, key = ("", "q") if TO_QUEUE else ("later", "k")
+            out.append(w.method_frame(1, w.BASIC_PUBLISH, struct.pack(">H", 0) + w.shortstr(ex) + w.shortstr(key) + b"\x00")
                        + w.content_frames(1, body, frame_max=c.frame_max, properties=props))
             sent += 1
         c.send(b"".join(out)); out = []
@@ -82,16 +86,19 @@ try:
     time.sleep(2)
     after = rss_kib(p.pid)
     ex = api(http, "/api/exchanges/%2F/later")
+    if TO_QUEUE:
+        ex["messages_delayed"] = f"0 (to queue q: {api(http, '/api/queues/%2F/q')['messages']})"
     print(f"{N} pending delayed persistent messages (16-byte bodies), all confirmed: "
           f"publish {N / elapsed:,.0f} msg/s ({elapsed:.1f} s)")
     print(f"messages_delayed={ex['messages_delayed']}  RSS before {before / 1024:.1f} MiB, after {after / 1024:.1f} MiB: "
-          f"+{(after - before) / 1024:.1f} MiB = {(after - before) * 1024 / N:.0f} bytes per pending message")
+          f"+{(after - before) / 1024:.1f} MiB = {(after - before) * 1024 / N:.0f} bytes per pending message "
+          f"(RssAnon {rss_kib(p.pid, 'RssAnon:') / 1024:.1f} MiB, RssFile {rss_kib(p.pid, 'RssFile:') / 1024:.1f} MiB)")
     c.close()
     p.send_signal(signal.SIGKILL); p.wait(10)
     p, amqp, http, took = start()
     ex = api(http, "/api/exchanges/%2F/later")
     print(f"after kill -9: restart to ready {took:.2f} s, messages_delayed={ex['messages_delayed']}, "
-          f"RSS {rss_kib(p.pid) / 1024:.1f} MiB")
+          f"RSS {rss_kib(p.pid) / 1024:.1f} MiB (RssAnon {rss_kib(p.pid, 'RssAnon:') / 1024:.1f} MiB)")
 finally:
     p.kill(); p.wait(10)
     subprocess.run(["rm", "-rf", d])

@@ -12,7 +12,7 @@
 //! - A stored message leaves the index exactly once: when it is taken to
 //!   be routed, or with the whole index when the exchange goes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
@@ -62,7 +62,10 @@ pub struct Delayed {
 
 #[derive(Default)]
 struct Pending {
-    by_due: BTreeMap<DueKey, Held>,
+    /// Every pending message, by due time: 16 bytes each in the B-tree.
+    by_due: BTreeSet<DueKey>,
+    /// Those whose bodies are still in memory: (message, stored).
+    resident: HashMap<DueKey, (Arc<Message>, bool)>,
     /// Bodies held in memory, in bytes.
     resident_bytes: u64,
     /// The earliest due time a timer is set for, if any.
@@ -113,10 +116,11 @@ impl Delayed {
     pub fn hold(&self, key: DueKey, held: Held) -> Option<u64> {
         self.apply_written();
         let mut p = self.pending.lock();
-        if let Held::Resident { msg, .. } = &held {
+        if let Held::Resident { msg, stored } = held {
             p.resident_bytes += msg.body_bytes();
+            p.resident.insert(key, (msg, stored));
         }
-        p.by_due.insert(key, held);
+        p.by_due.insert(key);
         p.needs_timer(key.0)
     }
 
@@ -134,16 +138,13 @@ impl Delayed {
         }
         let mut p = self.pending.lock();
         for key in done {
-            let freed = match p.by_due.get_mut(&key) {
-                Some(h @ Held::Resident { stored: true, .. }) => {
-                    let Held::Resident { msg, .. } = std::mem::replace(h, Held::OnDisk) else {
-                        unreachable!("matched just above")
-                    };
-                    msg.body_bytes()
-                }
-                _ => 0,
-            };
-            p.resident_bytes -= freed;
+            if p.resident.get(&key).is_some_and(|(_, stored)| *stored) {
+                let (msg, _) = p.resident.remove(&key).expect("found just above");
+                p.resident_bytes -= msg.body_bytes();
+            }
+        }
+        if p.resident.is_empty() {
+            p.resident = HashMap::new(); // its capacity goes too
         }
     }
 
@@ -154,14 +155,18 @@ impl Delayed {
         p.timer_at_ms = None;
         let mut out = Vec::new();
         while out.len() < max {
-            match p.by_due.first_key_value() {
-                Some((k, _)) if k.0 <= now_ms => {}
+            match p.by_due.first() {
+                Some(k) if k.0 <= now_ms => {}
                 _ => break,
             }
-            let (k, h) = p.by_due.pop_first().expect("peeked just above");
-            if let Held::Resident { msg, .. } = &h {
-                p.resident_bytes -= msg.body_bytes();
-            }
+            let k = p.by_due.pop_first().expect("peeked just above");
+            let h = match p.resident.remove(&k) {
+                Some((msg, stored)) => {
+                    p.resident_bytes -= msg.body_bytes();
+                    Held::Resident { msg, stored }
+                }
+                None => Held::OnDisk,
+            };
             out.push((k, h));
         }
         out
@@ -171,7 +176,7 @@ impl Delayed {
     /// for, if any message is left.
     pub fn rearm(&self) -> Option<u64> {
         let mut p = self.pending.lock();
-        let next = p.by_due.first_key_value().map(|(k, _)| k.0)?;
+        let next = p.by_due.first().map(|k| k.0)?;
         p.needs_timer(next)
     }
 
@@ -197,7 +202,7 @@ impl Delayed {
         let p = self.pending.lock();
         DelayedStats {
             messages: p.by_due.len(),
-            next_due_unix_ms: p.by_due.first_key_value().map(|(k, _)| k.0),
+            next_due_unix_ms: p.by_due.first().map(|k| k.0),
             resident_bytes: p.resident_bytes,
             routed: self.routed.load(Ordering::Relaxed),
             lateness_ms_max: self.lateness_ms_max.load(Ordering::Relaxed),
@@ -219,6 +224,43 @@ impl Pending {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stored_body_leaves_memory_once_its_write_completed() {
+        let m = Message::new(
+            String::new(),
+            "k".into(),
+            bytes::Bytes::from_static(b"\x00\x00"),
+            "body".into(),
+        )
+        .unwrap();
+        let d = Delayed::new(Some(9));
+        d.hold(
+            (10, 1),
+            Held::Resident {
+                msg: Arc::clone(&m),
+                stored: true,
+            },
+        );
+        d.hold(
+            (10, 2),
+            Held::Resident {
+                msg: m,
+                stored: false,
+            },
+        );
+        assert_eq!(d.stats().resident_bytes, 8);
+        d.note_written((10, 1));
+        d.note_written((10, 2)); // not stored: stays
+        assert_eq!(d.stats().resident_bytes, 4);
+        let got = d.take_due(10, 10);
+        assert!(matches!(got[0], ((10, 1), Held::OnDisk)));
+        assert!(matches!(
+            got[1],
+            ((10, 2), Held::Resident { stored: false, .. })
+        ));
+        assert_eq!(d.stats().resident_bytes, 0);
+    }
 
     #[test]
     fn due_messages_come_out_in_due_order_and_only_when_due() {

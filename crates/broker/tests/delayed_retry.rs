@@ -113,7 +113,8 @@ impl World {
 #[test]
 fn backoff_sequences_are_linear_constant_exponential_and_capped() {
     let w = World::new();
-    let cases: [(&str, &[(&str, AMQPValue)], [u64; 5]); 4] = [
+    type Case<'a> = (&'a str, &'a [(&'a str, AMQPValue)], [u64; 5]);
+    let cases: [Case; 4] = [
         (
             "linear",
             &[("x-delayed-retry-min", int(10))],
