@@ -277,6 +277,23 @@ def test_a_nacked_message_waits_its_backoff_without_taking_prefetch(conn, ch, na
     assert got[2][1] - got[0][1] >= 0.3, "retried before its backoff"
 
 
+def test_a_waiting_retry_is_counted_in_the_queue_api(start_berth):
+    b = start_berth("--http-listen", "127.0.0.1:0")
+    conn = b.connect()
+    ch = conn.channel()
+    q = unique("q")
+    ch.queue_declare(q, arguments={"x-delayed-retry-min": 60_000})
+    ch.confirm_delivery()
+    ch.basic_publish("", q, b"m")
+    m, _p, _b = ch.basic_get(q)
+    ch.basic_nack(m.delivery_tag, requeue=True)
+    time.sleep(0.2)
+    got = api(b.http_port, f"/api/queues/%2F/{q}")
+    assert (got["messages_delayed"], got["messages_ready"], got["messages_unacknowledged"]) == (1, 0, 0), got
+    assert ch.basic_get(q)[0] is None, "not deliverable while it waits"
+    conn.close()
+
+
 def test_delayed_retry_arguments_fail_with_406(conn, names, berth_only):
     q = names.queue()
     for args in ({"x-delayed-retry-min": 0}, {"x-delayed-retry-max": 10},
