@@ -18,7 +18,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::args::{as_string, check_equivalent, QueueArgs, QueueType};
 use crate::clock::Clock;
 use crate::dead_letter::{self, DeadLetter};
-use crate::delayed_args::{declared_kind, delay_ms};
+use crate::delayed_args::declared_kind;
 use crate::durable::{Done, Durability, Journal, JournalError};
 use crate::error::{AmqpError, AmqpResult};
 use crate::events::Origin;
@@ -593,16 +593,8 @@ impl VHost {
         origin: &Origin,
     ) -> AmqpResult<PublishResult> {
         let start = self.check_publish_target(exchange)?;
-        if let Some(e) = start.as_ref().filter(|e| e.delayed.is_some()) {
-            if let Some(ms) = delay_ms(msg.headers().as_ref()) {
-                return Ok(self.hold_delayed(e, msg, ms, durable));
-            }
-        }
-        let targets = routing::resolve(self, start, msg);
-        let durable = Some(durable);
-        Ok(routing::deliver_to(
-            &self.dur, &targets, msg, now, durable, origin,
-        ))
+        let routed = routing::resolve(self, start, msg, true);
+        Ok(self.deliver_routed(routed, msg, now, Some(durable), origin))
     }
 
     /// Republishes one dead letter through `from`'s dead-letter exchange,
@@ -640,9 +632,11 @@ impl VHost {
                 }
             }
         };
-        let mut targets = routing::resolve(self, exchange, &msg);
-        targets.retain(|q| dead_letter::may_reach(&msg, &q.name, d.reason));
-        routing::deliver_to(&self.dur, &targets, &msg, now, durable, origin);
+        let mut routed = routing::resolve(self, exchange, &msg, true);
+        routed
+            .queues
+            .retain(|q| dead_letter::may_reach(&msg, &q.name, d.reason));
+        self.deliver_routed(routed, &msg, now, durable, origin);
     }
 }
 

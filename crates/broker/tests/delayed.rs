@@ -364,3 +364,108 @@ fn delayed_exchange_arguments_are_checked_as_the_plugin_checks_them() {
     assert_eq!(e.reply_code, 406, "{}", e.text);
     assert_eq!(w.v.exchange("d").unwrap().type_name(), "x-delayed-message");
 }
+
+/// Issue 19: "exchange-to-exchange bindings work as for other exchanges".
+/// A delayed message that reaches a delayed exchange through a binding
+/// from another exchange, or as the alternate exchange, is held there too;
+/// it was routed at once before.
+#[test]
+fn a_delayed_exchange_reached_through_a_binding_or_as_alternate_holds_the_message() {
+    let w = World::new();
+    w.declare_delayed("d", "direct", true);
+    w.queue("q", "d", "k", &FieldTable::default());
+    let plain = |name: &str, args: FieldTable| {
+        let d = ExchangeDeclare {
+            kind: "fanout".into(),
+            durable: true,
+            arguments: args,
+            ..Default::default()
+        };
+        w.v.declare_exchange(name, &d).unwrap();
+    };
+    plain("front", FieldTable::default());
+    w.v.bind_exchange("d", "front", "", &FieldTable::default())
+        .unwrap();
+    let ae = table(&[("alternate-exchange", text("d"))]);
+    w.v.declare_exchange(
+        "with-ae",
+        &ExchangeDeclare {
+            kind: "direct".into(),
+            durable: true,
+            arguments: ae,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    w.publish("front", &delayed("front", "k", "via binding", Some(100), true));
+    w.publish("with-ae", &delayed("with-ae", "k", "via ae", Some(100), true));
+    assert!(w.take("q").is_empty(), "held by the delayed exchange");
+    let s = w.v.exchange("d").unwrap().delayed.as_ref().unwrap().stats();
+    assert_eq!(s.messages, 2);
+    w.advance_ms(100);
+    assert_eq!(w.take("q"), ["via binding", "via ae"]);
+}
+
+/// A message dead-lettered to a delayed exchange with its `x-delay` is
+/// held there (a retry loop through a delayed dead-letter exchange).
+#[test]
+fn a_dead_letter_to_a_delayed_exchange_is_held_until_due() {
+    let w = World::new();
+    w.declare_delayed("retry", "direct", true);
+    w.queue("work", "retry", "work", &FieldTable::default());
+    let d = QueueDeclare {
+        durable: true,
+        arguments: table(&[
+            ("x-dead-letter-exchange", text("retry")),
+            ("x-dead-letter-routing-key", text("work")),
+        ]),
+        ..Default::default()
+    };
+    w.v.declare_queue(1, "in", &d, w.clock.now()).unwrap();
+    let m = delayed("", "in", "m", Some(500), true);
+    w.v.publish("", &m, w.clock.now(), &mut || Box::new(|_| {}))
+        .unwrap();
+    let q = w.v.queue(1, "in").unwrap();
+    let got = q.get(false, w.clock.now()).unwrap().0;
+    q.reject(vec![got], w.clock.now(), None);
+    w.advance_ms(499);
+    assert!(w.take("work").is_empty(), "held by the delayed dead-letter exchange");
+    w.advance_ms(1);
+    assert_eq!(w.take("work"), ["m"]);
+}
+
+/// One publish stored both in a durable queue and in a delayed exchange
+/// is confirmed once, after both writes.
+#[test]
+fn a_publish_stored_in_a_queue_and_held_by_a_delayed_exchange_is_confirmed_once() {
+    let w = World::new();
+    w.declare_delayed("d", "fanout", true);
+    w.queue("later", "d", "", &FieldTable::default());
+    let f = ExchangeDeclare {
+        kind: "fanout".into(),
+        durable: true,
+        ..Default::default()
+    };
+    w.v.declare_exchange("f", &f).unwrap();
+    w.queue("now", "f", "", &FieldTable::default());
+    w.v.bind_exchange("d", "f", "", &FieldTable::default())
+        .unwrap();
+    let calls = Arc::new(Mutex::new(0));
+    let c = Arc::clone(&calls);
+    let mut made = 0;
+    let mut done = || -> Done {
+        made += 1;
+        let c = Arc::clone(&c);
+        Box::new(move |r| {
+            r.unwrap();
+            *c.lock() += 1;
+        })
+    };
+    let m = delayed("f", "", "m", Some(10), true);
+    let r = w.v.publish("f", &m, w.clock.now(), &mut done).unwrap();
+    assert!(r.durable && !r.unroutable());
+    assert_eq!((made, *calls.lock()), (1, 1), "one completion, run once");
+    assert_eq!(w.take("now"), ["m"]);
+    w.advance_ms(10);
+    assert_eq!(w.take("later"), ["m"]);
+}

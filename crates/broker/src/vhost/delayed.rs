@@ -18,12 +18,14 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::delayed::{Delayed, DueKey, Held};
-use crate::durable::{decode_delayed, encode_delayed, encode_message, Done, JournalError};
+use crate::durable::{
+    decode_delayed, encode_delayed, encode_message, split_done, Done, JournalError,
+};
 use crate::events::Origin;
 use crate::exchange::Exchange;
 use crate::limits::DELAYED_ROUTED_PER_TURN_MAX;
 use crate::message::Message;
-use crate::routing::{self, PublishResult};
+use crate::routing::{self, PublishResult, Routed};
 use crate::timers::TimerTarget;
 
 use super::VHost;
@@ -70,23 +72,65 @@ impl VHost {
         self.timers.schedule(self.clock.now() + wait, target);
     }
 
-    /// Holds `msg`, published to delayed exchange `ex`, for `delay_ms`. A
-    /// persistent message of a durable delayed exchange is stored first;
-    /// `durable` then makes the completion (the publisher's confirm).
-    pub(crate) fn hold_delayed(
+    /// Hands a routed message to the queues it reached and to the delayed
+    /// exchanges that hold it. `durable` (if given) is called at most
+    /// once, when some copy is journaled; its completion runs once every
+    /// journaled copy is stored (the queues' record and each hold's).
+    pub(crate) fn deliver_routed(
         &self,
-        ex: &Exchange,
+        routed: Routed,
         msg: &Arc<Message>,
-        delay_ms: u64,
-        durable: &mut dyn FnMut() -> Done,
+        now: Instant,
+        durable: Option<&mut dyn FnMut() -> Done>,
+        origin: &Origin,
     ) -> PublishResult {
+        let Routed { queues, holds } = routed;
+        if holds.is_empty() {
+            return routing::deliver_to(&self.dur, &queues, msg, now, durable, origin);
+        }
+        let stored = |e: &Exchange| {
+            msg.persistent && e.delayed.as_ref().is_some_and(|d| d.store_id.is_some())
+        };
+        let stored_holds = holds.iter().filter(|(e, _)| stored(e)).count();
+        // deliver_to journals one record for the durable queues reached.
+        let queue_write = msg.persistent && queues.iter().any(|q| q.store_id.is_some());
+        let writes = stored_holds + usize::from(queue_write);
+        let had_durable = durable.is_some();
+        let mut parts: Vec<Option<Done>> = match durable {
+            Some(f) if writes > 0 => split_done(f(), writes).into_iter().map(Some).collect(),
+            _ => (0..writes).map(|_| None).collect(),
+        };
+        let mut queue_part = if queue_write {
+            parts.pop().flatten()
+        } else {
+            None
+        };
+        let mut give = || -> Done { queue_part.take().unwrap_or_else(|| Box::new(|_| {})) };
+        let give: Option<&mut dyn FnMut() -> Done> = had_durable.then_some(&mut give);
+        let mut r = routing::deliver_to(&self.dur, &queues, msg, now, give, origin);
+        if let Some(unused) = queue_part.take() {
+            unused(Ok(()));
+        }
+        for (e, ms) in holds {
+            let done = if stored(&e) {
+                parts.pop().flatten()
+            } else {
+                None
+            };
+            self.hold_delayed(&e, msg, ms, done);
+        }
+        r.delayed = true;
+        r.durable = had_durable && writes > 0;
+        r
+    }
+
+    /// Holds `msg` in delayed exchange `ex` for `delay_ms`. A persistent
+    /// message of a durable delayed exchange is stored first; `done` then
+    /// runs once it is (the publisher's confirm).
+    fn hold_delayed(&self, ex: &Exchange, msg: &Arc<Message>, delay_ms: u64, done: Option<Done>) {
         let d = ex.delayed.as_ref().expect("called for delayed exchanges");
         let due = self.now_unix_ms().saturating_add(delay_ms);
         let key: DueKey = (due, self.dur.new_message_id());
-        let mut r = PublishResult {
-            delayed: true,
-            ..PublishResult::default()
-        };
         let resident = |stored| Held::Resident {
             msg: Arc::clone(msg),
             stored,
@@ -94,8 +138,6 @@ impl VHost {
         let timer = match d.store_id.filter(|_| msg.persistent) {
             None => d.hold(key, resident(false)),
             Some(sid) => {
-                let done = durable();
-                r.durable = true;
                 match encode_message(&msg.exchange, &msg.routing_key, &msg.properties, &msg.body) {
                     Ok(payload) => {
                         let written = Arc::downgrade(d);
@@ -104,7 +146,9 @@ impl VHost {
                             if let (true, true, Some(d)) = (res.is_ok(), pages, written.upgrade()) {
                                 d.note_written(key);
                             }
-                            done(res);
+                            if let Some(done) = done {
+                                done(res);
+                            }
                         });
                         // Held first: the completion must find it.
                         let timer = d.hold(key, resident(true));
@@ -115,7 +159,9 @@ impl VHost {
                     // Entrances refuse such names (`names.rs`); should one
                     // get through, it is nacked and held in memory only.
                     Err(e) => {
-                        done(Err(JournalError::new(e.to_string())));
+                        if let Some(done) = done {
+                            done(Err(JournalError::new(e.to_string())));
+                        }
                         d.hold(key, resident(false))
                     }
                 }
@@ -124,7 +170,6 @@ impl VHost {
         if let Some(at) = timer {
             self.schedule_due(d, at);
         }
-        r
     }
 
     /// Routes what of `ex`'s held messages is due, then sets the timer for
@@ -162,7 +207,9 @@ impl VHost {
             },
         };
         let sid = d.store_id.filter(|_| stored);
-        let targets = routing::resolve(self, Some(Arc::clone(ex)), &msg);
+        // Not held again here; a further delayed exchange on the way holds
+        // it if it still asks for a delay (docs/DELAYED.md).
+        let routed = routing::resolve(self, Some(Arc::clone(ex)), &msg, false);
         let mut journaled = false;
         let mut removal = || -> Done {
             journaled = true;
@@ -172,7 +219,7 @@ impl VHost {
             }
         };
         let origin = Origin::default();
-        routing::deliver_to(&self.dur, &targets, &msg, now, Some(&mut removal), &origin);
+        self.deliver_routed(routed, &msg, now, Some(&mut removal), &origin);
         if let (Some(sid), false) = (sid, journaled) {
             self.journal().remove(sid, &[key.1], None);
         }
