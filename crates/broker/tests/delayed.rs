@@ -397,8 +397,14 @@ fn a_delayed_exchange_reached_through_a_binding_or_as_alternate_holds_the_messag
         },
     )
     .unwrap();
-    w.publish("front", &delayed("front", "k", "via binding", Some(100), true));
-    w.publish("with-ae", &delayed("with-ae", "k", "via ae", Some(100), true));
+    w.publish(
+        "front",
+        &delayed("front", "k", "via binding", Some(100), true),
+    );
+    w.publish(
+        "with-ae",
+        &delayed("with-ae", "k", "via ae", Some(100), true),
+    );
     assert!(w.take("q").is_empty(), "held by the delayed exchange");
     let s = w.v.exchange("d").unwrap().delayed.as_ref().unwrap().stats();
     assert_eq!(s.messages, 2);
@@ -429,7 +435,10 @@ fn a_dead_letter_to_a_delayed_exchange_is_held_until_due() {
     let got = q.get(false, w.clock.now()).unwrap().0;
     q.reject(vec![got], w.clock.now(), None);
     w.advance_ms(499);
-    assert!(w.take("work").is_empty(), "held by the delayed dead-letter exchange");
+    assert!(
+        w.take("work").is_empty(),
+        "held by the delayed dead-letter exchange"
+    );
     w.advance_ms(1);
     assert_eq!(w.take("work"), ["m"]);
 }
