@@ -302,3 +302,27 @@ def test_delayed_retry_arguments_fail_with_406(conn, names, berth_only):
         ch = conn.channel()
         with channel_error(PRECONDITION_FAILED, text="x-delayed-retry"):
             ch.queue_declare(q, arguments=args)
+
+
+def test_store_scan_names_a_delayed_exchanges_stored_messages():
+    if external_uri():
+        pytest.skip("needs a berth of its own and its data directory")
+    data = tempfile.mkdtemp(prefix="berth-delayed-scan-")
+    proc = BerthProcess([], data_dir=data)
+    try:
+        ch = proc.broker.connect().channel()
+        x = unique("delayed")
+        declare_delayed(ch, x, "direct", durable=True)
+        ch.confirm_delivery()
+        ch.basic_publish(x, "k", b"m", delayed_props(600_000, persistent=True))
+    finally:
+        proc.stop()
+    binary = os.environ.get("BERTH_BIN") or os.path.join(
+        os.path.dirname(__file__), "..", "..", "target", "release", "berth")
+    import subprocess
+    out = subprocess.run([binary, "store", "scan", "--data-dir", data, "--json"],
+                         capture_output=True, text=True, timeout=30)
+    import shutil
+    shutil.rmtree(data, ignore_errors=True)
+    assert out.returncode == 0, out.stderr
+    assert f"delayed exchange '{x}' in vhost '/'" in out.stdout, out.stdout[:2000]
