@@ -88,6 +88,8 @@ pub struct PolicySettings {
     pub dead_letter_exchange: Option<String>,
     pub dead_letter_routing_key: Option<String>,
     pub alternate_exchange: Option<String>,
+    /// `delayed-retry-min` / `-multiplier` / `-max` (user policies only).
+    pub delayed_retry: crate::args::RetryArgs,
 }
 
 /// Definition keys of RabbitMQ's that mean nothing on one berth node
@@ -113,6 +115,13 @@ const NUMERIC_KEYS: &[(&str, i128)] = &[
     ("max-length", 0),
     ("max-length-bytes", 0),
     ("delivery-limit", 0),
+];
+
+/// Numeric keys of user policies only: name and smallest allowed value.
+const POLICY_NUMERIC_KEYS: &[(&str, i128)] = &[
+    ("delayed-retry-min", 1),
+    ("delayed-retry-multiplier", 1),
+    ("delayed-retry-max", 1),
 ];
 
 /// String keys (user policies only).
@@ -190,7 +199,14 @@ impl Policy {
         let mut unknown = Vec::new();
         for (key, value) in definition.inner() {
             let key = key.as_str();
-            if let Some((_, min)) = NUMERIC_KEYS.iter().find(|(k, _)| *k == key) {
+            let policy_numeric = (kind == PolicyKind::Policy)
+                .then(|| POLICY_NUMERIC_KEYS.iter().find(|(k, _)| *k == key))
+                .flatten();
+            if let Some((_, min)) = NUMERIC_KEYS
+                .iter()
+                .find(|(k, _)| *k == key)
+                .or(policy_numeric)
+            {
                 let n = match as_i128(value) {
                     Some(n) if n >= *min => u64::try_from(n).unwrap_or(u64::MAX),
                     _ => {
@@ -205,6 +221,9 @@ impl Policy {
                     "expires" => &mut settings.expires_ms,
                     "max-length" => &mut settings.max_length,
                     "max-length-bytes" => &mut settings.max_length_bytes,
+                    "delayed-retry-min" => &mut settings.delayed_retry.min_ms,
+                    "delayed-retry-multiplier" => &mut settings.delayed_retry.multiplier,
+                    "delayed-retry-max" => &mut settings.delayed_retry.max_ms,
                     _ => &mut settings.delivery_limit,
                 };
                 *slot = Some(n);
@@ -239,7 +258,7 @@ impl Policy {
         }
         if !unknown.is_empty() {
             let supported = match kind {
-                PolicyKind::Policy => "message-ttl, expires, max-length, max-length-bytes, overflow, dead-letter-exchange, dead-letter-routing-key, delivery-limit, alternate-exchange",
+                PolicyKind::Policy => "message-ttl, expires, max-length, max-length-bytes, overflow, dead-letter-exchange, dead-letter-routing-key, delivery-limit, alternate-exchange, delayed-retry-min, delayed-retry-multiplier, delayed-retry-max",
                 PolicyKind::Operator => "message-ttl, expires, max-length, max-length-bytes, delivery-limit",
             };
             return Err(fail(format!(
@@ -315,6 +334,14 @@ impl Applied {
         }
         if out.dead_letter_routing_key.is_none() {
             out.dead_letter_routing_key = p.and_then(|s| s.dead_letter_routing_key.clone());
+        }
+        // Delayed retry: the queue's arguments, if it sets them, else the
+        // policy's, as a whole (mixing the two would make a backoff
+        // neither asked for).
+        if out.delayed_retry.min_ms.is_none() {
+            if let Some(r) = p.map(|s| s.delayed_retry).filter(|r| r.min_ms.is_some()) {
+                out.delayed_retry = r;
+            }
         }
         out
     }

@@ -54,6 +54,9 @@ pub(crate) fn queue_json(q: &Queue, stats: bool, members: Option<&Members>) -> V
         "messages_ram": s.ready - s.paged_out + s.unacked,
         "consumers": s.consumers,
         "state": "running",
+        // berth's: returned messages waiting for their delayed retry
+        // (docs/DELAYED.md), counted apart from ready and unacked.
+        "messages_delayed": s.retrying,
     });
     for (k, x) in super::policies::queue_policy_fields(q) {
         v[k] = x;
