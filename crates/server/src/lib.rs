@@ -379,6 +379,7 @@ async fn lead(
 ) -> Result<Serving, ServerError> {
     let node = Arc::clone(&member.view.node);
     let replica = Arc::clone(&member.replica);
+    let raft = member.raft_runtime();
     let opened = {
         let config = config.clone();
         tokio::task::spawn_blocking(move || {
@@ -408,6 +409,7 @@ async fn lead(
                 Arc::new(cluster::replicated::ReplicatedJournal::start(
                     node,
                     Arc::clone(j),
+                    &raft,
                 )) as Arc<dyn berth_broker::durable::Journal>
             })
         })

@@ -157,3 +157,6 @@ pub const CLUSTER_ROLE_POLL_MS: u64 = 50;
 /// How long a new leader waits for its announcement (the barrier behind
 /// which every earlier committed entry is applied) before it tries again.
 pub const CLUSTER_ANNOUNCE_TIMEOUT_MS: u64 = 5_000;
+
+/// Worker threads of the runtime Raft runs on, apart from the broker's.
+pub const RAFT_WORKER_THREADS: usize = 2;

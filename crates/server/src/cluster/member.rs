@@ -28,7 +28,7 @@ use super::replica::Replica;
 use super::view::{Announcements, ClusterView, Serves};
 use crate::config::Config;
 use crate::journal::StoreJournal;
-use crate::limits::{CLUSTER_ANNOUNCE_TIMEOUT_MS, CLUSTER_ROLE_POLL_MS};
+use crate::limits::{CLUSTER_ANNOUNCE_TIMEOUT_MS, CLUSTER_ROLE_POLL_MS, RAFT_WORKER_THREADS};
 use crate::ServerError;
 
 pub struct Member {
@@ -37,6 +37,18 @@ pub struct Member {
     /// Where the cluster listener is bound.
     pub cluster_addr: SocketAddr,
     lease: Duration,
+    /// Raft's own runtime (see `start`).
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        // Dropped at shutdown, possibly on a worker of the broker's
+        // runtime, where a blocking runtime drop would panic.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 fn startup(why: impl std::fmt::Display) -> ServerError {
@@ -67,12 +79,12 @@ impl Member {
         })?;
         let secret = secret.trim_ascii_end().to_vec();
         let listen = c.listen.as_deref().expect("validated");
-        let listener = TcpListener::bind(listen)
-            .await
-            .map_err(|source| ServerError::Bind {
-                addr: format!("cluster.listen {listen}"),
-                source,
-            })?;
+        let bind_error = |source| ServerError::Bind {
+            addr: format!("cluster.listen {listen}"),
+            source,
+        };
+        let listener = std::net::TcpListener::bind(listen).map_err(bind_error)?;
+        listener.set_nonblocking(true).map_err(bind_error)?;
         let cluster_addr = listener.local_addr().map_err(|source| ServerError::Bind {
             addr: format!("cluster.listen {listen}"),
             source,
@@ -106,9 +118,27 @@ impl Member {
         nc.sync_stall_ms_max = c.sync_stall_ms_max;
         nc.commit_timeout_ms = (4 * t).max(5_000);
         nc.may_form = !c.join;
-        let node = ClusterNode::start(nc, listener, Arc::clone(&replica) as _)
+        // Raft runs on a runtime of its own: broker workers blocked on a
+        // lock or a disk (a declare holds its vhost's lock until the
+        // command commits) must never stall the heartbeats and commits
+        // they wait for.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(RAFT_WORKER_THREADS)
+            .thread_name("berth-raft")
+            .enable_all()
+            .build()
+            .map_err(|e| startup(format!("cannot start the Raft runtime: {e}")))?;
+        let app = Arc::clone(&replica) as Arc<dyn berth_cluster::Apply>;
+        let node = runtime
+            .spawn(async move {
+                let listener = TcpListener::from_std(listener)
+                    .map_err(|e| startup(format!("cannot use the cluster listener: {e}")))?;
+                ClusterNode::start(nc, listener, app)
+                    .await
+                    .map_err(|e| startup(format!("cannot start the cluster member: {e}")))
+            })
             .await
-            .map_err(|e| startup(format!("cannot start the cluster member: {e}")))?;
+            .map_err(|e| startup(format!("the cluster member did not start: {e}")))??;
         tracing::info!(member = %name, cluster = %cluster_addr, "cluster member started");
         Ok(Self {
             view: Arc::new(ClusterView {
@@ -119,7 +149,17 @@ impl Member {
             replica,
             cluster_addr,
             lease: Duration::from_millis(t),
+            runtime: Some(runtime),
         })
+    }
+
+    /// Where Raft's tasks run; the leader's journal forwards there.
+    pub fn raft_runtime(&self) -> tokio::runtime::Handle {
+        self.runtime
+            .as_ref()
+            .expect("taken only when the member is dropped")
+            .handle()
+            .clone()
     }
 
     /// Waits until this member leads and its announcement is committed

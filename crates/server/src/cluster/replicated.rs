@@ -69,12 +69,17 @@ pub struct ReplicatedJournal {
 
 impl ReplicatedJournal {
     /// A journal over `node` whose reads come from `local`; starts the
-    /// forwarding task on the current runtime.
-    pub fn start(node: Arc<ClusterNode>, local: Arc<StoreJournal>) -> Self {
+    /// forwarding task on `raft` (Raft's runtime, so that broker workers
+    /// blocked on a lock never stall it).
+    pub fn start(
+        node: Arc<ClusterNode>,
+        local: Arc<StoreJournal>,
+        raft: &tokio::runtime::Handle,
+    ) -> Self {
         let (forward, mut queue) = mpsc::unbounded_channel::<Pending>();
         let room = Arc::new(Room::default());
         let released = Arc::clone(&room);
-        tokio::spawn(async move {
+        raft.spawn(async move {
             while let Some(p) = queue.recv().await {
                 let room = Arc::clone(&released);
                 let done = p.done;
