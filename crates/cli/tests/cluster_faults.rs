@@ -75,6 +75,8 @@ struct Node {
     http: u16,
     cluster: u16,
     dir: PathBuf,
+    /// Started with `--cluster-join` (to be added to a running cluster).
+    join: bool,
     child: Option<Child>,
     log: Arc<Mutex<Log>>,
 }
@@ -103,6 +105,9 @@ impl Node {
             .args(["--log-level", "info"]);
         for p in peers {
             cmd.args(["--cluster-peer", p]);
+        }
+        if self.join {
+            cmd.arg("--cluster-join");
         }
         let mut child = cmd
             .stdout(Stdio::null())
@@ -161,6 +166,31 @@ impl Node {
         answer.starts_with("HTTP/1.1 200")
     }
 
+    /// One HTTP request as `guest`; the status code and the body.
+    fn http(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.http)) else {
+            return (0, String::new());
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nAuthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.http,
+            body.len()
+        );
+        if s.write_all(req.as_bytes()).is_err() {
+            return (0, String::new());
+        }
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        let code = answer
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        (code, body.to_owned())
+    }
+
     fn raft_log(&self) -> PathBuf {
         self.dir.join("cluster").join("raft.log")
     }
@@ -192,6 +222,7 @@ impl Cluster {
                 http: free_port(),
                 cluster: free_port(),
                 dir: root.join(format!("n{i}")),
+                join: false,
                 child: None,
                 log: Arc::default(),
             })
@@ -807,4 +838,101 @@ fn no_confirmed_message_is_lost_under_leader_kills_pauses_isolation_and_damage()
         cluster.logs(),
         cluster.errors().join("\n")
     );
+}
+
+/// What clients and operators see of a cluster: followers turn AMQP
+/// clients away with 320 naming the leader's address, the leader's API
+/// lists every member, its queues carry the quorum-queue fields, its
+/// metrics the Raft state; a member added with `--cluster-join` catches up
+/// and a removed one leaves the member list.
+#[test]
+fn followers_name_the_leader_and_members_can_be_added_and_removed() {
+    let root = std::env::temp_dir().join(format!("berth-cluster-api-{}", std::process::id()));
+    let _left_over = std::fs::remove_dir_all(&root);
+    let mut cluster = Cluster::start(&root);
+    let leader = cluster.leader();
+    let follower = (leader + 1) % 3;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (refused, leader_uri) = rt.block_on(async {
+        let err = Connection::connect(&cluster.nodes[follower].uri(), Default::default())
+            .await
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        let conn = Connection::connect(&cluster.nodes[leader].uri(), Default::default())
+            .await
+            .expect("the leader serves");
+        let ch = conn.create_channel().await.unwrap();
+        ch.queue_declare(
+            "api-q".into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+        (err, cluster.nodes[leader].amqp)
+    });
+    assert!(
+        refused.contains("CONNECTION_FORCED") && refused.contains(&format!(":{leader_uri}")),
+        "a follower names the leader's address in a 320: {refused}"
+    );
+    let l = &cluster.nodes[leader];
+    let (code, nodes) = l.http("GET", "/api/nodes", "");
+    assert_eq!(code, 200, "{nodes}");
+    for n in ["n1", "n2", "n3"] {
+        assert!(
+            nodes.contains(&format!("\"name\":\"{n}\"")),
+            "{n} in {nodes}"
+        );
+    }
+    let (_, q) = l.http("GET", "/api/queues/%2f/api-q", "");
+    assert!(
+        q.contains(&format!("\"leader\":\"{}\"", l.name)) && q.contains("\"online\""),
+        "{q}"
+    );
+    let (_, metrics) = l.http("GET", "/metrics", "");
+    assert!(
+        metrics.contains("rabbitmq_raft_term_total") && metrics.contains("berth_raft_leader 1"),
+        "{metrics}"
+    );
+    let (code, _) = cluster.nodes[follower].http("GET", "/api/health/checks/is-leader", "");
+    assert_eq!(code, 503);
+
+    // A fourth member joins, then a follower is removed.
+    let mut n4 = Node {
+        name: "n4".into(),
+        amqp: free_port(),
+        http: free_port(),
+        cluster: free_port(),
+        dir: root.join("n4"),
+        join: true,
+        child: None,
+        log: Arc::default(),
+    };
+    let mut peers = cluster.peers.clone();
+    peers.push(format!("n4@127.0.0.1:{}", n4.cluster));
+    n4.start(&peers, &cluster.secret);
+    let body = format!("{{\"peer\":\"n4@127.0.0.1:{}\"}}", n4.cluster);
+    let (code, answer) = cluster.nodes[leader].http("POST", "/api/berth/cluster/members", &body);
+    assert_eq!(code, 200, "add-node: {answer}");
+    let removed = cluster.nodes[follower].name.clone();
+    let (code, answer) = cluster.nodes[leader].http(
+        "DELETE",
+        &format!("/api/berth/cluster/members/{removed}"),
+        "",
+    );
+    assert_eq!(code, 200, "remove-node: {answer}");
+    let (_, status) = cluster.nodes[leader].http("GET", "/api/berth/cluster", "");
+    assert!(status.contains("\"name\":\"n4\""), "{status}");
+    assert!(
+        !status.contains(&format!("\"name\":\"{removed}\"")),
+        "{status}"
+    );
+    n4.kill9();
 }

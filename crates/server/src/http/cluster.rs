@@ -182,3 +182,41 @@ pub(super) async fn remove(
         Err(e) => bad_request(&e),
     }
 }
+
+/// The numbers `/metrics` shows of a cluster member.
+pub(super) struct Numbers {
+    pub term: u64,
+    pub last_log_index: u64,
+    pub applied_index: u64,
+    pub snapshot_index: u64,
+    pub leader: u64,
+    /// Per member: name, lag in entries, running (1) or not (0).
+    pub members: Vec<(String, u64, u8)>,
+}
+
+impl Numbers {
+    pub(super) fn of(st: &HttpState) -> Option<Self> {
+        let view = st.shared.cluster.as_ref()?;
+        let s = view.node.status();
+        let running_ms = RUNNING_TIMEOUTS * st.shared.config.cluster.election_timeout_ms;
+        Some(Self {
+            term: s.term,
+            last_log_index: s.last_log_index.unwrap_or(0),
+            applied_index: s.applied_index.unwrap_or(0),
+            snapshot_index: s.snapshot_index.unwrap_or(0),
+            leader: u64::from(s.role == Role::Leader),
+            members: s
+                .members
+                .iter()
+                .map(|m| {
+                    let running = m.millis_since_heard.is_some_and(|ms| ms < running_ms);
+                    (
+                        member_name(view, m.id),
+                        m.lag.unwrap_or(0),
+                        u8::from(running),
+                    )
+                })
+                .collect(),
+        })
+    }
+}

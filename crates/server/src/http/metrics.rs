@@ -214,6 +214,73 @@ fn common(st: &HttpState, out: &mut Out, rows: &[Row]) {
     );
     delayed(st, out);
     store(st, out);
+    raft(st, out);
+}
+
+/// The cluster's Raft state (a cluster member only), with RabbitMQ's
+/// quorum-queue names where it has them.
+fn raft(st: &HttpState, out: &mut Out) {
+    let Some(r) = super::cluster::Numbers::of(st) else {
+        return;
+    };
+    for (name, kind, help, value) in [
+        (
+            "rabbitmq_raft_term_total",
+            "counter",
+            "Current Raft term (it grows with every election).",
+            r.term,
+        ),
+        (
+            "rabbitmq_raft_log_last_written_index",
+            "gauge",
+            "Last index in this member's Raft log.",
+            r.last_log_index,
+        ),
+        (
+            "rabbitmq_raft_log_last_applied_index",
+            "gauge",
+            "Last Raft index applied to this member's store.",
+            r.applied_index,
+        ),
+        (
+            "rabbitmq_raft_log_snapshot_index",
+            "gauge",
+            "Raft index of the last snapshot.",
+            r.snapshot_index,
+        ),
+        (
+            "berth_raft_leader",
+            "gauge",
+            "1 on the member that leads.",
+            r.leader,
+        ),
+    ] {
+        out.one(name, kind, help, value);
+    }
+    out.family(
+        "berth_raft_member_lag_entries",
+        "gauge",
+        "Entries a member is behind the leader's log.",
+    );
+    for (member, lag, _) in &r.members {
+        out.sample(
+            "berth_raft_member_lag_entries",
+            &format!("member=\"{}\"", escape_label(member)),
+            lag,
+        );
+    }
+    out.family(
+        "berth_raft_member_running",
+        "gauge",
+        "1 while a member answers the leader.",
+    );
+    for (member, _, running) in &r.members {
+        out.sample(
+            "berth_raft_member_running",
+            &format!("member=\"{}\"", escape_label(member)),
+            running,
+        );
+    }
 }
 
 /// Delayed exchanges (docs/DELAYED.md): one series each, as there are few.
