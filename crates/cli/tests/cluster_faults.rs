@@ -849,7 +849,7 @@ fn no_confirmed_message_is_lost_under_leader_kills_pauses_isolation_and_damage()
 fn followers_name_the_leader_and_members_can_be_added_and_removed() {
     let root = std::env::temp_dir().join(format!("berth-cluster-api-{}", std::process::id()));
     let _left_over = std::fs::remove_dir_all(&root);
-    let mut cluster = Cluster::start(&root);
+    let cluster = Cluster::start(&root);
     let leader = cluster.leader();
     let follower = (leader + 1) % 3;
     let rt = tokio::runtime::Builder::new_current_thread()
