@@ -23,6 +23,11 @@ const ROUTES: &[(&str, &[&str], &str)] = &[
         "503 while a resource alarm is on",
     ),
     (
+        "/api/health/checks/is-leader",
+        &["get"],
+        "200 on a cluster's leader (and a single node), 503 naming the leader elsewhere (no auth)",
+    ),
+    (
         "/api/health/checks/local-alarms",
         &["get"],
         "503 while a resource alarm is on",
@@ -168,6 +173,21 @@ const ROUTES: &[(&str, &[&str], &str)] = &[
         &["post"],
         "Back the store up into {\"dir\": absolute path on the broker's machine}, \
          its cut taken with every log group paused (administrator)",
+    ),
+    (
+        "/api/berth/cluster",
+        &["get"],
+        "The cluster as this member sees it: role, term, leader, each member's log position and lag",
+    ),
+    (
+        "/api/berth/cluster/members",
+        &["post"],
+        "Add a member {\"peer\": \"NAME@HOST:PORT\"} (administrator; leader only)",
+    ),
+    (
+        "/api/berth/cluster/members/{name}",
+        &["delete"],
+        "Remove a member (administrator; leader only)",
     ),
     (
         "/metrics",
