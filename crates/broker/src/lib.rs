@@ -35,6 +35,7 @@ pub mod queue;
 mod ready;
 mod restore;
 pub mod routing;
+pub mod stream;
 pub mod timers;
 pub mod vhost;
 

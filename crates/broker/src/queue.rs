@@ -24,6 +24,8 @@ use crate::args::{Overflow, QueueArgs};
 
 mod effects;
 mod settings;
+mod stream;
+pub use stream::OFFSET_HEADER;
 use crate::dead_letter::{DeadLetter, DeathReason};
 use crate::durable::{Done, Durability, PAGING_BIT};
 use crate::events::{self, Origin};
@@ -91,6 +93,8 @@ pub struct QueueEnv {
     pub timers: Arc<Timers>,
     /// The vhost, for dead letters and deletion.
     pub owner: Weak<dyn QueueOwner>,
+    /// Wall-clock time, for stream timestamps and retention by age.
+    pub clock: Arc<dyn crate::clock::Clock>,
 }
 
 /// A consumer attached to a queue.
@@ -105,6 +109,8 @@ pub struct Consumer {
     /// Deliveries not yet acked, checked against `prefetch` under the
     /// channel lock.
     pub in_flight: AtomicU32,
+    /// On a stream: where it starts reading (`x-stream-offset`).
+    pub stream_offset: Option<crate::stream::offset::OffsetSpec>,
 }
 
 struct QueueState {
@@ -126,6 +132,9 @@ struct QueueState {
     pager: Pager,
     /// Last delivery to a consumer (flow control: are consumers busy?).
     last_delivery: Option<Instant>,
+    /// A stream's log and readers (`queue/stream.rs`); `None` for other
+    /// queues.
+    stream: Option<Box<stream::StreamState>>,
 }
 
 /// A queue.
@@ -184,6 +193,8 @@ impl Queue {
                 timer_at: None,
                 pager: Pager::default(),
                 last_delivery: None,
+                stream: (args.queue_type == crate::args::QueueType::Stream)
+                    .then(Box::default),
             }),
             name,
             env,
@@ -223,6 +234,16 @@ impl Queue {
 
     pub fn stats(&self) -> QueueStats {
         let s = self.state.lock();
+        if let Some(st) = s.stream.as_ref() {
+            let l = st.stats();
+            return QueueStats {
+                ready: usize::try_from(l.messages).unwrap_or(usize::MAX),
+                ready_bytes: l.bytes,
+                paged_out: 0,
+                unacked: s.unacked,
+                consumers: s.consumers.len(),
+            };
+        }
         QueueStats {
             ready: s.ready.len,
             ready_bytes: s.ready.bytes,
@@ -244,7 +265,11 @@ impl Queue {
     /// The next moment this queue needs attention, if newer than what is
     /// already registered.
     fn schedule(&self, s: &mut QueueState, now: Instant) -> Option<Instant> {
-        let ttl = s.ready.front().and_then(|m| m.expires_at);
+        let ttl = s
+            .ready
+            .front()
+            .and_then(|m| m.expires_at)
+            .or_else(|| self.stream_next_check(s, now));
         let expiry = self
             .args()
             .expires_ms
@@ -272,6 +297,10 @@ impl Queue {
                 s.timer_at = None;
             }
             q.expire_head(s, now, fx);
+            if s.stream.is_some() && !s.deleted {
+                q.stream_retention(s, q.env.clock.unix_time_us() / 1000, fx);
+                q.stream_dispatch(s, now, fx);
+            }
             if let Some(ms) = q.args().expires_ms {
                 if s.consumers.is_empty()
                     && now >= s.last_used + Duration::from_millis(ms)
@@ -450,6 +479,9 @@ impl Queue {
         now: Instant,
         origin: &Origin,
     ) -> bool {
+        if self.is_stream() {
+            return self.stream_append(&msg, now, None, origin);
+        }
         self.counters.add_published();
         self.with_state(now, |q, s, fx| {
             fx.origin = origin.clone();
@@ -484,6 +516,10 @@ impl Queue {
 
     /// Hands ready messages to consumers with credit, round-robin.
     fn dispatch(self: &Arc<Self>, s: &mut QueueState, now: Instant, fx: &mut Effects) {
+        if s.stream.is_some() {
+            self.stream_dispatch(s, now, fx);
+            return;
+        }
         if s.consumers.is_empty() {
             return;
         }
@@ -537,6 +573,10 @@ impl Queue {
 
     /// `basic.get`: the next ready message and how many remain.
     pub fn get(self: &Arc<Self>, no_ack: bool, now: Instant) -> Option<(QueuedMessage, usize)> {
+        if self.is_stream() {
+            // The server refuses basic.get on a stream (540) before this.
+            return None;
+        }
         self.with_state(now, |q, s, fx| {
             s.last_used = now;
             q.expire_head(s, now, fx);
@@ -592,6 +632,13 @@ impl Queue {
             fx.origin = origin.clone();
             s.unacked = s.unacked.saturating_sub(msgs.len());
             fx.done = done;
+            if s.stream.is_some() {
+                // An ack on a stream is credit: nothing leaves it.
+                if !s.deleted {
+                    q.dispatch(s, now, fx);
+                }
+                return;
+            }
             if how == Settle::Requeue && s.deleted {
                 return;
             }
@@ -639,6 +686,9 @@ impl Queue {
                 ));
             }
             on_added(&c.tag);
+            if let Some(spec) = c.stream_offset {
+                q.stream_attach(s, Arc::clone(&c), spec);
+            }
             s.consumers.push(c);
             s.had_consumer = true;
             s.last_used = now;
@@ -652,6 +702,7 @@ impl Queue {
     pub fn remove_consumer(self: &Arc<Self>, consumer: &Arc<Consumer>, now: Instant) {
         self.with_state(now, |q, s, fx| {
             s.consumers.retain(|c| !Arc::ptr_eq(c, consumer));
+            q.stream_detach(s, consumer);
             s.last_used = now;
             if s.next_consumer >= s.consumers.len() {
                 s.next_consumer = 0;
@@ -721,7 +772,7 @@ impl Queue {
     pub(crate) fn mark_deleted(&self) -> (usize, Vec<Arc<Consumer>>, Option<u64>) {
         let mut s = self.state.lock();
         s.deleted = true;
-        let n = s.ready.drain().len();
+        let n = s.ready.drain().len() + s.stream.take().map_or(0, |st| st.stats().messages as usize);
         (n, std::mem::take(&mut s.consumers), s.pager.paging_id)
     }
 }

@@ -176,6 +176,12 @@ impl Broker {
         now: Instant,
         report: &mut RestoreReport,
     ) {
+        if q.is_stream() {
+            let (n, skipped) = q.restore_stream(stored);
+            report.messages += n;
+            report.skipped.extend(skipped);
+            return;
+        }
         for (mid, body) in stored {
             // A priority queue needs each message's priority now; other
             // queues read bodies on delivery.

@@ -1,0 +1,424 @@
+//! A queue that is a stream (`x-queue-type: stream`): appends under the
+//! queue's lock, one reader position per consumer, deliveries read from
+//! the resident tail or back from the journal, acks that return credit
+//! and remove nothing, retention of whole segments (docs/STREAMS.md).
+//!
+//! Invariants:
+//! - An append takes its offset, its journal id and its journal write
+//!   under the queue's lock (`Journal::publish` never blocks, and its
+//!   completion is the publisher's confirm, which takes no queue lock), so
+//!   the group receives a stream's writes in offset order and a crash can
+//!   only lose a suffix of unconfirmed ones: every confirmed message keeps
+//!   its offset (restore reads the offsets back, `restore_stream`).
+//! - A consumer's deliveries carry strictly increasing offsets: its reader
+//!   only moves forward (retention moves it to the new first offset).
+//! - Nothing is ever removed by a consumer; retention journals the removal
+//!   of whole segments (collected under the lock, journaled after it).
+//! - A lagging reader reads from the journal in batches of
+//!   `STREAM_READ_AHEAD_MESSAGES` into one shared window; memory does not
+//!   grow with how far behind readers are.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::effects::Effects;
+use super::{Consumer, Queue, QueueState};
+use crate::durable::{encode_message, Done, JournalError};
+use crate::events::Origin;
+use crate::limits::{
+    STREAM_READ_AHEAD_MESSAGES, STREAM_RETENTION_CHECK_MS, STREAM_SEGMENT_BYTES_DEFAULT,
+    STREAM_TAIL_MESSAGES_MAX,
+};
+use crate::message::Message;
+use crate::restore::StoredBody;
+use crate::stream::entry;
+use crate::stream::log::{Resident, StreamLog, StreamStats};
+use crate::stream::offset::OffsetSpec;
+use crate::stream::retention::{head_segments_to_drop, Limits};
+use crate::ready::QueuedMessage;
+
+/// The header every delivery from a stream carries.
+pub const OFFSET_HEADER: &str = "x-stream-offset";
+
+impl StreamState {
+    pub(super) fn stats(&self) -> StreamStats {
+        self.log.stats()
+    }
+}
+
+/// A consumer and the next offset it gets.
+struct Reader {
+    consumer: Arc<Consumer>,
+    next: u64,
+}
+
+/// A stream's state, under its queue's lock.
+#[derive(Default)]
+pub(super) struct StreamState {
+    log: StreamLog,
+    readers: Vec<Reader>,
+    /// Messages last read back from the journal: offsets
+    /// `window_first .. window_first + window.len()`.
+    window_first: u64,
+    window: Vec<Resident>,
+}
+
+impl Queue {
+    /// Is this queue a stream?
+    pub fn is_stream(&self) -> bool {
+        self.declared_args.queue_type == crate::args::QueueType::Stream
+    }
+
+    /// Offsets, size and segments of a stream (`None` for other queues).
+    pub fn stream_stats(&self) -> Option<StreamStats> {
+        self.state.lock().stream.as_ref().map(|st| st.log.stats())
+    }
+
+    fn unix_ms(&self) -> u64 {
+        self.env.clock.unix_time_us() / 1000
+    }
+
+    fn segment_bytes_max(&self) -> u64 {
+        self.args()
+            .stream_max_segment_size_bytes
+            .unwrap_or(STREAM_SEGMENT_BYTES_DEFAULT)
+    }
+
+    /// Appends a published message to the stream; `done` runs once it is
+    /// durable. Returns false if it could not be stored (`done` got the
+    /// error).
+    pub fn stream_append(
+        self: &Arc<Self>,
+        msg: &Arc<Message>,
+        now: Instant,
+        done: Option<Done>,
+        _origin: &Origin,
+    ) -> bool {
+        self.counters.add_published();
+        let unix_ms = self.unix_ms();
+        let segment_max = self.segment_bytes_max();
+        self.with_state(now, |q, s, fx| {
+            let (Some(st), Some(qid), false) = (s.stream.as_mut(), q.store_id, s.deleted) else {
+                if let Some(d) = done {
+                    d(Ok(()));
+                }
+                return true;
+            };
+            let offset = st.log.end();
+            let tagged = msg.rewritten(msg.exchange.clone(), msg.routing_key.clone(), |p| {
+                let mut h = p.headers().clone().unwrap_or_default();
+                h.insert(
+                    OFFSET_HEADER.into(),
+                    berth_protocol::AMQPValue::LongLongInt(i64::try_from(offset).unwrap_or(i64::MAX)),
+                );
+                *p = p.clone().with_headers(h);
+            });
+            let stored = tagged.map_err(|e| e.reply_text()).and_then(|m| {
+                encode_message(&m.exchange, &m.routing_key, &m.properties, &m.body)
+                    .map(|p| (m, p))
+                    .map_err(|e| e.to_string())
+            });
+            let (tagged, payload) = match stored {
+                Ok(x) => x,
+                Err(why) => {
+                    if let Some(d) = done {
+                        d(Err(JournalError::new(why)));
+                    }
+                    return false;
+                }
+            };
+            let ts = unix_ms;
+            let record = entry::encode(offset, ts, &payload);
+            let id = q.env.dur.new_message_id();
+            let bytes = record.len() as u64;
+            q.env.dur.journal().publish(id, &[qid], record, done);
+            let segments_before = st.log.stats().segments;
+            st.log.append(id, bytes, ts, Some(tagged), segment_max);
+            if st.log.stats().segments != segments_before {
+                q.stream_retention(s, unix_ms, fx);
+            }
+            q.release_written_tail(s);
+            q.stream_dispatch(s, now, fx);
+            true
+        })
+    }
+
+    /// Lets resident messages go once the journal can read them back.
+    fn release_written_tail(&self, s: &mut QueueState) {
+        let (Some(st), Some(qid)) = (s.stream.as_mut(), self.store_id) else {
+            return;
+        };
+        if st.log.resident_count() <= 2 * STREAM_TAIL_MESSAGES_MAX {
+            return;
+        }
+        let ids = st.log.oldest_resident_ids(STREAM_TAIL_MESSAGES_MAX);
+        let written = self.env.dur.journal().written(qid, &ids);
+        let n = written.iter().take_while(|w| **w).count();
+        // A write that failed is never written: past four times the
+        // bound its message goes anyway (its offset reads as a gap).
+        let n = if st.log.resident_count() > 4 * STREAM_TAIL_MESSAGES_MAX {
+            STREAM_TAIL_MESSAGES_MAX
+        } else {
+            n
+        };
+        st.log.release_resident(n);
+    }
+
+    /// Applies retention (size and age) now.
+    pub(super) fn stream_retention(&self, s: &mut QueueState, unix_ms: u64, fx: &mut Effects) {
+        let Some(st) = s.stream.as_mut() else {
+            return;
+        };
+        let a = self.args();
+        let limits = Limits {
+            max_bytes: a.max_length_bytes,
+            max_age_ms: a.max_age_ms,
+        };
+        let n = head_segments_to_drop(&st.log.segment_facts(), limits, unix_ms);
+        if n == 0 {
+            return;
+        }
+        fx.removed.extend(st.log.drop_head_segments(n));
+        let first = st.log.first();
+        for r in &mut st.readers {
+            r.next = r.next.max(first);
+        }
+        if st.window_first < first {
+            st.window.clear();
+        }
+    }
+
+    /// When a stream with `max-age` should check its retention again.
+    pub(super) fn stream_next_check(&self, s: &QueueState, now: Instant) -> Option<Instant> {
+        let st = s.stream.as_ref()?;
+        self.args().max_age_ms?;
+        (st.log.stats().segments > 1).then(|| now + Duration::from_millis(STREAM_RETENTION_CHECK_MS))
+    }
+
+    /// The message at `offset`: resident, in the window, or read back from
+    /// the journal (with the offsets after it, into the window). `None`
+    /// for a gap or an unreadable entry (logged; the reader skips it).
+    fn stream_message(&self, st: &mut StreamState, offset: u64) -> Option<Arc<Message>> {
+        if let Some(r) = st.log.resident(offset) {
+            return Some(Arc::clone(&r.msg));
+        }
+        let in_window = offset
+            .checked_sub(st.window_first)
+            .and_then(|i| st.window.get(usize::try_from(i).ok()?));
+        if let Some(r) = in_window {
+            return Some(Arc::clone(&r.msg));
+        }
+        let qid = self.store_id?;
+        let last = (offset + STREAM_READ_AHEAD_MESSAGES as u64).min(st.log.end());
+        let offsets: Vec<u64> = (offset..last)
+            .take_while(|o| st.log.resident(*o).is_none())
+            .collect();
+        let ids: Vec<u64> = offsets.iter().map(|o| st.log.id_at(*o).unwrap_or(0)).collect();
+        let wanted: Vec<u64> = ids.iter().copied().filter(|id| *id != 0).collect();
+        let mut read = self.env.dur.journal().read_many(qid, &wanted).into_iter();
+        st.window.clear();
+        st.window_first = offset;
+        for id in ids {
+            let got = if id == 0 {
+                None
+            } else {
+                let r = read.next().expect("one result per id");
+                match r.map_err(|e| e.to_string()).and_then(|p| decode_entry(&p)) {
+                    Ok(x) => Some(x),
+                    Err(why) => {
+                        tracing::error!(queue = %self.name, vhost = %self.vhost_name, msg = id, error = %why, "stream entry unreadable; skipped");
+                        None
+                    }
+                }
+            };
+            match got {
+                Some(r) => st.window.push(r),
+                // A gap ends the window; the reader skips it and reads on.
+                None => break,
+            }
+        }
+        st.window.first().map(|r| Arc::clone(&r.msg))
+    }
+
+    /// Hands each reader the messages it has credit for, in offset order.
+    pub(super) fn stream_dispatch(self: &Arc<Self>, s: &mut QueueState, now: Instant, _fx: &mut Effects) {
+        let Some(mut st) = s.stream.take() else {
+            return;
+        };
+        let mut delivered = 0usize;
+        for i in 0..st.readers.len() {
+            loop {
+                let next = st.readers[i].next;
+                if next >= st.log.end() {
+                    break;
+                }
+                let Some(msg) = self.stream_message(&mut st, next) else {
+                    st.readers[i].next += 1;
+                    continue;
+                };
+                let m = QueuedMessage {
+                    msg,
+                    seq: next,
+                    returns: 0,
+                    redelivered: false,
+                    expires_at: None,
+                    stored: None,
+                };
+                let c = Arc::clone(&st.readers[i].consumer);
+                match c.channel.try_deliver(&c, self, m, now) {
+                    Ok(()) => {
+                        st.readers[i].next += 1;
+                        delivered += 1;
+                        self.counters.add_delivered();
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+        if delivered > 0 {
+            s.unacked += delivered;
+            s.last_delivery = Some(now);
+        }
+        s.stream = Some(st);
+    }
+
+    /// Attaches a consumer at the offset its `x-stream-offset` names.
+    pub(super) fn stream_attach(&self, s: &mut QueueState, c: Arc<Consumer>, spec: OffsetSpec) {
+        let Some(mut st) = s.stream.take() else {
+            return;
+        };
+        let next = match spec {
+            OffsetSpec::First => st.log.first(),
+            OffsetSpec::Next => st.log.end(),
+            OffsetSpec::Last => st.log.end().saturating_sub(1).max(st.log.first()),
+            OffsetSpec::Offset(o) => o.clamp(st.log.first(), st.log.end()),
+            OffsetSpec::TimestampMs(ts) => self.stream_seek_time(&mut st, ts),
+        };
+        st.readers.push(Reader { consumer: c, next });
+        s.stream = Some(st);
+    }
+
+    /// The first offset whose timestamp is at or after `ts` (timestamps
+    /// never decrease along the log: a binary search, reading entries
+    /// back where they are not resident).
+    fn stream_seek_time(&self, st: &mut StreamState, ts: u64) -> u64 {
+        // Whole segments first (their newest timestamp is in memory).
+        let Some(seg) = st.log.segments().find(|g| g.last_timestamp_ms >= ts).copied() else {
+            return st.log.end();
+        };
+        let (mut lo, mut hi) = (seg.first, seg.first + seg.count - 1);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.stream_timestamp(st, mid) {
+                Some(t) if t < ts => lo = mid + 1,
+                _ => hi = mid,
+            }
+        }
+        lo
+    }
+
+    fn stream_timestamp(&self, st: &mut StreamState, offset: u64) -> Option<u64> {
+        if let Some(r) = st.log.resident(offset) {
+            return Some(r.timestamp_ms);
+        }
+        let qid = self.store_id?;
+        let id = st.log.id_at(offset)?;
+        let p = self.env.dur.journal().read(qid, id).ok()?;
+        entry::decode(&p).ok().map(|e| e.timestamp_ms)
+    }
+
+    /// A consumer left: its reader goes.
+    pub(super) fn stream_detach(&self, s: &mut QueueState, c: &Arc<Consumer>) {
+        if let Some(st) = s.stream.as_mut() {
+            st.readers.retain(|r| !Arc::ptr_eq(&r.consumer, c));
+        }
+    }
+
+    /// Rebuilds a stream from its recovered messages (in journal id order,
+    /// which is offset order). Reads the first and last entries back: when
+    /// their offsets span exactly the count, offsets follow by rank (the
+    /// common case, two reads); otherwise every entry is read for its
+    /// offset. Each segment's newest timestamp is read back for retention
+    /// by age. Returns how many messages it restored, and what it skipped.
+    pub fn restore_stream(&self, stored: Vec<(u64, StoredBody)>) -> (usize, Vec<String>) {
+        let Some(qid) = self.store_id else {
+            return (0, Vec::new());
+        };
+        let journal = self.env.dur.journal();
+        let mut skipped = Vec::new();
+        let read = |id: u64, body: &StoredBody| -> Result<entry::Entry, String> {
+            let p = match body {
+                StoredBody::Payload(p) => p.clone(),
+                StoredBody::OnDisk { .. } => journal.read(qid, id).map_err(|e| e.to_string())?,
+            };
+            entry::decode(&p).map_err(|e| e.to_string())
+        };
+        let len_of = |b: &StoredBody| match b {
+            StoredBody::Payload(p) => p.len() as u64,
+            StoredBody::OnDisk { len } => u64::from(*len),
+        };
+        let mut log = StreamLog::default();
+        let segment_max = self.segment_bytes_max();
+        let ends = stored
+            .first()
+            .zip(stored.last())
+            .map(|((a, ab), (b, bb))| (read(*a, ab), read(*b, bb)));
+        let dense = match &ends {
+            Some((Ok(f), Ok(l))) => l.offset.checked_sub(f.offset) == Some(stored.len() as u64 - 1),
+            _ => false,
+        };
+        let mut count = 0;
+        if dense {
+            let first = ends.as_ref().and_then(|(f, _)| f.as_ref().ok()).map_or(0, |f| f.offset);
+            for (i, (id, body)) in stored.iter().enumerate() {
+                log.restore(first + i as u64, *id, len_of(body), 0, segment_max);
+                count += 1;
+            }
+        } else {
+            for (id, body) in &stored {
+                match read(*id, body) {
+                    Ok(e) if e.offset >= log.end() || log.stats().messages == 0 => {
+                        log.restore(e.offset, *id, len_of(body), e.timestamp_ms, segment_max);
+                        count += 1;
+                    }
+                    Ok(e) => skipped.push(format!(
+                        "stream '{}': message {id} at offset {} is out of order; skipped",
+                        self.name, e.offset
+                    )),
+                    Err(why) => skipped.push(format!("stream '{}': message {id}: {why}", self.name)),
+                }
+            }
+        }
+        // Each segment's newest timestamp, for retention by age.
+        let lasts: Vec<(usize, u64)> = log
+            .segments()
+            .enumerate()
+            .map(|(i, g)| (i, g.first + g.count - 1))
+            .collect();
+        for (i, offset) in lasts {
+            let ts = log
+                .id_at(offset)
+                .and_then(|id| journal.read(qid, id).ok())
+                .and_then(|p| entry::decode(&p).ok())
+                .map_or(0, |e| e.timestamp_ms);
+            log.set_segment_timestamp(i, ts);
+        }
+        let mut s = self.state.lock();
+        if let Some(st) = s.stream.as_mut() {
+            st.log = log;
+        }
+        (count, skipped)
+    }
+}
+
+/// A stored stream entry as the resident message it delivers.
+fn decode_entry(p: &Bytes) -> Result<Resident, String> {
+    let e = entry::decode(p).map_err(|e| e.to_string())?;
+    let msg = Message::from_stored(&e.message)?;
+    Ok(Resident {
+        msg,
+        timestamp_ms: e.timestamp_ms,
+    })
+}
