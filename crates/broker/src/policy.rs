@@ -88,6 +88,10 @@ pub struct PolicySettings {
     pub dead_letter_exchange: Option<String>,
     pub dead_letter_routing_key: Option<String>,
     pub alternate_exchange: Option<String>,
+    /// `max-age` (streams), in milliseconds.
+    pub max_age_ms: Option<u64>,
+    /// `stream-max-segment-size-bytes` (streams).
+    pub stream_max_segment_size_bytes: Option<u64>,
 }
 
 /// Definition keys of RabbitMQ's that mean nothing on one berth node
@@ -113,6 +117,7 @@ const NUMERIC_KEYS: &[(&str, i128)] = &[
     ("max-length", 0),
     ("max-length-bytes", 0),
     ("delivery-limit", 0),
+    ("stream-max-segment-size-bytes", 1),
 ];
 
 /// String keys (user policies only).
@@ -121,6 +126,7 @@ const STRING_KEYS: &[&str] = &[
     "dead-letter-exchange",
     "dead-letter-routing-key",
     "alternate-exchange",
+    "max-age",
 ];
 
 /// One policy, validated.
@@ -205,6 +211,9 @@ impl Policy {
                     "expires" => &mut settings.expires_ms,
                     "max-length" => &mut settings.max_length,
                     "max-length-bytes" => &mut settings.max_length_bytes,
+                    "stream-max-segment-size-bytes" => {
+                        &mut settings.stream_max_segment_size_bytes
+                    }
                     _ => &mut settings.delivery_limit,
                 };
                 *slot = Some(n);
@@ -219,6 +228,13 @@ impl Policy {
                     return Err(fail(format!("{key} is {why}")));
                 }
                 match key {
+                    "max-age" => {
+                        settings.max_age_ms = Some(crate::stream::interval::parse_ms(&s).ok_or_else(|| {
+                            fail(format!(
+                                "<<\"{s}\">> is not a valid max-age: expected an integer and a unit Y, M, D, h, m or s, e.g. 7D"
+                            ))
+                        })?);
+                    }
                     "overflow" => {
                         settings.overflow = Some(match s.as_str() {
                             "drop-head" => Overflow::DropHead,
@@ -239,7 +255,7 @@ impl Policy {
         }
         if !unknown.is_empty() {
             let supported = match kind {
-                PolicyKind::Policy => "message-ttl, expires, max-length, max-length-bytes, overflow, dead-letter-exchange, dead-letter-routing-key, delivery-limit, alternate-exchange",
+                PolicyKind::Policy => "message-ttl, expires, max-length, max-length-bytes, overflow, dead-letter-exchange, dead-letter-routing-key, delivery-limit, alternate-exchange, max-age, stream-max-segment-size-bytes",
                 PolicyKind::Operator => "message-ttl, expires, max-length, max-length-bytes, delivery-limit",
             };
             return Err(fail(format!(
@@ -305,6 +321,19 @@ impl Applied {
         out.max_length = num(declared.max_length, |s| s.max_length);
         out.max_length_bytes = num(declared.max_length_bytes, |s| s.max_length_bytes);
         out.delivery_limit = num(declared.delivery_limit, |s| s.delivery_limit);
+        if declared.queue_type == crate::args::QueueType::Stream {
+            // RabbitMQ's streams (`policy_precedence`): the policy's
+            // retention and segment size win over the arguments.
+            let pick = |arg: Option<u64>, f: fn(&PolicySettings) -> Option<u64>| {
+                p.and_then(f).or(arg)
+            };
+            out.max_length_bytes = pick(declared.max_length_bytes, |s| s.max_length_bytes);
+            out.max_age_ms = pick(declared.max_age_ms, |s| s.max_age_ms);
+            out.stream_max_segment_size_bytes = pick(
+                declared.stream_max_segment_size_bytes,
+                |s| s.stream_max_segment_size_bytes,
+            );
+        }
         if !arguments.inner().contains_key("x-overflow") {
             if let Some(v) = p.and_then(|s| s.overflow) {
                 out.overflow = v;

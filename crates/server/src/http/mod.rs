@@ -32,6 +32,7 @@ mod permissions;
 mod policies;
 mod queues;
 mod store;
+mod stream_fields;
 mod store_alarms;
 mod users;
 mod vhosts;
