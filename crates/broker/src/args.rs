@@ -68,6 +68,22 @@ const EQUIVALENCE_KEYS: &[&str] = &[
     "x-stream-max-segment-size-bytes",
 ];
 
+/// Arguments a stream refuses with 406, as RabbitMQ does (a log cannot
+/// honour TTLs, dead-lettering, priorities, a length in messages,
+/// overflow, a delivery limit, expiry or a single active consumer).
+pub const STREAM_REFUSED_ARGUMENTS: &[&str] = &[
+    "x-message-ttl",
+    "x-expires",
+    "x-max-length",
+    "x-max-priority",
+    "x-overflow",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-delivery-limit",
+    "x-single-active-consumer",
+    "x-queue-mode",
+];
+
 /// An integer of any AMQP integer type.
 pub fn as_i128(v: &AMQPValue) -> Option<i128> {
     Some(match v {
@@ -208,11 +224,18 @@ impl QueueArgs {
             }
         };
         if queue_type == QueueType::Stream {
-            crate::stream::args::check_supported(queue, vhost, table)?;
+            if let Some(key) = STREAM_REFUSED_ARGUMENTS
+                .iter()
+                .find(|k| table.inner().contains_key(**k))
+            {
+                return Err(AmqpError::precondition_failed(format!(
+                    "invalid arg '{key}' for queue '{queue}' in vhost '{vhost}'"
+                )));
+            }
         }
         let max_age_ms = match string("x-max-age")? {
             None => None,
-            Some(v) => Some(crate::stream::interval::parse_ms(&v).ok_or_else(|| {
+            Some(v) => Some(crate::interval::parse_ms(&v).ok_or_else(|| {
                 invalid(
                     "x-max-age",
                     format!("{{invalid_max_age,<<\"{v}\">>}}; expected an integer and a unit Y, M, D, h, m or s, e.g. 7D"),

@@ -23,6 +23,7 @@ pub mod durable;
 pub mod error;
 pub mod events;
 pub mod exchange;
+pub mod interval;
 pub mod limits;
 pub mod message;
 pub mod meta;

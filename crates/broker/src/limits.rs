@@ -34,8 +34,12 @@ pub const STREAM_SEGMENT_BYTES_DEFAULT: u64 = 500_000_000;
 pub const STREAM_TAIL_MESSAGES_MAX: usize = 256;
 
 /// Stream messages read back from the journal together for a reader that
-/// is behind (one window shared by all of the stream's readers).
+/// is behind (its own window; readers at the same offsets share one).
 pub const STREAM_READ_AHEAD_MESSAGES: usize = 256;
+
+/// About how many stored bytes one read-ahead batch of a stream reader
+/// takes (fewer messages when they are large, at least one).
+pub const STREAM_READ_AHEAD_BYTES: u64 = 1 << 20;
 
 /// How often a stream with `max-age` checks its retention when nothing is
 /// published to it.

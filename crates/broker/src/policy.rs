@@ -229,7 +229,7 @@ impl Policy {
                 }
                 match key {
                     "max-age" => {
-                        settings.max_age_ms = Some(crate::stream::interval::parse_ms(&s).ok_or_else(|| {
+                        settings.max_age_ms = Some(crate::interval::parse_ms(&s).ok_or_else(|| {
                             fail(format!(
                                 "<<\"{s}\">> is not a valid max-age: expected an integer and a unit Y, M, D, h, m or s, e.g. 7D"
                             ))

@@ -25,7 +25,7 @@ use crate::args::{Overflow, QueueArgs};
 mod effects;
 mod settings;
 mod stream;
-pub use stream::OFFSET_HEADER;
+pub use stream::{StoredEntry, OFFSET_HEADER};
 use crate::dead_letter::{DeadLetter, DeathReason};
 use crate::durable::{Done, Durability, PAGING_BIT};
 use crate::events::{self, Origin};

@@ -22,7 +22,7 @@ use std::time::Instant;
 use crate::broker::Broker;
 use crate::message::Message;
 use crate::meta::{key_kind, queue_id_of, MetaCommand};
-use crate::queue::Queue;
+use crate::queue::{Queue, StoredEntry};
 
 /// What a journal gave back after a restart.
 #[derive(Default)]
@@ -177,7 +177,22 @@ impl Broker {
         report: &mut RestoreReport,
     ) {
         if q.is_stream() {
-            let (n, skipped) = q.restore_stream(stored);
+            let entries = stored
+                .into_iter()
+                .map(|(id, body)| match body {
+                    StoredBody::Payload(p) => StoredEntry {
+                        id,
+                        len: p.len() as u64,
+                        payload: Some(p),
+                    },
+                    StoredBody::OnDisk { len } => StoredEntry {
+                        id,
+                        len: u64::from(len),
+                        payload: None,
+                    },
+                })
+                .collect();
+            let (n, skipped) = q.restore_stream(entries);
             report.messages += n;
             report.skipped.extend(skipped);
             return;

@@ -10,10 +10,9 @@
 //! the entry codec, the in-memory log); `queue/stream.rs` joins them to a
 //! queue's lock, its consumers and the journal.
 
-pub mod args;
 pub mod consume;
+pub mod declare;
 pub mod entry;
-pub mod interval;
 pub mod log;
 pub mod offset;
 pub mod retention;

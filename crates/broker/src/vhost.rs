@@ -397,7 +397,7 @@ impl VHost {
         let args = QueueArgs::parse(&name, &self.name, &d.arguments)?;
         args.check_names(&name, &self.name)?;
         if args.queue_type == QueueType::Stream {
-            crate::stream::args::check_properties(
+            crate::stream::declare::check_properties(
                 &name,
                 &self.name,
                 d.durable,

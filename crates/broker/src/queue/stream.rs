@@ -14,9 +14,11 @@
 //!   only moves forward (retention moves it to the new first offset).
 //! - Nothing is ever removed by a consumer; retention journals the removal
 //!   of whole segments (collected under the lock, journaled after it).
-//! - A lagging reader reads from the journal in batches of
-//!   `STREAM_READ_AHEAD_MESSAGES` into one shared window; memory does not
-//!   grow with how far behind readers are.
+//! - A lagging reader reads from the journal in batches (at most
+//!   `STREAM_READ_AHEAD_MESSAGES` and about `STREAM_READ_AHEAD_BYTES`)
+//!   into a window of its own, or shares the batch of another reader at
+//!   the same offsets; memory does not grow with how far behind readers
+//!   are, only with how many there are.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,11 +30,10 @@ use super::{Consumer, Queue, QueueState};
 use crate::durable::{encode_message, Done, JournalError};
 use crate::events::Origin;
 use crate::limits::{
-    STREAM_READ_AHEAD_MESSAGES, STREAM_RETENTION_CHECK_MS, STREAM_SEGMENT_BYTES_DEFAULT,
-    STREAM_TAIL_MESSAGES_MAX,
+    STREAM_READ_AHEAD_BYTES, STREAM_READ_AHEAD_MESSAGES, STREAM_RETENTION_CHECK_MS,
+    STREAM_SEGMENT_BYTES_DEFAULT, STREAM_TAIL_MESSAGES_MAX,
 };
 use crate::message::Message;
-use crate::restore::StoredBody;
 use crate::stream::entry;
 use crate::stream::log::{Resident, StreamLog, StreamStats};
 use crate::stream::offset::OffsetSpec;
@@ -48,10 +49,22 @@ impl StreamState {
     }
 }
 
+/// A stream message the journal gave back after a restart.
+pub struct StoredEntry {
+    /// Its journal message id.
+    pub id: u64,
+    /// Its stored bytes if already read (else read back when needed).
+    pub payload: Option<Bytes>,
+    /// Its stored length in bytes.
+    pub len: u64,
+}
+
 /// A consumer and the next offset it gets.
 struct Reader {
     consumer: Arc<Consumer>,
     next: u64,
+    /// Messages read ahead for it: offsets `next .. next + window.len()`.
+    window: std::collections::VecDeque<Arc<Message>>,
 }
 
 /// A stream's state, under its queue's lock.
@@ -59,10 +72,6 @@ struct Reader {
 pub(super) struct StreamState {
     log: StreamLog,
     readers: Vec<Reader>,
-    /// Messages last read back from the journal: offsets
-    /// `window_first .. window_first + window.len()`.
-    window_first: u64,
-    window: Vec<Resident>,
 }
 
 impl Queue {
@@ -183,10 +192,10 @@ impl Queue {
         fx.removed.extend(st.log.drop_head_segments(n));
         let first = st.log.first();
         for r in &mut st.readers {
-            r.next = r.next.max(first);
-        }
-        if st.window_first < first {
-            st.window.clear();
+            if r.next < first {
+                r.next = first;
+                r.window.clear();
+            }
         }
     }
 
@@ -197,49 +206,51 @@ impl Queue {
         (st.log.stats().segments > 1).then(|| now + Duration::from_millis(STREAM_RETENTION_CHECK_MS))
     }
 
-    /// The message at `offset`: resident, in the window, or read back from
-    /// the journal (with the offsets after it, into the window). `None`
-    /// for a gap or an unreadable entry (logged; the reader skips it).
-    fn stream_message(&self, st: &mut StreamState, offset: u64) -> Option<Arc<Message>> {
+    /// The next message of reader `i`: resident, read ahead already, in
+    /// another reader's window, or read back from the journal with the
+    /// offsets after it. `None` for a gap or an unreadable entry (logged;
+    /// the reader skips it).
+    fn stream_message(&self, st: &mut StreamState, i: usize) -> Option<Arc<Message>> {
+        let offset = st.readers[i].next;
         if let Some(r) = st.log.resident(offset) {
+            st.readers[i].window.clear();
             return Some(Arc::clone(&r.msg));
         }
-        let in_window = offset
-            .checked_sub(st.window_first)
-            .and_then(|i| st.window.get(usize::try_from(i).ok()?));
-        if let Some(r) = in_window {
-            return Some(Arc::clone(&r.msg));
+        if let Some(m) = st.readers[i].window.front() {
+            return Some(Arc::clone(m));
+        }
+        // Another reader's window at this offset: share its batch.
+        let shared: Option<Vec<Arc<Message>>> = st.readers.iter().find_map(|r| {
+            let k = usize::try_from(offset.checked_sub(r.next)?).ok()?;
+            (k < r.window.len()).then(|| r.window.iter().skip(k).cloned().collect())
+        });
+        if let Some(batch) = shared {
+            st.readers[i].window = batch.into();
+            return st.readers[i].window.front().cloned();
         }
         let qid = self.store_id?;
-        let last = (offset + STREAM_READ_AHEAD_MESSAGES as u64).min(st.log.end());
-        let offsets: Vec<u64> = (offset..last)
+        let s = st.log.stats();
+        let average = (s.bytes / s.messages.max(1)).max(1);
+        let batch = (STREAM_READ_AHEAD_BYTES / average).clamp(1, STREAM_READ_AHEAD_MESSAGES as u64);
+        let last = (offset + batch).min(st.log.end());
+        let ids: Vec<u64> = (offset..last)
             .take_while(|o| st.log.resident(*o).is_none())
+            .map(|o| st.log.id_at(o).unwrap_or(0))
+            .take_while(|id| *id != 0)
             .collect();
-        let ids: Vec<u64> = offsets.iter().map(|o| st.log.id_at(*o).unwrap_or(0)).collect();
-        let wanted: Vec<u64> = ids.iter().copied().filter(|id| *id != 0).collect();
-        let mut read = self.env.dur.journal().read_many(qid, &wanted).into_iter();
-        st.window.clear();
-        st.window_first = offset;
-        for id in ids {
-            let got = if id == 0 {
-                None
-            } else {
-                let r = read.next().expect("one result per id");
-                match r.map_err(|e| e.to_string()).and_then(|p| decode_entry(&p)) {
-                    Ok(x) => Some(x),
-                    Err(why) => {
-                        tracing::error!(queue = %self.name, vhost = %self.vhost_name, msg = id, error = %why, "stream entry unreadable; skipped");
-                        None
-                    }
+        let read = self.env.dur.journal().read_many(qid, &ids);
+        let window = &mut st.readers[i].window;
+        for (id, r) in ids.iter().zip(read) {
+            match r.map_err(|e| e.to_string()).and_then(|p| decode_entry(&p)) {
+                Ok(x) => window.push_back(x.msg),
+                Err(why) => {
+                    tracing::error!(queue = %self.name, vhost = %self.vhost_name, msg = id, error = %why, "stream entry unreadable; skipped");
+                    // The window ends before it; the reader skips it.
+                    break;
                 }
-            };
-            match got {
-                Some(r) => st.window.push(r),
-                // A gap ends the window; the reader skips it and reads on.
-                None => break,
             }
         }
-        st.window.first().map(|r| Arc::clone(&r.msg))
+        window.front().cloned()
     }
 
     /// Hands each reader the messages it has credit for, in offset order.
@@ -254,7 +265,7 @@ impl Queue {
                 if next >= st.log.end() {
                     break;
                 }
-                let Some(msg) = self.stream_message(&mut st, next) else {
+                let Some(msg) = self.stream_message(&mut st, i) else {
                     st.readers[i].next += 1;
                     continue;
                 };
@@ -270,6 +281,7 @@ impl Queue {
                 match c.channel.try_deliver(&c, self, m, now) {
                     Ok(()) => {
                         st.readers[i].next += 1;
+                        st.readers[i].window.pop_front();
                         delivered += 1;
                         self.counters.add_delivered();
                     }
@@ -296,7 +308,11 @@ impl Queue {
             OffsetSpec::Offset(o) => o.clamp(st.log.first(), st.log.end()),
             OffsetSpec::TimestampMs(ts) => self.stream_seek_time(&mut st, ts),
         };
-        st.readers.push(Reader { consumer: c, next });
+        st.readers.push(Reader {
+            consumer: c,
+            next,
+            window: Default::default(),
+        });
         s.stream = Some(st);
     }
 
@@ -342,29 +358,25 @@ impl Queue {
     /// common case, two reads); otherwise every entry is read for its
     /// offset. Each segment's newest timestamp is read back for retention
     /// by age. Returns how many messages it restored, and what it skipped.
-    pub fn restore_stream(&self, stored: Vec<(u64, StoredBody)>) -> (usize, Vec<String>) {
+    pub fn restore_stream(&self, stored: Vec<StoredEntry>) -> (usize, Vec<String>) {
         let Some(qid) = self.store_id else {
             return (0, Vec::new());
         };
         let journal = self.env.dur.journal();
         let mut skipped = Vec::new();
-        let read = |id: u64, body: &StoredBody| -> Result<entry::Entry, String> {
-            let p = match body {
-                StoredBody::Payload(p) => p.clone(),
-                StoredBody::OnDisk { .. } => journal.read(qid, id).map_err(|e| e.to_string())?,
+        let read = |e: &StoredEntry| -> Result<entry::Entry, String> {
+            let p = match &e.payload {
+                Some(p) => p.clone(),
+                None => journal.read(qid, e.id).map_err(|e| e.to_string())?,
             };
             entry::decode(&p).map_err(|e| e.to_string())
-        };
-        let len_of = |b: &StoredBody| match b {
-            StoredBody::Payload(p) => p.len() as u64,
-            StoredBody::OnDisk { len } => u64::from(*len),
         };
         let mut log = StreamLog::default();
         let segment_max = self.segment_bytes_max();
         let ends = stored
             .first()
             .zip(stored.last())
-            .map(|((a, ab), (b, bb))| (read(*a, ab), read(*b, bb)));
+            .map(|(a, b)| (read(a), read(b)));
         let dense = match &ends {
             Some((Ok(f), Ok(l))) => l.offset.checked_sub(f.offset) == Some(stored.len() as u64 - 1),
             _ => false,
@@ -372,15 +384,16 @@ impl Queue {
         let mut count = 0;
         if dense {
             let first = ends.as_ref().and_then(|(f, _)| f.as_ref().ok()).map_or(0, |f| f.offset);
-            for (i, (id, body)) in stored.iter().enumerate() {
-                log.restore(first + i as u64, *id, len_of(body), 0, segment_max);
+            for (i, e) in stored.iter().enumerate() {
+                log.restore(first + i as u64, e.id, e.len, 0, segment_max);
                 count += 1;
             }
         } else {
-            for (id, body) in &stored {
-                match read(*id, body) {
+            for s in &stored {
+                let id = s.id;
+                match read(s) {
                     Ok(e) if e.offset >= log.end() || log.stats().messages == 0 => {
-                        log.restore(e.offset, *id, len_of(body), e.timestamp_ms, segment_max);
+                        log.restore(e.offset, id, s.len, e.timestamp_ms, segment_max);
                         count += 1;
                     }
                     Ok(e) => skipped.push(format!(

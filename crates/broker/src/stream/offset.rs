@@ -52,7 +52,7 @@ pub fn parse(queue: &str, vhost: &str, args: &FieldTable, now_unix_ms: u64) -> A
                 "first" => Ok(OffsetSpec::First),
                 "last" => Ok(OffsetSpec::Last),
                 "next" => Ok(OffsetSpec::Next),
-                other => match super::interval::parse_ms(other) {
+                other => match crate::interval::parse_ms(other) {
                     Some(ms) => Ok(OffsetSpec::TimestampMs(now_unix_ms.saturating_sub(ms))),
                     None => Err(invalid(format!("'{other}'"))),
                 },
