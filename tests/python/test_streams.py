@@ -346,6 +346,34 @@ def test_offsets_after_retention_survive_a_restart(start_berth, tmp_path):
     assert read(b2.connect(), q, 1, "last")[0] == (199, b"r199" * 10)
 
 
+def test_a_policy_sets_retention_and_applies_it_at_once(start_berth):
+    b = start_berth("--http-listen", "127.0.0.1:0")
+    c = b.connect()
+    ch = c.channel()
+    q = declare_stream(ch, unique("pol"), **{"x-stream-max-segment-size-bytes": 1000,
+                                            "x-max-length-bytes": 1_000_000})
+    publish_confirmed(ch, q, [b"p" * 100] * 100)
+    c.close()
+    assert read(b.connect(), q, 1, "first")[0][0] == 0
+    api = f"http://127.0.0.1:{b.http_port}/api"
+    r = requests.put(f"{api}/policies/%2F/retain", auth=("guest", "guest"), timeout=10,
+                     json={"pattern": "^pytest-pol", "apply-to": "queues",
+                           "definition": {"max-length-bytes": 3000, "max-age": "1D"}})
+    assert r.status_code in (201, 204), r.text
+    # The policy's value wins over the argument (RabbitMQ's streams).
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        v = requests.get(f"{api}/queues/%2F/{q}", auth=("guest", "guest"), timeout=10).json()
+        if v["first_offset"] > 0:
+            break
+        time.sleep(0.05)
+    assert v["first_offset"] > 0 and v["message_bytes"] <= 3000 + 1000
+    assert read(b.connect(), q, 1, "first")[0][0] == v["first_offset"]
+    bad = requests.put(f"{api}/policies/%2F/bad", auth=("guest", "guest"), timeout=10,
+                       json={"pattern": "x", "definition": {"max-age": "1 day"}})
+    assert bad.status_code == 400 and "max-age" in bad.text
+
+
 def _procs(start_berth):
     """The BerthProcess objects start_berth made (from its closure)."""
     for cell in start_berth.__closure__ or ():

@@ -327,7 +327,11 @@ impl Applied {
             let pick = |arg: Option<u64>, f: fn(&PolicySettings) -> Option<u64>| {
                 p.and_then(f).or(arg)
             };
-            out.max_length_bytes = pick(declared.max_length_bytes, |s| s.max_length_bytes);
+            out.max_length_bytes = min_of([
+                pick(declared.max_length_bytes, |s| s.max_length_bytes),
+                o.and_then(|s| s.max_length_bytes),
+                None,
+            ]);
             out.max_age_ms = pick(declared.max_age_ms, |s| s.max_age_ms);
             out.stream_max_segment_size_bytes = pick(
                 declared.stream_max_segment_size_bytes,
