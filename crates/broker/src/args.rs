@@ -395,7 +395,10 @@ mod tests {
             ("x-queue-type", AMQPValue::LongString("stream".into())),
             ("x-max-age", AMQPValue::LongString("30 minutes".into())),
         ]);
-        assert_eq!(QueueArgs::parse("q", "/", &bad).unwrap_err().reply_code, 406);
+        assert_eq!(
+            QueueArgs::parse("q", "/", &bad).unwrap_err().reply_code,
+            406
+        );
     }
 
     #[test]

@@ -695,7 +695,13 @@ fn prefetch_waiters(st: &ChannelState) -> Vec<Arc<Queue>> {
 /// RabbitMQ refuses `basic.nack` and `basic.reject` of a stream's
 /// deliveries with 540: a stream has nothing to requeue or drop.
 fn refuse_stream_nack(st: &ChannelState, tag: u64, multiple: bool) -> AmqpResult<()> {
-    let named = |t: &u64| if multiple { tag == 0 || *t <= tag } else { *t == tag };
+    let named = |t: &u64| {
+        if multiple {
+            tag == 0 || *t <= tag
+        } else {
+            *t == tag
+        }
+    };
     match st
         .unacked
         .iter()

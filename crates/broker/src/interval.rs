@@ -47,7 +47,18 @@ mod tests {
 
     #[test]
     fn anything_else_is_refused() {
-        for bad in ["", "m", "30", "-5m", "5 m", "5x", "5mm", "0s", "1.5h", "99999999999999999999Y"] {
+        for bad in [
+            "",
+            "m",
+            "30",
+            "-5m",
+            "5 m",
+            "5x",
+            "5mm",
+            "0s",
+            "1.5h",
+            "99999999999999999999Y",
+        ] {
             assert_eq!(parse_ms(bad), None, "{bad:?}");
         }
     }

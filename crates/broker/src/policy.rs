@@ -211,9 +211,7 @@ impl Policy {
                     "expires" => &mut settings.expires_ms,
                     "max-length" => &mut settings.max_length,
                     "max-length-bytes" => &mut settings.max_length_bytes,
-                    "stream-max-segment-size-bytes" => {
-                        &mut settings.stream_max_segment_size_bytes
-                    }
+                    "stream-max-segment-size-bytes" => &mut settings.stream_max_segment_size_bytes,
                     _ => &mut settings.delivery_limit,
                 };
                 *slot = Some(n);
@@ -324,19 +322,17 @@ impl Applied {
         if declared.queue_type == crate::args::QueueType::Stream {
             // RabbitMQ's streams (`policy_precedence`): the policy's
             // retention and segment size win over the arguments.
-            let pick = |arg: Option<u64>, f: fn(&PolicySettings) -> Option<u64>| {
-                p.and_then(f).or(arg)
-            };
+            let pick =
+                |arg: Option<u64>, f: fn(&PolicySettings) -> Option<u64>| p.and_then(f).or(arg);
             out.max_length_bytes = min_of([
                 pick(declared.max_length_bytes, |s| s.max_length_bytes),
                 o.and_then(|s| s.max_length_bytes),
                 None,
             ]);
             out.max_age_ms = pick(declared.max_age_ms, |s| s.max_age_ms);
-            out.stream_max_segment_size_bytes = pick(
-                declared.stream_max_segment_size_bytes,
-                |s| s.stream_max_segment_size_bytes,
-            );
+            out.stream_max_segment_size_bytes = pick(declared.stream_max_segment_size_bytes, |s| {
+                s.stream_max_segment_size_bytes
+            });
         }
         if !arguments.inner().contains_key("x-overflow") {
             if let Some(v) = p.and_then(|s| s.overflow) {

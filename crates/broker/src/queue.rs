@@ -25,7 +25,6 @@ use crate::args::{Overflow, QueueArgs};
 mod effects;
 mod settings;
 mod stream;
-pub use stream::{StoredEntry, OFFSET_HEADER};
 use crate::dead_letter::{DeadLetter, DeathReason};
 use crate::durable::{Done, Durability, PAGING_BIT};
 use crate::events::{self, Origin};
@@ -36,6 +35,7 @@ pub use crate::ready::QueuedMessage;
 use crate::ready::{Body, Entry, Ready};
 use crate::timers::{TimerTarget, Timers};
 use effects::Effects;
+pub use stream::{StoredEntry, OFFSET_HEADER};
 
 /// Counters for the management view and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,8 +193,7 @@ impl Queue {
                 timer_at: None,
                 pager: Pager::default(),
                 last_delivery: None,
-                stream: (args.queue_type == crate::args::QueueType::Stream)
-                    .then(Box::default),
+                stream: (args.queue_type == crate::args::QueueType::Stream).then(Box::default),
             }),
             name,
             env,
@@ -772,7 +771,8 @@ impl Queue {
     pub(crate) fn mark_deleted(&self) -> (usize, Vec<Arc<Consumer>>, Option<u64>) {
         let mut s = self.state.lock();
         s.deleted = true;
-        let n = s.ready.drain().len() + s.stream.take().map_or(0, |st| st.stats().messages as usize);
+        let n =
+            s.ready.drain().len() + s.stream.take().map_or(0, |st| st.stats().messages as usize);
         (n, std::mem::take(&mut s.consumers), s.pager.paging_id)
     }
 }

@@ -95,7 +95,11 @@ async fn stream_publish_and_fan_out() {
                     .expect("publish");
                 window.push_back(c);
                 if window.len() >= UNCONFIRMED_MAX {
-                    let c = window.pop_front().expect("non-empty").await.expect("confirm");
+                    let c = window
+                        .pop_front()
+                        .expect("non-empty")
+                        .await
+                        .expect("confirm");
                     assert!(c.is_ack());
                 }
             }

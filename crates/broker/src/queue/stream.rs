@@ -34,11 +34,11 @@ use crate::limits::{
     STREAM_SEGMENT_BYTES_DEFAULT, STREAM_TAIL_MESSAGES_MAX,
 };
 use crate::message::Message;
+use crate::ready::QueuedMessage;
 use crate::stream::entry;
 use crate::stream::log::{Resident, StreamLog, StreamStats};
 use crate::stream::offset::OffsetSpec;
 use crate::stream::retention::{head_segments_to_drop, Limits};
-use crate::ready::QueuedMessage;
 
 /// The header every delivery from a stream carries.
 pub const OFFSET_HEADER: &str = "x-stream-offset";
@@ -120,7 +120,9 @@ impl Queue {
                 let mut h = p.headers().clone().unwrap_or_default();
                 h.insert(
                     OFFSET_HEADER.into(),
-                    berth_protocol::AMQPValue::LongLongInt(i64::try_from(offset).unwrap_or(i64::MAX)),
+                    berth_protocol::AMQPValue::LongLongInt(
+                        i64::try_from(offset).unwrap_or(i64::MAX),
+                    ),
                 );
                 *p = p.clone().with_headers(h);
             });
@@ -203,7 +205,8 @@ impl Queue {
     pub(super) fn stream_next_check(&self, s: &QueueState, now: Instant) -> Option<Instant> {
         let st = s.stream.as_ref()?;
         self.args().max_age_ms?;
-        (st.log.stats().segments > 1).then(|| now + Duration::from_millis(STREAM_RETENTION_CHECK_MS))
+        (st.log.stats().segments > 1)
+            .then(|| now + Duration::from_millis(STREAM_RETENTION_CHECK_MS))
     }
 
     /// The next message of reader `i`: resident, read ahead already, in
@@ -254,7 +257,12 @@ impl Queue {
     }
 
     /// Hands each reader the messages it has credit for, in offset order.
-    pub(super) fn stream_dispatch(self: &Arc<Self>, s: &mut QueueState, now: Instant, _fx: &mut Effects) {
+    pub(super) fn stream_dispatch(
+        self: &Arc<Self>,
+        s: &mut QueueState,
+        now: Instant,
+        _fx: &mut Effects,
+    ) {
         let Some(mut st) = s.stream.take() else {
             return;
         };
@@ -321,7 +329,12 @@ impl Queue {
     /// back where they are not resident).
     fn stream_seek_time(&self, st: &mut StreamState, ts: u64) -> u64 {
         // Whole segments first (their newest timestamp is in memory).
-        let Some(seg) = st.log.segments().find(|g| g.last_timestamp_ms >= ts).copied() else {
+        let Some(seg) = st
+            .log
+            .segments()
+            .find(|g| g.last_timestamp_ms >= ts)
+            .copied()
+        else {
             return st.log.end();
         };
         let (mut lo, mut hi) = (seg.first, seg.first + seg.count - 1);
@@ -383,7 +396,10 @@ impl Queue {
         };
         let mut count = 0;
         if dense {
-            let first = ends.as_ref().and_then(|(f, _)| f.as_ref().ok()).map_or(0, |f| f.offset);
+            let first = ends
+                .as_ref()
+                .and_then(|(f, _)| f.as_ref().ok())
+                .map_or(0, |f| f.offset);
             for (i, e) in stored.iter().enumerate() {
                 log.restore(first + i as u64, e.id, e.len, 0, segment_max);
                 count += 1;
@@ -400,7 +416,9 @@ impl Queue {
                         "stream '{}': message {id} at offset {} is out of order; skipped",
                         self.name, e.offset
                     )),
-                    Err(why) => skipped.push(format!("stream '{}': message {id}: {why}", self.name)),
+                    Err(why) => {
+                        skipped.push(format!("stream '{}': message {id}: {why}", self.name))
+                    }
                 }
             }
         }

@@ -47,9 +47,24 @@ mod tests {
         let none = FieldTable::default();
         let e = check("s", "/", false, 0, 0, &none, 0).unwrap_err();
         assert_eq!(e.reply_code, 406);
-        assert!(e.text.contains("consumer prefetch count is not set for 'queue 's' in vhost '/''"));
-        assert_eq!(check("s", "/", true, 10, 0, &none, 0).unwrap_err().reply_code, 540);
-        assert_eq!(check("s", "/", false, 10, 5, &none, 0).unwrap_err().reply_code, 540);
-        assert_eq!(check("s", "/", false, 10, 0, &none, 0).unwrap(), OffsetSpec::Next);
+        assert!(e
+            .text
+            .contains("consumer prefetch count is not set for 'queue 's' in vhost '/''"));
+        assert_eq!(
+            check("s", "/", true, 10, 0, &none, 0)
+                .unwrap_err()
+                .reply_code,
+            540
+        );
+        assert_eq!(
+            check("s", "/", false, 10, 5, &none, 0)
+                .unwrap_err()
+                .reply_code,
+            540
+        );
+        assert_eq!(
+            check("s", "/", false, 10, 0, &none, 0).unwrap(),
+            OffsetSpec::Next
+        );
     }
 }

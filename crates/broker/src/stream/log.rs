@@ -107,7 +107,14 @@ impl StreamLog {
 
     /// [`StreamLog::append`] of a recovered message, at `offset` (gaps
     /// before it are marked).
-    pub fn restore(&mut self, offset: u64, id: u64, bytes: u64, timestamp_ms: u64, segment_bytes_max: u64) {
+    pub fn restore(
+        &mut self,
+        offset: u64,
+        id: u64,
+        bytes: u64,
+        timestamp_ms: u64,
+        segment_bytes_max: u64,
+    ) {
         if self.ids.is_empty() && self.segments.is_empty() {
             self.first = offset;
         }

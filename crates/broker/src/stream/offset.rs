@@ -35,7 +35,12 @@ pub enum OffsetSpec {
 
 /// Reads `x-stream-offset` from consume arguments; `now_unix_ms` turns
 /// an interval into a timestamp.
-pub fn parse(queue: &str, vhost: &str, args: &FieldTable, now_unix_ms: u64) -> AmqpResult<OffsetSpec> {
+pub fn parse(
+    queue: &str,
+    vhost: &str,
+    args: &FieldTable,
+    now_unix_ms: u64,
+) -> AmqpResult<OffsetSpec> {
     let invalid = |shown: String| {
         AmqpError::precondition_failed(format!(
             "invalid x-stream-offset {shown} for queue '{queue}' in vhost '{vhost}': expected first, last, next, an offset, a timestamp or an interval such as 30m"
@@ -85,13 +90,22 @@ mod tests {
         assert_eq!(spec(text("first")).unwrap(), OffsetSpec::First);
         assert_eq!(spec(text("last")).unwrap(), OffsetSpec::Last);
         assert_eq!(spec(text("next")).unwrap(), OffsetSpec::Next);
-        assert_eq!(spec(Some(AMQPValue::LongLongInt(42))).unwrap(), OffsetSpec::Offset(42));
-        assert_eq!(spec(Some(AMQPValue::ShortShortUInt(7))).unwrap(), OffsetSpec::Offset(7));
+        assert_eq!(
+            spec(Some(AMQPValue::LongLongInt(42))).unwrap(),
+            OffsetSpec::Offset(42)
+        );
+        assert_eq!(
+            spec(Some(AMQPValue::ShortShortUInt(7))).unwrap(),
+            OffsetSpec::Offset(7)
+        );
         assert_eq!(
             spec(Some(AMQPValue::Timestamp(1_700))).unwrap(),
             OffsetSpec::TimestampMs(1_700_000)
         );
-        assert_eq!(spec(text("10s")).unwrap(), OffsetSpec::TimestampMs(10_000_000 - 10_000));
+        assert_eq!(
+            spec(text("10s")).unwrap(),
+            OffsetSpec::TimestampMs(10_000_000 - 10_000)
+        );
     }
 
     #[test]

@@ -447,9 +447,7 @@ const STREAM_FAMILIES: [(&str, &str, StreamPick); 4] = [
         "Logical segments of a stream (retention removes whole ones).",
         |s| s.segments,
     ),
-    (
-        "berth_stream_bytes",
-        "Stored bytes a stream keeps.",
-        |s| s.bytes,
-    ),
+    ("berth_stream_bytes", "Stored bytes a stream keeps.", |s| {
+        s.bytes
+    }),
 ];

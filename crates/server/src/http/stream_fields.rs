@@ -16,7 +16,10 @@ pub(crate) fn add(v: &mut Value, st: &StreamStats) {
     v["messages_ram"] = json!(0);
     v["first_offset"] = json!(st.first_offset);
     // The offset of the newest message; absent while the stream is empty.
-    let last = st.next_offset.checked_sub(1).filter(|l| *l >= st.first_offset);
+    let last = st
+        .next_offset
+        .checked_sub(1)
+        .filter(|l| *l >= st.first_offset);
     v["last_offset"] = json!(last);
     v["committed_offset"] = json!(last);
     v["segments"] = json!(st.segments);
@@ -42,7 +45,10 @@ mod tests {
                 segments: 2,
             },
         );
-        assert_eq!((v["first_offset"].clone(), v["last_offset"].clone()), (json!(4), json!(6)));
+        assert_eq!(
+            (v["first_offset"].clone(), v["last_offset"].clone()),
+            (json!(4), json!(6))
+        );
         assert_eq!(v["segments"], json!(2));
     }
 }
