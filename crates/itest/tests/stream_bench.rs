@@ -151,7 +151,7 @@ async fn stream_publish_and_fan_out() {
                     other => panic!("expected a delivery, got {other:?}"),
                 };
                 got += 1;
-                if got % 100 == 0 || got == total {
+                if got.is_multiple_of(100) || got == total {
                     d.acker
                         .ack(BasicAckOptions { multiple: true })
                         .await
