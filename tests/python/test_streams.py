@@ -415,7 +415,11 @@ def _rss_mb(pid):
     raise AssertionError("no VmRSS")
 
 
-def test_a_lagging_consumer_reads_a_large_stream_with_bounded_rss(start_berth):
+def test_a_lagging_consumer_reads_a_large_stream_with_bounded_rss(start_berth, monkeypatch):
+    # A fixed mmap threshold makes glibc return every large buffer (the
+    # store's read batches) to the system when it is freed, so RSS follows
+    # live memory rather than what the allocator keeps for reuse.
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
     b = start_berth()
     started = _rss_mb(b.pid)
     c = b.connect()
@@ -423,9 +427,15 @@ def test_a_lagging_consumer_reads_a_large_stream_with_bounded_rss(start_berth):
     q = declare_stream(ch, unique("big"))
     body = b"z" * 10_000
     n = 20_000  # 200 MB of bodies
+    # In transactions of 500: an unconfirmed burst would measure the
+    # write path's backlog, not the stream.
+    ch.tx_select()
     for i in range(n):
         ch.basic_publish("", q, body)
-    publish_confirmed(ch, q, [b"end"])
+        if i % 500 == 499:
+            ch.tx_commit()
+    ch.basic_publish("", q, b"end")
+    ch.tx_commit()
     c.close()
     before = _rss_mb(b.pid)
     rc = b.connect()
@@ -446,12 +456,13 @@ def test_a_lagging_consumer_reads_a_large_stream_with_bounded_rss(start_berth):
         rc.process_data_events(time_limit=0.05)
         peak = max(peak, _rss_mb(b.pid))
     assert seen[0] == n + 1
-    # Reading 200 MB from the first offset grows the broker's memory by a
-    # small fraction of it (the publish burst before leaves what the write
-    # path and the allocator kept, well under the stream's size).
+    # 200 MB went in and were read back from the first offset: the
+    # broker's memory stays a small fraction of it (measured: ~40 MB peak,
+    # reading adds 2 to 3 MB).
     shown = f"RSS {started} MB at start, {before} MB before reading, {peak} MB at peak"
+    print(shown)
     assert peak - before < 32, shown
-    assert peak < started + 150, shown
+    assert peak < started + 64, shown
     try:
         rc.close()
     except pika.exceptions.ConnectionClosedByBroker:
