@@ -41,6 +41,12 @@ pub const STREAM_READ_AHEAD_MESSAGES: usize = 256;
 /// takes (fewer messages when they are large, at least one).
 pub const STREAM_READ_AHEAD_BYTES: u64 = 1 << 20;
 
+/// Largest gap of offsets a stream's restart accepts between two stored
+/// entries (writes lost before a crash are at most what was in flight);
+/// an entry past a larger one is taken for damage, reported and skipped,
+/// so a corrupt offset cannot make the offset map grow without bound.
+pub const STREAM_RESTORE_GAP_OFFSETS_MAX: u64 = 1 << 20;
+
 /// How often a stream with `max-age` checks its retention when nothing is
 /// published to it.
 pub const STREAM_RETENTION_CHECK_MS: u64 = 1000;

@@ -30,8 +30,8 @@ use super::{Consumer, Queue, QueueState};
 use crate::durable::{encode_message, Done, JournalError};
 use crate::events::Origin;
 use crate::limits::{
-    STREAM_READ_AHEAD_BYTES, STREAM_READ_AHEAD_MESSAGES, STREAM_RETENTION_CHECK_MS,
-    STREAM_SEGMENT_BYTES_DEFAULT, STREAM_TAIL_MESSAGES_MAX,
+    STREAM_READ_AHEAD_BYTES, STREAM_READ_AHEAD_MESSAGES, STREAM_RESTORE_GAP_OFFSETS_MAX,
+    STREAM_RETENTION_CHECK_MS, STREAM_SEGMENT_BYTES_DEFAULT, STREAM_TAIL_MESSAGES_MAX,
 };
 use crate::message::Message;
 use crate::ready::QueuedMessage;
@@ -408,6 +408,18 @@ impl Queue {
             for s in &stored {
                 let id = s.id;
                 match read(s) {
+                    Ok(e)
+                        if log.stats().messages > 0
+                            && e.offset
+                                > log.end().saturating_add(STREAM_RESTORE_GAP_OFFSETS_MAX) =>
+                    {
+                        skipped.push(format!(
+                            "stream '{}': message {id} at offset {} is past a gap of more than {STREAM_RESTORE_GAP_OFFSETS_MAX} offsets after {}; skipped",
+                            self.name,
+                            e.offset,
+                            log.end()
+                        ));
+                    }
                     Ok(e) if e.offset >= log.end() || log.stats().messages == 0 => {
                         log.restore(e.offset, id, s.len, e.timestamp_ms, segment_max);
                         count += 1;
