@@ -135,6 +135,22 @@ def test_nack_is_not_implemented(conns, stream, ch):
         sch.basic_qos(prefetch_count=10)
 
 
+def test_a_channel_wide_prefetch_is_not_supported(conns, stream):
+    ch = conns.open().channel()
+    ch.basic_qos(prefetch_count=10)
+    ch.basic_qos(prefetch_count=10, global_qos=True)
+    with connection_error(540, text="does not support global qos"):
+        ch.basic_consume(stream, lambda *a: None)
+
+
+def test_delete_ignores_if_empty_and_if_unused(conn, ch, names):
+    q = declare_stream(ch, names.queue("s"))
+    publish_confirmed(ch, q, [b"x"])
+    conn.channel().queue_delete(q, if_empty=True, if_unused=True)
+    with channel_error(404):
+        conn.channel().queue_declare(q, passive=True)
+
+
 def test_purge_is_not_implemented(conns, stream):
     with connection_error(540, text="purge not supported"):
         conns.open().channel().queue_purge(stream)

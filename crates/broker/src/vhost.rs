@@ -502,6 +502,13 @@ impl VHost {
             other => other?,
         };
         let s = q.stats();
+        // RabbitMQ's streams ignore if-unused and if-empty
+        // (`rabbit_stream_queue:delete`): a stream is never "empty".
+        let (if_unused, if_empty) = if q.is_stream() {
+            (false, false)
+        } else {
+            (if_unused, if_empty)
+        };
         if if_unused && s.consumers > 0 {
             return Err(AmqpError::precondition_failed(format!(
                 "queue '{name}' in vhost '{}' in use",
