@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use berth_broker::channel::{Channel, Outlet, Session};
 use berth_broker::clock::{Clock, ManualClock};
-use berth_broker::durable::{Done, Durability, MemoryJournal};
+use berth_broker::durable::{Done, Durability, Journal, JournalError, MemoryJournal};
 use berth_broker::message::Message;
 use berth_broker::vhost::{QueueDeclare, VHost};
 use berth_broker::{Broker, Recovered, StoredBody};
@@ -263,4 +263,83 @@ fn retention_by_age_follows_the_clock_and_moves_readers_to_the_new_first_offset(
     ch.ack(tag, false, now).unwrap();
     let seen: Vec<i64> = out.0.lock().iter().map(|(_, o, _)| *o).collect();
     assert_eq!(seen, vec![0, 5]);
+}
+
+/// A journal whose publish completions wait until the test runs them (a
+/// slow fsync), and which reads back what it was given.
+#[derive(Default)]
+struct HeldJournal {
+    inner: MemoryJournal,
+    held: Mutex<Vec<Done>>,
+}
+
+impl Journal for HeldJournal {
+    fn publish(&self, msg: u64, queues: &[u64], payload: Bytes, done: Option<Done>) {
+        self.inner.publish(msg, queues, payload, None);
+        self.held.lock().extend(done);
+    }
+    fn remove(&self, queue: u64, msgs: &[u64], done: Option<Done>) {
+        self.inner.remove(queue, msgs, done);
+    }
+    fn purge(&self, queue: u64, done: Option<Done>) {
+        self.inner.purge(queue, done);
+    }
+    fn put_meta(&self, key: &[u8], value: &[u8]) -> Result<(), JournalError> {
+        self.inner.put_meta(key, value)
+    }
+    fn delete_meta(&self, key: &[u8]) -> Result<(), JournalError> {
+        self.inner.delete_meta(key)
+    }
+    fn read(&self, queue: u64, msg: u64) -> Result<Bytes, JournalError> {
+        self.inner.read(queue, msg)
+    }
+    fn pages(&self) -> bool {
+        true
+    }
+}
+
+impl HeldJournal {
+    /// Completes the oldest `n` held writes.
+    fn complete(&self, n: usize) {
+        let due: Vec<Done> = self.held.lock().drain(..n).collect();
+        for d in due {
+            d(Ok(()));
+        }
+    }
+}
+
+#[test]
+fn consumers_get_only_messages_whose_write_is_durable() {
+    let t0 = Instant::now();
+    let journal = Arc::new(HeldJournal::default());
+    let broker = Broker::with_journal(["/"], journal.clone(), 1, 1);
+    let v = broker.vhost("/").unwrap();
+    declare(&v, "s", stream_args(&[]), t0);
+    let out = Arc::new(Sink::default());
+    let ch = channel(&v, &out);
+    ch.qos(100, false, t0);
+    let mut next = FieldTable::default();
+    next.insert("x-stream-offset".into(), AMQPValue::LongString("next".into()));
+    ch.consume_with(v.queue(1, "s").unwrap(), "", false, false, &next, t0, |_| {})
+        .unwrap();
+    let mut unconfirmed = || -> Done { Box::new(|_| {}) };
+    for i in 0..3 {
+        let m = Message::new(
+            String::new(),
+            "s".into(),
+            encode_properties(&AMQPProperties::default()),
+            Bytes::from(format!("m{i}")),
+        )
+        .unwrap();
+        v.publish("", &m, t0, &mut unconfirmed).unwrap();
+    }
+    let offsets = || -> Vec<i64> { out.0.lock().iter().map(|(_, o, _)| *o).collect() };
+    broker.run_timers(Instant::now());
+    assert_eq!(offsets(), Vec::<i64>::new(), "nothing before its write is durable");
+    journal.complete(2);
+    broker.run_timers(Instant::now());
+    assert_eq!(offsets(), vec![0, 1]);
+    journal.complete(1);
+    broker.run_timers(Instant::now());
+    assert_eq!(offsets(), vec![0, 1, 2]);
 }

@@ -12,6 +12,13 @@
 //!   its offset (restore reads the offsets back, `restore_stream`).
 //! - A consumer's deliveries carry strictly increasing offsets: its reader
 //!   only moves forward (retention moves it to the new first offset).
+//! - Consumers get only committed messages (their write durable, as
+//!   RabbitMQ's readers stop at the committed offset): an offset a
+//!   consumer saw is never given to another message after a crash. The
+//!   completion of a write advances `committed` (completions of a group
+//!   run in position order, which is offset order) and, if a reader waits
+//!   for it, asks the timer service to wake the stream (the completion
+//!   runs on the store's writer thread and must not deliver itself).
 //! - Nothing is ever removed by a consumer; retention journals the removal
 //!   of whole segments (collected under the lock, journaled after it).
 //! - A lagging reader reads from the journal in batches (at most
@@ -20,7 +27,8 @@
 //!   the same offsets; memory does not grow with how far behind readers
 //!   are, only with how many there are.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -72,6 +80,19 @@ struct Reader {
 pub(super) struct StreamState {
     log: StreamLog,
     readers: Vec<Reader>,
+    /// Shared with the completions of the stream's writes.
+    commit: Arc<Commit>,
+}
+
+/// What the completions of a stream's writes tell it.
+#[derive(Default)]
+struct Commit {
+    /// Offsets below this are durable.
+    end: AtomicU64,
+    /// A write failed (its message will never be readable back).
+    failed: AtomicBool,
+    /// A reader stopped at `end`: the next completion wakes the stream.
+    waiting: AtomicBool,
 }
 
 impl Queue {
@@ -140,11 +161,12 @@ impl Queue {
                     return false;
                 }
             };
-            let ts = unix_ms;
+            let ts = st.log.next_timestamp(unix_ms);
             let record = entry::encode(offset, ts, &payload);
             let id = q.env.dur.new_message_id();
             let bytes = record.len() as u64;
-            q.env.dur.journal().publish(id, &[qid], record, done);
+            let done = q.commit_done(&st.commit, offset, done);
+            q.env.dur.journal().publish(id, &[qid], record, Some(done));
             let segments_before = st.log.stats().segments;
             st.log.append(id, bytes, ts, Some(tagged), segment_max);
             if st.log.stats().segments != segments_before {
@@ -156,24 +178,57 @@ impl Queue {
         })
     }
 
-    /// Lets resident messages go once the journal can read them back.
+    /// The completion of the write of `offset`: marks it committed,
+    /// wakes the stream if a reader waits for it, then runs the
+    /// publisher's `done`. Runs on the journal's thread: short, and no
+    /// queue lock.
+    fn commit_done(
+        self: &Arc<Self>,
+        commit: &Arc<Commit>,
+        offset: u64,
+        done: Option<Done>,
+    ) -> Done {
+        let commit = Arc::clone(commit);
+        let me = Arc::downgrade(self);
+        Box::new(move |r: Result<(), JournalError>| {
+            match &r {
+                Ok(()) => {
+                    commit.end.fetch_max(offset + 1, Ordering::AcqRel);
+                    if commit.waiting.swap(false, Ordering::AcqRel) {
+                        if let Some(q) = me.upgrade() {
+                            let target: Weak<dyn crate::timers::TimerTarget> =
+                                Arc::downgrade(&q) as _;
+                            q.env.timers.schedule(q.env.clock.now(), target);
+                        }
+                    }
+                }
+                Err(_) => commit.failed.store(true, Ordering::Release),
+            }
+            if let Some(d) = done {
+                d(r);
+            }
+        })
+    }
+
+    /// Lets resident messages go once they are durable (so the journal
+    /// reads them back), keeping the newest `STREAM_TAIL_MESSAGES_MAX`.
     fn release_written_tail(&self, s: &mut QueueState) {
-        let (Some(st), Some(qid)) = (s.stream.as_mut(), self.store_id) else {
+        let Some(st) = s.stream.as_mut() else {
             return;
         };
-        if st.log.resident_count() <= 2 * STREAM_TAIL_MESSAGES_MAX {
+        let resident = st.log.resident_count();
+        if resident <= 2 * STREAM_TAIL_MESSAGES_MAX {
             return;
         }
-        let ids = st.log.oldest_resident_ids(STREAM_TAIL_MESSAGES_MAX);
-        let written = self.env.dur.journal().written(qid, &ids);
-        let n = written.iter().take_while(|w| **w).count();
-        // A write that failed is never written: past four times the
-        // bound its message goes anyway (its offset reads as a gap).
-        let n = if st.log.resident_count() > 4 * STREAM_TAIL_MESSAGES_MAX {
-            STREAM_TAIL_MESSAGES_MAX
-        } else {
-            n
-        };
+        let committed = st.commit.end.load(Ordering::Acquire);
+        let durable = usize::try_from(committed.saturating_sub(st.log.resident_first()))
+            .unwrap_or(usize::MAX);
+        let mut n = durable.min(resident - STREAM_TAIL_MESSAGES_MAX);
+        // A write that failed is never readable: past four times the
+        // bound, after a failure, its message goes anyway (a gap).
+        if st.commit.failed.load(Ordering::Acquire) && resident > 4 * STREAM_TAIL_MESSAGES_MAX {
+            n = resident - STREAM_TAIL_MESSAGES_MAX;
+        }
         st.log.release_resident(n);
     }
 
@@ -270,7 +325,14 @@ impl Queue {
         for i in 0..st.readers.len() {
             loop {
                 let next = st.readers[i].next;
-                if next >= st.log.end() {
+                let mut committed = st.commit.end.load(Ordering::Acquire).min(st.log.end());
+                if next >= committed && next < st.log.end() {
+                    // Wait for the write; check again after asking to be
+                    // woken, in case it completed in between.
+                    st.commit.waiting.store(true, Ordering::Release);
+                    committed = st.commit.end.load(Ordering::Acquire).min(st.log.end());
+                }
+                if next >= committed {
                     break;
                 }
                 let Some(msg) = self.stream_message(&mut st, i) else {
@@ -450,6 +512,7 @@ impl Queue {
         }
         let mut s = self.state.lock();
         if let Some(st) = s.stream.as_mut() {
+            st.commit.end.store(log.end(), Ordering::Release);
             st.log = log;
         }
         (count, skipped)

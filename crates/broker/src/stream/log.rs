@@ -165,17 +165,19 @@ impl StreamLog {
         self.tail.get(usize::try_from(i).ok()?)
     }
 
-    /// Journal ids of the oldest `n` resident messages (to ask whether the
-    /// journal has written them).
-    pub fn oldest_resident_ids(&self, n: usize) -> Vec<u64> {
-        let tail_first = self.end() - self.tail.len() as u64;
-        (0..n.min(self.tail.len()) as u64)
-            .map(|i| self.id_at(tail_first + i).unwrap_or(0))
-            .collect()
-    }
-
     pub fn resident_count(&self) -> usize {
         self.tail.len()
+    }
+
+    /// The offset of the oldest resident message (`end()` if none).
+    pub fn resident_first(&self) -> u64 {
+        self.end() - self.tail.len() as u64
+    }
+
+    /// The timestamp the next message gets at wall-clock `now_ms`: never
+    /// less than the last one (see the invariants).
+    pub fn next_timestamp(&self, now_ms: u64) -> u64 {
+        now_ms.max(self.last_timestamp_ms)
     }
 
     /// Lets the oldest `n` resident messages go (read back from the
