@@ -319,9 +319,20 @@ fn consumers_get_only_messages_whose_write_is_durable() {
     let ch = channel(&v, &out);
     ch.qos(100, false, t0);
     let mut next = FieldTable::default();
-    next.insert("x-stream-offset".into(), AMQPValue::LongString("next".into()));
-    ch.consume_with(v.queue(1, "s").unwrap(), "", false, false, &next, t0, |_| {})
-        .unwrap();
+    next.insert(
+        "x-stream-offset".into(),
+        AMQPValue::LongString("next".into()),
+    );
+    ch.consume_with(
+        v.queue(1, "s").unwrap(),
+        "",
+        false,
+        false,
+        &next,
+        t0,
+        |_| {},
+    )
+    .unwrap();
     let mut unconfirmed = || -> Done { Box::new(|_| {}) };
     for i in 0..3 {
         let m = Message::new(
@@ -335,7 +346,11 @@ fn consumers_get_only_messages_whose_write_is_durable() {
     }
     let offsets = || -> Vec<i64> { out.0.lock().iter().map(|(_, o, _)| *o).collect() };
     broker.run_timers(Instant::now());
-    assert_eq!(offsets(), Vec::<i64>::new(), "nothing before its write is durable");
+    assert_eq!(
+        offsets(),
+        Vec::<i64>::new(),
+        "nothing before its write is durable"
+    );
     journal.complete(2);
     broker.run_timers(Instant::now());
     assert_eq!(offsets(), vec![0, 1]);

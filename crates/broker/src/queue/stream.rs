@@ -103,7 +103,10 @@ impl Queue {
 
     /// Offsets, size and segments of a stream (`None` for other queues).
     pub fn stream_stats(&self) -> Option<StreamStats> {
-        self.state.lock().stream.as_ref().map(|st| st.log.stats())
+        self.state.lock().stream.as_ref().map(|st| StreamStats {
+            committed_next: st.commit.end.load(Ordering::Acquire).min(st.log.end()),
+            ..st.log.stats()
+        })
     }
 
     fn unix_ms(&self) -> u64 {

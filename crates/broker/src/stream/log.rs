@@ -52,6 +52,8 @@ pub struct StreamStats {
     pub first_offset: u64,
     /// The offset the next message gets.
     pub next_offset: u64,
+    /// Offsets below this are durable (what consumers may read).
+    pub committed_next: u64,
     pub segments: u64,
 }
 
@@ -238,6 +240,7 @@ impl StreamLog {
             bytes: self.bytes,
             first_offset: self.first,
             next_offset: self.end(),
+            committed_next: self.end(),
             segments: self.segments.len() as u64,
         }
     }

@@ -21,7 +21,12 @@ pub(crate) fn add(v: &mut Value, st: &StreamStats) {
         .checked_sub(1)
         .filter(|l| *l >= st.first_offset);
     v["last_offset"] = json!(last);
-    v["committed_offset"] = json!(last);
+    // The newest durable offset (what consumers can read up to).
+    let committed = st
+        .committed_next
+        .checked_sub(1)
+        .filter(|c| *c >= st.first_offset);
+    v["committed_offset"] = json!(committed);
     v["segments"] = json!(st.segments);
 }
 
@@ -42,6 +47,7 @@ mod tests {
                 bytes: 30,
                 first_offset: 4,
                 next_offset: 7,
+                committed_next: 6,
                 segments: 2,
             },
         );
@@ -50,5 +56,6 @@ mod tests {
             (json!(4), json!(6))
         );
         assert_eq!(v["segments"], json!(2));
+        assert_eq!(v["committed_offset"], json!(5));
     }
 }
