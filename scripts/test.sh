@@ -2,7 +2,8 @@
 # Runs every test berth has: formatting, lints, unit and property tests,
 # and black-box tests that start the real binary and drive it with real
 # client libraries (Rust lapin, Python pika, Node amqplib, Go amqp091-go,
-# Java amqp-client), the kill -9 loop (75 s) and a bounded fuzzing run of
+# Java amqp-client), the kill -9 loop (75 s), the cluster fault checker
+# (three berth processes, 120 s of faults) and a bounded fuzzing run of
 # every decoder (scripts/fuzz.sh). Installs what it needs (idempotent)
 # inside the work tree.
 #
@@ -12,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 export BERTH_BIN="$root/target/release/berth"
-SUITES=${SUITES:-"lint rust python clients kill9 fuzz"}
+SUITES=${SUITES:-"lint rust python clients kill9 cluster fuzz"}
 
 passed=0
 failed=0
@@ -31,7 +32,14 @@ run_suite() {
   fi
 }
 
-ensure_rust() {
+ensure_cluster() {
+  # Three berth processes on loopback ports under leader kill -9, SIGSTOP,
+  # isolation and a damaged follower log (crates/cli/tests/cluster_faults.rs);
+  # prints per fault what was attempted, confirmed, delivered and lost.
+  cargo test --release -p berth-cli --test cluster_faults -- --ignored --nocapture
+}
+
+rust() {
   if ! command -v cargo >/dev/null 2>&1; then
     echo "cargo not found: install Rust (https://rustup.rs) and re-run" >&2
     return 1
@@ -51,6 +59,13 @@ kill9() {
   cargo test --release -p berth-cli --test kill9_loop -- --ignored --nocapture
 }
 
+cluster() {
+  # Three berth processes on loopback ports under leader kill -9, SIGSTOP,
+  # isolation and a damaged follower log (crates/cli/tests/cluster_faults.rs);
+  # prints per fault what was attempted, confirmed, delivered and lost.
+  cargo test --release -p berth-cli --test cluster_faults -- --ignored --nocapture
+}
+
 rust() {
   # One release build shared by the binary and every test.
   cargo build --release --workspace --bins && cargo test --release --workspace
@@ -67,6 +82,7 @@ for s in $SUITES; do
     python) run_suite python tests/python/run.sh ;;
     clients) run_suite clients tests/clients/run.sh ;;
     kill9) run_suite kill9 kill9 ;;
+    cluster) run_suite cluster cluster ;;
     fuzz) run_suite fuzz scripts/fuzz.sh ;;
     *) echo "unknown suite $s"; failed=$((failed + 1)) ;;
   esac

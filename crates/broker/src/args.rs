@@ -50,6 +50,21 @@ pub struct QueueArgs {
     pub max_age_ms: Option<u64>,
     /// `x-stream-max-segment-size-bytes` of a stream.
     pub stream_max_segment_size_bytes: Option<u64>,
+    /// Delayed retry (`x-delayed-retry-*`, docs/DELAYED.md): a requeued
+    /// message waits its backoff before it is ready again.
+    pub delayed_retry: RetryArgs,
+}
+
+/// `x-delayed-retry-min` / `-multiplier` / `-max` (or their policy keys).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RetryArgs {
+    /// The first wait, in ms; setting it enables delayed retry.
+    pub min_ms: Option<u64>,
+    /// Omitted: linear (min × n); 1: constant; ≥ 2: exponential
+    /// (min × multiplierⁿ⁻¹).
+    pub multiplier: Option<u64>,
+    /// The longest wait, in ms.
+    pub max_ms: Option<u64>,
 }
 
 /// The arguments compared when a queue is declared again (RabbitMQ's list).
@@ -66,11 +81,15 @@ const EQUIVALENCE_KEYS: &[&str] = &[
     "x-queue-type",
     "x-max-age",
     "x-stream-max-segment-size-bytes",
+    "x-delayed-retry-min",
+    "x-delayed-retry-multiplier",
+    "x-delayed-retry-max",
 ];
 
 /// Arguments a stream refuses with 406, as RabbitMQ does (a log cannot
 /// honour TTLs, dead-lettering, priorities, a length in messages,
-/// overflow, a delivery limit, expiry or a single active consumer).
+/// overflow, a delivery limit, expiry or a single active consumer), and
+/// berth's delayed retry (a stream requeues nothing).
 pub const STREAM_REFUSED_ARGUMENTS: &[&str] = &[
     "x-message-ttl",
     "x-expires",
@@ -82,6 +101,9 @@ pub const STREAM_REFUSED_ARGUMENTS: &[&str] = &[
     "x-delivery-limit",
     "x-single-active-consumer",
     "x-queue-mode",
+    "x-delayed-retry-min",
+    "x-delayed-retry-multiplier",
+    "x-delayed-retry-max",
 ];
 
 /// An integer of any AMQP integer type.
@@ -260,6 +282,29 @@ impl QueueArgs {
                 "routing_key_but_no_dlx_defined; set x-dead-letter-exchange too".to_owned(),
             ));
         }
+        let delayed_retry = RetryArgs {
+            min_ms: int("x-delayed-retry-min", 1)?,
+            multiplier: int("x-delayed-retry-multiplier", 1)?,
+            max_ms: int("x-delayed-retry-max", 1)?,
+        };
+        if let (Some(min), Some(max)) = (delayed_retry.min_ms, delayed_retry.max_ms) {
+            if max < min {
+                return Err(invalid(
+                    "x-delayed-retry-max",
+                    format!(
+                        "{{value_below_min,{max},{min}}}: must be at least x-delayed-retry-min"
+                    ),
+                ));
+            }
+        }
+        if delayed_retry.min_ms.is_none()
+            && (delayed_retry.multiplier.is_some() || delayed_retry.max_ms.is_some())
+        {
+            return Err(invalid(
+                "x-delayed-retry-min",
+                "missing: x-delayed-retry-multiplier and -max need x-delayed-retry-min, which enables delayed retry".to_owned(),
+            ));
+        }
         Ok(Self {
             message_ttl_ms: int("x-message-ttl", 0)?,
             expires_ms: int("x-expires", 1)?,
@@ -274,6 +319,7 @@ impl QueueArgs {
             queue_type,
             max_age_ms,
             stream_max_segment_size_bytes: int("x-stream-max-segment-size-bytes", 1)?,
+            delayed_retry,
         })
     }
 }

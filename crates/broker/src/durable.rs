@@ -10,7 +10,8 @@
 //! One file per idea: the seam and its contract (`journal.rs`), its error
 //! (`error.rs`), completions (`completion.rs`), the shared ids and
 //! deferred removals (`durability.rs`), journals without a disk
-//! (`memory.rs`), the message payload encoding (`payload.rs`).
+//! (`memory.rs`), the message payload encoding (`payload.rs`), a delayed
+//! message's (`delayed_payload.rs`).
 //!
 //! Invariants:
 //! - A message's publish record is handed to the journal before the message
@@ -20,6 +21,7 @@
 //!   that fails fails the operation.
 
 mod completion;
+mod delayed_payload;
 mod durability;
 mod error;
 mod journal;
@@ -27,6 +29,7 @@ mod memory;
 mod payload;
 
 pub use completion::{all_of, split_done, Done};
+pub use delayed_payload::{decode_delayed, encode_delayed};
 pub use durability::{Durability, PAGING_BIT};
 pub use error::JournalError;
 pub use journal::{EventSink, Journal};

@@ -14,6 +14,7 @@ use berth_protocol::{AMQPValue, FieldTable};
 use parking_lot::RwLock;
 
 use crate::args::{as_string, values_equal};
+use crate::delayed::Delayed;
 use crate::error::{AmqpError, AmqpResult};
 use crate::message::Message;
 use crate::policy::Applied;
@@ -113,7 +114,10 @@ pub struct ExchangeDeclare {
 /// An exchange.
 pub struct Exchange {
     pub name: String,
+    /// How it routes (a delayed exchange: its `x-delayed-type`).
     pub kind: ExchangeKind,
+    /// A delayed exchange's pending messages (`x-delayed-message`).
+    pub delayed: Option<Arc<Delayed>>,
     pub durable: bool,
     pub auto_delete: bool,
     pub internal: bool,
@@ -135,6 +139,7 @@ impl Exchange {
         Self {
             name,
             kind,
+            delayed: None,
             durable,
             auto_delete,
             internal,
@@ -144,8 +149,26 @@ impl Exchange {
         }
     }
 
+    /// A delayed exchange (`x-delayed-message`) routing as `self.kind`
+    /// when its messages are due.
+    #[must_use]
+    pub fn with_delayed(mut self, delayed: Delayed) -> Self {
+        self.delayed = Some(Arc::new(delayed));
+        self
+    }
+
+    /// The type clients declared: `x-delayed-message` for a delayed
+    /// exchange, else how it routes.
+    pub fn type_name(&self) -> &'static str {
+        match self.delayed {
+            Some(_) => crate::delayed::DELAYED_EXCHANGE_TYPE,
+            None => self.kind.as_str(),
+        }
+    }
+
     /// A redeclaration must match the exchange as it is (406 otherwise,
-    /// with RabbitMQ's text).
+    /// with RabbitMQ's text). `kind` is how the declaration routes (a
+    /// delayed one: its `x-delayed-type`).
     pub fn check_equivalent(
         &self,
         kind: ExchangeKind,
@@ -158,8 +181,12 @@ impl Exchange {
                 "inequivalent arg '{arg}' for exchange '{name}' in vhost '{vhost}': received '{got}' but current is '{cur}'"
             )))
         };
+        if self.type_name() != d.kind {
+            return mismatch("type", d.kind.clone(), self.type_name().into());
+        }
         if self.kind != kind {
-            return mismatch("type", kind.as_str().into(), self.kind.as_str().into());
+            let arg = crate::delayed::DELAYED_TYPE_ARG;
+            return mismatch(arg, kind.as_str().into(), self.kind.as_str().into());
         }
         for (arg, got, cur) in [
             ("durable", d.durable, self.durable),

@@ -19,6 +19,8 @@ pub mod channel;
 pub mod clock;
 pub mod counters;
 pub mod dead_letter;
+pub mod delayed;
+pub mod delayed_args;
 pub mod durable;
 pub mod error;
 pub mod events;

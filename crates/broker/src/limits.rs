@@ -18,6 +18,19 @@ pub const SHORTSTR_BYTES_MAX: usize = 255;
 /// "Message payload"). The properties fit in one content-header frame.
 pub const MESSAGE_PAYLOAD_NAMES_BYTES_MAX: u64 = 1 + 255 + 1 + 255 + 4;
 
+/// Delayed messages one delayed exchange routes per timer turn once they
+/// are due; the rest follow on the next turns (a burst coming due never
+/// holds the timer tick for long).
+pub const DELAYED_ROUTED_PER_TURN_MAX: usize = 10_000;
+
+/// The delivery limit of a queue with delayed retry that sets none
+/// (`x-delivery-limit`), as RabbitMQ 4's quorum queues default it.
+pub const DELAYED_RETRY_DELIVERY_LIMIT_DEFAULT: u64 = 20;
+
+/// Stored delayed messages read back together at restore (for their due
+/// times).
+pub const RESTORE_READ_BATCH_MESSAGES: usize = 1024;
+
 /// Enqueues between two paging scans of a queue past its resident window.
 pub const PAGE_SCAN_EVERY_MESSAGES: u64 = 64;
 

@@ -116,6 +116,9 @@ pub struct ExchangeDef {
     pub auto_delete: bool,
     pub internal: bool,
     pub arguments: FieldTable,
+    /// A delayed exchange's id in the journal's message records (its
+    /// pending messages are stored under it, as a queue's are).
+    pub delayed_id: Option<u64>,
 }
 
 /// A durable queue.
@@ -176,12 +179,7 @@ impl MetaCommand {
             C::DeletePolicy { kind, vhost, name } => (policy_key(*kind, vhost, name), None),
             C::PutExchange(x) => (
                 join(&[b"x", x.vhost.as_bytes(), x.name.as_bytes()]),
-                Some(table_bytes(&[
-                    ("type", s(&x.kind)),
-                    ("auto_delete", AMQPValue::Boolean(x.auto_delete)),
-                    ("internal", AMQPValue::Boolean(x.internal)),
-                    ("arguments", AMQPValue::FieldTable(x.arguments.clone())),
-                ])),
+                Some(exchange_value(x)),
             ),
             C::DeleteExchange { vhost, name } => {
                 (join(&[b"x", vhost.as_bytes(), name.as_bytes()]), None)
@@ -298,6 +296,7 @@ fn decode_parts(parts: &[String], value: Option<&[u8]>) -> Result<MetaCommand, S
                 auto_delete: flag(&t, "auto_delete"),
                 internal: flag(&t, "internal"),
                 arguments: arguments(&t),
+                delayed_id: id_of(&t),
             })
         }
         ("x", 3, false) => C::DeleteExchange {
@@ -442,12 +441,31 @@ fn id_of(t: &FieldTable) -> Option<u64> {
 }
 
 /// The store's queue id recorded in a queue definition's value (what the
-/// store tools use to name a queue id).
+/// store tools use to name a queue id), or a delayed exchange's in its
+/// exchange definition's.
 pub fn queue_id_of(value: &[u8]) -> Option<u64> {
     match decode_field_table(value)?.inner().get("id")? {
         AMQPValue::LongLongInt(i) => u64::try_from(*i).ok(),
         _ => None,
     }
+}
+
+/// An exchange's value; `id` only for a delayed exchange (an older berth
+/// ignores it, so other exchanges' bytes are unchanged).
+fn exchange_value(x: &ExchangeDef) -> Vec<u8> {
+    let mut fields = vec![
+        ("type", s(&x.kind)),
+        ("auto_delete", AMQPValue::Boolean(x.auto_delete)),
+        ("internal", AMQPValue::Boolean(x.internal)),
+        ("arguments", AMQPValue::FieldTable(x.arguments.clone())),
+    ];
+    if let Some(id) = x.delayed_id {
+        fields.push((
+            "id",
+            AMQPValue::LongLongInt(i64::try_from(id).unwrap_or(i64::MAX)),
+        ));
+    }
+    table_bytes(&fields)
 }
 
 fn queue_value(q: &QueueDef) -> Vec<u8> {

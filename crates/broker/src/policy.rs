@@ -92,6 +92,8 @@ pub struct PolicySettings {
     pub max_age_ms: Option<u64>,
     /// `stream-max-segment-size-bytes` (streams).
     pub stream_max_segment_size_bytes: Option<u64>,
+    /// `delayed-retry-min` / `-multiplier` / `-max` (user policies only).
+    pub delayed_retry: crate::args::RetryArgs,
 }
 
 /// Definition keys of RabbitMQ's that mean nothing on one berth node
@@ -117,6 +119,13 @@ const NUMERIC_KEYS: &[(&str, i128)] = &[
     ("max-length", 0),
     ("max-length-bytes", 0),
     ("delivery-limit", 0),
+];
+
+/// Numeric keys of user policies only: name and smallest allowed value.
+const POLICY_NUMERIC_KEYS: &[(&str, i128)] = &[
+    ("delayed-retry-min", 1),
+    ("delayed-retry-multiplier", 1),
+    ("delayed-retry-max", 1),
     ("stream-max-segment-size-bytes", 1),
 ];
 
@@ -196,7 +205,14 @@ impl Policy {
         let mut unknown = Vec::new();
         for (key, value) in definition.inner() {
             let key = key.as_str();
-            if let Some((_, min)) = NUMERIC_KEYS.iter().find(|(k, _)| *k == key) {
+            let policy_numeric = (kind == PolicyKind::Policy)
+                .then(|| POLICY_NUMERIC_KEYS.iter().find(|(k, _)| *k == key))
+                .flatten();
+            if let Some((_, min)) = NUMERIC_KEYS
+                .iter()
+                .find(|(k, _)| *k == key)
+                .or(policy_numeric)
+            {
                 let n = match as_i128(value) {
                     Some(n) if n >= *min => u64::try_from(n).unwrap_or(u64::MAX),
                     _ => {
@@ -212,6 +228,9 @@ impl Policy {
                     "max-length" => &mut settings.max_length,
                     "max-length-bytes" => &mut settings.max_length_bytes,
                     "stream-max-segment-size-bytes" => &mut settings.stream_max_segment_size_bytes,
+                    "delayed-retry-min" => &mut settings.delayed_retry.min_ms,
+                    "delayed-retry-multiplier" => &mut settings.delayed_retry.multiplier,
+                    "delayed-retry-max" => &mut settings.delayed_retry.max_ms,
                     _ => &mut settings.delivery_limit,
                 };
                 *slot = Some(n);
@@ -253,7 +272,7 @@ impl Policy {
         }
         if !unknown.is_empty() {
             let supported = match kind {
-                PolicyKind::Policy => "message-ttl, expires, max-length, max-length-bytes, overflow, dead-letter-exchange, dead-letter-routing-key, delivery-limit, alternate-exchange, max-age, stream-max-segment-size-bytes",
+                PolicyKind::Policy => "message-ttl, expires, max-length, max-length-bytes, overflow, dead-letter-exchange, dead-letter-routing-key, delivery-limit, alternate-exchange, delayed-retry-min, delayed-retry-multiplier, delayed-retry-max, max-age, stream-max-segment-size-bytes",
                 PolicyKind::Operator => "message-ttl, expires, max-length, max-length-bytes, delivery-limit",
             };
             return Err(fail(format!(
@@ -344,6 +363,14 @@ impl Applied {
         }
         if out.dead_letter_routing_key.is_none() {
             out.dead_letter_routing_key = p.and_then(|s| s.dead_letter_routing_key.clone());
+        }
+        // Delayed retry: the queue's arguments, if it sets them, else the
+        // policy's, as a whole (mixing the two would make a backoff
+        // neither asked for).
+        if out.delayed_retry.min_ms.is_none() {
+            if let Some(r) = p.map(|s| s.delayed_retry).filter(|r| r.min_ms.is_some()) {
+                out.delayed_retry = r;
+            }
         }
         out
     }

@@ -23,6 +23,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::args::{Overflow, QueueArgs};
 
 mod effects;
+mod retry;
 mod settings;
 mod stream;
 use crate::dead_letter::{DeadLetter, DeathReason};
@@ -35,6 +36,7 @@ pub use crate::ready::QueuedMessage;
 use crate::ready::{Body, Entry, Ready};
 use crate::timers::{TimerTarget, Timers};
 use effects::Effects;
+pub use retry::{backoff_ms, delivery_limit, DELIVERY_COUNT_HEADER};
 pub use stream::{StoredEntry, OFFSET_HEADER};
 
 /// Counters for the management view and tests.
@@ -46,6 +48,9 @@ pub struct QueueStats {
     pub paged_out: usize,
     pub unacked: usize,
     pub consumers: usize,
+    /// Returned messages waiting for their delayed retry: counted, not
+    /// deliverable.
+    pub retrying: usize,
 }
 
 /// How delivered messages come back to their queue: acked, requeued
@@ -135,6 +140,8 @@ struct QueueState {
     /// A stream's log and readers (`queue/stream.rs`); `None` for other
     /// queues.
     stream: Option<Box<stream::StreamState>>,
+    /// Returned messages waiting for their delayed retry.
+    retrying: retry::Retrying,
 }
 
 /// A queue.
@@ -191,6 +198,7 @@ impl Queue {
                 had_consumer: false,
                 last_used: now,
                 timer_at: None,
+                retrying: retry::Retrying::default(),
                 pager: Pager::default(),
                 last_delivery: None,
                 stream: (args.queue_type == crate::args::QueueType::Stream).then(Box::default),
@@ -241,6 +249,7 @@ impl Queue {
                 paged_out: 0,
                 unacked: s.unacked,
                 consumers: s.consumers.len(),
+                retrying: 0,
             };
         }
         QueueStats {
@@ -249,6 +258,7 @@ impl Queue {
             paged_out: s.ready.len - s.ready.resident,
             unacked: s.unacked,
             consumers: s.consumers.len(),
+            retrying: s.retrying.len(),
         }
     }
 
@@ -274,10 +284,10 @@ impl Queue {
             .expires_ms
             .filter(|_| s.consumers.is_empty())
             .map(|ms| s.last_used + Duration::from_millis(ms));
-        let next = match (ttl, expiry) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }?;
+        let next = [ttl, expiry, s.retrying.next_due()]
+            .into_iter()
+            .flatten()
+            .min()?;
         let next = next.max(now);
         match s.timer_at {
             Some(t) if t <= next && t > now => None,
@@ -295,10 +305,17 @@ impl Queue {
             if s.timer_at.is_some_and(|t| t <= now) {
                 s.timer_at = None;
             }
+            let due = s.retrying.take_due(now);
+            let released = !due.is_empty();
+            for e in due {
+                s.ready.insert_by_seq(e);
+            }
             q.expire_head(s, now, fx);
             if s.stream.is_some() && !s.deleted {
                 q.stream_retention(s, q.env.clock.unix_time_us() / 1000, fx);
                 q.stream_dispatch(s, now, fx);
+            } else if released && !s.deleted {
+                q.dispatch(s, now, fx);
             }
             if let Some(ms) = q.args().expires_ms {
                 if s.consumers.is_empty()
@@ -648,9 +665,13 @@ impl Queue {
                     Settle::Requeue => {
                         m.returns += 1;
                         m.redelivered = true;
-                        let limit = q.args().delivery_limit;
-                        if limit.is_none_or(|l| u64::from(m.returns) <= l) {
-                            s.ready.insert_by_seq(Entry::resident(m));
+                        let args = q.args();
+                        if delivery_limit(&args).is_none_or(|l| u64::from(m.returns) <= l) {
+                            // With delayed retry it waits its backoff first.
+                            match retry::due_at(&args.delayed_retry, m.returns, now) {
+                                Some(due) => s.retrying.hold(due, Entry::resident(m)),
+                                None => s.ready.insert_by_seq(Entry::resident(m)),
+                            }
                             continue;
                         }
                         Some(DeathReason::DeliveryLimit)
@@ -721,7 +742,8 @@ impl Queue {
     /// Drops every ready message; returns how many.
     pub fn purge(self: &Arc<Self>, now: Instant) -> usize {
         self.with_state(now, |q, s, fx| {
-            let all = s.ready.drain();
+            let mut all = s.ready.drain();
+            all.extend(s.retrying.drain());
             let n = all.len();
             for e in all {
                 q.drop_entry(s, e, None, now, fx);
@@ -771,8 +793,9 @@ impl Queue {
     pub(crate) fn mark_deleted(&self) -> (usize, Vec<Arc<Consumer>>, Option<u64>) {
         let mut s = self.state.lock();
         s.deleted = true;
-        let n =
-            s.ready.drain().len() + s.stream.take().map_or(0, |st| st.stats().messages as usize);
+        let n = s.ready.drain().len()
+            + s.retrying.drain().len()
+            + s.stream.take().map_or(0, |st| st.stats().messages as usize);
         (n, std::mem::take(&mut s.consumers), s.pager.paging_id)
     }
 }

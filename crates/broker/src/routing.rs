@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use crate::args::Overflow;
 use crate::dead_letter::DeathReason;
+use crate::delayed_args::delay_ms;
 use crate::durable::{encode_message, split_done, Done, Durability, EventSink, JournalError};
 use crate::events::{self, Event, EventKind, Origin};
 use crate::exchange::{Destination, Exchange};
@@ -27,6 +28,9 @@ pub struct PublishResult {
     pub queues: usize,
     /// Some queue refused it (`x-overflow = reject-publish`).
     pub rejected: bool,
+    /// A delayed exchange holds it until it is due (it is routed then, so
+    /// it is never returned as unroutable: docs/DELAYED.md).
+    pub delayed: bool,
     /// It was journaled: the completion made for it runs once it is stored.
     pub durable: bool,
     /// It went to a queue whose consumers are busy but not keeping up: the
@@ -37,7 +41,7 @@ pub struct PublishResult {
 impl PublishResult {
     /// No queue at all matched (for `mandatory`).
     pub fn unroutable(&self) -> bool {
-        self.queues == 0 && !self.rejected
+        self.queues == 0 && !self.rejected && !self.delayed
     }
 }
 
@@ -48,19 +52,35 @@ pub(crate) trait Names {
     fn queue(&self, name: &str) -> Option<Arc<Queue>>;
 }
 
+/// Where a message goes: the queues it reaches now, and the delayed
+/// exchanges on the way that hold it (docs/DELAYED.md) with its delay.
+#[derive(Default)]
+pub(crate) struct Routed {
+    pub queues: Vec<Arc<Queue>>,
+    pub holds: Vec<(Arc<Exchange>, u64)>,
+}
+
 /// The distinct queues a message published to `start` (None = default
 /// exchange) reaches, following exchange-to-exchange bindings and
-/// alternate exchanges.
+/// alternate exchanges, and the delayed exchanges that hold it: a
+/// message with an `x-delay` that reaches a delayed exchange stops there
+/// until it is due (`start` too, with `hold_at_start`; not when `start`
+/// is the delayed exchange routing it once due).
 pub(crate) fn resolve(
     names: &dyn Names,
     start: Option<Arc<Exchange>>,
     msg: &Message,
-) -> Vec<Arc<Queue>> {
-    let mut queues: Vec<Arc<Queue>> = Vec::new();
+    hold_at_start: bool,
+) -> Routed {
+    let mut routed = Routed::default();
+    let queues = &mut routed.queues;
     let Some(start) = start else {
         queues.extend(names.queue(&msg.routing_key));
-        return queues;
+        return routed;
     };
+    // Read once, and only if a delayed exchange is met.
+    let mut delay: Option<Option<u64>> = None;
+    let start_name = start.name.clone();
     let mut seen: Vec<String> = vec![start.name.clone()];
     let mut todo = vec![start];
     let mut hops = Vec::new();
@@ -73,6 +93,13 @@ pub(crate) fn resolve(
         }
     };
     while let Some(e) = todo.pop() {
+        if e.delayed.is_some() && (hold_at_start || e.name != start_name) {
+            let ms = *delay.get_or_insert_with(|| delay_ms(msg.headers().as_ref()));
+            if let Some(ms) = ms {
+                routed.holds.push((e, ms));
+                continue;
+            }
+        }
         hops.clear();
         e.route(msg, &mut hops);
         let matched = !hops.is_empty();
@@ -92,7 +119,7 @@ pub(crate) fn resolve(
             }
         }
     }
-    queues
+    routed
 }
 
 /// Hands `msg` to `targets`. A persistent message reaching durable queues

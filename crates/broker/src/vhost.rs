@@ -18,6 +18,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::args::{as_string, check_equivalent, QueueArgs, QueueType};
 use crate::clock::Clock;
 use crate::dead_letter::{self, DeadLetter};
+use crate::delayed_args::declared_kind;
 use crate::durable::{Done, Durability, Journal, JournalError};
 use crate::error::{AmqpError, AmqpResult};
 use crate::events::Origin;
@@ -35,6 +36,7 @@ use crate::timers::Timers;
 
 mod apply;
 mod bindings;
+mod delayed;
 mod owner;
 mod policies;
 
@@ -252,7 +254,7 @@ impl VHost {
                 "exchange name '{name}' contains reserved prefix 'amq.*'"
             )));
         }
-        let kind = ExchangeKind::parse(&d.kind)?;
+        let (kind, delayed) = declared_kind(name, &self.name, &d.kind, &d.arguments)?;
         if let Some(alt) = d.arguments.inner().get("alternate-exchange") {
             if as_string(alt).is_none() {
                 return Err(AmqpError::precondition_failed(format!(
@@ -266,15 +268,20 @@ impl VHost {
             let n = self.exchanges.read().len();
             self.counts.read().check_new_exchange(n, name, &self.name)?;
         }
+        // A durable delayed exchange stores its pending messages under an
+        // id of its own, as a durable queue does.
+        let delayed_id =
+            (existing.is_none() && delayed && d.durable).then(|| self.dur.new_queue_id());
         if existing.is_none() && d.durable {
             // Durable before it exists: a declare-ok survives a crash.
             self.record(&MetaCommand::PutExchange(ExchangeDef {
                 vhost: self.name.clone(),
                 name: name.to_owned(),
-                kind: kind.as_str().to_owned(),
+                kind: d.kind.clone(),
                 auto_delete: d.auto_delete,
                 internal: d.internal,
                 arguments: d.arguments.clone(),
+                delayed_id,
             }))
             .map_err(not_stored)?;
         }
@@ -282,14 +289,19 @@ impl VHost {
         if let Some(e) = ex.get(name) {
             return e.check_equivalent(kind, d, &self.name);
         }
-        let e = Arc::new(Exchange::new(
+        let e = Exchange::new(
             name.to_owned(),
             kind,
             d.durable,
             d.auto_delete,
             d.internal,
             d.arguments.clone(),
-        ));
+        );
+        let e = if delayed {
+            self.delayed_exchange(e, delayed_id)
+        } else {
+            Arc::new(e)
+        };
         self.apply_policies_to_exchange(&e);
         ex.insert(name.to_owned(), e);
         Ok(())
@@ -347,6 +359,7 @@ impl VHost {
             self.record(&self.delete_exchange_cmd(name))?;
         }
         self.exchanges.write().remove(name);
+        self.discard_delayed(&gone);
         for def in stored {
             self.record(&MetaCommand::DeleteBinding(def))?;
         }
@@ -610,11 +623,8 @@ impl VHost {
         origin: &Origin,
     ) -> AmqpResult<PublishResult> {
         let start = self.check_publish_target(exchange)?;
-        let targets = routing::resolve(self, start, msg);
-        let durable = Some(durable);
-        Ok(routing::deliver_to(
-            &self.dur, &targets, msg, now, durable, origin,
-        ))
+        let routed = routing::resolve(self, start, msg, true);
+        Ok(self.deliver_routed(routed, msg, now, Some(durable), origin))
     }
 
     /// Republishes one dead letter through `from`'s dead-letter exchange,
@@ -652,9 +662,11 @@ impl VHost {
                 }
             }
         };
-        let mut targets = routing::resolve(self, exchange, &msg);
-        targets.retain(|q| dead_letter::may_reach(&msg, &q.name, d.reason));
-        routing::deliver_to(&self.dur, &targets, &msg, now, durable, origin);
+        let mut routed = routing::resolve(self, exchange, &msg, true);
+        routed
+            .queues
+            .retain(|q| dead_letter::may_reach(&msg, &q.name, d.reason));
+        self.deliver_routed(routed, &msg, now, durable, origin);
     }
 }
 

@@ -10,6 +10,7 @@ use crate::serve_args::ServeArgs;
 
 mod admin;
 mod backup_cmd;
+mod cluster_cmd;
 mod compact_cmd;
 mod events_cmd;
 mod exit;
@@ -64,6 +65,9 @@ enum Command {
     Vhost(admin::VhostArgs),
     /// Manage permissions of a running broker (through its HTTP API).
     Permissions(admin::PermissionsArgs),
+    /// A cluster's members and leader; add or remove a member (through the
+    /// leader's HTTP API; see docs/CLUSTERING.md).
+    Cluster(cluster_cmd::ClusterArgs),
 }
 
 #[derive(Subcommand)]
@@ -170,6 +174,7 @@ fn main() -> ExitCode {
         Command::User(a) => admin_result(admin::user(&a)),
         Command::Vhost(a) => admin_result(admin::vhost(&a)),
         Command::Permissions(a) => admin_result(admin::permissions(&a)),
+        Command::Cluster(a) => admin_result(cluster_cmd::run(&a)),
         Command::Bench(args) => match berth_bench::run(*args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

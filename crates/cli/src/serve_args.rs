@@ -68,7 +68,12 @@ fn flag(setting: &'static Setting) -> Arg {
         // A switch takes no value; clap hands "true" to the parser.
         Shape::Switch => arg.action(ArgAction::SetTrue),
         Shape::Single => arg.value_name(setting.value_name).action(ArgAction::Set),
-        Shape::Repeated => arg.value_name(setting.value_name).action(ArgAction::Append),
+        // The plural (the key's own name) is accepted too: `--cluster-peers`.
+        Shape::Repeated => arg
+            .value_name(setting.value_name)
+            .action(ArgAction::Append)
+            // Built once per process for a handful of list settings.
+            .alias(&*Box::leak(format!("{}s", setting.flag).into_boxed_str())),
     }
 }
 

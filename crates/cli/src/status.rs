@@ -87,6 +87,7 @@ impl Kind {
                 ("vhost", "vhost", false),
                 ("type", "type", false),
                 ("durable", "durable", false),
+                ("delayed", "messages_delayed", true),
             ],
             Kind::Connections => &[
                 ("name", "name", false),
@@ -321,6 +322,25 @@ fn render_status(s: &Value, width: usize) -> String {
         cell(field(o, "message_stats.deliver_get_details.rate")),
         cell(field(o, "message_stats.ack_details.rate")),
     );
+    let d = &o["delayed_totals"];
+    if d["exchanges"].as_u64().unwrap_or(0) > 0 {
+        let next = match d["next_due_unix_ms"].as_u64() {
+            Some(due) => {
+                let now_ms = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
+                let in_s = due.saturating_sub(now_ms) as f64 / 1000.0;
+                format!(", next due in {in_s:.1} s")
+            }
+            None => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "delayed messages {} in {} delayed exchanges{next}",
+            cell(d.get("messages_delayed")),
+            cell(d.get("exchanges")),
+        );
+    }
     let alarm = if s["alarms"]["status"] == "ok" {
         "none".to_owned()
     } else {
@@ -515,6 +535,28 @@ mod tests {
         let g = store_health(m);
         assert_eq!(g.len(), 1);
         assert!((g[0]["fsync_ms_mean"].as_f64().unwrap_or(0.0) - 0.5).abs() < 1e-9);
+    }
+
+    /// Delayed exchanges' pending messages show on a line of their own
+    /// (none when there is no delayed exchange).
+    #[test]
+    fn status_shows_pending_delayed_messages() {
+        let s = |d: Value| {
+            json!({
+                "overview": {"delayed_totals": d},
+                "queues": {"items": []},
+                "alarms": {"status": "ok"},
+                "store_groups": [],
+            })
+        };
+        let none = render_status(&s(json!({"exchanges": 0, "messages_delayed": 0})), 200);
+        assert!(!none.contains("delayed"), "{none}");
+        let due = json!({"exchanges": 2, "messages_delayed": 1500, "next_due_unix_ms": 1});
+        let out = render_status(&s(due), 200);
+        assert!(
+            out.contains("delayed messages 1500 in 2 delayed exchanges, next due in 0.0 s"),
+            "{out}"
+        );
     }
 
     /// A group that refuses writes shows on its own line, and the alarms

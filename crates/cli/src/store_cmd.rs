@@ -139,15 +139,24 @@ fn read_command(a: &ReadArgs, verify: bool) -> ExitCode {
     }
 }
 
-/// Queue id → "vhost/name", from the broker's queue definitions.
-fn queue_names(groups: &[GroupReport]) -> std::collections::HashMap<u64, (String, String)> {
-    let mut names = std::collections::HashMap::new();
+/// Store id → (vhost, name, what), from the broker's definitions: a
+/// queue's id, or a durable delayed exchange's (its pending messages,
+/// docs/DELAYED.md).
+type Names = std::collections::HashMap<u64, (String, String, &'static str)>;
+
+fn queue_names(groups: &[GroupReport]) -> Names {
+    let mut names = Names::new();
     for g in groups {
         for (k, v) in &g.meta {
             let parts = berth_broker::durable::split_key(k);
-            if parts.len() == 3 && parts[0] == "q" {
+            let what = match parts.first().map(String::as_str) {
+                Some("q") => "queue",
+                Some("x") => "delayed exchange",
+                _ => continue,
+            };
+            if parts.len() == 3 {
                 if let Some(id) = berth_broker::durable::queue_id_of(v) {
-                    names.insert(id, (parts[1].clone(), parts[2].clone()));
+                    names.insert(id, (parts[1].clone(), parts[2].clone(), what));
                 }
             }
         }
@@ -155,11 +164,16 @@ fn queue_names(groups: &[GroupReport]) -> std::collections::HashMap<u64, (String
     names
 }
 
-fn queue_label(names: &std::collections::HashMap<u64, (String, String)>, q: QueueId) -> String {
+fn queue_label(names: &Names, q: QueueId) -> String {
     const PAGING_BIT: u64 = 1 << 63;
     match names.get(&(q.0 & !PAGING_BIT)) {
-        Some((vhost, name)) if q.0 & PAGING_BIT == 0 => format!("'{name}' in vhost '{vhost}'"),
-        Some((vhost, name)) => format!("paging copies of '{name}' in vhost '{vhost}'"),
+        Some((vhost, name, "queue")) if q.0 & PAGING_BIT == 0 => {
+            format!("'{name}' in vhost '{vhost}'")
+        }
+        Some((vhost, name, what)) if q.0 & PAGING_BIT == 0 => {
+            format!("{what} '{name}' in vhost '{vhost}'")
+        }
+        Some((vhost, name, _)) => format!("paging copies of '{name}' in vhost '{vhost}'"),
         None => format!("queue id {} (no durable definition)", q.0),
     }
 }

@@ -35,7 +35,7 @@ mod types;
 pub mod untrusted;
 
 pub use error::ClusterError;
-pub use node::{ClusterNode, NodeConfig, ProposeError};
+pub use node::{ClusterNode, NodeConfig, ProposeError, Reply};
 pub use state_machine::Apply;
 pub use status::{ClusterStatus, MemberStatus, Role};
 pub use sync_gate::SyncGate;

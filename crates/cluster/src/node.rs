@@ -39,7 +39,7 @@ use crate::standing::Standing;
 use crate::state_machine::{Apply, StateMachine};
 use crate::status::{ClusterStatus, MemberStatus, Role};
 use crate::sync_gate::SyncGate;
-use crate::transport::{self, Network};
+use crate::transport::{self, Heard, Network};
 use crate::types::{Command, NodeId, Raft};
 
 /// Everything a member needs to start.
@@ -60,6 +60,13 @@ pub struct NodeConfig {
     pub snapshot_after_entries: u64,
     /// An fdatasync running longer than this fences the node (see above).
     pub sync_stall_ms_max: u64,
+    /// A proposal not committed within this is answered `Timeout` (its
+    /// outcome unknown) so that later ones are not stuck behind it.
+    pub commit_timeout_ms: u64,
+    /// Whether this member may form the cluster from `members` at its
+    /// first start (if it has the smallest id); a member started to join
+    /// an existing cluster must not.
+    pub may_form: bool,
     /// Test hook in front of every fdatasync; production passes the default.
     pub sync_gate: SyncGate,
 }
@@ -82,6 +89,8 @@ impl NodeConfig {
             heartbeat_ms: 250,
             snapshot_after_entries: 10_000,
             sync_stall_ms_max: 5_000,
+            commit_timeout_ms: 5_000,
+            may_form: true,
             sync_gate: SyncGate::default(),
         }
     }
@@ -130,9 +139,13 @@ pub enum ProposeError {
     Stopped(String),
 }
 
+/// What a proposer is told once its proposal's entry committed (or
+/// could not): called once, on the gathering task, so it must be short.
+pub type Reply = Box<dyn FnOnce(Result<u64, ProposeError>) + Send>;
+
 struct Proposal {
     command: Vec<u8>,
-    reply: oneshot::Sender<Result<u64, ProposeError>>,
+    reply: Reply,
 }
 
 pub struct ClusterNode {
@@ -144,6 +157,8 @@ pub struct ClusterNode {
     standing: Arc<Standing>,
     /// A leader's lease: the shortest election timeout.
     lease_ms: u64,
+    /// When each peer last answered this node.
+    heard: Arc<Heard>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -176,9 +191,11 @@ impl ClusterNode {
         .validate()
         .map_err(|e| ClusterError::Config(e.to_string()))?;
         let secret = Arc::new(config.secret);
+        let heard = Arc::new(Heard::default());
         let network = Network {
             node: config.id,
             secret: secret.clone(),
+            heard: heard.clone(),
         };
         let raft = Raft::new(config.id, Arc::new(raft_config), network, log.clone(), sm)
             .await
@@ -199,7 +216,11 @@ impl ClusterNode {
                 secret,
                 standing.clone(),
             )),
-            tokio::spawn(gather(raft.clone(), queue)),
+            tokio::spawn(gather(
+                raft.clone(),
+                queue,
+                Duration::from_millis(config.commit_timeout_ms),
+            )),
             tokio::spawn(watch_disk(
                 raft.clone(),
                 writer.clone(),
@@ -215,10 +236,12 @@ impl ClusterNode {
             writer,
             standing,
             lease_ms: config.election_timeout_ms.0,
+            heard,
             tasks,
         };
         let first = config.members.keys().next().copied();
         if first == Some(config.id)
+            && config.may_form
             && !node
                 .raft
                 .is_initialized()
@@ -246,17 +269,15 @@ impl ClusterNode {
     /// Replicates `command`; `Ok(index)` once it is committed and applied
     /// (`index` is that of the Raft entry it was gathered into).
     pub async fn propose(&self, command: Vec<u8>, timeout: Duration) -> Result<u64, ProposeError> {
-        if self.standing.fenced.load(Ordering::Acquire) {
-            return Err(ProposeError::DiskStalled(
-                self.writer.sync_running_for().unwrap_or_default(),
-            ));
-        }
         let (reply, answer) = oneshot::channel();
         let work = async {
-            self.proposals
-                .send(Proposal { command, reply })
-                .await
-                .map_err(|_| ProposeError::Stopped("the proposal queue is closed".into()))?;
+            self.submit(
+                command,
+                Box::new(move |r| {
+                    let _ = reply.send(r); // the proposer may have timed out and gone
+                }),
+            )
+            .await;
             answer
                 .await
                 .unwrap_or_else(|_| Err(ProposeError::Stopped("the proposal was dropped".into())))
@@ -264,6 +285,58 @@ impl ClusterNode {
         tokio::time::timeout(timeout, work)
             .await
             .unwrap_or(Err(ProposeError::Timeout(timeout)))
+    }
+
+    /// Queues `command` for the next entry and returns once it is queued;
+    /// `reply` runs when the entry committed and was applied here (or
+    /// could not be: after `Timeout` the outcome is unknown). Proposals
+    /// submitted one after another by one task keep that order in the log,
+    /// which is what a journal's positions need.
+    pub async fn submit(&self, command: Vec<u8>, reply: Reply) {
+        if self.standing.fenced.load(Ordering::Acquire) {
+            reply(Err(ProposeError::DiskStalled(
+                self.writer.sync_running_for().unwrap_or_default(),
+            )));
+            return;
+        }
+        if let Err(refused) = self.proposals.send(Proposal { command, reply }).await {
+            (refused.0.reply)(Err(ProposeError::Stopped(
+                "the proposal queue is closed".into(),
+            )));
+        }
+    }
+
+    /// Adds a member (leader only): it joins as a learner, catches up (by
+    /// snapshot if it is far behind), then becomes a voter. Returns once
+    /// the new membership is committed.
+    pub async fn add_member(&self, id: NodeId, addr: String) -> Result<(), ProposeError> {
+        self.raft
+            .add_learner(id, BasicNode::new(addr), true)
+            .await
+            .map_err(membership_error)?;
+        let mut voters = self.voters();
+        voters.insert(id);
+        self.raft
+            .change_membership(voters, false)
+            .await
+            .map_err(membership_error)?;
+        Ok(())
+    }
+
+    /// Removes a member (leader only); returns once the new membership is
+    /// committed. The removed node stops receiving entries.
+    pub async fn remove_member(&self, id: NodeId) -> Result<(), ProposeError> {
+        let mut voters = self.voters();
+        if !voters.remove(&id) {
+            return Err(ProposeError::Stopped(format!(
+                "{id} is not a voting member"
+            )));
+        }
+        self.raft
+            .change_membership(voters, false)
+            .await
+            .map_err(membership_error)?;
+        Ok(())
     }
 
     /// Is this node fenced off by a stalled disk?
@@ -358,6 +431,13 @@ impl ClusterNode {
                     _ => None,
                 };
                 MemberStatus {
+                    millis_since_heard: if *id == m.id {
+                        Some(0)
+                    } else {
+                        self.heard
+                            .since(*id)
+                            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+                    },
                     id: *id,
                     addr: node.addr.clone(),
                     voter: voters.contains(id),
@@ -406,9 +486,19 @@ impl ClusterNode {
     }
 }
 
+fn membership_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> ProposeError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => ProposeError::NotLeader {
+            leader: f.leader_id,
+            addr: f.leader_node.map(|n| n.addr),
+        },
+        other => ProposeError::Stopped(other.to_string()),
+    }
+}
+
 /// Gathers proposals that arrive while an entry is being committed into the
 /// next entry (see [`batch`] for its bytes).
-async fn gather(raft: Raft, mut queue: mpsc::Receiver<Proposal>) {
+async fn gather(raft: Raft, mut queue: mpsc::Receiver<Proposal>, commit_timeout: Duration) {
     while let Some(first) = queue.recv().await {
         let mut bytes = first.command.len();
         let mut batch = vec![first];
@@ -422,18 +512,23 @@ async fn gather(raft: Raft, mut queue: mpsc::Receiver<Proposal>) {
             }
         }
         let entry = batch::encode(batch.iter().map(|p| p.command.as_slice()));
-        let result = match raft.client_write(Command(entry)).await {
-            Ok(reply) => Ok(reply.log_id.index),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+        // A leader that cannot reach a majority waits here: after the
+        // timeout the outcome is unknown (the entry may still commit) and
+        // the gatherer moves on, so later proposals are not stuck behind it.
+        let written = tokio::time::timeout(commit_timeout, raft.client_write(Command(entry))).await;
+        let result = match written {
+            Err(_) => Err(ProposeError::Timeout(commit_timeout)),
+            Ok(Ok(reply)) => Ok(reply.log_id.index),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
                 Err(ProposeError::NotLeader {
                     leader: f.leader_id,
                     addr: f.leader_node.map(|n| n.addr),
                 })
             }
-            Err(e) => Err(ProposeError::Stopped(e.to_string())),
+            Ok(Err(e)) => Err(ProposeError::Stopped(e.to_string())),
         };
         for p in batch {
-            let _ = p.reply.send(result.clone()); // the proposer may have timed out and gone
+            (p.reply)(result.clone());
         }
     }
 }

@@ -6,8 +6,8 @@
 //! - Commands reach [`Apply::apply`] in log order (commands gathered into
 //!   one entry share its index, in the order they were proposed), each
 //!   once per process life; after a restart they are applied again from the last
-//!   snapshot on (the application's in-memory state starts from
-//!   [`Apply::restore`]).
+//!   snapshot on, and the application's state starts from that snapshot
+//!   ([`Apply::restore`]) or, with none, from empty ([`Apply::start_empty`]).
 //! - A snapshot is reported built or installed only once `raft.snapshot`
 //!   holding it is durable: openraft may purge the log behind it.
 
@@ -36,6 +36,9 @@ pub trait Apply: Send + Sync + 'static {
     fn snapshot(&self) -> Vec<u8>;
     /// Replaces the application's state by a snapshot's.
     fn restore(&self, snapshot: &[u8]);
+    /// At a start with no snapshot: the log will be applied from its first
+    /// entry, so the application starts from its empty state.
+    fn start_empty(&self);
 }
 
 #[derive(Clone, Serialize, Deserialize)]
@@ -74,7 +77,10 @@ impl StateMachine {
                 app.restore(&s.data);
                 (s.meta.last_log_id, s.meta.last_membership.clone())
             }
-            None => (None, StoredMembership::default()),
+            None => {
+                app.start_empty();
+                (None, StoredMembership::default())
+            }
         };
         Ok(Self {
             app,

@@ -24,6 +24,9 @@ pub struct MemberStatus {
     pub matched_index: Option<u64>,
     /// Entries this member is behind the leader's log (leader only).
     pub lag: Option<u64>,
+    /// Milliseconds since this member last answered a call of this node
+    /// (0 for the node itself; `None` if it never did).
+    pub millis_since_heard: Option<u64>,
 }
 
 #[derive(Clone, Debug)]

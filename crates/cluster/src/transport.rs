@@ -8,6 +8,7 @@
 //! - A frame that does not decode closes its connection, never the node.
 
 mod client;
+pub use client::Heard;
 mod handshake;
 mod server;
 

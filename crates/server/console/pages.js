@@ -110,6 +110,7 @@
       { label: "Type", key: "type" },
       { label: "Durable", key: "durable", render: (e) => (e.durable ? "D" : "") },
       { label: "Internal", key: "internal", render: (e) => (e.internal ? "I" : "") },
+      { label: "Delayed", key: "messages_delayed", nosort: true, render: (e) => (e.messages_delayed ?? "") },
       { label: "Arguments", key: "arguments", nosort: true, render: (e) => JSON.stringify(e.arguments || {}) },
     ], { id: "exchanges" });
     const vhosts = await vhostNames();
@@ -117,7 +118,7 @@
       form("add-exchange", [
         { name: "vhost", label: "Vhost", options: vhosts, value: vhosts[0] },
         { name: "name", label: "Name", required: true },
-        { name: "type", label: "Type", options: ["direct", "fanout", "topic", "headers"], value: "direct" },
+        { name: "type", label: "Type", options: ["direct", "fanout", "topic", "headers", "x-delayed-message"], value: "direct" },
         { name: "durable", label: "Durable", type: "checkbox", value: true },
         { name: "arguments", label: "Arguments (JSON)", value: "{}" },
       ], "Add exchange", (v) => api("PUT", `/exchanges/${enc(v.vhost)}/${enc(v.name)}`, {

@@ -30,6 +30,7 @@ pub struct Config {
     pub log: Log,
     pub management: Management,
     pub event_log: EventLogSection,
+    pub cluster: Cluster,
 }
 
 /// `[management]`: the HTTP management side.
@@ -188,6 +189,28 @@ pub struct Auth {
     /// Login mechanisms offered, in this order (`EXTERNAL` only on a TLS
     /// connection whose certificate names a user).
     pub mechanisms: Vec<crate::mechanism::Mechanism>,
+}
+
+/// `[cluster]`: replication over Raft (docs/CLUSTERING.md). With no
+/// `node_id` berth runs as one node, exactly as without the section.
+/// Flags carry a `cluster-` prefix (`cluster.peers` ↔ `--cluster-peer`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Cluster {
+    /// This node's name; set, it makes berth a cluster member.
+    pub node_id: Option<String>,
+    /// `HOST:PORT` of the listener for the other members.
+    pub listen: Option<String>,
+    /// Every member, this one included, as `NAME@HOST:PORT`.
+    pub peers: Vec<String>,
+    /// A file holding the cluster's shared secret (every member the same).
+    pub secret_file: Option<PathBuf>,
+    /// This member joins an existing cluster (`berth cluster add-node`)
+    /// and never forms one of its own.
+    pub join: bool,
+    /// The shortest election timeout; the longest is twice it.
+    pub election_timeout_ms: u64,
+    /// An fdatasync of the Raft log running longer fences the node.
+    pub sync_stall_ms_max: u64,
 }
 
 /// `[log]`.

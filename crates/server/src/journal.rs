@@ -49,7 +49,7 @@ fn adapt(done: Option<Done>) -> Option<berth_store::Done> {
 
 /// Runs blocking work (a wait for fsync, a disk read) so that, on a tokio
 /// worker, the worker's other tasks move to another thread meanwhile.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current() {
         Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
             tokio::task::block_in_place(f)
@@ -137,11 +137,36 @@ impl Journal for StoreJournal {
 pub fn open_broker(
     config: &crate::Config,
 ) -> Result<(Arc<Broker>, Arc<StoreJournal>), crate::ServerError> {
+    open_broker_with(config, |j| Arc::clone(j) as Arc<dyn Journal>)
+}
+
+/// [`open_broker`], with the broker's journal made from the store's by
+/// `wrap` (a cluster leader's broker writes through Raft and reads from
+/// its own store).
+pub fn open_broker_with(
+    config: &crate::Config,
+    wrap: impl FnOnce(&Arc<StoreJournal>) -> Arc<dyn Journal>,
+) -> Result<(Arc<Broker>, Arc<StoreJournal>), crate::ServerError> {
     let started = Instant::now();
     let sc = config.store_config();
     crate::reshape::apply(config, &sc)?;
     let (store, recovered) =
         Store::open(sc).map_err(|source| crate::ServerError::Store { source })?;
+    let journal = Arc::new(StoreJournal {
+        store,
+        events: std::sync::OnceLock::new(),
+    });
+    broker_from(config, journal, &recovered, started, wrap)
+}
+
+/// Builds the broker from what an opened store `recovered`.
+pub fn broker_from(
+    config: &crate::Config,
+    journal: Arc<StoreJournal>,
+    recovered: &berth_store::Recovered,
+    started: Instant,
+    wrap: impl FnOnce(&Arc<StoreJournal>) -> Arc<dyn Journal>,
+) -> Result<(Arc<Broker>, Arc<StoreJournal>), crate::ServerError> {
     for d in &recovered.damage {
         tracing::error!(damage = ?d, "store damage found during recovery and quarantined");
     }
@@ -177,10 +202,6 @@ pub fn open_broker(
     };
     let (_, next_queue) = br.next_ids();
     let next_msg = recovered.next_msg_id.0.max(br.next_ids().0);
-    let journal = Arc::new(StoreJournal {
-        store,
-        events: std::sync::OnceLock::new(),
-    });
     for q in &paging {
         journal.store.purge(*q, None);
     }
@@ -192,7 +213,7 @@ pub fn open_broker(
     }
     let broker = Broker::with_journal(
         config.auth.vhosts.iter().map(String::as_str),
-        Arc::clone(&journal) as Arc<dyn Journal>,
+        wrap(&journal),
         next_msg,
         next_queue,
     );

@@ -15,6 +15,7 @@
 mod accept;
 pub mod auth;
 pub mod cert_login;
+pub mod cluster;
 pub mod config;
 pub mod connection;
 pub mod disk;
@@ -89,18 +90,41 @@ pub struct Running {
     pub amqp_addrs: Vec<SocketAddr>,
     pub amqps_addrs: Vec<SocketAddr>,
     pub http_addrs: Vec<SocketAddr>,
+    /// The cluster listener, for a cluster member.
+    pub cluster_addr: Option<SocketAddr>,
+    /// The broker being served: from the start on a single node; on a
+    /// cluster member, from when it leads.
+    serving: Arc<parking_lot::Mutex<Option<Serving>>>,
+    /// A member's task that waits to lead and then serves.
+    member: Option<tokio::task::JoinHandle<()>>,
+    _locks: Vec<File>,
+}
+
+/// A broker being served and what stops it.
+struct Serving {
     journal: Arc<journal::StoreJournal>,
     /// For the removals still waiting at shutdown (dead-lettering).
     broker: Arc<berth_broker::Broker>,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
-    _locks: Vec<File>,
 }
 
 impl Running {
     /// Asks every connection to close and waits (bounded) for the server to
     /// stop.
     pub async fn shutdown(self) {
+        if let Some(member) = &self.member {
+            member.abort();
+        }
+        let serving = self.serving.lock().take();
+        if let Some(serving) = serving {
+            serving.shutdown().await;
+        }
+    }
+}
+
+impl Serving {
+    async fn shutdown(self) {
         let _receivers_may_be_gone = self.shutdown.send(true);
         let wait = Duration::from_millis(limits::SHUTDOWN_GRACE_MS + limits::SHUTDOWN_SLACK_MS);
         if tokio::time::timeout(wait, self.task).await.is_err() {
@@ -200,11 +224,16 @@ fn load_definitions(
     Ok(())
 }
 
-/// Starts the server: binds, logs the ready line, serves until shut down.
-pub async fn start(config: Config) -> Result<Running, ServerError> {
-    config.validate()?;
-    raise_nofile_limit();
-    let locks = lock_data_dirs(&config.store.data_dirs)?;
+/// Every listener, bound.
+struct Listeners {
+    amqp: Bound,
+    amqps: Bound,
+    http: Bound,
+    https: Bound,
+    tls: Option<Arc<tls::Tls>>,
+}
+
+fn bind_listeners(config: &Config) -> Result<Listeners, ServerError> {
     let net = &config.net;
     let amqp = listen::bind_all(&net.amqp_listen, Ipv6::SkipWhenUnavailable)?;
     let tls = if net.amqps_listen.is_empty() && net.https_listen.is_empty() {
@@ -212,9 +241,24 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
     } else {
         Some(Arc::new(tls::Tls::new(&config.tls)?))
     };
-    let amqps = listen::bind_all(&net.amqps_listen, Ipv6::Required)?;
-    let http = listen::bind_all(&net.http_listen, Ipv6::Required)?;
-    let https = listen::bind_all(&net.https_listen, Ipv6::Required)?;
+    Ok(Listeners {
+        amqp,
+        amqps: listen::bind_all(&net.amqps_listen, Ipv6::Required)?,
+        http: listen::bind_all(&net.http_listen, Ipv6::Required)?,
+        https: listen::bind_all(&net.https_listen, Ipv6::Required)?,
+        tls,
+    })
+}
+
+/// Starts the server: binds, logs the ready line, serves until shut down.
+pub async fn start(config: Config) -> Result<Running, ServerError> {
+    config.validate()?;
+    raise_nofile_limit();
+    let locks = lock_data_dirs(&config.store.data_dirs)?;
+    let listeners = bind_listeners(&config)?;
+    if config.cluster.node_id.is_some() {
+        return start_member(config, listeners, locks).await;
+    }
     let (broker, journal) = {
         let config = config.clone();
         tokio::task::spawn_blocking(move || journal::open_broker(&config))
@@ -224,6 +268,178 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
     if let Some(path) = &config.management.load_definitions {
         load_definitions(&broker, path)?;
     }
+    let ready = ready_line(&listeners, None);
+    let (amqp_addrs, amqps_addrs, http_addrs) = (
+        listeners.amqp.addrs.clone(),
+        listeners.amqps.addrs.clone(),
+        listeners.http.addrs.clone(),
+    );
+    let serving = serve_broker(config, listeners, broker, journal, None)?;
+    tracing::info!("{ready}");
+    Ok(Running {
+        amqp_addrs,
+        amqps_addrs,
+        http_addrs,
+        cluster_addr: None,
+        serving: Arc::new(parking_lot::Mutex::new(Some(serving))),
+        member: None,
+        _locks: locks,
+    })
+}
+
+/// A listener's twin on the same socket, so a follower can answer on it
+/// and hand the original on untouched when it starts to lead.
+fn twin(l: &TcpListener) -> Result<TcpListener, ServerError> {
+    let addr = l
+        .local_addr()
+        .map_or_else(|_| "?".into(), |a| a.to_string());
+    let fail = |source| ServerError::Bind {
+        addr: addr.clone(),
+        source,
+    };
+    let std = socket2::SockRef::from(l).try_clone().map_err(fail)?;
+    let std: std::net::TcpListener = std.into();
+    std.set_nonblocking(true).map_err(fail)?;
+    TcpListener::from_std(std).map_err(fail)
+}
+
+/// A cluster member: starts Raft and turns clients away until this member
+/// leads, then serves the broker from its replica; a member that stops
+/// leading restarts (see [`cluster::member`]).
+async fn start_member(
+    config: Config,
+    listeners: Listeners,
+    locks: Vec<File>,
+) -> Result<Running, ServerError> {
+    let member = Arc::new(cluster::member::Member::start(&config).await?);
+    let view = Arc::clone(&member.view);
+    let handshake = Duration::from_millis(config.net.handshake_timeout_ms);
+    let mut follower = Vec::new();
+    for l in &listeners.amqp.listeners {
+        let l = twin(l)?;
+        follower.push(tokio::spawn(cluster::redirect::turn_away(
+            l,
+            Arc::clone(&view),
+            handshake,
+        )));
+    }
+    for l in &listeners.http.listeners {
+        let app = cluster::follower_http::router(Arc::clone(&view));
+        let l = twin(l)?;
+        follower.push(tokio::spawn(async move {
+            if let Err(e) = axum::serve(l, app).await {
+                tracing::error!(error = %e, "HTTP listener failed");
+            }
+        }));
+    }
+    let ready = ready_line(&listeners, Some(member.cluster_addr));
+    let serves = cluster::view::Serves {
+        amqp: listeners.amqp.addr_list(),
+        http: listeners.http.addr_list(),
+    };
+    let running = Running {
+        amqp_addrs: listeners.amqp.addrs.clone(),
+        amqps_addrs: listeners.amqps.addrs.clone(),
+        http_addrs: listeners.http.addrs.clone(),
+        cluster_addr: Some(member.cluster_addr),
+        serving: Arc::default(),
+        member: None,
+        _locks: locks,
+    };
+    let slot = Arc::clone(&running.serving);
+    let task = tokio::spawn(async move {
+        member.until_leading(&serves).await;
+        for t in &follower {
+            t.abort();
+        }
+        let served = lead(&config, listeners, &member).await;
+        match served {
+            Ok(serving) => {
+                *slot.lock() = Some(serving);
+                tracing::info!(member = %member.view.name, "berth leader serving clients");
+                let why = member.until_deposed().await;
+                cluster::member::restart(&why);
+            }
+            Err(e) => cluster::member::restart(&format!("could not open the broker: {e}")),
+        }
+    });
+    tracing::info!("{ready}");
+    Ok(Running {
+        member: Some(task),
+        ..running
+    })
+}
+
+/// A new leader opens its broker from its replica (closed and reopened,
+/// as after a restart) and serves it, every journal write through Raft.
+async fn lead(
+    config: &Config,
+    listeners: Listeners,
+    member: &Arc<cluster::member::Member>,
+) -> Result<Serving, ServerError> {
+    let node = Arc::clone(&member.view.node);
+    let replica = Arc::clone(&member.replica);
+    let opened = {
+        let config = config.clone();
+        tokio::task::spawn_blocking(move || {
+            let started = std::time::Instant::now();
+            // The store is swapped while no command is applied; the broker
+            // is built after (building it may propose, e.g. the default
+            // vhost, and commits need this member to apply).
+            let mut recovered = None;
+            let journal = replica
+                .reopen(|old| {
+                    let old = Arc::try_unwrap(old).map_err(|_| {
+                        "the replica store is still in use by another part of this process"
+                            .to_owned()
+                    })?;
+                    old.store.close().map_err(|e| e.to_string())?;
+                    let (store, r) = berth_store::Store::open(config.store_config())
+                        .map_err(|e| e.to_string())?;
+                    recovered = Some(r);
+                    Ok::<_, String>(Arc::new(journal::StoreJournal {
+                        store,
+                        events: std::sync::OnceLock::new(),
+                    }))
+                })
+                .map_err(ServerError::Startup)?;
+            let recovered = recovered.expect("set when reopened");
+            journal::broker_from(&config, journal, &recovered, started, |j| {
+                Arc::new(cluster::replicated::ReplicatedJournal::start(
+                    node,
+                    Arc::clone(j),
+                )) as Arc<dyn berth_broker::durable::Journal>
+            })
+        })
+        .await
+        .map_err(|e| ServerError::Startup(format!("store recovery did not finish: {e}")))??
+    };
+    let (broker, journal) = opened;
+    serve_broker(
+        config.clone(),
+        listeners,
+        broker,
+        journal,
+        Some(Arc::clone(&member.view)),
+    )
+}
+
+/// Serves `broker` on every listener: the management API, the AMQP
+/// accept loops and the broker's timers.
+fn serve_broker(
+    config: Config,
+    listeners: Listeners,
+    broker: Arc<berth_broker::Broker>,
+    journal: Arc<journal::StoreJournal>,
+    cluster: Option<Arc<cluster::view::ClusterView>>,
+) -> Result<Serving, ServerError> {
+    let Listeners {
+        amqp,
+        amqps,
+        http,
+        https,
+        tls,
+    } = listeners;
     let logins = throttle::LoginThrottle::new(config.auth.login_failures_per_s_max);
     let shared = Arc::new(Shared {
         broker: Arc::clone(&broker),
@@ -231,6 +447,7 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         registry: Arc::new(registry::Registry::default()),
         disk: Arc::default(),
         logins,
+        cluster,
     });
     let (tx, rx) = watch::channel(false);
     disk::spawn_watch(
@@ -239,9 +456,6 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         shared.config.limits.disk_free_bytes_min,
         rx.clone(),
     );
-    let ready = ready_line(&amqp, &http, &amqps, &https);
-    let (amqp_addrs, amqps_addrs, http_addrs) =
-        (amqp.addrs.clone(), amqps.addrs.clone(), http.addrs.clone());
     let accepting = Accepting {
         shared: Arc::clone(&shared),
         shutdown: rx.clone(),
@@ -273,27 +487,25 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         tls::reload_on_sighup(tls, &rx);
     }
     let task = tokio::spawn(serve(listeners, accepting));
-    tracing::info!("{ready}");
-    Ok(Running {
-        amqp_addrs,
-        amqps_addrs,
-        http_addrs,
+    Ok(Serving {
         journal,
         broker,
         shutdown: tx,
         task,
-        _locks: locks,
     })
 }
 
-/// `berth ready amqp=ADDR[,ADDR...]`, then ` http=`, ` amqps=` and
-/// ` https=` for the kinds that have listeners.
-fn ready_line(amqp: &Bound, http: &Bound, amqps: &Bound, https: &Bound) -> String {
-    let mut ready = format!("berth ready amqp={}", amqp.addr_list());
-    for (kind, bound) in [("http", http), ("amqps", amqps), ("https", https)] {
+/// `berth ready amqp=ADDR[,ADDR...]`, then ` http=`, ` amqps=`,
+/// ` https=` and ` cluster=` for the kinds that have listeners.
+fn ready_line(l: &Listeners, cluster: Option<SocketAddr>) -> String {
+    let mut ready = format!("berth ready amqp={}", l.amqp.addr_list());
+    for (kind, bound) in [("http", &l.http), ("amqps", &l.amqps), ("https", &l.https)] {
         if !bound.addrs.is_empty() {
             ready.push_str(&format!(" {kind}={}", bound.addr_list()));
         }
+    }
+    if let Some(addr) = cluster {
+        ready.push_str(&format!(" cluster={addr}"));
     }
     ready
 }

@@ -145,3 +145,15 @@ pub const HTTPS_HANDSHAKES_PER_ADDRESS_MAX: usize = 16;
 /// `net.tls_handshake_timeout_ms`: a TLS handshake takes a few round
 /// trips; a socket that has not finished one by then is closed.
 pub const DEFAULT_TLS_HANDSHAKE_TIMEOUT_MS: u64 = 3_000;
+
+/// Journal writes a cluster leader has handed to Raft and not yet seen
+/// committed; past it connections stop being read until some commit.
+pub const CLUSTER_WRITES_IN_FLIGHT_MAX: usize = 16_384;
+
+/// How often a cluster member looks at its role (leader or not, lease
+/// held, replica healthy).
+pub const CLUSTER_ROLE_POLL_MS: u64 = 50;
+
+/// How long a new leader waits for its announcement (the barrier behind
+/// which every earlier committed entry is applied) before it tries again.
+pub const CLUSTER_ANNOUNCE_TIMEOUT_MS: u64 = 5_000;

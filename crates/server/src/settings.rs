@@ -11,8 +11,9 @@
 //! has the flag `--key-name` (underscores become dashes, the section is not
 //! part of the flag; key names are unique across sections). A list key named
 //! in the plural takes a repeatable flag named in the singular:
-//! `store.data_dirs` ↔ `--data-dir DIR --data-dir DIR2`. `[tls]` and
-//! `[event_log]` flags keep their section as a prefix (`--tls-cert-file`).
+//! `store.data_dirs` ↔ `--data-dir DIR --data-dir DIR2` (the plural is an
+//! alias). `[tls]`, `[event_log]` and `[cluster]` flags keep their section
+//! as a prefix (`--tls-cert-file`, `--cluster-node-id`).
 //! Units are the last word of a name (`heartbeat_s`, `frame_size_bytes_max`).
 //!
 //! Invariants:
@@ -22,6 +23,7 @@
 //! - Checks that involve two settings are in [`check_together`]; every
 //!   other check is on its setting's entry.
 
+mod cluster;
 mod docs;
 mod file;
 mod limits;
@@ -35,7 +37,7 @@ mod tests;
 
 use std::path::{Path, PathBuf};
 
-use crate::config::{Auth, Config, ConfigError, EventLogSection, Limits, Log};
+use crate::config::{Auth, Cluster, Config, ConfigError, EventLogSection, Limits, Log};
 use crate::config::{Management, Net, Store, Tls};
 pub use docs::markdown;
 use slot::Slot;
@@ -79,6 +81,7 @@ pub const SECTIONS: &[&str] = &[
     "auth",
     "tls",
     "event_log",
+    "cluster",
     "log",
 ];
 
@@ -92,6 +95,7 @@ pub fn all() -> impl Iterator<Item = &'static Setting> {
         limits::AUTH,
         net::TLS,
         store::EVENT_LOG,
+        cluster::CLUSTER,
         limits::LOG,
     ]
     .into_iter()
@@ -115,6 +119,7 @@ impl Default for Config {
             log: Log::default(),
             management: Management::default(),
             event_log: EventLogSection::default(),
+            cluster: Cluster::default(),
         };
         for setting in all() {
             setting.slot.set_default(&mut config);
@@ -189,6 +194,9 @@ fn check_together(c: &Config) -> Result<(), ConfigError> {
                 berth_store::PAYLOAD_BYTES_MAX
             ),
         );
+    }
+    if let Err((key, value, why)) = cluster::check_together(&c.cluster) {
+        return invalid(key, value, why);
     }
     // The event log's bounds are the store's rules, which name the keys.
     let e = &c.event_log;

@@ -24,4 +24,6 @@ pub struct Shared {
     pub disk: Arc<crate::disk::DiskAlarm>,
     /// Login budget per source address (AMQP and HTTP alike).
     pub logins: crate::throttle::LoginThrottle,
+    /// This member's cluster, when it is one (it then serves as leader).
+    pub cluster: Option<Arc<crate::cluster::view::ClusterView>>,
 }

@@ -40,7 +40,7 @@ mod writer;
 pub use error::StoreError;
 pub use limits::{StoreConfig, SyncMode, PAYLOAD_BYTES_MAX};
 pub use recovery::DamageReport;
-pub use store::{GroupStats, Recovered, RecoveredMessage, RecoveryStats, Store, Ticket};
+pub use store::{GroupStats, LiveState, Recovered, RecoveredMessage, RecoveryStats, Store, Ticket};
 pub use writer::Done;
 
 use std::fmt;

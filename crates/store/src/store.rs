@@ -34,7 +34,10 @@ use crate::storage::{OsStorage, Storage, StorageFile};
 use crate::writer::{self, Cmd, Done, GroupShared, Op, Outbox, Waiter, Writer, WriterInit};
 use crate::{group_of, MsgId, QueueId, StoreConfig};
 
+mod live;
 mod online_backup;
+
+pub use live::LiveState;
 
 pub use crate::report::{GroupStats, Recovered, RecoveredMessage, RecoveryStats};
 

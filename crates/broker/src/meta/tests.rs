@@ -87,6 +87,16 @@ fn every_command() -> Vec<MetaCommand> {
             auto_delete: true,
             internal: false,
             arguments: table(&[("alternate-exchange", s("ae"))]),
+            delayed_id: None,
+        }),
+        C::PutExchange(ExchangeDef {
+            vhost: "/".into(),
+            name: "later".into(),
+            kind: "x-delayed-message".into(),
+            auto_delete: false,
+            internal: false,
+            arguments: table(&[("x-delayed-type", s("direct"))]),
+            delayed_id: Some(12),
         }),
         C::DeleteExchange {
             vhost: "/".into(),
@@ -253,6 +263,7 @@ fn commands_named(n: &str) -> Vec<MetaCommand> {
             auto_delete: false,
             internal: false,
             arguments: FieldTable::default(),
+            delayed_id: None,
         }),
         C::PutQueue(QueueDef {
             vhost: n.into(),

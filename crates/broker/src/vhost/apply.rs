@@ -14,7 +14,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::args::QueueArgs;
-use crate::exchange::{Destination, Exchange, ExchangeKind};
+use crate::delayed_args::declared_kind;
+use crate::exchange::{Destination, Exchange};
 use crate::meta::{BindingDef, ExchangeDef, QueueDef};
 use crate::queue::Queue;
 
@@ -23,22 +24,31 @@ use super::VHost;
 impl VHost {
     /// A stored exchange, as it was declared.
     pub(crate) fn apply_exchange(&self, x: &ExchangeDef) -> Result<(), String> {
-        let kind = ExchangeKind::parse(&x.kind).map_err(|e| e.text)?;
-        self.insert_exchange(Arc::new(Exchange::new(
+        let (kind, delayed) =
+            declared_kind(&x.name, &self.name, &x.kind, &x.arguments).map_err(|e| e.text)?;
+        let e = Exchange::new(
             x.name.clone(),
             kind,
             true,
             x.auto_delete,
             x.internal,
             x.arguments.clone(),
-        )));
+        );
+        self.insert_exchange(if delayed {
+            self.delayed_exchange(e, x.delayed_id)
+        } else {
+            Arc::new(e)
+        });
         Ok(())
     }
 
     /// An exchange and every binding to it leave memory.
     pub(crate) fn forget_exchange(&self, name: &str) {
-        if self.exchanges.write().remove(name).is_none() {
+        let Some(gone) = self.exchanges.write().remove(name) else {
             return;
+        };
+        if let Some(d) = gone.delayed.as_ref() {
+            d.discard_all();
         }
         let dest = Destination::Exchange(name.to_owned());
         for e in self.exchanges() {

@@ -27,6 +27,23 @@ type RpcError<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, Raf
 pub(crate) struct Network {
     pub(crate) node: NodeId,
     pub(crate) secret: Arc<Vec<u8>>,
+    pub(crate) heard: Arc<Heard>,
+}
+
+/// When each peer last answered a call of this node (for the members'
+/// `running` in status: a leader calls every member every heartbeat).
+#[derive(Default)]
+pub struct Heard(parking_lot::Mutex<std::collections::BTreeMap<NodeId, std::time::Instant>>);
+
+impl Heard {
+    fn now(&self, peer: NodeId) {
+        self.0.lock().insert(peer, std::time::Instant::now());
+    }
+
+    /// How long ago `peer` last answered, if it ever did.
+    pub fn since(&self, peer: NodeId) -> Option<Duration> {
+        self.0.lock().get(&peer).map(std::time::Instant::elapsed)
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -38,6 +55,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             target,
             addr: node.addr.clone(),
             secret: self.secret.clone(),
+            heard: self.heard.clone(),
             conn: None,
         }
     }
@@ -48,6 +66,7 @@ pub(crate) struct Peer {
     target: NodeId,
     addr: String,
     secret: Arc<Vec<u8>>,
+    heard: Arc<Heard>,
     conn: Option<Conn>,
 }
 
@@ -109,6 +128,8 @@ impl Peer {
         });
         if result.is_err() {
             self.conn = None; // a half-used connection cannot be trusted to line up answers
+        } else {
+            self.heard.now(self.target);
         }
         result
     }

@@ -39,6 +39,9 @@ impl Apply for Recorder {
         }
         *self.applied.lock() = applied;
     }
+    fn start_empty(&self) {
+        self.applied.lock().clear();
+    }
 }
 
 pub struct Cluster {

@@ -66,7 +66,7 @@ fn vhost_objects(v: &VHost, with_vhost: bool) -> (Vec<Value>, Vec<Value>, Vec<Va
         .filter(|e| !e.name.is_empty() && !e.name.starts_with("amq."))
         .map(|e| {
             strip(json!({
-                "name": e.name, "vhost": v.name, "type": e.kind.as_str(),
+                "name": e.name, "vhost": v.name, "type": e.type_name(),
                 "durable": e.durable, "auto_delete": e.auto_delete,
                 "internal": e.internal, "arguments": table_json(&e.arguments),
             }))

@@ -51,13 +51,22 @@ pub(crate) fn exchanges_json(v: &VHost) -> Vec<Value> {
         let mut x = json!({
             "name": e.name,
             "vhost": v.name,
-            "type": e.kind.as_str(),
+            "type": e.type_name(),
             "durable": e.durable,
             "auto_delete": e.auto_delete,
             "internal": e.internal,
             "arguments": table_json(&e.arguments),
             "user_who_performed_action": declared_by(&e.name),
         });
+        // A delayed exchange's pending messages (the plugin's
+        // `messages_delayed`) and when the first is due.
+        if let Some(d) = e.delayed.as_ref() {
+            let s = d.stats();
+            x["messages_delayed"] = json!(s.messages);
+            x["delayed_next_due_unix_ms"] = json!(s.next_due_unix_ms);
+            x["delayed_routed"] = json!(s.routed);
+            x["delayed_lateness_ms_max"] = json!(s.lateness_ms_max);
+        }
         // RabbitMQ 3.10 shows `policy` only when one applies.
         if let Some(p) = e.applied_policies().policy {
             x["policy"] = json!(p.name);

@@ -218,7 +218,53 @@ fn common(st: &HttpState, out: &mut Out, rows: &[Row]) {
         "Bytes of message data held in memory.",
         berth_broker::message::message_bytes(),
     );
+    delayed(st, out);
     store(st, out);
+}
+
+/// Delayed exchanges (docs/DELAYED.md): one series each, as there are few.
+fn delayed(st: &HttpState, out: &mut Out) {
+    let mut series = Vec::new();
+    for v in super::sorted_vhosts(st) {
+        for e in v.exchanges() {
+            if let Some(d) = e.delayed.as_ref() {
+                let labels = format!(
+                    "vhost=\"{}\",exchange=\"{}\"",
+                    escape_label(&v.name),
+                    escape_label(&e.name)
+                );
+                series.push((labels, d.stats()));
+            }
+        }
+    }
+    series.sort_by(|a, b| a.0.cmp(&b.0));
+    type PickDelayed = fn(&berth_broker::delayed::DelayedStats) -> u64;
+    let families: [(&str, &str, &str, PickDelayed); 3] = [
+        (
+            "berth_exchange_messages_delayed",
+            "gauge",
+            "Messages a delayed exchange holds until they are due.",
+            |s| s.messages as u64,
+        ),
+        (
+            "berth_exchange_messages_delayed_routed_total",
+            "counter",
+            "Delayed messages routed once due, since the broker started.",
+            |s| s.routed,
+        ),
+        (
+            "berth_exchange_messages_delayed_lateness_ms_max",
+            "gauge",
+            "The latest a delayed message was routed after it was due, in ms.",
+            |s| s.lateness_ms_max,
+        ),
+    ];
+    for (name, kind, help, pick) in families {
+        out.family(name, kind, help);
+        for (labels, s) in &series {
+            out.sample(name, labels, pick(s));
+        }
+    }
 }
 
 type G = berth_store::GroupStats;

@@ -17,6 +17,7 @@ pub mod access;
 mod auth;
 mod backup;
 mod bindings;
+mod cluster;
 mod connections;
 mod console;
 mod definitions;
@@ -76,6 +77,10 @@ pub fn router(state: HttpState) -> Router {
         .route("/api/vhosts", get(vhosts::list))
         .route("/api/aliveness-test/{vhost}", get(health::aliveness))
         .route("/api/health/checks/alarms", get(health::alarms))
+        .route("/api/health/checks/is-leader", get(cluster::is_leader))
+        .route("/api/berth/cluster", get(cluster::status))
+        .route("/api/berth/cluster/members", post(cluster::add))
+        .route("/api/berth/cluster/members/{name}", delete(cluster::remove))
         .route("/api/health/checks/local-alarms", get(health::alarms))
         .route(
             "/api/health/checks/port-listener/{port}",

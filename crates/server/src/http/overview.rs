@@ -29,6 +29,7 @@ pub(super) async fn overview(State(st): State<HttpState>, user: Authed) -> Respo
     let (mut queues, mut exchanges, mut ready, mut unacked, mut consumers) = (0, 0, 0, 0, 0);
     let (mut published, mut delivered, mut acked) = (0u64, 0u64, 0u64);
     let (mut pub_rate, mut del_rate, mut ack_rate) = (0f64, 0f64, 0f64);
+    let (mut delayed_exchanges, mut delayed, mut next_due) = (0usize, 0usize, None::<u64>);
     for v in user.vhosts(&st) {
         for q in v.queues() {
             let s = q.stats();
@@ -44,7 +45,18 @@ pub(super) async fn overview(State(st): State<HttpState>, user: Authed) -> Respo
             del_rate += c.delivered_rate;
             ack_rate += c.acked_rate;
         }
-        exchanges += v.exchanges().len();
+        for e in v.exchanges() {
+            exchanges += 1;
+            if let Some(d) = e.delayed.as_ref() {
+                let s = d.stats();
+                delayed_exchanges += 1;
+                delayed += s.messages;
+                next_due = match (next_due, s.next_due_unix_ms) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+        }
     }
     let visible: Vec<_> = st
         .shared
@@ -84,6 +96,12 @@ pub(super) async fn overview(State(st): State<HttpState>, user: Authed) -> Respo
             "messages_ready": ready,
             "messages_unacknowledged": unacked,
         },
+        // berth's: messages held by delayed exchanges (docs/DELAYED.md).
+        "delayed_totals": {
+            "exchanges": delayed_exchanges,
+            "messages_delayed": delayed,
+            "next_due_unix_ms": next_due,
+        },
         "message_stats": {
             "publish": published,
             "publish_details": {"rate": pub_rate},
@@ -109,7 +127,10 @@ fn node_json(st: &HttpState) -> Value {
 }
 
 pub(super) async fn nodes(State(st): State<HttpState>, _: Authed) -> Response {
-    Json(vec![node_json(&st)]).into_response()
+    match super::cluster::nodes(&st) {
+        Some(members) => Json(members).into_response(),
+        None => Json(vec![node_json(&st)]).into_response(),
+    }
 }
 
 pub(super) async fn node(

@@ -17,6 +17,7 @@ use berth_broker::queue::Queue;
 use berth_broker::vhost::{QueueDeclare, VHost};
 use serde_json::{json, Value};
 
+use super::cluster::Members;
 use super::list::ListParams;
 use super::{
     amqp_error, bad_request, flag, json_table, not_found, query_flag, table_json, vhost_or_404,
@@ -32,8 +33,9 @@ fn rate(r: f64) -> Value {
     json!({ "rate": r })
 }
 
-/// A queue in RabbitMQ's JSON shape. `stats` adds `message_stats`.
-pub(crate) fn queue_json(q: &Queue, stats: bool) -> Value {
+/// A queue in RabbitMQ's JSON shape. `stats` adds `message_stats`; in a
+/// cluster, `members` adds the quorum-queue fields.
+pub(crate) fn queue_json(q: &Queue, stats: bool, members: Option<&Members>) -> Value {
     let s = q.stats();
     let mut v = json!({
         "name": q.name,
@@ -52,12 +54,18 @@ pub(crate) fn queue_json(q: &Queue, stats: bool) -> Value {
         "messages_ram": s.ready - s.paged_out + s.unacked,
         "consumers": s.consumers,
         "state": "running",
+        // berth's: returned messages waiting for their delayed retry
+        // (docs/DELAYED.md), counted apart from ready and unacked.
+        "messages_delayed": s.retrying,
     });
     if let Some(st) = q.stream_stats() {
         super::stream_fields::add(&mut v, &st);
     }
     for (k, x) in super::policies::queue_policy_fields(q) {
         v[k] = x;
+    }
+    if let Some(m) = members {
+        m.add_to(&mut v);
     }
     if stats {
         let c = q.counters.snapshot();
@@ -74,11 +82,11 @@ pub(crate) fn queue_json(q: &Queue, stats: bool) -> Value {
 }
 
 /// A queue with `disable_stats` / `enable_queue_totals` applied.
-fn listed(q: &Queue, p: &ListParams) -> Value {
+fn listed(q: &Queue, p: &ListParams, members: Option<&Members>) -> Value {
     if !p.disable_stats {
-        return queue_json(q, true);
+        return queue_json(q, true, members);
     }
-    let full = queue_json(q, false);
+    let full = queue_json(q, false, members);
     let mut keep = vec![
         "name",
         "vhost",
@@ -109,7 +117,11 @@ pub(crate) fn sorted_queues(v: &VHost) -> Vec<Arc<Queue>> {
     qs
 }
 
-fn respond(vhosts: &[Arc<VHost>], q: &HashMap<String, String>) -> Response {
+fn respond(
+    vhosts: &[Arc<VHost>],
+    q: &HashMap<String, String>,
+    members: Option<Members>,
+) -> Response {
     let p = match ListParams::parse(q) {
         Ok(p) => p,
         Err(r) => return r,
@@ -121,7 +133,7 @@ fn respond(vhosts: &[Arc<VHost>], q: &HashMap<String, String>) -> Response {
         total += qs.len();
         kept.extend(qs.into_iter().filter(|q| p.keeps(&q.name)));
     }
-    p.respond_lazy(kept, total, |q| listed(q, &p))
+    p.respond_lazy(kept, total, |q| listed(q, &p, members.as_ref()))
 }
 
 pub(super) async fn list_all(
@@ -129,7 +141,7 @@ pub(super) async fn list_all(
     user: Authed,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    respond(&user.vhosts(&st), &q)
+    respond(&user.vhosts(&st), &q, Members::of(&st))
 }
 
 pub(super) async fn list_in(
@@ -139,7 +151,7 @@ pub(super) async fn list_in(
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
     match user.vhost(&st, &vhost) {
-        Ok(v) => respond(&[v], &q),
+        Ok(v) => respond(&[v], &q, Members::of(&st)),
         Err(r) => r,
     }
 }
@@ -164,7 +176,7 @@ pub(super) async fn one(
         return r;
     }
     match find(&st, &vhost, &name) {
-        Ok((_, q)) => Json(queue_json(&q, true)).into_response(),
+        Ok((_, q)) => Json(queue_json(&q, true, Members::of(&st).as_ref())).into_response(),
         Err(r) => r,
     }
 }

@@ -102,13 +102,13 @@ fn keys_and_flags_are_unique_and_sections_known() {
 }
 
 /// docs/CONFIG.md's naming rule: `section.key_name` ↔ `--key-name`, the
-/// section as a prefix for `[tls]` and `[event_log]`, and a plural list in
+/// section as a prefix for `[tls]`, `[event_log]` and `[cluster]`, and a plural list in
 /// the singular.
 #[test]
 fn every_flag_follows_the_naming_rule() {
     for s in all() {
         let mut name = s.name().replace('_', "-");
-        if matches!(s.section(), "tls" | "event_log") {
+        if matches!(s.section(), "tls" | "event_log" | "cluster") {
             name = format!("{}-{name}", s.section().replace('_', "-"));
         }
         let singular = name

@@ -1,0 +1,159 @@
+//! Delayed retry (`x-delayed-retry-*`, docs/DELAYED.md): a message
+//! rejected or nacked with `requeue=true` by a queue that enables it waits
+//! its backoff here, counted but not deliverable, before it is ready
+//! again in its place; past the delivery limit it is dead-lettered
+//! (reason `delivery_limit`) or dropped instead.
+//!
+//! Invariants:
+//! - A waiting message is in exactly one of the queue's places: here, not
+//!   in `ready` and not unacked; no consumer's prefetch is taken by it.
+//! - Waiting messages come back earliest due first, found without scanning
+//!   (ordered by (due, seq)); each goes back to its place in publish order.
+//! - The backoff depends only on the arguments and the count of returns,
+//!   read against the broker's clock (so tests drive it by hand).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use berth_protocol::AMQPValue;
+
+use crate::args::{QueueArgs, RetryArgs};
+use crate::limits::DELAYED_RETRY_DELIVERY_LIMIT_DEFAULT;
+use crate::ready::{Body, Entry};
+
+/// The header counting a message's returns, as RabbitMQ 4 sets it.
+pub const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
+
+/// How long a message returned for the `returns`-th time (1 = first)
+/// waits: `min × returns` (no multiplier: linear), `min` (multiplier 1:
+/// constant) or `min × multiplierʳᵉᵗᵘʳⁿˢ⁻¹` (exponential), at most `max`.
+/// `None` when delayed retry is off.
+pub fn backoff_ms(r: &RetryArgs, returns: u32) -> Option<u64> {
+    let min = r.min_ms?;
+    let n = u64::from(returns.max(1));
+    let wait = match r.multiplier {
+        None => min.saturating_mul(n),
+        Some(m) => {
+            let exp = u32::try_from(n - 1).unwrap_or(u32::MAX);
+            min.saturating_mul(m.checked_pow(exp).unwrap_or(u64::MAX))
+        }
+    };
+    Some(r.max_ms.map_or(wait, |max| wait.min(max)))
+}
+
+/// The delivery limit in force: the queue's (or its policy's), or
+/// [`DELAYED_RETRY_DELIVERY_LIMIT_DEFAULT`] when delayed retry is on and
+/// none is set (a message that always fails must not wait forever).
+pub fn delivery_limit(args: &QueueArgs) -> Option<u64> {
+    args.delivery_limit.or(args
+        .delayed_retry
+        .min_ms
+        .map(|_| DELAYED_RETRY_DELIVERY_LIMIT_DEFAULT))
+}
+
+/// Messages waiting for their retry, by (due, seq).
+#[derive(Default)]
+pub(crate) struct Retrying {
+    by_due: BTreeMap<(Instant, u64), Entry>,
+}
+
+impl Retrying {
+    /// Holds `e` until `due`. Its message carries its count of returns in
+    /// `x-delivery-count` from now on.
+    pub(crate) fn hold(&mut self, due: Instant, mut e: Entry) {
+        if let Body::Resident(m) = &e.body {
+            let count = i64::from(e.returns);
+            let counted = m.rewritten(m.exchange.clone(), m.routing_key.clone(), |p| {
+                let mut h = p.headers().clone().unwrap_or_default();
+                h.insert(DELIVERY_COUNT_HEADER.into(), AMQPValue::LongLongInt(count));
+                *p = p.clone().with_headers(h);
+            });
+            match counted {
+                Ok(m) => e.body = Body::Resident(m),
+                Err(why) => tracing::warn!(error = %why.text, "x-delivery-count not set"),
+            }
+        }
+        self.by_due.insert((due, e.seq), e);
+    }
+
+    /// Takes what is due at `now`, earliest first.
+    pub(crate) fn take_due(&mut self, now: Instant) -> Vec<Entry> {
+        let mut out = Vec::new();
+        while let Some(entry) = self.by_due.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            out.push(entry.remove());
+        }
+        out
+    }
+
+    /// Every waiting message (purge, delete).
+    pub(crate) fn drain(&mut self) -> Vec<Entry> {
+        std::mem::take(&mut self.by_due).into_values().collect()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.by_due.len()
+    }
+
+    /// When the first waiting message is due.
+    pub(crate) fn next_due(&self) -> Option<Instant> {
+        self.by_due.first_key_value().map(|(k, _)| k.0)
+    }
+}
+
+/// When a message returned now for the `returns`-th time is due again.
+pub(crate) fn due_at(r: &RetryArgs, returns: u32, now: Instant) -> Option<Instant> {
+    backoff_ms(r, returns).map(|ms| now + Duration::from_millis(ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn retry(min: u64, multiplier: Option<u64>, max: Option<u64>) -> RetryArgs {
+        RetryArgs {
+            min_ms: Some(min),
+            multiplier,
+            max_ms: max,
+        }
+    }
+
+    fn sequence(r: &RetryArgs) -> Vec<u64> {
+        (1..=6).map(|n| backoff_ms(r, n).unwrap()).collect()
+    }
+
+    #[test]
+    fn backoff_is_linear_constant_exponential_and_capped() {
+        assert_eq!(
+            sequence(&retry(100, None, None)),
+            [100, 200, 300, 400, 500, 600]
+        );
+        assert_eq!(sequence(&retry(100, Some(1), None)), [100; 6]);
+        assert_eq!(
+            sequence(&retry(100, Some(2), None)),
+            [100, 200, 400, 800, 1600, 3200]
+        );
+        assert_eq!(
+            sequence(&retry(100, Some(3), Some(1000))),
+            [100, 300, 900, 1000, 1000, 1000]
+        );
+        assert_eq!(backoff_ms(&RetryArgs::default(), 1), None, "off");
+        assert_eq!(
+            backoff_ms(&retry(u64::MAX / 2, Some(10), None), 40),
+            Some(u64::MAX),
+            "saturates, never wraps"
+        );
+    }
+
+    #[test]
+    fn the_delivery_limit_defaults_to_20_only_with_delayed_retry() {
+        let mut a = QueueArgs::default();
+        assert_eq!(delivery_limit(&a), None);
+        a.delayed_retry = retry(10, None, None);
+        assert_eq!(delivery_limit(&a), Some(20));
+        a.delivery_limit = Some(3);
+        assert_eq!(delivery_limit(&a), Some(3));
+    }
+}

@@ -1,0 +1,810 @@
+//! A checker in the spirit of Jepsen's total-queue workload, over three
+//! real `berth serve` processes forming a cluster on loopback ports.
+//!
+//! Every publish attempt has an id and an outcome (confirmed, nacked, or
+//! unknown: the connection or the call failed first); consumers record
+//! every delivery and ack it; after the faults of a phase heal, every queue
+//! of the phase is drained through the new leader. Then:
+//!
+//! - **lost** (confirmed, never delivered) fails the test;
+//! - **unexpected** (delivered, never attempted) fails the test;
+//! - duplicates are counted and reported (at-least-once);
+//! - unknown-outcome messages that appeared are reported;
+//! - every queue whose `declare-ok` came during the faults exists, once.
+//!
+//! Phases, one fault each, under load from several publishers (up to 64
+//! publishes in flight each) and consumers:
+//!
+//! 1. `kill9-leader`: kill -9 of the leader, restart it as a follower, in a
+//!    loop;
+//! 2. `sigstop-leader`: SIGSTOP of the leader for 5–8 s, then SIGCONT: the
+//!    old leader must not confirm once another leads (a confirm it sent
+//!    without a majority would show up as lost);
+//! 3. `isolated-leader`: both followers SIGSTOPped for 3–4 s (the leader
+//!    hears nobody, as behind a partition): it must stop confirming, and
+//!    its lease runs out;
+//! 4. `damaged-follower`: a follower killed, a byte of its Raft log's tail
+//!    flipped, restarted (it rejoins on probation), then the leader killed.
+//!
+//! Seeded (`BERTH_TEST_SEED`, printed); bounded: each phase gets a quarter
+//! of `BERTH_CLUSTER_BUDGET_S` (default 120 s) of faults. Ignored by a plain
+//! `cargo test`; `scripts/test.sh` runs it as the `cluster` suite:
+//! `cargo test --release -p berth-cli --test cluster_faults -- --ignored --nocapture`.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lapin::options::{
+    BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
+    QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel, Confirmation, Connection};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const BUDGET_ENV: &str = "BERTH_CLUSTER_BUDGET_S";
+const BUDGET_S_DEFAULT: u64 = 120;
+const QUEUES: usize = 4;
+const PUBLISHERS: u64 = 3;
+const CONSUMERS: usize = 2;
+const WINDOW_MAX: usize = 64;
+/// Every client call is bounded, so a stuck broker fails the test.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// A cluster with a majority alive elects a leader within this.
+const LEADER_TIMEOUT: Duration = Duration::from_secs(30);
+const ELECTION_TIMEOUT_MS: &str = "1000";
+
+// ---- the three processes ----
+
+#[derive(Default)]
+struct Log {
+    tail: std::collections::VecDeque<String>,
+    errors: Vec<String>,
+}
+
+struct Node {
+    name: String,
+    amqp: u16,
+    http: u16,
+    cluster: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+    log: Arc<Mutex<Log>>,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+impl Node {
+    fn start(&mut self, peers: &[String], secret: &Path) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_berth"));
+        cmd.args(["serve", "--amqp-listen"])
+            .arg(format!("127.0.0.1:{}", self.amqp))
+            .arg("--http-listen")
+            .arg(format!("127.0.0.1:{}", self.http))
+            .arg("--data-dir")
+            .arg(&self.dir)
+            .args(["--cluster-node-id", &self.name, "--cluster-listen"])
+            .arg(format!("127.0.0.1:{}", self.cluster))
+            .arg("--cluster-secret-file")
+            .arg(secret)
+            .args(["--cluster-election-timeout-ms", ELECTION_TIMEOUT_MS])
+            .args(["--log-level", "info"]);
+        for p in peers {
+            cmd.args(["--cluster-peer", p]);
+        }
+        let mut child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start berth");
+        let stderr = child.stderr.take().expect("piped");
+        let log = Arc::clone(&self.log);
+        let name = self.name.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut l = log.lock().unwrap();
+                if line.contains(" ERROR ") {
+                    l.errors.push(format!("{name}: {line}"));
+                }
+                if l.tail.len() == 100 {
+                    l.tail.pop_front();
+                }
+                l.tail.push_back(line);
+            }
+        });
+        self.child = Some(child);
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            signal(c.id(), "CONT");
+            let _already_dead_is_fine = c.kill();
+            let _reaped = c.wait();
+        }
+    }
+
+    fn uri(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.amqp)
+    }
+
+    /// `GET /api/health/checks/is-leader` answered 200.
+    fn leads(&self) -> bool {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.http)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let req = format!(
+            "GET /api/health/checks/is-leader HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n",
+            self.http
+        );
+        if s.write_all(req.as_bytes()).is_err() {
+            return false;
+        }
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        answer.starts_with("HTTP/1.1 200")
+    }
+
+    fn raft_log(&self) -> PathBuf {
+        self.dir.join("cluster").join("raft.log")
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status();
+}
+
+struct Cluster {
+    nodes: Vec<Node>,
+    peers: Vec<String>,
+    secret: PathBuf,
+    root: PathBuf,
+}
+
+impl Cluster {
+    fn start(root: &Path) -> Cluster {
+        std::fs::create_dir_all(root).unwrap();
+        let secret = root.join("secret");
+        std::fs::write(&secret, "a test secret of more than sixteen bytes\n").unwrap();
+        let mut nodes: Vec<Node> = (1..=3)
+            .map(|i| Node {
+                name: format!("n{i}"),
+                amqp: free_port(),
+                http: free_port(),
+                cluster: free_port(),
+                dir: root.join(format!("n{i}")),
+                child: None,
+                log: Arc::default(),
+            })
+            .collect();
+        let peers: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("{}@127.0.0.1:{}", n.name, n.cluster))
+            .collect();
+        for n in &mut nodes {
+            n.start(&peers, &secret);
+        }
+        Cluster {
+            nodes,
+            peers,
+            secret,
+            root: root.to_owned(),
+        }
+    }
+
+    fn restart(&mut self, i: usize) {
+        self.nodes[i].kill9();
+        let (peers, secret) = (self.peers.clone(), self.secret.clone());
+        self.nodes[i].start(&peers, &secret);
+    }
+
+    /// The index of the member that serves now, waiting for one.
+    fn leader(&self) -> usize {
+        let deadline = Instant::now() + LEADER_TIMEOUT;
+        loop {
+            if let Some(i) =
+                (0..3).find(|i| self.nodes[*i].child.is_some() && self.nodes[*i].leads())
+            {
+                return i;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no member served within {LEADER_TIMEOUT:?}; logs:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn uris(&self) -> Vec<String> {
+        self.nodes.iter().map(Node::uri).collect()
+    }
+
+    fn logs(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| {
+                let l = n.log.lock().unwrap();
+                format!(
+                    "--- {} ---\n{}",
+                    n.name,
+                    l.tail.iter().cloned().collect::<Vec<_>>().join("\n")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn errors(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .flat_map(|n| n.log.lock().unwrap().errors.clone())
+            .collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            n.kill9();
+        }
+        let _may_be_gone = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+// ---- the ledger ----
+
+#[derive(Default)]
+struct Ledger {
+    attempted: HashSet<u64>,
+    confirmed: HashSet<u64>,
+    nacked: HashSet<u64>,
+    unknown: HashSet<u64>,
+    delivered: HashMap<u64, u32>,
+    declared: Vec<String>,
+}
+
+type Shared = Arc<Mutex<Ledger>>;
+
+async fn bounded<T, E>(fut: impl std::future::Future<Output = Result<T, E>>) -> Option<T> {
+    match tokio::time::timeout(CALL_TIMEOUT, fut).await {
+        Ok(Ok(v)) => Some(v),
+        _ => None,
+    }
+}
+
+/// A connection to whichever member serves (followers turn clients away).
+async fn connect_leader(uris: &[String], stop: &AtomicBool) -> Option<Connection> {
+    while !stop.load(Ordering::Relaxed) {
+        for uri in uris {
+            if let Some(c) = bounded(Connection::connect(uri, Default::default())).await {
+                return Some(c);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+fn queue_name(phase: &str, q: usize) -> String {
+    format!("{phase}-q{q}")
+}
+
+async fn publisher(
+    phase: String,
+    uris: Vec<String>,
+    p: u64,
+    seed: u64,
+    ledger: Shared,
+    stop: Arc<AtomicBool>,
+) {
+    let mut rng = StdRng::seed_from_u64(seed ^ p);
+    let mut seq = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let Some(conn) = connect_leader(&uris, &stop).await else {
+            return;
+        };
+        let Some(ch) = bounded(conn.create_channel()).await else {
+            continue;
+        };
+        if bounded(ch.confirm_select(ConfirmSelectOptions::default()))
+            .await
+            .is_none()
+        {
+            continue;
+        }
+        let window = rng.random_range(1..=WINDOW_MAX);
+        let mut pending = std::collections::VecDeque::new();
+        let mut broken = false;
+        while !stop.load(Ordering::Relaxed) && !broken {
+            let id = (p << 40) | seq;
+            seq += 1;
+            let q = rng.random_range(0..QUEUES);
+            ledger.lock().unwrap().attempted.insert(id);
+            let published = bounded(ch.basic_publish(
+                "".into(),
+                queue_name(&phase, q).as_str().into(),
+                BasicPublishOptions::default(),
+                &id.to_be_bytes(),
+                BasicProperties::default().with_delivery_mode(2),
+            ))
+            .await;
+            let Some(confirm) = published else {
+                ledger.lock().unwrap().unknown.insert(id);
+                break;
+            };
+            pending.push_back((id, confirm));
+            while pending.len() >= window || (broken && !pending.is_empty()) {
+                let (id, confirm) = pending.pop_front().expect("not empty");
+                let outcome = bounded(confirm).await;
+                let mut l = ledger.lock().unwrap();
+                match outcome {
+                    Some(Confirmation::Ack(_)) => {
+                        l.confirmed.insert(id);
+                    }
+                    Some(Confirmation::Nack(_)) => {
+                        l.nacked.insert(id);
+                    }
+                    _ => {
+                        l.unknown.insert(id);
+                        broken = true;
+                    }
+                }
+            }
+        }
+        for (id, confirm) in pending {
+            let outcome = tokio::time::timeout(Duration::from_millis(500), confirm).await;
+            let mut l = ledger.lock().unwrap();
+            match outcome {
+                Ok(Ok(Confirmation::Ack(_))) => l.confirmed.insert(id),
+                Ok(Ok(Confirmation::Nack(_))) => l.nacked.insert(id),
+                _ => l.unknown.insert(id),
+            };
+        }
+        let _closing_a_broken_connection_may_fail = conn.close(200, "bye".into()).await;
+    }
+}
+
+/// Gets and acks from every queue of the phase until stopped; returns
+/// when `stop` is set and (if `until_empty`) every queue answered empty.
+async fn consumer(
+    phase: String,
+    uris: Vec<String>,
+    ledger: Shared,
+    stop: Arc<AtomicBool>,
+    until_empty: bool,
+) {
+    let never = AtomicBool::new(false);
+    loop {
+        let give_up = if until_empty { &never } else { stop.as_ref() };
+        let Some(conn) = connect_leader(&uris, give_up).await else {
+            return;
+        };
+        let Some(ch) = bounded(conn.create_channel()).await else {
+            continue;
+        };
+        match consume_on(&phase, &ch, &ledger, &stop, until_empty).await {
+            Done::Finished => return,
+            Done::Broken => continue,
+        }
+    }
+}
+
+enum Done {
+    Finished,
+    Broken,
+}
+
+async fn consume_on(
+    phase: &str,
+    ch: &Channel,
+    ledger: &Shared,
+    stop: &AtomicBool,
+    until_empty: bool,
+) -> Done {
+    loop {
+        let mut empty = 0;
+        for q in 0..QUEUES {
+            let got = bounded(ch.basic_get(
+                queue_name(phase, q).as_str().into(),
+                BasicGetOptions { no_ack: false },
+            ))
+            .await;
+            match got {
+                None => return Done::Broken,
+                Some(None) => empty += 1,
+                Some(Some(m)) => {
+                    let id = m
+                        .delivery
+                        .data
+                        .get(..8)
+                        .map(|b| u64::from_be_bytes(b.try_into().unwrap()));
+                    if let Some(id) = id {
+                        *ledger.lock().unwrap().delivered.entry(id).or_default() += 1;
+                    }
+                    if bounded(ch.basic_ack(m.delivery.delivery_tag, BasicAckOptions::default()))
+                        .await
+                        .is_none()
+                    {
+                        return Done::Broken;
+                    }
+                }
+            }
+        }
+        if stop.load(Ordering::Relaxed) && (!until_empty || empty == QUEUES) {
+            return Done::Finished;
+        }
+        if empty == QUEUES {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Declares a new durable queue every 300 ms; records those declare-ok'd.
+async fn declarer(phase: String, uris: Vec<String>, ledger: Shared, stop: Arc<AtomicBool>) {
+    let mut n = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let Some(conn) = connect_leader(&uris, &stop).await else {
+            return;
+        };
+        let Some(ch) = bounded(conn.create_channel()).await else {
+            continue;
+        };
+        while !stop.load(Ordering::Relaxed) {
+            let name = format!("{phase}-meta-{n}");
+            n += 1;
+            let ok = bounded(ch.queue_declare(
+                name.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            ))
+            .await;
+            if ok.is_none() {
+                break;
+            }
+            ledger.lock().unwrap().declared.push(name);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+}
+
+// ---- the faults ----
+
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    KillLeader,
+    StopLeader,
+    IsolateLeader,
+    DamageFollower,
+}
+
+impl Fault {
+    fn name(self) -> &'static str {
+        match self {
+            Fault::KillLeader => "kill9-leader",
+            Fault::StopLeader => "sigstop-leader",
+            Fault::IsolateLeader => "isolated-leader",
+            Fault::DamageFollower => "damaged-follower",
+        }
+    }
+}
+
+/// One round of `fault`; returns a short description of what was done.
+fn inject(cluster: &mut Cluster, fault: Fault, rng: &mut StdRng) -> String {
+    let leader = cluster.leader();
+    std::thread::sleep(Duration::from_millis(rng.random_range(500..1500)));
+    let name = cluster.nodes[leader].name.clone();
+    match fault {
+        Fault::KillLeader => {
+            cluster.nodes[leader].kill9();
+            let killed = Instant::now();
+            let next = cluster.leader();
+            let took = killed.elapsed();
+            std::thread::sleep(Duration::from_millis(rng.random_range(200..1000)));
+            cluster.restart(leader);
+            format!(
+                "killed {name}; {} served after {took:?}",
+                cluster.nodes[next].name
+            )
+        }
+        Fault::StopLeader => {
+            let pid = cluster.nodes[leader].pid().expect("running");
+            let ms = rng.random_range(5_000..8_000);
+            signal(pid, "STOP");
+            std::thread::sleep(Duration::from_millis(ms));
+            signal(pid, "CONT");
+            format!("stopped {name} for {ms} ms")
+        }
+        Fault::IsolateLeader => {
+            let others: Vec<u32> = (0..3)
+                .filter(|i| *i != leader)
+                .filter_map(|i| cluster.nodes[i].pid())
+                .collect();
+            let ms = rng.random_range(3_000..4_000);
+            for p in &others {
+                signal(*p, "STOP");
+            }
+            std::thread::sleep(Duration::from_millis(ms));
+            for p in &others {
+                signal(*p, "CONT");
+            }
+            format!("isolated {name} for {ms} ms")
+        }
+        Fault::DamageFollower => {
+            let f = (leader + 1 + rng.random_range(0..2)) % 3;
+            cluster.nodes[f].kill9();
+            let path = cluster.nodes[f].raft_log();
+            let mut bytes = std::fs::read(&path).unwrap_or_default();
+            let at = if bytes.len() > 64 {
+                let from = bytes.len().saturating_sub(2048).max(32);
+                let at = rng.random_range(from..bytes.len());
+                bytes[at] ^= 0x5a;
+                std::fs::write(&path, &bytes).expect("write the damaged log");
+                at
+            } else {
+                0
+            };
+            cluster.restart(f);
+            std::thread::sleep(Duration::from_millis(rng.random_range(300..1000)));
+            let leader = cluster.leader();
+            let lname = cluster.nodes[leader].name.clone();
+            cluster.nodes[leader].kill9();
+            std::thread::sleep(Duration::from_millis(rng.random_range(500..1500)));
+            cluster.restart(leader);
+            format!(
+                "flipped byte {at} of {}'s raft.log, then killed {lname}",
+                cluster.nodes[f].name
+            )
+        }
+    }
+}
+
+struct Outcome {
+    attempted: usize,
+    confirmed: usize,
+    nacked: usize,
+    unknown: usize,
+    delivered: usize,
+    lost: Vec<u64>,
+    unexpected: Vec<u64>,
+    duplicates: usize,
+    unknown_delivered: usize,
+    declared: usize,
+    missing_declared: Vec<String>,
+}
+
+fn run_phase(
+    cluster: &mut Cluster,
+    rt: &tokio::runtime::Runtime,
+    fault: Fault,
+    budget: Duration,
+    rng: &mut StdRng,
+) -> Outcome {
+    let phase = fault.name().to_owned();
+    let uris = cluster.uris();
+    let ledger: Shared = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    // The phase's queues exist before the load starts.
+    rt.block_on(async {
+        let conn = connect_leader(&uris, &AtomicBool::new(false))
+            .await
+            .expect("a leader");
+        let ch = bounded(conn.create_channel()).await.expect("channel");
+        for q in 0..QUEUES {
+            bounded(ch.queue_declare(
+                queue_name(&phase, q).as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            ))
+            .await
+            .expect("declare the phase's queues");
+        }
+    });
+    let seed = rng.random::<u64>();
+    let mut tasks = Vec::new();
+    for p in 0..PUBLISHERS {
+        tasks.push(rt.spawn(publisher(
+            phase.clone(),
+            uris.clone(),
+            p,
+            seed,
+            Arc::clone(&ledger),
+            Arc::clone(&stop),
+        )));
+    }
+    for _ in 0..CONSUMERS {
+        tasks.push(rt.spawn(consumer(
+            phase.clone(),
+            uris.clone(),
+            Arc::clone(&ledger),
+            Arc::clone(&stop),
+            false,
+        )));
+    }
+    tasks.push(rt.spawn(declarer(
+        phase.clone(),
+        uris.clone(),
+        Arc::clone(&ledger),
+        Arc::clone(&stop),
+    )));
+    let started = Instant::now();
+    let mut rounds = 0;
+    while started.elapsed() < budget || rounds == 0 {
+        let what = inject(cluster, fault, rng);
+        rounds += 1;
+        println!("  [{phase}] round {rounds}: {what}");
+    }
+    // Heal: every member runs; load for a moment more, then stop and drain.
+    cluster.leader();
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::Relaxed);
+    rt.block_on(async {
+        for t in tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(60), t).await;
+        }
+    });
+    cluster.leader();
+    rt.block_on(consumer(
+        phase.clone(),
+        uris.clone(),
+        Arc::clone(&ledger),
+        Arc::clone(&stop),
+        true,
+    ));
+    let present = rt.block_on(async {
+        let conn = connect_leader(&uris, &AtomicBool::new(false))
+            .await
+            .expect("a leader");
+        let declared = ledger.lock().unwrap().declared.clone();
+        let mut missing = Vec::new();
+        for name in declared {
+            let ch = bounded(conn.create_channel()).await.expect("channel");
+            let passive = bounded(ch.queue_declare(
+                name.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            ))
+            .await;
+            if passive.is_none() {
+                missing.push(name);
+            }
+        }
+        missing
+    });
+    let l = ledger.lock().unwrap();
+    let lost: Vec<u64> = l
+        .confirmed
+        .iter()
+        .filter(|id| !l.delivered.contains_key(id))
+        .copied()
+        .collect();
+    let unexpected: Vec<u64> = l
+        .delivered
+        .keys()
+        .filter(|id| !l.attempted.contains(id))
+        .copied()
+        .collect();
+    Outcome {
+        attempted: l.attempted.len(),
+        confirmed: l.confirmed.len(),
+        nacked: l.nacked.len(),
+        unknown: l.unknown.len(),
+        delivered: l.delivered.len(),
+        duplicates: l.delivered.values().map(|n| (n - 1) as usize).sum(),
+        unknown_delivered: l
+            .unknown
+            .iter()
+            .filter(|id| l.delivered.contains_key(id))
+            .count(),
+        lost,
+        unexpected,
+        declared: l.declared.len(),
+        missing_declared: present,
+    }
+}
+
+#[test]
+#[ignore = "a fault test of about two minutes: scripts/test.sh runs it as the cluster suite"]
+fn no_confirmed_message_is_lost_under_leader_kills_pauses_isolation_and_damage() {
+    let seed: u64 = std::env::var("BERTH_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::rng().random());
+    let budget_s: u64 = std::env::var(BUDGET_ENV)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(BUDGET_S_DEFAULT);
+    println!("cluster fault test: seed {seed} (BERTH_TEST_SEED={seed} replays the choices), budget {budget_s} s");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let root = std::env::temp_dir().join(format!(
+        "berth-cluster-faults-{}-{seed}",
+        std::process::id()
+    ));
+    let _left_over = std::fs::remove_dir_all(&root);
+    let mut cluster = Cluster::start(&root);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let per_phase = Duration::from_secs(budget_s / 4);
+    let mut failures = Vec::new();
+    for fault in [
+        Fault::KillLeader,
+        Fault::StopLeader,
+        Fault::IsolateLeader,
+        Fault::DamageFollower,
+    ] {
+        let o = run_phase(&mut cluster, &rt, fault, per_phase, &mut rng);
+        println!(
+            "{}: attempted {} confirmed {} nacked {} unknown {} delivered {} lost {} unexpected {} duplicates {} unknown-but-delivered {} queues declared {} missing {}",
+            fault.name(), o.attempted, o.confirmed, o.nacked, o.unknown, o.delivered, o.lost.len(), o.unexpected.len(),
+            o.duplicates, o.unknown_delivered, o.declared, o.missing_declared.len()
+        );
+        if !o.lost.is_empty() {
+            failures.push(format!(
+                "{}: {} confirmed messages lost, e.g. {:x?}",
+                fault.name(),
+                o.lost.len(),
+                &o.lost[..o.lost.len().min(5)]
+            ));
+        }
+        if !o.unexpected.is_empty() {
+            failures.push(format!(
+                "{}: {} unexpected deliveries, e.g. {:x?}",
+                fault.name(),
+                o.unexpected.len(),
+                &o.unexpected[..o.unexpected.len().min(5)]
+            ));
+        }
+        if !o.missing_declared.is_empty() {
+            failures.push(format!(
+                "{}: declared queues missing: {:?}",
+                fault.name(),
+                o.missing_declared
+            ));
+        }
+        if o.confirmed == 0 {
+            failures.push(format!(
+                "{}: nothing was confirmed: the load never ran",
+                fault.name()
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "seed {seed}:\n{}\nlogs:\n{}\nerrors:\n{}",
+        failures.join("\n"),
+        cluster.logs(),
+        cluster.errors().join("\n")
+    );
+}

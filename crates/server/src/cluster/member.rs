@@ -1,0 +1,198 @@
+//! This process as a cluster member: opens its store as a replica,
+//! starts its Raft node, waits to lead, and notices when it no longer may.
+//!
+//! Invariants:
+//! - A member serves clients only after the entry announcing it as leader
+//!   is committed and applied here: Raft applies in log order, so every
+//!   entry committed before it — every confirm any earlier leader sent —
+//!   is in this member's store when its broker opens from that store.
+//! - A member that stops being leader, whose lease ran out (no majority
+//!   answered within the election timeout), or whose replica failed,
+//!   stops serving at once: it replaces itself with a fresh process
+//!   (`exec` of the same command line), which starts as a follower. Its
+//!   in-memory broker state is never trusted again.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use berth_cluster::{ClusterNode, NodeConfig, ProposeError};
+use berth_store::Store;
+use tokio::net::TcpListener;
+
+use super::command::Command;
+use super::peers::{self, raft_id};
+use super::replica::Replica;
+use super::view::{Announcements, ClusterView, Serves};
+use crate::config::Config;
+use crate::journal::StoreJournal;
+use crate::limits::{CLUSTER_ANNOUNCE_TIMEOUT_MS, CLUSTER_ROLE_POLL_MS};
+use crate::ServerError;
+
+pub struct Member {
+    pub view: Arc<ClusterView>,
+    pub replica: Arc<Replica>,
+    /// Where the cluster listener is bound.
+    pub cluster_addr: SocketAddr,
+    lease: Duration,
+}
+
+fn startup(why: impl std::fmt::Display) -> ServerError {
+    ServerError::Startup(why.to_string())
+}
+
+/// The Raft directory of a member: beside its store, in the first data
+/// directory.
+#[must_use]
+pub fn raft_dir(config: &Config) -> PathBuf {
+    config.store.data_dirs[0].join("cluster")
+}
+
+impl Member {
+    /// Opens the store as a replica and starts the Raft node (joining or
+    /// forming the cluster from the peer list).
+    pub async fn start(config: &Config) -> Result<Self, ServerError> {
+        let c = &config.cluster;
+        let name = c.node_id.clone().expect("cluster mode has a node id");
+        let peers = peers::parse_all(&c.peers)
+            .map_err(|(v, why)| startup(format!("cluster.peers {v}: {why}")))?;
+        let secret_file = c.secret_file.as_ref().expect("validated");
+        let secret = std::fs::read(secret_file).map_err(|e| {
+            startup(format!(
+                "cannot read the cluster secret {}: {e} (every member needs the same file)",
+                secret_file.display()
+            ))
+        })?;
+        let secret = secret.trim_ascii_end().to_vec();
+        let listen = c.listen.as_deref().expect("validated");
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(|source| ServerError::Bind {
+                addr: format!("cluster.listen {listen}"),
+                source,
+            })?;
+        let cluster_addr = listener.local_addr().map_err(|source| ServerError::Bind {
+            addr: format!("cluster.listen {listen}"),
+            source,
+        })?;
+        let store_config = config.store_config();
+        let store = {
+            let sc = store_config.clone();
+            tokio::task::spawn_blocking(move || Store::open(sc))
+                .await
+                .map_err(|e| startup(format!("store recovery did not finish: {e}")))?
+                .map_err(|source| ServerError::Store { source })?
+                .0
+        };
+        let local = Arc::new(StoreJournal {
+            store,
+            events: std::sync::OnceLock::new(),
+        });
+        let announced = Arc::new(Announcements::default());
+        for p in &peers {
+            announced.set_name(raft_id(&p.name), p.name.clone());
+        }
+        let replica = Arc::new(Replica::new(local, Arc::clone(&announced)));
+        let members: BTreeMap<u64, String> = peers
+            .iter()
+            .map(|p| (raft_id(&p.name), p.addr.clone()))
+            .collect();
+        let t = c.election_timeout_ms;
+        let mut nc = NodeConfig::new(raft_id(&name), raft_dir(config), members, secret);
+        nc.election_timeout_ms = (t, 2 * t);
+        nc.heartbeat_ms = (t / 5).max(50);
+        nc.sync_stall_ms_max = c.sync_stall_ms_max;
+        nc.commit_timeout_ms = (4 * t).max(5_000);
+        nc.may_form = !c.join;
+        let node = ClusterNode::start(nc, listener, Arc::clone(&replica) as _)
+            .await
+            .map_err(|e| startup(format!("cannot start the cluster member: {e}")))?;
+        tracing::info!(member = %name, cluster = %cluster_addr, "cluster member started");
+        Ok(Self {
+            view: Arc::new(ClusterView {
+                name,
+                node: Arc::new(node),
+                announced,
+            }),
+            replica,
+            cluster_addr,
+            lease: Duration::from_millis(t),
+        })
+    }
+
+    /// Waits until this member leads and its announcement is committed
+    /// and applied (so is every entry before it).
+    pub async fn until_leading(&self, serves: &Serves) {
+        let poll = Duration::from_millis(CLUSTER_ROLE_POLL_MS);
+        loop {
+            if let Some(why) = self.replica.failure() {
+                restart(&why);
+            }
+            if !self.view.leads() || !self.view.node.may_serve() {
+                tokio::time::sleep(poll).await;
+                continue;
+            }
+            let announce = Command::Announce {
+                name: self.view.name.clone(),
+                amqp: serves.amqp.clone(),
+                http: serves.http.clone(),
+            };
+            let timeout = Duration::from_millis(CLUSTER_ANNOUNCE_TIMEOUT_MS);
+            match self.view.node.propose(announce.encode(), timeout).await {
+                Ok(index) => {
+                    tracing::info!(
+                        index,
+                        "this member leads; every earlier committed entry is applied"
+                    );
+                    return;
+                }
+                Err(ProposeError::NotLeader { .. }) => tokio::time::sleep(poll).await,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the leadership announcement did not commit; trying again");
+                    tokio::time::sleep(poll).await;
+                }
+            }
+        }
+    }
+
+    /// Returns why this member must stop serving, once it must: another
+    /// member leads, its lease ran out, or its replica failed.
+    pub async fn until_deposed(&self) -> String {
+        let poll = Duration::from_millis(CLUSTER_ROLE_POLL_MS);
+        loop {
+            tokio::time::sleep(poll).await;
+            if let Some(why) = self.replica.failure() {
+                return why;
+            }
+            if !self.view.leads() {
+                return match self.view.leader_name() {
+                    Some(l) => format!("{l} leads now"),
+                    None => "this member is no longer the leader".into(),
+                };
+            }
+            if !self.view.node.may_serve() {
+                return format!(
+                    "no majority answered within {:?} (or this member's disk stalled)",
+                    self.lease
+                );
+            }
+        }
+    }
+}
+
+/// Replaces this process with a fresh start of the same command line: it
+/// comes back as a follower, its broker rebuilt from the replicated log.
+/// Never returns.
+pub fn restart(why: &str) -> ! {
+    tracing::error!("this member stops serving: {why}; it restarts as a follower");
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let exe = std::env::current_exe();
+    if let Ok(exe) = exe {
+        use std::os::unix::process::CommandExt;
+        let e = std::process::Command::new(exe).args(&args[1..]).exec();
+        tracing::error!(error = %e, "could not restart this process; exiting");
+    }
+    std::process::exit(3)
+}

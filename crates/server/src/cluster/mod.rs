@@ -1,0 +1,20 @@
+//! berth as a member of a replicated cluster (docs/CLUSTERING.md): the
+//! leader serves every client, and every journal write of its broker is a
+//! command in the Raft log ([`replicated`]), confirmed once a majority has
+//! fdatasynced it; every member applies committed commands to its own
+//! store ([`replica`]); a follower turns clients away naming the leader
+//! ([`redirect`], [`follower_http`]); [`member`] opens the replica, starts
+//! Raft and follows the member's role.
+//!
+//! Invariants:
+//! - Nothing here runs unless `cluster.node_id` is set: a single node
+//!   never touches Raft.
+
+pub mod command;
+pub mod follower_http;
+pub mod member;
+pub mod peers;
+pub mod redirect;
+pub mod replica;
+pub mod replicated;
+pub mod view;

@@ -1,0 +1,184 @@
+//! The cluster as the management API shows it: `GET
+//! /api/health/checks/is-leader` (200 on the leader; a follower's own
+//! listener answers 503, see `cluster::follower_http`), `GET
+//! /api/berth/cluster` (every member's log position and lag as the leader
+//! sees them), the members in `/api/nodes`, and the quorum-queue fields
+//! `leader`, `members`, `online` of every queue.
+
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use berth_cluster::Role;
+use serde_json::{json, Value};
+
+use super::auth::AdminAuthed;
+use super::{bad_request, Authed, HttpState};
+use crate::cluster::view::ClusterView;
+
+/// A member counts as running while it answered the leader within this
+/// many election timeouts (a leader calls every member every heartbeat).
+const RUNNING_TIMEOUTS: u64 = 2;
+
+/// The members of a cluster as queue JSON names them.
+pub(crate) struct Members {
+    pub leader: String,
+    pub all: Vec<String>,
+    pub online: Vec<String>,
+}
+
+fn member_name(view: &ClusterView, id: u64) -> String {
+    view.name_of(id)
+}
+
+impl Members {
+    /// This server's cluster members, or `None` on a single node.
+    pub(crate) fn of(st: &HttpState) -> Option<Self> {
+        let view = st.shared.cluster.as_ref()?;
+        let status = view.node.status();
+        let running_ms = RUNNING_TIMEOUTS * st.shared.config.cluster.election_timeout_ms;
+        let all: Vec<String> = status
+            .members
+            .iter()
+            .map(|m| member_name(view, m.id))
+            .collect();
+        let online = status
+            .members
+            .iter()
+            .filter(|m| m.millis_since_heard.is_some_and(|ms| ms < running_ms))
+            .map(|m| member_name(view, m.id))
+            .collect();
+        Some(Self {
+            leader: view.name.clone(),
+            all,
+            online,
+        })
+    }
+
+    /// Adds `leader`, `members` and `online` to a queue's JSON.
+    pub(crate) fn add_to(&self, queue: &mut Value) {
+        queue["leader"] = json!(self.leader);
+        queue["members"] = json!(self.all);
+        queue["online"] = json!(self.online);
+    }
+}
+
+/// `GET /api/health/checks/is-leader` on the serving member.
+pub(super) async fn is_leader(State(st): State<HttpState>) -> Response {
+    match &st.shared.cluster {
+        Some(view) if view.leads() => {
+            Json(json!({"status": "ok", "node": view.name, "leader": view.name})).into_response()
+        }
+        Some(view) => (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            Json(
+                json!({"status": "failed", "reason": "this member no longer leads",
+                        "node": view.name, "leader": view.leader_name()}),
+            ),
+        )
+            .into_response(),
+        // A single node leads itself.
+        None => Json(json!({"status": "ok"})).into_response(),
+    }
+}
+
+/// `GET /api/berth/cluster`: the cluster as this member sees it.
+pub(super) async fn status(State(st): State<HttpState>, _: Authed) -> Response {
+    let Some(view) = &st.shared.cluster else {
+        return Json(json!({"clustered": false})).into_response();
+    };
+    let s = view.node.status();
+    let running_ms = RUNNING_TIMEOUTS * st.shared.config.cluster.election_timeout_ms;
+    let members: Vec<Value> = s
+        .members
+        .iter()
+        .map(|m| {
+            let name = member_name(view, m.id);
+            let serves = view.announced.get(&name).unwrap_or_default();
+            json!({
+                "name": name,
+                "cluster_address": m.addr,
+                "amqp": serves.amqp,
+                "voter": m.voter,
+                "leader": s.leader == Some(m.id),
+                "running": m.millis_since_heard.is_some_and(|ms| ms < running_ms),
+                "matched_index": m.matched_index,
+                "lag_entries": m.lag,
+                "millis_since_heard": m.millis_since_heard,
+            })
+        })
+        .collect();
+    Json(json!({
+        "clustered": true,
+        "node": view.name,
+        "role": match s.role {
+            Role::Leader => "leader",
+            Role::Follower => "follower",
+            Role::Candidate => "candidate",
+            Role::Learner => "learner",
+            Role::Stopped => "stopped",
+        },
+        "term": s.term,
+        "leader": view.leader_name(),
+        "last_log_index": s.last_log_index,
+        "applied_index": s.applied_index,
+        "snapshot_index": s.snapshot_index,
+        "millis_since_quorum_ack": s.millis_since_quorum_ack,
+        "fenced": s.fenced,
+        "on_probation": s.on_probation,
+        "members": members,
+    }))
+    .into_response()
+}
+
+/// The members as `/api/nodes` lists them (RabbitMQ's node objects).
+pub(super) fn nodes(st: &HttpState) -> Option<Vec<Value>> {
+    let members = Members::of(st)?;
+    Some(
+        members
+            .all
+            .iter()
+            .map(|name| {
+                json!({
+                    "name": name,
+                    "type": "disc",
+                    "running": members.online.contains(name),
+                    "being_drained": false,
+                })
+            })
+            .collect(),
+    )
+}
+
+/// `POST /api/berth/cluster/members` `{"peer": "NAME@HOST:PORT"}`: adds a
+/// member (administrator; leader only). Answers once it is a voter.
+pub(super) async fn add(
+    State(st): State<HttpState>,
+    _: AdminAuthed,
+    Json(body): Json<Value>,
+) -> Response {
+    let Some(view) = &st.shared.cluster else {
+        return bad_request("this broker is not a cluster member");
+    };
+    let Some(peer) = body.get("peer").and_then(Value::as_str) else {
+        return bad_request("expected {\"peer\": \"NAME@HOST:PORT\"}");
+    };
+    match view.add(peer).await {
+        Ok(name) => Json(json!({"added": name})).into_response(),
+        Err(e) => bad_request(&e),
+    }
+}
+
+/// `DELETE /api/berth/cluster/members/{name}` (administrator; leader only).
+pub(super) async fn remove(
+    State(st): State<HttpState>,
+    _: AdminAuthed,
+    Path(name): Path<String>,
+) -> Response {
+    let Some(view) = &st.shared.cluster else {
+        return bad_request("this broker is not a cluster member");
+    };
+    match view.remove(&name).await {
+        Ok(()) => Json(json!({"removed": name})).into_response(),
+        Err(e) => bad_request(&e),
+    }
+}

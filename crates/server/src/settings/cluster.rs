@@ -1,0 +1,131 @@
+//! The settings of `[cluster]`: membership of a replicated cluster
+//! (docs/CLUSTERING.md). Without `cluster.node_id` berth is one node.
+
+use super::slot::{field, list, maybe, one, switch, Refusal};
+use super::Setting;
+use crate::cluster::peers;
+use crate::config::Cluster;
+
+pub(super) static CLUSTER: &[Setting] = &[
+    Setting {
+        key: "cluster.node_id",
+        flag: "cluster-node-id",
+        value_name: "NAME",
+        default_note: "off: one node",
+        doc: "This node's name in `cluster.peers`; setting it makes berth a member of a \
+              replicated cluster (see [CLUSTERING.md](CLUSTERING.md)).",
+        slot: &maybe(field!(cluster.node_id)),
+    },
+    Setting {
+        key: "cluster.listen",
+        flag: "cluster-listen",
+        value_name: "ADDR:PORT",
+        default_note: "",
+        doc: "Where this member listens for the other members (Raft traffic, \
+              authenticated with the cluster secret); port 0 picks a free one.",
+        slot: &maybe(field!(cluster.listen)),
+    },
+    Setting {
+        key: "cluster.peers",
+        flag: "cluster-peer",
+        value_name: "NAME@HOST:PORT",
+        default_note: "",
+        doc: "Every member, this one included: the static list a cluster forms from at \
+              its first start (the member with the smallest id initialises it).",
+        slot: &list(field!(cluster.peers), Vec::new).check(|p| {
+            peers::parse_all(p)
+                .map(|_| ())
+                .map_err(|(value, why)| Refusal::new(value, why))
+        }),
+    },
+    Setting {
+        key: "cluster.secret_file",
+        flag: "cluster-secret-file",
+        value_name: "FILE",
+        default_note: "",
+        doc: "A file holding the shared secret (at least 16 bytes; the same file on every \
+              member); a peer that cannot prove it knows it gets nothing.",
+        slot: &maybe(field!(cluster.secret_file)),
+    },
+    Setting {
+        key: "cluster.join",
+        flag: "cluster-join",
+        value_name: "",
+        default_note: "off",
+        doc: "This member joins a running cluster (add it there with `berth cluster add-node`) \
+              and never forms a cluster of its own from `cluster.peers`.",
+        slot: &switch(field!(cluster.join)),
+    },
+    Setting {
+        key: "cluster.election_timeout_ms",
+        flag: "cluster-election-timeout-ms",
+        value_name: "MS",
+        default_note: "",
+        doc: "A follower that hears no leader for a random time between this and twice it \
+              starts an election; a leader that no majority answered for this long stops \
+              serving. A member whose process died is noticed at once, not after this.",
+        slot: &one(field!(cluster.election_timeout_ms), || 1_000).check(|ms| {
+            if *ms < 200 {
+                return Err(Refusal::new(ms.to_string(), "must be at least 200"));
+            }
+            Ok(())
+        }),
+    },
+    Setting {
+        key: "cluster.sync_stall_ms_max",
+        flag: "cluster-sync-stall-ms-max",
+        value_name: "MS",
+        default_note: "",
+        doc: "A member whose Raft log fdatasync runs longer than this stops leading, \
+              heartbeating and voting until its disk answers (a wedged disk must not keep \
+              the leadership).",
+        slot: &one(field!(cluster.sync_stall_ms_max), || 5_000).check(|ms| {
+            if *ms == 0 {
+                return Err(Refusal::new("0", "must be at least 1"));
+            }
+            Ok(())
+        }),
+    },
+];
+
+/// What only makes sense together: a member needs its listener, a
+/// secret, and a peer list that names it.
+pub(super) fn check_together(c: &Cluster) -> Result<(), (&'static str, String, String)> {
+    let Some(me) = &c.node_id else {
+        if !c.peers.is_empty() || c.listen.is_some() {
+            return Err((
+                "cluster.node_id",
+                String::new(),
+                "cluster.peers or cluster.listen is set but not this node's name: set \
+                 cluster.node_id (--cluster-node-id NAME) too"
+                    .into(),
+            ));
+        }
+        return Ok(());
+    };
+    let listed = peers::parse_all(&c.peers).unwrap_or_default();
+    if !listed.iter().any(|p| &p.name == me) {
+        return Err((
+            "cluster.peers",
+            c.peers.join(","),
+            format!("must list this node ({me}) as {me}@HOST:PORT among every member"),
+        ));
+    }
+    if c.listen.is_none() {
+        return Err((
+            "cluster.listen",
+            String::new(),
+            "a cluster member needs an address to listen on for its peers".into(),
+        ));
+    }
+    if c.secret_file.is_none() {
+        return Err((
+            "cluster.secret_file",
+            String::new(),
+            "a cluster member needs the shared secret (e.g. `head -c 32 /dev/urandom | base64 > \
+             secret`, the same file on every member)"
+                .into(),
+        ));
+    }
+    Ok(())
+}

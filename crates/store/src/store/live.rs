@@ -1,0 +1,49 @@
+//! What the open store holds right now, listed: every metadata key with
+//! its value and, per queue, the ids of its live messages. Replication
+//! uses it to build a snapshot (with the bodies read back) and to make a
+//! replica's store equal to a snapshot; it is not for the hot path: it
+//! locks each group once and copies its lists.
+//!
+//! Invariants:
+//! - The listing covers what the writers have applied when each group is
+//!   locked; a caller that needs "everything requested before" flushes
+//!   first ([`Store::flush`]).
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+
+use super::Store;
+use crate::{MsgId, QueueId};
+
+/// The store's live state (see the module doc).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LiveState {
+    pub metadata: BTreeMap<Bytes, Bytes>,
+    /// Per queue, its live messages in id order.
+    pub queues: BTreeMap<QueueId, Vec<MsgId>>,
+}
+
+impl Store {
+    /// Lists every metadata key and every queue's live messages.
+    #[must_use]
+    pub fn live_state(&self) -> LiveState {
+        let mut live = LiveState::default();
+        for group in &self.groups {
+            let inner = group.shared.inner.lock();
+            for (k, v) in &inner.index.meta {
+                live.metadata
+                    .insert(Bytes::copy_from_slice(k), Bytes::copy_from_slice(v));
+            }
+            for m in inner.index.iter_live() {
+                for q in m.queues {
+                    live.queues.entry(q).or_default().push(m.msg);
+                }
+            }
+        }
+        for msgs in live.queues.values_mut() {
+            msgs.sort_unstable();
+        }
+        live
+    }
+}
