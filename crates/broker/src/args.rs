@@ -458,6 +458,7 @@ mod tests {
             "x-overflow",
             "x-max-length",
             "x-single-active-consumer",
+            "x-delayed-retry-min",
         ] {
             let t = table(&[
                 ("x-queue-type", AMQPValue::LongString("stream".into())),
