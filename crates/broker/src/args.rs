@@ -28,6 +28,8 @@ pub enum QueueType {
     #[default]
     Classic,
     Quorum,
+    /// An append-only log read from any offset (`stream.rs`).
+    Stream,
 }
 
 /// The queue arguments berth acts on.
@@ -44,6 +46,10 @@ pub struct QueueArgs {
     pub consumer_timeout_ms: Option<u64>,
     pub max_priority: Option<u8>,
     pub queue_type: QueueType,
+    /// `x-max-age` of a stream, in milliseconds (retention by age).
+    pub max_age_ms: Option<u64>,
+    /// `x-stream-max-segment-size-bytes` of a stream.
+    pub stream_max_segment_size_bytes: Option<u64>,
     /// Delayed retry (`x-delayed-retry-*`, docs/DELAYED.md): a requeued
     /// message waits its backoff before it is ready again.
     pub delayed_retry: RetryArgs,
@@ -73,6 +79,28 @@ const EQUIVALENCE_KEYS: &[&str] = &[
     "x-delivery-limit",
     "x-max-priority",
     "x-queue-type",
+    "x-max-age",
+    "x-stream-max-segment-size-bytes",
+    "x-delayed-retry-min",
+    "x-delayed-retry-multiplier",
+    "x-delayed-retry-max",
+];
+
+/// Arguments a stream refuses with 406, as RabbitMQ does (a log cannot
+/// honour TTLs, dead-lettering, priorities, a length in messages,
+/// overflow, a delivery limit, expiry or a single active consumer), and
+/// berth's delayed retry (a stream requeues nothing).
+pub const STREAM_REFUSED_ARGUMENTS: &[&str] = &[
+    "x-message-ttl",
+    "x-expires",
+    "x-max-length",
+    "x-max-priority",
+    "x-overflow",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-delivery-limit",
+    "x-single-active-consumer",
+    "x-queue-mode",
     "x-delayed-retry-min",
     "x-delayed-retry-multiplier",
     "x-delayed-retry-max",
@@ -207,17 +235,34 @@ impl QueueArgs {
         let queue_type = match string("x-queue-type")?.as_deref() {
             None | Some("classic") => QueueType::Classic,
             Some("quorum") => QueueType::Quorum,
-            Some("stream") => {
-                return Err(AmqpError::not_implemented(format!(
-                    "queue '{queue}' in vhost '{vhost}': x-queue-type 'stream' is not implemented by berth; use 'classic' or 'quorum'"
-                )))
-            }
+            Some("stream") => QueueType::Stream,
             Some(other) => {
                 return Err(invalid(
                     "x-queue-type",
-                    format!("unknown queue type '{other}', expected 'classic' or 'quorum'"),
+                    format!(
+                        "unknown queue type '{other}', expected 'classic', 'quorum' or 'stream'"
+                    ),
                 ))
             }
+        };
+        if queue_type == QueueType::Stream {
+            if let Some(key) = STREAM_REFUSED_ARGUMENTS
+                .iter()
+                .find(|k| table.inner().contains_key(**k))
+            {
+                return Err(AmqpError::precondition_failed(format!(
+                    "invalid arg '{key}' for queue '{queue}' in vhost '{vhost}'"
+                )));
+            }
+        }
+        let max_age_ms = match string("x-max-age")? {
+            None => None,
+            Some(v) => Some(crate::interval::parse_ms(&v).ok_or_else(|| {
+                invalid(
+                    "x-max-age",
+                    format!("{{invalid_max_age,<<\"{v}\">>}}; expected an integer and a unit Y, M, D, h, m or s, e.g. 7D"),
+                )
+            })?),
         };
         let max_priority = match int("x-max-priority", 0)? {
             None => None,
@@ -272,6 +317,8 @@ impl QueueArgs {
             consumer_timeout_ms: int("x-consumer-timeout", 0)?,
             max_priority: max_priority.filter(|p| *p > 0),
             queue_type,
+            max_age_ms,
+            stream_max_segment_size_bytes: int("x-stream-max-segment-size-bytes", 1)?,
             delayed_retry,
         })
     }
@@ -378,9 +425,54 @@ mod tests {
     }
 
     #[test]
-    fn stream_queues_are_not_implemented() {
-        let t = table(&[("x-queue-type", AMQPValue::LongString("stream".into()))]);
-        assert_eq!(QueueArgs::parse("q", "/", &t).unwrap_err().reply_code, 540);
+    fn stream_arguments_are_parsed() {
+        let t = table(&[
+            ("x-queue-type", AMQPValue::LongString("stream".into())),
+            ("x-max-age", AMQPValue::LongString("30m".into())),
+            ("x-max-length-bytes", AMQPValue::LongLongInt(1_000_000)),
+            ("x-stream-max-segment-size-bytes", AMQPValue::LongInt(4096)),
+        ]);
+        let a = QueueArgs::parse("q", "/", &t).unwrap();
+        assert_eq!(a.queue_type, QueueType::Stream);
+        assert_eq!(a.max_age_ms, Some(30 * 60 * 1000));
+        assert_eq!(a.max_length_bytes, Some(1_000_000));
+        assert_eq!(a.stream_max_segment_size_bytes, Some(4096));
+        let bad = table(&[
+            ("x-queue-type", AMQPValue::LongString("stream".into())),
+            ("x-max-age", AMQPValue::LongString("30 minutes".into())),
+        ]);
+        assert_eq!(
+            QueueArgs::parse("q", "/", &bad).unwrap_err().reply_code,
+            406
+        );
+    }
+
+    #[test]
+    fn stream_refuses_the_arguments_rabbitmq_refuses() {
+        for key in [
+            "x-message-ttl",
+            "x-expires",
+            "x-max-priority",
+            "x-dead-letter-exchange",
+            "x-delivery-limit",
+            "x-overflow",
+            "x-max-length",
+            "x-single-active-consumer",
+            "x-delayed-retry-min",
+        ] {
+            let t = table(&[
+                ("x-queue-type", AMQPValue::LongString("stream".into())),
+                (key, AMQPValue::LongInt(1)),
+            ]);
+            let e = QueueArgs::parse("q", "/", &t).unwrap_err();
+            assert_eq!(e.reply_code, 406, "{key}");
+            assert!(
+                e.text
+                    .contains(&format!("invalid arg '{key}' for queue 'q' in vhost '/'")),
+                "{}",
+                e.text
+            );
+        }
     }
 
     #[test]

@@ -165,8 +165,39 @@ impl Channel {
         now: Instant,
         on_added: impl FnOnce(&str),
     ) -> AmqpResult<String> {
+        let none = berth_protocol::FieldTable::default();
+        self.consume_with(queue, tag, no_ack, exclusive, &none, now, on_added)
+    }
+
+    /// [`Channel::consume`] with the consume arguments (`x-stream-offset`
+    /// on a stream).
+    #[allow(clippy::too_many_arguments)] // basic.consume's fields
+    pub fn consume_with(
+        self: &Arc<Self>,
+        queue: Arc<Queue>,
+        tag: &str,
+        no_ack: bool,
+        exclusive: bool,
+        arguments: &berth_protocol::FieldTable,
+        now: Instant,
+        on_added: impl FnOnce(&str),
+    ) -> AmqpResult<String> {
         let consumer = {
             let mut st = self.state.lock();
+            let stream_offset = if queue.is_stream() {
+                let (prefetch, global) = (st.consumer_prefetch, st.channel_prefetch);
+                Some(crate::stream::consume::check(
+                    &queue.name,
+                    &queue.vhost_name,
+                    no_ack,
+                    prefetch,
+                    global,
+                    arguments,
+                    self.session.vhost.unix_time_ms(),
+                )?)
+            } else {
+                None
+            };
             let tag = if tag.is_empty() {
                 st.next_consumer_tag += 1;
                 format!("amq.ctag-berth-{}-{}", self.id, st.next_consumer_tag)
@@ -187,6 +218,7 @@ impl Channel {
                 exclusive,
                 prefetch: st.consumer_prefetch,
                 in_flight: AtomicU32::new(0),
+                stream_offset,
             });
             st.consumers.insert(tag, Arc::clone(&c));
             c
@@ -367,6 +399,9 @@ impl Channel {
         let (taken, kick) = {
             let mut st = self.state.lock();
             check_tag(&st, tag, multiple)?;
+            if how != Settle::Ack {
+                refuse_stream_nack(&st, tag, multiple)?;
+            }
             if let Some(tx) = st.tx.as_ref() {
                 check_tx_room(tx)?;
                 let taken = remove_unacked(&mut st, tag, multiple);
@@ -654,6 +689,29 @@ fn prefetch_waiters(st: &ChannelState) -> Vec<Arc<Queue>> {
         consumer_queues(st)
     } else {
         Vec::new()
+    }
+}
+
+/// RabbitMQ refuses `basic.nack` and `basic.reject` of a stream's
+/// deliveries with 540: a stream has nothing to requeue or drop.
+fn refuse_stream_nack(st: &ChannelState, tag: u64, multiple: bool) -> AmqpResult<()> {
+    let named = |t: &u64| {
+        if multiple {
+            tag == 0 || *t <= tag
+        } else {
+            *t == tag
+        }
+    };
+    match st
+        .unacked
+        .iter()
+        .find(|(t, u)| named(t) && u.queue.is_stream())
+    {
+        Some((_, u)) => Err(AmqpError::not_implemented(format!(
+            "basic.nack and basic.reject not supported by stream queues queue '{}' in vhost '{}'",
+            u.queue.name, u.queue.vhost_name
+        ))),
+        None => Ok(()),
     }
 }
 

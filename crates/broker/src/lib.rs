@@ -25,6 +25,7 @@ pub mod durable;
 pub mod error;
 pub mod events;
 pub mod exchange;
+pub mod interval;
 pub mod limits;
 pub mod message;
 pub mod meta;
@@ -37,6 +38,7 @@ pub mod queue;
 mod ready;
 mod restore;
 pub mod routing;
+pub mod stream;
 pub mod timers;
 pub mod vhost;
 

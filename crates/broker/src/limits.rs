@@ -37,6 +37,33 @@ pub const PAGE_SCAN_EVERY_MESSAGES: u64 = 64;
 /// Paged-out messages read back together when a queue needs one.
 pub const READ_AHEAD_MESSAGES: usize = 64;
 
+/// Default of a stream's `x-stream-max-segment-size-bytes`: a logical
+/// segment (what retention removes whole) closes before it passes this
+/// many stored bytes (RabbitMQ's default, 500 MB).
+pub const STREAM_SEGMENT_BYTES_DEFAULT: u64 = 500_000_000;
+
+/// A stream's newest messages kept in memory until the journal can read
+/// them back: past twice this many, the written ones are let go.
+pub const STREAM_TAIL_MESSAGES_MAX: usize = 256;
+
+/// Stream messages read back from the journal together for a reader that
+/// is behind (its own window; readers at the same offsets share one).
+pub const STREAM_READ_AHEAD_MESSAGES: usize = 256;
+
+/// About how many stored bytes one read-ahead batch of a stream reader
+/// takes (fewer messages when they are large, at least one).
+pub const STREAM_READ_AHEAD_BYTES: u64 = 1 << 20;
+
+/// Largest gap of offsets a stream's restart accepts between two stored
+/// entries (writes lost before a crash are at most what was in flight);
+/// an entry past a larger one is taken for damage, reported and skipped,
+/// so a corrupt offset cannot make the offset map grow without bound.
+pub const STREAM_RESTORE_GAP_OFFSETS_MAX: u64 = 1 << 20;
+
+/// How often a stream with `max-age` checks its retention when nothing is
+/// published to it.
+pub const STREAM_RETENTION_CHECK_MS: u64 = 1000;
+
 /// Ready messages above which a queue whose consumers are busy counts as
 /// backlogged: they are not keeping up, and publishers to it are slowed
 /// down (flow control) so the backlog, and the latency it adds, stays

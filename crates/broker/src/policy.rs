@@ -88,6 +88,10 @@ pub struct PolicySettings {
     pub dead_letter_exchange: Option<String>,
     pub dead_letter_routing_key: Option<String>,
     pub alternate_exchange: Option<String>,
+    /// `max-age` (streams), in milliseconds.
+    pub max_age_ms: Option<u64>,
+    /// `stream-max-segment-size-bytes` (streams).
+    pub stream_max_segment_size_bytes: Option<u64>,
     /// `delayed-retry-min` / `-multiplier` / `-max` (user policies only).
     pub delayed_retry: crate::args::RetryArgs,
 }
@@ -122,6 +126,7 @@ const POLICY_NUMERIC_KEYS: &[(&str, i128)] = &[
     ("delayed-retry-min", 1),
     ("delayed-retry-multiplier", 1),
     ("delayed-retry-max", 1),
+    ("stream-max-segment-size-bytes", 1),
 ];
 
 /// String keys (user policies only).
@@ -130,6 +135,7 @@ const STRING_KEYS: &[&str] = &[
     "dead-letter-exchange",
     "dead-letter-routing-key",
     "alternate-exchange",
+    "max-age",
 ];
 
 /// One policy, validated.
@@ -221,6 +227,7 @@ impl Policy {
                     "expires" => &mut settings.expires_ms,
                     "max-length" => &mut settings.max_length,
                     "max-length-bytes" => &mut settings.max_length_bytes,
+                    "stream-max-segment-size-bytes" => &mut settings.stream_max_segment_size_bytes,
                     "delayed-retry-min" => &mut settings.delayed_retry.min_ms,
                     "delayed-retry-multiplier" => &mut settings.delayed_retry.multiplier,
                     "delayed-retry-max" => &mut settings.delayed_retry.max_ms,
@@ -238,6 +245,13 @@ impl Policy {
                     return Err(fail(format!("{key} is {why}")));
                 }
                 match key {
+                    "max-age" => {
+                        settings.max_age_ms = Some(crate::interval::parse_ms(&s).ok_or_else(|| {
+                            fail(format!(
+                                "<<\"{s}\">> is not a valid max-age: expected an integer and a unit Y, M, D, h, m or s, e.g. 7D"
+                            ))
+                        })?);
+                    }
                     "overflow" => {
                         settings.overflow = Some(match s.as_str() {
                             "drop-head" => Overflow::DropHead,
@@ -258,7 +272,7 @@ impl Policy {
         }
         if !unknown.is_empty() {
             let supported = match kind {
-                PolicyKind::Policy => "message-ttl, expires, max-length, max-length-bytes, overflow, dead-letter-exchange, dead-letter-routing-key, delivery-limit, alternate-exchange, delayed-retry-min, delayed-retry-multiplier, delayed-retry-max",
+                PolicyKind::Policy => "message-ttl, expires, max-length, max-length-bytes, overflow, dead-letter-exchange, dead-letter-routing-key, delivery-limit, alternate-exchange, delayed-retry-min, delayed-retry-multiplier, delayed-retry-max, max-age, stream-max-segment-size-bytes",
                 PolicyKind::Operator => "message-ttl, expires, max-length, max-length-bytes, delivery-limit",
             };
             return Err(fail(format!(
@@ -324,6 +338,21 @@ impl Applied {
         out.max_length = num(declared.max_length, |s| s.max_length);
         out.max_length_bytes = num(declared.max_length_bytes, |s| s.max_length_bytes);
         out.delivery_limit = num(declared.delivery_limit, |s| s.delivery_limit);
+        if declared.queue_type == crate::args::QueueType::Stream {
+            // RabbitMQ's streams (`policy_precedence`): the policy's
+            // retention and segment size win over the arguments.
+            let pick =
+                |arg: Option<u64>, f: fn(&PolicySettings) -> Option<u64>| p.and_then(f).or(arg);
+            out.max_length_bytes = min_of([
+                pick(declared.max_length_bytes, |s| s.max_length_bytes),
+                o.and_then(|s| s.max_length_bytes),
+                None,
+            ]);
+            out.max_age_ms = pick(declared.max_age_ms, |s| s.max_age_ms);
+            out.stream_max_segment_size_bytes = pick(declared.stream_max_segment_size_bytes, |s| {
+                s.stream_max_segment_size_bytes
+            });
+        }
         if !arguments.inner().contains_key("x-overflow") {
             if let Some(v) = p.and_then(|s| s.overflow) {
                 out.overflow = v;

@@ -25,6 +25,7 @@ use crate::args::{Overflow, QueueArgs};
 mod effects;
 mod retry;
 mod settings;
+mod stream;
 use crate::dead_letter::{DeadLetter, DeathReason};
 use crate::durable::{Done, Durability, PAGING_BIT};
 use crate::events::{self, Origin};
@@ -36,6 +37,7 @@ use crate::ready::{Body, Entry, Ready};
 use crate::timers::{TimerTarget, Timers};
 use effects::Effects;
 pub use retry::{backoff_ms, delivery_limit, DELIVERY_COUNT_HEADER};
+pub use stream::{StoredEntry, OFFSET_HEADER};
 
 /// Counters for the management view and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +98,8 @@ pub struct QueueEnv {
     pub timers: Arc<Timers>,
     /// The vhost, for dead letters and deletion.
     pub owner: Weak<dyn QueueOwner>,
+    /// Wall-clock time, for stream timestamps and retention by age.
+    pub clock: Arc<dyn crate::clock::Clock>,
 }
 
 /// A consumer attached to a queue.
@@ -110,6 +114,8 @@ pub struct Consumer {
     /// Deliveries not yet acked, checked against `prefetch` under the
     /// channel lock.
     pub in_flight: AtomicU32,
+    /// On a stream: where it starts reading (`x-stream-offset`).
+    pub stream_offset: Option<crate::stream::offset::OffsetSpec>,
 }
 
 struct QueueState {
@@ -131,6 +137,9 @@ struct QueueState {
     pager: Pager,
     /// Last delivery to a consumer (flow control: are consumers busy?).
     last_delivery: Option<Instant>,
+    /// A stream's log and readers (`queue/stream.rs`); `None` for other
+    /// queues.
+    stream: Option<Box<stream::StreamState>>,
     /// Returned messages waiting for their delayed retry.
     retrying: retry::Retrying,
 }
@@ -192,6 +201,7 @@ impl Queue {
                 retrying: retry::Retrying::default(),
                 pager: Pager::default(),
                 last_delivery: None,
+                stream: (args.queue_type == crate::args::QueueType::Stream).then(Box::default),
             }),
             name,
             env,
@@ -231,6 +241,17 @@ impl Queue {
 
     pub fn stats(&self) -> QueueStats {
         let s = self.state.lock();
+        if let Some(st) = s.stream.as_ref() {
+            let l = st.stats();
+            return QueueStats {
+                ready: usize::try_from(l.messages).unwrap_or(usize::MAX),
+                ready_bytes: l.bytes,
+                paged_out: 0,
+                unacked: s.unacked,
+                consumers: s.consumers.len(),
+                retrying: 0,
+            };
+        }
         QueueStats {
             ready: s.ready.len,
             ready_bytes: s.ready.bytes,
@@ -253,7 +274,11 @@ impl Queue {
     /// The next moment this queue needs attention, if newer than what is
     /// already registered.
     fn schedule(&self, s: &mut QueueState, now: Instant) -> Option<Instant> {
-        let ttl = s.ready.front().and_then(|m| m.expires_at);
+        let ttl = s
+            .ready
+            .front()
+            .and_then(|m| m.expires_at)
+            .or_else(|| self.stream_next_check(s, now));
         let expiry = self
             .args()
             .expires_ms
@@ -286,7 +311,10 @@ impl Queue {
                 s.ready.insert_by_seq(e);
             }
             q.expire_head(s, now, fx);
-            if released && !s.deleted {
+            if s.stream.is_some() && !s.deleted {
+                q.stream_retention(s, q.env.clock.unix_time_us() / 1000, fx);
+                q.stream_dispatch(s, now, fx);
+            } else if released && !s.deleted {
                 q.dispatch(s, now, fx);
             }
             if let Some(ms) = q.args().expires_ms {
@@ -467,6 +495,9 @@ impl Queue {
         now: Instant,
         origin: &Origin,
     ) -> bool {
+        if self.is_stream() {
+            return self.stream_append(&msg, now, None, origin);
+        }
         self.counters.add_published();
         self.with_state(now, |q, s, fx| {
             fx.origin = origin.clone();
@@ -501,6 +532,10 @@ impl Queue {
 
     /// Hands ready messages to consumers with credit, round-robin.
     fn dispatch(self: &Arc<Self>, s: &mut QueueState, now: Instant, fx: &mut Effects) {
+        if s.stream.is_some() {
+            self.stream_dispatch(s, now, fx);
+            return;
+        }
         if s.consumers.is_empty() {
             return;
         }
@@ -554,6 +589,10 @@ impl Queue {
 
     /// `basic.get`: the next ready message and how many remain.
     pub fn get(self: &Arc<Self>, no_ack: bool, now: Instant) -> Option<(QueuedMessage, usize)> {
+        if self.is_stream() {
+            // The server refuses basic.get on a stream (540) before this.
+            return None;
+        }
         self.with_state(now, |q, s, fx| {
             s.last_used = now;
             q.expire_head(s, now, fx);
@@ -609,6 +648,13 @@ impl Queue {
             fx.origin = origin.clone();
             s.unacked = s.unacked.saturating_sub(msgs.len());
             fx.done = done;
+            if s.stream.is_some() {
+                // An ack on a stream is credit: nothing leaves it.
+                if !s.deleted {
+                    q.dispatch(s, now, fx);
+                }
+                return;
+            }
             if how == Settle::Requeue && s.deleted {
                 return;
             }
@@ -660,6 +706,9 @@ impl Queue {
                 ));
             }
             on_added(&c.tag);
+            if let Some(spec) = c.stream_offset {
+                q.stream_attach(s, Arc::clone(&c), spec);
+            }
             s.consumers.push(c);
             s.had_consumer = true;
             s.last_used = now;
@@ -673,6 +722,7 @@ impl Queue {
     pub fn remove_consumer(self: &Arc<Self>, consumer: &Arc<Consumer>, now: Instant) {
         self.with_state(now, |q, s, fx| {
             s.consumers.retain(|c| !Arc::ptr_eq(c, consumer));
+            q.stream_detach(s, consumer);
             s.last_used = now;
             if s.next_consumer >= s.consumers.len() {
                 s.next_consumer = 0;
@@ -743,7 +793,9 @@ impl Queue {
     pub(crate) fn mark_deleted(&self) -> (usize, Vec<Arc<Consumer>>, Option<u64>) {
         let mut s = self.state.lock();
         s.deleted = true;
-        let n = s.ready.drain().len() + s.retrying.drain().len();
+        let n = s.ready.drain().len()
+            + s.retrying.drain().len()
+            + s.stream.take().map_or(0, |st| st.stats().messages as usize);
         (n, std::mem::take(&mut s.consumers), s.pager.paging_id)
     }
 }

@@ -26,7 +26,7 @@ use crate::durable::decode_delayed;
 use crate::limits::RESTORE_READ_BATCH_MESSAGES;
 use crate::message::Message;
 use crate::meta::{key_kind, queue_id_of, ExchangeDef, MetaCommand};
-use crate::queue::Queue;
+use crate::queue::{Queue, StoredEntry};
 
 /// What a journal gave back after a restart.
 #[derive(Default)]
@@ -234,6 +234,27 @@ impl Broker {
         now: Instant,
         report: &mut RestoreReport,
     ) {
+        if q.is_stream() {
+            let entries = stored
+                .into_iter()
+                .map(|(id, body)| match body {
+                    StoredBody::Payload(p) => StoredEntry {
+                        id,
+                        len: p.len() as u64,
+                        payload: Some(p),
+                    },
+                    StoredBody::OnDisk { len } => StoredEntry {
+                        id,
+                        len: u64::from(len),
+                        payload: None,
+                    },
+                })
+                .collect();
+            let (n, skipped) = q.restore_stream(entries);
+            report.messages += n;
+            report.skipped.extend(skipped);
+            return;
+        }
         for (mid, body) in stored {
             // A priority queue needs each message's priority now; other
             // queues read bodies on delivery.

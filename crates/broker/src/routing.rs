@@ -15,7 +15,7 @@ use std::time::Instant;
 use crate::args::Overflow;
 use crate::dead_letter::DeathReason;
 use crate::delayed_args::delay_ms;
-use crate::durable::{encode_message, Done, Durability, EventSink, JournalError};
+use crate::durable::{encode_message, split_done, Done, Durability, EventSink, JournalError};
 use crate::events::{self, Event, EventKind, Origin};
 use crate::exchange::{Destination, Exchange};
 use crate::message::Message;
@@ -134,16 +134,30 @@ pub(crate) fn deliver_to(
     origin: &Origin,
 ) -> PublishResult {
     let mut r = PublishResult::default();
+    // A stream stores every message, persistent or not, as its own entry
+    // (`queue/stream.rs`); the others share one record.
+    let streams = targets.iter().filter(|q| q.is_stream()).count();
     let stored_in: Vec<u64> = if msg.persistent {
-        targets.iter().filter_map(|q| q.store_id).collect()
+        targets
+            .iter()
+            .filter(|q| !q.is_stream())
+            .filter_map(|q| q.store_id)
+            .collect()
     } else {
         Vec::new()
+    };
+    let writes = usize::from(!stored_in.is_empty()) + streams;
+    let mut dones: Vec<Done> = match (writes, durable) {
+        (0, _) | (_, None) => Vec::new(),
+        (n, Some(f)) => {
+            r.durable = true;
+            split_done(f(), n)
+        }
     };
     let stored = if stored_in.is_empty() {
         None
     } else {
-        let done = durable.map(|f| f());
-        r.durable = done.is_some();
+        let done = dones.pop();
         match encode_message(&msg.exchange, &msg.routing_key, &msg.properties, &msg.body) {
             Ok(payload) => {
                 let id = dur.new_message_id();
@@ -162,8 +176,12 @@ pub(crate) fn deliver_to(
         }
     };
     for q in targets {
-        let id = stored.filter(|_| q.store_id.is_some());
-        let accepted = q.enqueue_from(Arc::clone(msg), id, now, origin);
+        let accepted = if q.is_stream() {
+            q.stream_append(msg, now, dones.pop(), origin)
+        } else {
+            let id = stored.filter(|_| q.store_id.is_some());
+            q.enqueue_from(Arc::clone(msg), id, now, origin)
+        };
         if accepted {
             r.queues += 1;
         } else {

@@ -120,6 +120,11 @@ impl VHost {
         self.dur.journal()
     }
 
+    /// Wall-clock Unix time in milliseconds (stream timestamps).
+    pub fn unix_time_ms(&self) -> u64 {
+        self.clock.unix_time_us() / 1000
+    }
+
     /// What a queue of this vhost gets of its surroundings.
     pub(crate) fn queue_env(&self) -> QueueEnv {
         let owner: Weak<dyn QueueOwner> = self.me.clone() as Weak<dyn QueueOwner>;
@@ -127,6 +132,7 @@ impl VHost {
             dur: Arc::clone(&self.dur),
             timers: Arc::clone(&self.timers),
             owner,
+            clock: Arc::clone(&self.clock),
         }
     }
 
@@ -403,6 +409,15 @@ impl VHost {
         authorise(&name)?;
         let args = QueueArgs::parse(&name, &self.name, &d.arguments)?;
         args.check_names(&name, &self.name)?;
+        if args.queue_type == QueueType::Stream {
+            crate::stream::declare::check_properties(
+                &name,
+                &self.name,
+                d.durable,
+                d.exclusive,
+                d.auto_delete,
+            )?;
+        }
         if args.queue_type == QueueType::Quorum && (d.exclusive || d.auto_delete || !d.durable) {
             return Err(AmqpError::precondition_failed(format!(
                 "invalid property '{}' for queue '{name}' in vhost '{}': quorum queues must be durable, non-exclusive and non-auto-delete",
@@ -476,7 +491,15 @@ impl VHost {
 
     /// `queue.purge`.
     pub fn purge_queue(&self, connection: u64, name: &str, now: Instant) -> AmqpResult<usize> {
-        Ok(self.queue(connection, name)?.purge(now))
+        let q = self.queue(connection, name)?;
+        if q.is_stream() {
+            // RabbitMQ: a stream's purge is `{error, not_supported}`.
+            return Err(AmqpError::not_implemented(format!(
+                "purge not supported by queue '{name}' in vhost '{}'",
+                self.name
+            )));
+        }
+        Ok(q.purge(now))
     }
 
     /// `queue.delete`. Deleting a missing queue is not an error (returns 0).
@@ -492,6 +515,13 @@ impl VHost {
             other => other?,
         };
         let s = q.stats();
+        // RabbitMQ's streams ignore if-unused and if-empty
+        // (`rabbit_stream_queue:delete`): a stream is never "empty".
+        let (if_unused, if_empty) = if q.is_stream() {
+            (false, false)
+        } else {
+            (if_unused, if_empty)
+        };
         if if_unused && s.consumers > 0 {
             return Err(AmqpError::precondition_failed(format!(
                 "queue '{name}' in vhost '{}' in use",

@@ -371,11 +371,32 @@ fn render_status(s: &Value, width: usize) -> String {
         cell(q.get("total_count")),
         cell(q.get("filtered_count"))
     );
-    out.push_str(&table(
-        Kind::Queues,
-        q["items"].as_array().map_or(&[], Vec::as_slice),
-        width,
-    ));
+    let items: &[Value] = q["items"].as_array().map_or(&[], Vec::as_slice);
+    out.push_str(&table(Kind::Queues, items, width));
+    out.push_str(&streams(items));
+    out
+}
+
+/// One line per stream among `items`: what a stream has that the queue
+/// table does not show (offsets, bytes, segments).
+fn streams(items: &[Value]) -> String {
+    let mut out = String::new();
+    for q in items.iter().filter(|q| q["type"] == "stream") {
+        let _ = writeln!(
+            out,
+            "stream {} ({}): {} messages, {} bytes, offsets {}..{}, {} segments",
+            cell(q.get("name")),
+            cell(q.get("vhost")),
+            cell(q.get("messages")),
+            cell(q.get("message_bytes")),
+            cell(q.get("first_offset")),
+            cell(q.get("last_offset")),
+            cell(q.get("segments")),
+        );
+    }
+    if !out.is_empty() {
+        out.insert(0, '\n');
+    }
     out
 }
 
@@ -474,6 +495,20 @@ mod tests {
             t.contains('…') && t.contains("2.5") && t.contains("12"),
             "{t}"
         );
+    }
+
+    #[test]
+    fn streams_show_their_offsets_bytes_and_segments() {
+        let items = vec![
+            json!({"name": "classic", "vhost": "/", "type": "classic"}),
+            json!({"name": "events", "vhost": "/", "type": "stream", "messages": 40,
+            "message_bytes": 4100, "first_offset": 160, "last_offset": 199, "segments": 5}),
+        ];
+        assert_eq!(
+            streams(&items),
+            "\nstream events (/): 40 messages, 4100 bytes, offsets 160..199, 5 segments\n"
+        );
+        assert_eq!(streams(&items[..1]), "");
     }
 
     #[test]

@@ -226,6 +226,12 @@ impl Broker {
         &self.uri
     }
 
+    /// The pid of the berth this value started (`None` for an external
+    /// broker), for benchmarks reading its CPU time and RSS from /proc.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(|p| p.child.id())
+    }
+
     /// `HOST:PORT` of the AMQP listener, for raw sockets.
     pub fn amqp_addr(&self) -> &str {
         &self.amqp_addr

@@ -68,6 +68,7 @@ impl Queue {
                 // A new deadline (x-expires, TTL) is registered afresh.
                 s.timer_at = None;
                 q.trim_to_limits(s, now, fx);
+                q.stream_retention(s, q.env.clock.unix_time_us() / 1000, fx);
             });
         }
     }

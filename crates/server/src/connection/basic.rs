@@ -166,6 +166,12 @@ impl Conn {
                 let qname = self.queue_name(channel, g.queue.as_str())?;
                 self.check(Resource::Queue(&qname), Perm::Read)?;
                 let q = self.vhost().queue(self.id, &qname)?;
+                if q.is_stream() {
+                    return Err(AmqpError::not_implemented(format!(
+                        "basic.get not supported by stream queues queue '{qname}' in vhost '{}'",
+                        q.vhost_name
+                    )));
+                }
                 if !ch.get(&q, g.no_ack, now) {
                     self.send_method(
                         channel,
@@ -206,11 +212,12 @@ impl Conn {
         let q = self.vhost().queue(self.id, &qname)?;
         let out = Arc::clone(&self.out);
         let nowait = c.nowait;
-        ch.consume(
+        ch.consume_with(
             q,
             c.consumer_tag.as_str(),
             c.no_ack,
             c.exclusive,
+            &c.arguments,
             now,
             |tag| {
                 if !nowait {

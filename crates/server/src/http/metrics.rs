@@ -57,6 +57,8 @@ struct Row {
     labels: String,
     stats: QueueStats,
     counters: CounterSnapshot,
+    /// A stream's offsets and segments.
+    stream: Option<berth_broker::stream::log::StreamStats>,
 }
 
 fn rows(st: &HttpState) -> Vec<Row> {
@@ -71,6 +73,7 @@ fn rows(st: &HttpState) -> Vec<Row> {
                 ),
                 stats: q.stats(),
                 counters: q.counters.snapshot(),
+                stream: q.stream_stats(),
             });
         }
     }
@@ -96,8 +99,11 @@ const QUEUE_FAMILIES: [(&str, &str, &str, Pick); 7] = [
     (
         "rabbitmq_queue_messages",
         "gauge",
-        "Ready and unacknowledged messages.",
-        |r| (r.stats.ready + r.stats.unacked) as u64,
+        "Ready and unacknowledged messages (a stream: every message it keeps).",
+        |r| match r.stream {
+            Some(st) => st.messages,
+            None => (r.stats.ready + r.stats.unacked) as u64,
+        },
     ),
     (
         "rabbitmq_queue_messages_ready_bytes",
@@ -524,5 +530,37 @@ pub(super) async fn per_object(State(st): State<HttpState>) -> Response {
             out.sample(name, &r.labels, pick(r));
         }
     }
+    for (name, help, pick) in STREAM_FAMILIES {
+        out.family(name, "gauge", help);
+        for r in &rows {
+            if let Some(st) = &r.stream {
+                out.sample(name, &r.labels, pick(st));
+            }
+        }
+    }
     text(out)
 }
+
+type StreamPick = fn(&berth_broker::stream::log::StreamStats) -> u64;
+
+/// Per stream (berth's names: RabbitMQ's AMQP metrics have no offsets).
+const STREAM_FAMILIES: [(&str, &str, StreamPick); 4] = [
+    (
+        "berth_stream_first_offset",
+        "Offset of the oldest message a stream keeps.",
+        |s| s.first_offset,
+    ),
+    (
+        "berth_stream_next_offset",
+        "Offset the next message published to a stream gets.",
+        |s| s.next_offset,
+    ),
+    (
+        "berth_stream_segments",
+        "Logical segments of a stream (retention removes whole ones).",
+        |s| s.segments,
+    ),
+    ("berth_stream_bytes", "Stored bytes a stream keeps.", |s| {
+        s.bytes
+    }),
+];

@@ -34,6 +34,7 @@ mod policies;
 mod queues;
 mod store;
 mod store_alarms;
+mod stream_fields;
 mod users;
 mod vhosts;
 mod whoami;

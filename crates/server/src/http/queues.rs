@@ -44,7 +44,7 @@ pub(crate) fn queue_json(q: &Queue, stats: bool, members: Option<&Members>) -> V
         "auto_delete": q.auto_delete,
         "exclusive": q.exclusive_owner.is_some(),
         "arguments": table_json(&q.arguments),
-        "type": match q.declared_args.queue_type { QueueType::Classic => "classic", QueueType::Quorum => "quorum" },
+        "type": match q.declared_args.queue_type { QueueType::Classic => "classic", QueueType::Quorum => "quorum", QueueType::Stream => "stream" },
         "node": super::overview::node_name(),
         "messages": s.ready + s.unacked,
         "messages_ready": s.ready,
@@ -58,6 +58,9 @@ pub(crate) fn queue_json(q: &Queue, stats: bool, members: Option<&Members>) -> V
         // (docs/DELAYED.md), counted apart from ready and unacked.
         "messages_delayed": s.retrying,
     });
+    if let Some(st) = q.stream_stats() {
+        super::stream_fields::add(&mut v, &st);
+    }
     for (k, x) in super::policies::queue_policy_fields(q) {
         v[k] = x;
     }

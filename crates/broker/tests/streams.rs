@@ -1,0 +1,360 @@
+//! Streams at the broker's level, over `MemoryJournal` (a perfect store):
+//! a restart that finds a gap (a write lost before a crash, never a
+//! confirmed one) keeps every later offset, and retention by age follows
+//! the broker's clock and moves readers to the new first offset.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use berth_broker::channel::{Channel, Outlet, Session};
+use berth_broker::clock::{Clock, ManualClock};
+use berth_broker::durable::{Done, Durability, Journal, JournalError, MemoryJournal};
+use berth_broker::message::Message;
+use berth_broker::vhost::{QueueDeclare, VHost};
+use berth_broker::{Broker, Recovered, StoredBody};
+use berth_protocol::codec::encode_properties;
+use berth_protocol::{AMQPProperties, AMQPValue, FieldTable};
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+/// (x-stream-offset header, body) of every delivery, with its tag.
+#[derive(Default)]
+struct Sink(Mutex<Vec<(u64, i64, Vec<u8>)>>);
+
+impl Outlet for Sink {
+    fn deliver(&self, _: u16, _: &str, tag: u64, _: bool, m: &Message) {
+        let offset = match m
+            .headers()
+            .and_then(|h| h.inner().get("x-stream-offset").cloned())
+        {
+            Some(AMQPValue::LongLongInt(o)) => o,
+            other => panic!("x-stream-offset missing or of the wrong type: {other:?}"),
+        };
+        self.0.lock().push((tag, offset, m.body.to_vec()));
+    }
+    fn get_ok(&self, _: u16, _: u64, _: bool, _: &Message, _: u32) {
+        panic!("no basic.get on a stream");
+    }
+    fn consumer_cancelled(&self, _: u16, _: &str) {}
+    fn is_congested(&self) -> bool {
+        false
+    }
+}
+
+fn channel(v: &Arc<VHost>, out: &Arc<Sink>) -> Arc<Channel> {
+    Channel::new(
+        1,
+        Arc::new(Session {
+            connection_id: 1,
+            vhost: Arc::clone(v),
+            outlet: Arc::clone(out) as Arc<dyn Outlet>,
+            cancel_notify: true,
+            consumer_timeout_ms: None,
+            user: Arc::from("guest"),
+            events: None,
+        }),
+    )
+}
+
+fn stream_args(extra: &[(&str, AMQPValue)]) -> FieldTable {
+    let mut t = FieldTable::default();
+    t.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("stream".into()),
+    );
+    for (k, v) in extra {
+        t.insert((*k).into(), v.clone());
+    }
+    t
+}
+
+fn declare(v: &VHost, name: &str, args: FieldTable, now: Instant) {
+    let d = QueueDeclare {
+        durable: true,
+        arguments: args,
+        ..Default::default()
+    };
+    v.declare_queue(1, name, &d, now).expect("declare a stream");
+}
+
+fn publish(v: &VHost, queue: &str, body: &str, now: Instant) {
+    let m = Message::new(
+        String::new(),
+        queue.to_owned(),
+        encode_properties(&AMQPProperties::default()),
+        Bytes::from(body.to_owned()),
+    )
+    .unwrap();
+    let mut done = || -> Done { Box::new(|r| r.expect("journaled")) };
+    assert_eq!(v.publish("", &m, now, &mut done).unwrap().queues, 1);
+}
+
+/// Consumes `queue` from `offset` with prefetch 100; returns what arrived.
+fn read_from(v: &Arc<VHost>, queue: &str, offset: AMQPValue, now: Instant) -> Vec<(i64, Vec<u8>)> {
+    let out = Arc::new(Sink::default());
+    let ch = channel(v, &out);
+    ch.qos(100, false, now);
+    let mut args = FieldTable::default();
+    args.insert("x-stream-offset".into(), offset);
+    let q = v.queue(1, queue).unwrap();
+    ch.consume_with(q, "", false, false, &args, now, |_| {})
+        .expect("consume");
+    let got = out
+        .0
+        .lock()
+        .iter()
+        .map(|(_, o, b)| (*o, b.clone()))
+        .collect();
+    ch.close(now);
+    got
+}
+
+fn recovered(j: &MemoryJournal) -> Recovered {
+    Recovered {
+        meta: j
+            .meta
+            .lock()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        messages: j
+            .messages
+            .lock()
+            .iter()
+            .map(|(q, m)| {
+                let list = m
+                    .iter()
+                    .map(|(id, p)| {
+                        (
+                            *id,
+                            StoredBody::OnDisk {
+                                len: p.len() as u32,
+                            },
+                        )
+                    })
+                    .collect();
+                (*q, list)
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn a_gap_left_by_a_crash_keeps_every_later_offset() {
+    let t0 = Instant::now();
+    let journal = Arc::new(MemoryJournal::default());
+    let broker = Broker::with_journal(["/"], journal.clone(), 1, 1);
+    let v = broker.vhost("/").unwrap();
+    declare(&v, "s", stream_args(&[]), t0);
+    for i in 0..10 {
+        publish(&v, "s", &format!("m{i}"), t0);
+    }
+    // The write of offset 3 never reached the disk (its publisher was
+    // never confirmed); the writes after it did.
+    {
+        let mut m = journal.messages.lock();
+        let q = m.values_mut().next().expect("the stream's messages");
+        let lost = *q.keys().nth(3).expect("ten messages");
+        q.remove(&lost);
+    }
+    let r = recovered(&journal);
+    let (next_msg, next_queue) = r.next_ids();
+    let broker2 = Broker::with_journal(["/"], journal.clone(), next_msg, next_queue);
+    let report = broker2.restore(r, t0);
+    assert!(report.skipped.is_empty(), "{:?}", report.skipped);
+    assert_eq!(report.messages, 9);
+    let v2 = broker2.vhost("/").unwrap();
+    let got = read_from(&v2, "s", AMQPValue::LongString("first".into()), t0);
+    let want: Vec<(i64, Vec<u8>)> = [0, 1, 2, 4, 5, 6, 7, 8, 9]
+        .iter()
+        .map(|i| (*i, format!("m{i}").into_bytes()))
+        .collect();
+    assert_eq!(got, want);
+    // An absolute offset finds its own message, past the gap too.
+    let at5 = read_from(&v2, "s", AMQPValue::LongLongInt(5), t0);
+    assert_eq!(at5[0], (5, b"m5".to_vec()));
+    // The next message continues after the last offset, not the count.
+    publish(&v2, "s", "m10", t0);
+    let last = read_from(&v2, "s", AMQPValue::LongString("last".into()), t0);
+    assert_eq!(last, vec![(10, b"m10".to_vec())]);
+}
+
+#[test]
+fn an_offset_far_past_the_others_is_reported_not_filled() {
+    let t0 = Instant::now();
+    let journal = Arc::new(MemoryJournal::default());
+    let broker = Broker::with_journal(["/"], journal.clone(), 1, 1);
+    let v = broker.vhost("/").unwrap();
+    declare(&v, "s", stream_args(&[]), t0);
+    for i in 0..3 {
+        publish(&v, "s", &format!("m{i}"), t0);
+    }
+    // Damage that passed the checksum: the last entry claims an offset
+    // a trillion past the others (so first and last do not span the
+    // count, and the restart reads every entry's offset).
+    {
+        let mut m = journal.messages.lock();
+        let q = m.values_mut().next().unwrap();
+        let ids: Vec<u64> = q.keys().copied().collect();
+        let mut bad = q[&ids[2]].to_vec();
+        bad[1..9].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        q.insert(ids[2], Bytes::from(bad));
+    }
+    let r = recovered(&journal);
+    let (next_msg, next_queue) = r.next_ids();
+    let broker2 = Broker::with_journal(["/"], journal.clone(), next_msg, next_queue);
+    let report = broker2.restore(r, t0);
+    assert_eq!(report.skipped.len(), 1, "{:?}", report.skipped);
+    assert!(
+        report.skipped[0].contains("past a gap"),
+        "{:?}",
+        report.skipped
+    );
+    let v2 = broker2.vhost("/").unwrap();
+    let got = read_from(&v2, "s", AMQPValue::LongString("first".into()), t0);
+    assert_eq!(got, vec![(0, b"m0".to_vec()), (1, b"m1".to_vec())]);
+}
+
+#[test]
+fn retention_by_age_follows_the_clock_and_moves_readers_to_the_new_first_offset() {
+    let t0 = Instant::now();
+    let clock = Arc::new(ManualClock::new(t0, 1_700_000_000));
+    let journal = Arc::new(MemoryJournal::default());
+    let dur = Durability::new(journal.clone(), 1, 1);
+    let broker = Broker::with_parts(["/"], dur, clock.clone());
+    let v = broker.vhost("/").unwrap();
+    // Each entry is well over 60 bytes: a segment holds one message.
+    let args = stream_args(&[
+        ("x-max-age", AMQPValue::LongString("10s".into())),
+        ("x-stream-max-segment-size-bytes", AMQPValue::LongInt(60)),
+    ]);
+    declare(&v, "aged", args, t0);
+    // A reader that stalls at offset 0 (prefetch 1, never acks).
+    let out = Arc::new(Sink::default());
+    let ch = channel(&v, &out);
+    ch.qos(1, false, t0);
+    let mut first = FieldTable::default();
+    first.insert(
+        "x-stream-offset".into(),
+        AMQPValue::LongString("first".into()),
+    );
+    ch.consume_with(
+        v.queue(1, "aged").unwrap(),
+        "",
+        false,
+        false,
+        &first,
+        t0,
+        |_| {},
+    )
+    .unwrap();
+    for i in 0..5 {
+        publish(&v, "aged", &format!("old{i}"), clock.now());
+    }
+    clock.advance(Duration::from_secs(20));
+    publish(&v, "aged", "new", clock.now());
+    let now = clock.now();
+    // The old segments went; the active one (the new message) stayed.
+    assert_eq!(journal.messages.lock().values().next().unwrap().len(), 1);
+    let got = read_from(&v, "aged", AMQPValue::LongString("first".into()), now);
+    assert_eq!(got, vec![(5, b"new".to_vec())]);
+    // The stalled reader had offset 0; once it acks, it goes on at 5.
+    let tag = out.0.lock()[0].0;
+    ch.ack(tag, false, now).unwrap();
+    let seen: Vec<i64> = out.0.lock().iter().map(|(_, o, _)| *o).collect();
+    assert_eq!(seen, vec![0, 5]);
+}
+
+/// A journal whose publish completions wait until the test runs them (a
+/// slow fsync), and which reads back what it was given.
+#[derive(Default)]
+struct HeldJournal {
+    inner: MemoryJournal,
+    held: Mutex<Vec<Done>>,
+}
+
+impl Journal for HeldJournal {
+    fn publish(&self, msg: u64, queues: &[u64], payload: Bytes, done: Option<Done>) {
+        self.inner.publish(msg, queues, payload, None);
+        self.held.lock().extend(done);
+    }
+    fn remove(&self, queue: u64, msgs: &[u64], done: Option<Done>) {
+        self.inner.remove(queue, msgs, done);
+    }
+    fn purge(&self, queue: u64, done: Option<Done>) {
+        self.inner.purge(queue, done);
+    }
+    fn put_meta(&self, key: &[u8], value: &[u8]) -> Result<(), JournalError> {
+        self.inner.put_meta(key, value)
+    }
+    fn delete_meta(&self, key: &[u8]) -> Result<(), JournalError> {
+        self.inner.delete_meta(key)
+    }
+    fn read(&self, queue: u64, msg: u64) -> Result<Bytes, JournalError> {
+        self.inner.read(queue, msg)
+    }
+    fn pages(&self) -> bool {
+        true
+    }
+}
+
+impl HeldJournal {
+    /// Completes the oldest `n` held writes.
+    fn complete(&self, n: usize) {
+        let due: Vec<Done> = self.held.lock().drain(..n).collect();
+        for d in due {
+            d(Ok(()));
+        }
+    }
+}
+
+#[test]
+fn consumers_get_only_messages_whose_write_is_durable() {
+    let t0 = Instant::now();
+    let journal = Arc::new(HeldJournal::default());
+    let broker = Broker::with_journal(["/"], journal.clone(), 1, 1);
+    let v = broker.vhost("/").unwrap();
+    declare(&v, "s", stream_args(&[]), t0);
+    let out = Arc::new(Sink::default());
+    let ch = channel(&v, &out);
+    ch.qos(100, false, t0);
+    let mut next = FieldTable::default();
+    next.insert(
+        "x-stream-offset".into(),
+        AMQPValue::LongString("next".into()),
+    );
+    ch.consume_with(
+        v.queue(1, "s").unwrap(),
+        "",
+        false,
+        false,
+        &next,
+        t0,
+        |_| {},
+    )
+    .unwrap();
+    let mut unconfirmed = || -> Done { Box::new(|_| {}) };
+    for i in 0..3 {
+        let m = Message::new(
+            String::new(),
+            "s".into(),
+            encode_properties(&AMQPProperties::default()),
+            Bytes::from(format!("m{i}")),
+        )
+        .unwrap();
+        v.publish("", &m, t0, &mut unconfirmed).unwrap();
+    }
+    let offsets = || -> Vec<i64> { out.0.lock().iter().map(|(_, o, _)| *o).collect() };
+    broker.run_timers(Instant::now());
+    assert_eq!(
+        offsets(),
+        Vec::<i64>::new(),
+        "nothing before its write is durable"
+    );
+    journal.complete(2);
+    broker.run_timers(Instant::now());
+    assert_eq!(offsets(), vec![0, 1]);
+    journal.complete(1);
+    broker.run_timers(Instant::now());
+    assert_eq!(offsets(), vec![0, 1, 2]);
+}
