@@ -32,14 +32,7 @@ run_suite() {
   fi
 }
 
-ensure_cluster() {
-  # Three berth processes on loopback ports under leader kill -9, SIGSTOP,
-  # isolation and a damaged follower log (crates/cli/tests/cluster_faults.rs);
-  # prints per fault what was attempted, confirmed, delivered and lost.
-  cargo test --release -p berth-cli --test cluster_faults -- --ignored --nocapture
-}
-
-rust() {
+ensure_rust() {
   if ! command -v cargo >/dev/null 2>&1; then
     echo "cargo not found: install Rust (https://rustup.rs) and re-run" >&2
     return 1
