@@ -55,6 +55,9 @@ const QUEUES: usize = 4;
 const PUBLISHERS: u64 = 3;
 const CONSUMERS: usize = 2;
 const WINDOW_MAX: usize = 64;
+/// Publishers wait while this many published messages are not yet
+/// delivered, so the drain after each phase stays short.
+const BACKLOG_MAX: usize = 20_000;
 /// Every client call is bounded, so a stuck broker fails the test.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// A cluster with a majority alive elects a leader within this.
@@ -367,6 +370,14 @@ async fn publisher(
         let mut pending = std::collections::VecDeque::new();
         let mut broken = false;
         while !stop.load(Ordering::Relaxed) && !broken {
+            let backlog = {
+                let l = ledger.lock().unwrap();
+                l.attempted.len().saturating_sub(l.delivered.len())
+            };
+            if backlog > BACKLOG_MAX {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
             let id = (p << 40) | seq;
             seq += 1;
             let q = rng.random_range(0..QUEUES);
