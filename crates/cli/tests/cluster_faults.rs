@@ -49,6 +49,9 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+mod common;
+use common::{bounded, CALL_TIMEOUT};
+
 const BUDGET_ENV: &str = "BERTH_CLUSTER_BUDGET_S";
 const BUDGET_S_DEFAULT: u64 = 120;
 const QUEUES: usize = 4;
@@ -58,8 +61,6 @@ const WINDOW_MAX: usize = 64;
 /// Publishers wait while this many published messages are not yet
 /// delivered, so the drain after each phase stays short.
 const BACKLOG_MAX: usize = 20_000;
-/// Every client call is bounded, so a stuck broker fails the test.
-const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// A cluster with a majority alive elects a leader within this.
 const LEADER_TIMEOUT: Duration = Duration::from_secs(30);
 const ELECTION_TIMEOUT_MS: &str = "1000";
@@ -318,13 +319,6 @@ struct Ledger {
 }
 
 type Shared = Arc<Mutex<Ledger>>;
-
-async fn bounded<T, E>(fut: impl std::future::Future<Output = Result<T, E>>) -> Option<T> {
-    match tokio::time::timeout(CALL_TIMEOUT, fut).await {
-        Ok(Ok(v)) => Some(v),
-        _ => None,
-    }
-}
 
 /// A connection to whichever member serves (followers turn clients away).
 async fn connect_leader(uris: &[String], stop: &AtomicBool) -> Option<Connection> {

@@ -59,7 +59,7 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc;
 
 mod common;
-use common::{connect, Broker};
+use common::{bounded, connect, Broker};
 
 const BUDGET_ENV: &str = "BERTH_KILL9_BUDGET_S";
 const BUDGET_S_DEFAULT: u64 = 75;
@@ -71,9 +71,6 @@ const PUBLISHERS: u64 = 3;
 /// Load time of one cycle before the kill, in ms.
 const LOAD_MS_MIN: u64 = 300;
 const LOAD_MS_MAX: u64 = 1500;
-/// Every client call is bounded: a broker that stops answering fails the
-/// test instead of hanging it.
-const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Broker flags: small segments roll, seal and get compacted or deleted;
 /// a small checkpoint threshold makes checkpoints run, so recovery replays
 /// only tails; a small resident window pages bodies out to the store.
@@ -363,13 +360,6 @@ impl Ledger {
 }
 
 type Shared = Arc<Mutex<Ledger>>;
-
-async fn bounded<T, E>(fut: impl Future<Output = Result<T, E>>) -> Option<T> {
-    match tokio::time::timeout(CALL_TIMEOUT, fut).await {
-        Ok(Ok(v)) => Some(v),
-        _ => None,
-    }
-}
 
 /// Forwards a consumer's deliveries, tagged with its queue, to a task.
 struct Forward(usize, mpsc::UnboundedSender<(usize, Delivery)>);

@@ -4,7 +4,6 @@
 //! store: purged at startup, after which checkpoints delete the segments
 //! they kept alive.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use berth_server::journal::open_broker;
@@ -12,28 +11,8 @@ use berth_server::Config;
 use berth_store::{MsgId, QueueId, Store, Ticket};
 use bytes::Bytes;
 
-/// A fresh directory under the system's temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_nanos();
-        let dir = std::env::temp_dir().join(format!("berth-{name}-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("create temp dir");
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.0) {
-            eprintln!("could not remove {}: {e}", self.0.display());
-        }
-    }
-}
+mod common;
+use common::TempDir;
 
 fn wait(f: impl FnOnce(berth_store::Done)) {
     let (done, ticket) = Ticket::new();

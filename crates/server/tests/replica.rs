@@ -8,7 +8,6 @@
 //! it was taken from.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use berth_cluster::Apply;
@@ -19,25 +18,8 @@ use berth_server::journal::StoreJournal;
 use berth_store::{MsgId, QueueId, Store, StoreConfig, Ticket};
 use bytes::Bytes;
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_nanos();
-        let dir = std::env::temp_dir().join(format!("berth-{name}-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("create temp dir");
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+mod common;
+use common::TempDir;
 
 fn replica(dir: &TempDir, groups: u32) -> Replica {
     let mut c = StoreConfig::new(dir.0.clone());

@@ -157,3 +157,15 @@ pub fn seed(test: &str) -> u64 {
     eprintln!("{test} seed {seed} (replay with BERTH_TEST_SEED={seed})");
     seed
 }
+
+/// Every client call of the fault tests is bounded, so a broker that stops
+/// answering fails the test instead of hanging it.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `fut` within [`CALL_TIMEOUT`]; `None` if it failed or timed out.
+pub async fn bounded<T, E>(fut: impl std::future::Future<Output = Result<T, E>>) -> Option<T> {
+    match tokio::time::timeout(CALL_TIMEOUT, fut).await {
+        Ok(Ok(v)) => Some(v),
+        _ => None,
+    }
+}

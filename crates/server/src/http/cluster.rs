@@ -13,7 +13,6 @@ use serde_json::{json, Value};
 
 use super::auth::AdminAuthed;
 use super::{bad_request, Authed, HttpState};
-use crate::cluster::view::ClusterView;
 
 /// A member counts as running while it answered the leader within this
 /// many election timeouts (a leader calls every member every heartbeat).
@@ -26,8 +25,11 @@ pub(crate) struct Members {
     pub online: Vec<String>,
 }
 
-fn member_name(view: &ClusterView, id: u64) -> String {
-    view.name_of(id)
+/// Whether a member answered the leader recently enough to count as
+/// running.
+fn running(st: &HttpState, m: &berth_cluster::MemberStatus) -> bool {
+    let running_ms = RUNNING_TIMEOUTS * st.shared.config.cluster.election_timeout_ms;
+    m.millis_since_heard.is_some_and(|ms| ms < running_ms)
 }
 
 impl Members {
@@ -35,17 +37,12 @@ impl Members {
     pub(crate) fn of(st: &HttpState) -> Option<Self> {
         let view = st.shared.cluster.as_ref()?;
         let status = view.node.status();
-        let running_ms = RUNNING_TIMEOUTS * st.shared.config.cluster.election_timeout_ms;
-        let all: Vec<String> = status
-            .members
-            .iter()
-            .map(|m| member_name(view, m.id))
-            .collect();
+        let all: Vec<String> = status.members.iter().map(|m| view.name_of(m.id)).collect();
         let online = status
             .members
             .iter()
-            .filter(|m| m.millis_since_heard.is_some_and(|ms| ms < running_ms))
-            .map(|m| member_name(view, m.id))
+            .filter(|m| running(st, m))
+            .map(|m| view.name_of(m.id))
             .collect();
         Some(Self {
             leader: view.name.clone(),
@@ -87,12 +84,11 @@ pub(super) async fn status(State(st): State<HttpState>, _: Authed) -> Response {
         return Json(json!({"clustered": false})).into_response();
     };
     let s = view.node.status();
-    let running_ms = RUNNING_TIMEOUTS * st.shared.config.cluster.election_timeout_ms;
     let members: Vec<Value> = s
         .members
         .iter()
         .map(|m| {
-            let name = member_name(view, m.id);
+            let name = view.name_of(m.id);
             let serves = view.announced.get(&name).unwrap_or_default();
             json!({
                 "name": name,
@@ -100,7 +96,7 @@ pub(super) async fn status(State(st): State<HttpState>, _: Authed) -> Response {
                 "amqp": serves.amqp,
                 "voter": m.voter,
                 "leader": s.leader == Some(m.id),
-                "running": m.millis_since_heard.is_some_and(|ms| ms < running_ms),
+                "running": running(&st, m),
                 "matched_index": m.matched_index,
                 "lag_entries": m.lag,
                 "millis_since_heard": m.millis_since_heard,
@@ -198,7 +194,6 @@ impl Numbers {
     pub(super) fn of(st: &HttpState) -> Option<Self> {
         let view = st.shared.cluster.as_ref()?;
         let s = view.node.status();
-        let running_ms = RUNNING_TIMEOUTS * st.shared.config.cluster.election_timeout_ms;
         Some(Self {
             term: s.term,
             last_log_index: s.last_log_index.unwrap_or(0),
@@ -209,12 +204,8 @@ impl Numbers {
                 .members
                 .iter()
                 .map(|m| {
-                    let running = m.millis_since_heard.is_some_and(|ms| ms < running_ms);
-                    (
-                        member_name(view, m.id),
-                        m.lag.unwrap_or(0),
-                        u8::from(running),
-                    )
+                    let running = running(st, m);
+                    (view.name_of(m.id), m.lag.unwrap_or(0), u8::from(running))
                 })
                 .collect(),
         })
