@@ -196,6 +196,13 @@ impl ClusterNode {
             node: config.id,
             secret: secret.clone(),
             heard: heard.clone(),
+            // Connections to peers leave from the address peers know this
+            // node by, unless it listens on every address.
+            source: listener
+                .local_addr()
+                .ok()
+                .map(|a| a.ip())
+                .filter(|ip| !ip.is_unspecified()),
         };
         let raft = Raft::new(config.id, Arc::new(raft_config), network, log.clone(), sm)
             .await

@@ -17,8 +17,11 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+
 use serde::{Deserialize, Serialize};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
 use crate::limits::PEER_FRAME_BYTES_MAX;
@@ -55,6 +58,40 @@ pub(crate) fn framed(stream: TcpStream) -> Conn {
             .max_frame_length(PEER_FRAME_BYTES_MAX)
             .new_codec(),
     )
+}
+
+/// Connects to a peer's `host:port`. With a `source`, the connection
+/// leaves from that address (the node's own cluster address), so peers and
+/// firewalls see one address per node, and a rule between two nodes' addresses
+/// partitions exactly those two.
+pub(crate) async fn dial(addr: &str, source: Option<IpAddr>) -> io::Result<TcpStream> {
+    let Some(source) = source else {
+        return TcpStream::connect(addr).await;
+    };
+    let mut last = None;
+    for to in tokio::net::lookup_host(addr).await? {
+        if to.is_ipv4() != source.is_ipv4() {
+            continue;
+        }
+        let socket = if to.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        socket.bind(SocketAddr::new(source, 0))?;
+        match socket.connect(to).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::AddrNotAvailable,
+            format!(
+                "{addr} has no address of the same family as this node's cluster address {source}"
+            ),
+        )
+    }))
 }
 
 /// Decodes `bytes` as each frame a peer can send (for the fuzz target).

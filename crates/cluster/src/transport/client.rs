@@ -16,7 +16,6 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use openraft::BasicNode;
-use tokio::net::TcpStream;
 
 use super::{framed, handshake, Conn, Request, Response};
 use crate::types::{NodeId, TypeConfig};
@@ -28,6 +27,8 @@ pub(crate) struct Network {
     pub(crate) node: NodeId,
     pub(crate) secret: Arc<Vec<u8>>,
     pub(crate) heard: Arc<Heard>,
+    /// The address outgoing connections leave from (see `dial`).
+    pub(crate) source: Option<std::net::IpAddr>,
 }
 
 /// When each peer last answered a call of this node (for the members'
@@ -56,6 +57,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             addr: node.addr.clone(),
             secret: self.secret.clone(),
             heard: self.heard.clone(),
+            source: self.source,
             conn: None,
         }
     }
@@ -67,6 +69,7 @@ pub(crate) struct Peer {
     addr: String,
     secret: Arc<Vec<u8>>,
     heard: Arc<Heard>,
+    source: Option<std::net::IpAddr>,
     conn: Option<Conn>,
 }
 
@@ -81,7 +84,7 @@ enum CallError {
 impl Peer {
     async fn connected(&mut self) -> Result<&mut Conn, CallError> {
         if self.conn.is_none() {
-            let stream = TcpStream::connect(&self.addr)
+            let stream = super::dial(&self.addr, self.source)
                 .await
                 .map_err(CallError::Unreachable)?;
             let mut conn = framed(stream);
