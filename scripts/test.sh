@@ -52,10 +52,19 @@ kill9() {
   cargo test --release -p berth-cli --test kill9_loop -- --ignored --nocapture
 }
 
+ensure_iptables() {
+  # The cluster suite cuts links between members with iptables rules on
+  # the test's own loopback addresses (needs root, as in CI).
+  command -v iptables >/dev/null 2>&1 && return 0
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables >/dev/null
+}
+
 cluster() {
   # Three berth processes on loopback ports under leader kill -9, SIGSTOP,
-  # isolation and a damaged follower log (crates/cli/tests/cluster_faults.rs);
-  # prints per fault what was attempted, confirmed, delivered and lost.
+  # network partitions (iptables) and a damaged follower log
+  # (crates/cli/tests/cluster_faults.rs); prints per fault what was
+  # attempted, confirmed, delivered and lost.
+  ensure_iptables || { echo "cannot install iptables (the cluster suite's partitions need it)" >&2; return 1; }
   cargo test --release -p berth-cli --test cluster_faults -- --ignored --nocapture
 }
 

@@ -20,16 +20,25 @@
 //! 2. `sigstop-leader`: SIGSTOP of the leader for 5–8 s, then SIGCONT: the
 //!    old leader must not confirm once another leads (a confirm it sent
 //!    without a majority would show up as lost);
-//! 3. `isolated-leader`: both followers SIGSTOPped for 3–4 s (the leader
-//!    hears nobody, as behind a partition): it must stop confirming, and
-//!    its lease runs out;
-//! 4. `damaged-follower`: a follower killed, a byte of its Raft log's tail
-//!    flipped, restarted (it rejoins on probation), then the leader killed.
+//! 3. `partition`: a network partition between members for 3–6 s, cut
+//!    with iptables rules that drop every packet between two members'
+//!    cluster addresses (each member has its own loopback address,
+//!    127.A.B.11–13, and its peer connections leave from it); a round
+//!    isolates the leader from both followers (clients still reach it: it
+//!    must stop confirming and delivering, and its lease runs out), or
+//!    cuts the link between the leader and one follower, or isolates one
+//!    follower; then the partition heals;
+//! 4. `damaged-follower`: a follower killed, its Raft log's tail damaged
+//!    (a byte flipped: it rejoins on probation; or the last few KB cut
+//!    off, as a disk that lost its unsynced writes), restarted, then the
+//!    leader killed.
 //!
 //! Seeded (`BERTH_TEST_SEED`, printed); bounded: each phase gets a quarter
 //! of `BERTH_CLUSTER_BUDGET_S` (default 120 s) of faults. Ignored by a plain
 //! `cargo test`; `scripts/test.sh` runs it as the `cluster` suite:
 //! `cargo test --release -p berth-cli --test cluster_faults -- --ignored --nocapture`.
+//! The partitions need root and `iptables` (the suite installs it); the
+//! rules name only the test's own addresses and are removed when it ends.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -54,6 +63,7 @@ use common::{bounded, CALL_TIMEOUT};
 
 const BUDGET_ENV: &str = "BERTH_CLUSTER_BUDGET_S";
 const BUDGET_S_DEFAULT: u64 = 120;
+const FAULTS_ENV: &str = "BERTH_CLUSTER_FAULTS";
 const QUEUES: usize = 4;
 const PUBLISHERS: u64 = 3;
 const CONSUMERS: usize = 2;
@@ -75,6 +85,9 @@ struct Log {
 
 struct Node {
     name: String,
+    /// This member's own loopback address for its cluster listener (and
+    /// the connections it makes to peers), so a partition can name it.
+    cluster_ip: String,
     amqp: u16,
     http: u16,
     cluster: u16,
@@ -86,10 +99,22 @@ struct Node {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
+    free_port_on("127.0.0.1")
+}
+
+fn free_port_on(ip: &str) -> u16 {
+    TcpListener::bind((ip, 0))
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port()
+}
+
+/// Loopback addresses of this run's three members: `127.A.B.11`–`13`, with
+/// A.B from the process id so that two runs side by side never share one.
+fn member_ips() -> Vec<String> {
+    let pid = std::process::id();
+    let (a, b) = (100 + pid % 100, 1 + (pid / 100) % 250);
+    (11..=13).map(|d| format!("127.{a}.{b}.{d}")).collect()
 }
 
 impl Node {
@@ -102,7 +127,7 @@ impl Node {
             .arg("--data-dir")
             .arg(&self.dir)
             .args(["--cluster-node-id", &self.name, "--cluster-listen"])
-            .arg(format!("127.0.0.1:{}", self.cluster))
+            .arg(format!("{}:{}", self.cluster_ip, self.cluster))
             .arg("--cluster-secret-file")
             .arg(secret)
             .args(["--cluster-election-timeout-ms", ELECTION_TIMEOUT_MS])
@@ -219,12 +244,14 @@ impl Cluster {
         std::fs::create_dir_all(root).unwrap();
         let secret = root.join("secret");
         std::fs::write(&secret, "a test secret of more than sixteen bytes\n").unwrap();
+        let ips = member_ips();
         let mut nodes: Vec<Node> = (1..=3)
             .map(|i| Node {
                 name: format!("n{i}"),
+                cluster_ip: ips[i - 1].clone(),
                 amqp: free_port(),
                 http: free_port(),
-                cluster: free_port(),
+                cluster: free_port_on(&ips[i - 1]),
                 dir: root.join(format!("n{i}")),
                 join: false,
                 child: None,
@@ -233,7 +260,7 @@ impl Cluster {
             .collect();
         let peers: Vec<String> = nodes
             .iter()
-            .map(|n| format!("{}@127.0.0.1:{}", n.name, n.cluster))
+            .map(|n| format!("{}@{}:{}", n.name, n.cluster_ip, n.cluster))
             .collect();
         for n in &mut nodes {
             n.start(&peers, &secret);
@@ -532,7 +559,7 @@ async fn declarer(phase: String, uris: Vec<String>, ledger: Shared, stop: Arc<At
 enum Fault {
     KillLeader,
     StopLeader,
-    IsolateLeader,
+    Partition,
     DamageFollower,
 }
 
@@ -541,7 +568,7 @@ impl Fault {
         match self {
             Fault::KillLeader => "kill9-leader",
             Fault::StopLeader => "sigstop-leader",
-            Fault::IsolateLeader => "isolated-leader",
+            Fault::Partition => "partition",
             Fault::DamageFollower => "damaged-follower",
         }
     }
@@ -573,34 +600,76 @@ fn inject(cluster: &mut Cluster, fault: Fault, rng: &mut StdRng) -> String {
             signal(pid, "CONT");
             format!("stopped {name} for {ms} ms")
         }
-        Fault::IsolateLeader => {
-            let others: Vec<u32> = (0..3)
-                .filter(|i| *i != leader)
-                .filter_map(|i| cluster.nodes[i].pid())
-                .collect();
-            let ms = rng.random_range(3_000..4_000);
-            for p in &others {
-                signal(*p, "STOP");
+        Fault::Partition => {
+            let f = (leader + 1 + rng.random_range(0..2)) % 3;
+            let other = 3 - leader - f;
+            let ip = |i: usize| cluster.nodes[i].cluster_ip.clone();
+            let (links, what) = match rng.random_range(0..3) {
+                0 => (
+                    vec![(leader, f), (leader, other)],
+                    format!("isolated the leader {name}"),
+                ),
+                1 => (
+                    vec![(leader, f)],
+                    format!("cut {name} (leader) from {}", cluster.nodes[f].name),
+                ),
+                _ => (
+                    vec![(f, leader), (f, other)],
+                    format!("isolated the follower {}", cluster.nodes[f].name),
+                ),
+            };
+            let isolates_leader = links.len() == 2 && links[0].0 == leader;
+            let ms = rng.random_range(3_000..6_000);
+            let mut partition = Partition::default();
+            for (a, b) in links {
+                partition.cut(&ip(a), &ip(b));
             }
-            std::thread::sleep(Duration::from_millis(ms));
-            for p in &others {
-                signal(*p, "CONT");
+            let cut = Instant::now();
+            let mut what = what;
+            if isolates_leader {
+                // The partition must have taken effect: the majority side
+                // elects a leader of its own while the old one is cut off.
+                let by = cut + LEADER_TIMEOUT;
+                let next = loop {
+                    if let Some(i) = [f, other].into_iter().find(|i| cluster.nodes[*i].leads()) {
+                        break i;
+                    }
+                    assert!(
+                        Instant::now() < by,
+                        "no member of the majority side led within {LEADER_TIMEOUT:?} of \
+                         isolating {name}: did the partition take effect? logs:\n{}",
+                        cluster.logs()
+                    );
+                    std::thread::sleep(Duration::from_millis(50));
+                };
+                what = format!(
+                    "{what}; {} led after {:?}",
+                    cluster.nodes[next].name,
+                    cut.elapsed()
+                );
             }
-            format!("isolated {name} for {ms} ms")
+            std::thread::sleep(Duration::from_millis(ms).saturating_sub(cut.elapsed()));
+            partition.heal();
+            format!("{what}; healed after {:?}", cut.elapsed())
         }
         Fault::DamageFollower => {
             let f = (leader + 1 + rng.random_range(0..2)) % 3;
             cluster.nodes[f].kill9();
             let path = cluster.nodes[f].raft_log();
             let mut bytes = std::fs::read(&path).unwrap_or_default();
-            let at = if bytes.len() > 64 {
+            let damage = if bytes.len() <= 64 {
+                "left alone (too short)".to_owned()
+            } else if rng.random_bool(0.5) {
                 let from = bytes.len().saturating_sub(2048).max(32);
                 let at = rng.random_range(from..bytes.len());
                 bytes[at] ^= 0x5a;
                 std::fs::write(&path, &bytes).expect("write the damaged log");
-                at
+                format!("flipped byte {at} of")
             } else {
-                0
+                let cut = rng.random_range(1..=bytes.len().min(8192) - 32);
+                bytes.truncate(bytes.len() - cut);
+                std::fs::write(&path, &bytes).expect("write the cut log");
+                format!("cut the last {cut} bytes off")
             };
             cluster.restart(f);
             std::thread::sleep(Duration::from_millis(rng.random_range(300..1000)));
@@ -610,11 +679,51 @@ fn inject(cluster: &mut Cluster, fault: Fault, rng: &mut StdRng) -> String {
             std::thread::sleep(Duration::from_millis(rng.random_range(500..1500)));
             cluster.restart(leader);
             format!(
-                "flipped byte {at} of {}'s raft.log, then killed {lname}",
+                "{damage} {}'s raft.log, then killed {lname}",
                 cluster.nodes[f].name
             )
         }
     }
+}
+
+/// iptables rules that drop every packet between pairs of members'
+/// cluster addresses, both ways; removed by `heal` or when dropped (a
+/// failing test never leaves the machine partitioned).
+#[derive(Default)]
+struct Partition {
+    rules: Vec<[String; 2]>,
+}
+
+impl Partition {
+    fn cut(&mut self, a: &str, b: &str) {
+        for (from, to) in [(a, b), (b, a)] {
+            iptables("-I", from, to);
+            self.rules.push([from.to_owned(), to.to_owned()]);
+        }
+    }
+
+    fn heal(&mut self) {
+        for [from, to] in self.rules.drain(..) {
+            iptables("-D", &from, &to);
+        }
+    }
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        self.heal();
+    }
+}
+
+fn iptables(op: &str, from: &str, to: &str) {
+    let status = Command::new("iptables")
+        .args(["-w", op, "INPUT", "-s", from, "-d", to, "-j", "DROP"])
+        .status();
+    assert!(
+        status.as_ref().is_ok_and(std::process::ExitStatus::success),
+        "iptables {op} INPUT -s {from} -d {to} -j DROP failed ({status:?}): the partition \
+         phase needs root and iptables (scripts/test.sh installs it)"
+    );
 }
 
 struct Outcome {
@@ -792,14 +901,24 @@ fn no_confirmed_message_is_lost_under_leader_kills_pauses_isolation_and_damage()
         .enable_all()
         .build()
         .unwrap();
-    let per_phase = Duration::from_secs(budget_s / 4);
-    let mut failures = Vec::new();
-    for fault in [
+    // `BERTH_CLUSTER_FAULTS=partition,...` runs some phases only.
+    let only = std::env::var(FAULTS_ENV).ok();
+    let faults: Vec<Fault> = [
         Fault::KillLeader,
         Fault::StopLeader,
-        Fault::IsolateLeader,
+        Fault::Partition,
         Fault::DamageFollower,
-    ] {
+    ]
+    .into_iter()
+    .filter(|f| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|n| n == f.name()))
+    })
+    .collect();
+    assert!(!faults.is_empty(), "{FAULTS_ENV}={only:?} names no phase");
+    let per_phase = Duration::from_secs(budget_s / faults.len() as u64);
+    let mut failures = Vec::new();
+    for fault in faults {
         let o = run_phase(&mut cluster, &rt, fault, per_phase, &mut rng);
         println!(
             "{}: attempted {} confirmed {} nacked {} unknown {} delivered {} lost {} unexpected {} duplicates {} unknown-but-delivered {} queues declared {} missing {}",
@@ -912,6 +1031,7 @@ fn followers_name_the_leader_and_members_can_be_added_and_removed() {
     // A fourth member joins, then a follower is removed.
     let mut n4 = Node {
         name: "n4".into(),
+        cluster_ip: "127.0.0.1".into(),
         amqp: free_port(),
         http: free_port(),
         cluster: free_port(),
