@@ -7,7 +7,12 @@
 //!
 //! - `raft.log`: one frame per entry, appended in index order;
 //! - `raft.vote`, `raft.purged`, `raft.snapshot`: one frame each, replaced
-//!   whole (write `*.tmp`, fdatasync, rename, fsync the directory).
+//!   whole (write `*.tmp`, fdatasync, rename, fsync the directory);
+//! - `raft.synced`: 8 bytes, `u64 LE`, how many bytes of `raft.log` had
+//!   been fdatasynced (so acknowledged) — written after each fdatasync of
+//!   the log, itself not synced, and lowered (then synced) before the log
+//!   is ever shortened. A log found shorter than it lost acknowledged
+//!   entries even if it ends cleanly on a frame boundary.
 //!
 //! A frame is `u32 LE payload length | u32 LE crc32c(payload) | payload`.
 //!
@@ -43,6 +48,7 @@ pub const LOG_FILE: &str = "raft.log";
 pub const VOTE_FILE: &str = "raft.vote";
 pub const PURGED_FILE: &str = "raft.purged";
 pub const SNAPSHOT_FILE: &str = "raft.snapshot";
+pub const SYNCED_FILE: &str = "raft.synced";
 
 /// Frames one payload.
 #[must_use]
@@ -125,8 +131,9 @@ pub struct Loaded {
     pub entries: Vec<(u64, Vec<u8>)>,
     /// Where the next frame of `raft.log` goes.
     pub log_end: u64,
-    /// Where recovery found a damaged frame and cut the log: entries this
-    /// node acknowledged may be gone, so it must catch up before it votes.
+    /// Where recovery found a damaged frame and cut the log, or where a
+    /// log shorter than `raft.synced` ends: entries this node acknowledged
+    /// may be gone, so it must catch up before it votes.
     pub damaged_at: Option<u64>,
     pub vote: Option<Vec<u8>>,
     pub purged: Option<Vec<u8>>,
@@ -261,6 +268,23 @@ pub fn open(dir: &Path, gate: SyncGate) -> Result<(Loaded, Writer), ClusterError
             at
         }
     };
+    let synced_path = dir.join(SYNCED_FILE);
+    let synced = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&synced_path)
+        .map_err(io_err(&synced_path))?;
+    let acknowledged = read_mark(&synced, &synced_path);
+    if damaged_at.is_none() && acknowledged > log_end {
+        // The log ends cleanly but short of what was fdatasynced: a disk
+        // that lost synced writes, or a file cut by hand.
+        tracing::error!(path = %log_path.display(), log_end, acknowledged,
+            "the Raft log is shorter than what this node had fdatasynced and acknowledged: \
+             entries it acknowledged are gone; rejoining on probation: no vote until caught up with a leader");
+        damaged_at = Some(log_end);
+    }
     let entries = scan
         .frames
         .iter()
@@ -283,6 +307,7 @@ pub fn open(dir: &Path, gate: SyncGate) -> Result<(Loaded, Writer), ClusterError
         sync_since: sync_since.clone(),
         dir: dir.to_path_buf(),
         log,
+        synced,
         gate,
         failed: None,
     };
@@ -297,6 +322,25 @@ pub fn open(dir: &Path, gate: SyncGate) -> Result<(Loaded, Writer), ClusterError
             sync_since,
         },
     ))
+}
+
+/// The value of `raft.synced`; 0 when it is new, or unreadable (then said:
+/// the mark only ever adds a check, so a lost one costs nothing but that).
+fn read_mark(file: &File, path: &Path) -> u64 {
+    let mut bytes = [0u8; 8];
+    match file.read_exact_at(&mut bytes, 0) {
+        Ok(()) => u64::from_le_bytes(bytes),
+        Err(e)
+            if e.kind() == io::ErrorKind::UnexpectedEof
+                && file.metadata().is_ok_and(|m| m.len() == 0) =>
+        {
+            0
+        }
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "ignoring an unreadable mark of synced Raft log bytes");
+            0
+        }
+    }
 }
 
 /// A file replaced whole holds exactly one valid frame, or does not exist.
@@ -329,6 +373,8 @@ struct WriterThread {
     sync_since: Arc<Mutex<Option<Instant>>>,
     dir: PathBuf,
     log: File,
+    /// `raft.synced` (see the module's comment).
+    synced: File,
     gate: SyncGate,
     /// The first I/O error; every later job fails with it.
     failed: Option<(io::ErrorKind, String)>,
@@ -343,6 +389,7 @@ impl WriterThread {
                     // Gather every append already queued behind this one:
                     // one fdatasync covers them all.
                     let mut dones = vec![done];
+                    let mut end = at + frames.len() as u64;
                     let mut result = self.write_at(at, &frames);
                     loop {
                         match jobs.try_recv() {
@@ -350,6 +397,7 @@ impl WriterThread {
                                 if result.is_ok() {
                                     result = self.write_at(at, &frames);
                                 }
+                                end = end.max(at + frames.len() as u64);
                                 dones.push(done);
                             }
                             Ok(other) => {
@@ -359,7 +407,9 @@ impl WriterThread {
                             Err(_) => break,
                         }
                     }
-                    let result = result.and_then(|()| self.sync_log());
+                    let result = result
+                        .and_then(|()| self.sync_log())
+                        .and_then(|()| self.mark_synced(end, false));
                     for done in dones {
                         done(self.copy(&result));
                     }
@@ -367,6 +417,7 @@ impl WriterThread {
                 Job::Truncate { len, done } => {
                     let result = self
                         .check()
+                        .and_then(|()| self.mark_synced(len, true))
                         .and_then(|()| self.log.set_len(len))
                         .and_then(|()| self.sync_log());
                     let result = self.remember(result);
@@ -401,6 +452,18 @@ impl WriterThread {
         self.remember(result)
     }
 
+    /// Records that `raft.log` holds `len` synced bytes. Made durable only
+    /// when `durable` (before the log is shortened: a mark left above a
+    /// shortened log would put a healthy node on probation); after an
+    /// append's fdatasync a lost mark only means a weaker check.
+    fn mark_synced(&mut self, len: u64, durable: bool) -> io::Result<()> {
+        let mut result = self.synced.write_all_at(&len.to_le_bytes(), 0);
+        if durable {
+            result = result.and_then(|()| self.sync(&self.synced));
+        }
+        self.remember(result)
+    }
+
     fn replace(&self, name: &str, frame: &[u8]) -> io::Result<()> {
         let tmp = self.dir.join(format!("{name}.tmp"));
         let mut file = File::create(&tmp)?;
@@ -419,6 +482,7 @@ impl WriterThread {
         let mut file = File::create(&tmp)?;
         file.write_all(&rest)?;
         self.sync(&file)?;
+        self.mark_synced(rest.len() as u64, true)?;
         fs::rename(&tmp, self.dir.join(LOG_FILE))?;
         File::open(&self.dir)?.sync_all()?;
         self.log = OpenOptions::new()
@@ -536,6 +600,50 @@ mod tests {
             damaged[second as usize..],
             "the damaged bytes are kept for inspection"
         );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Appends `frames` through a writer and waits for the fdatasync.
+    fn append_synced(writer: &Writer, at: u64, frames: Vec<u8>) {
+        let (tx, rx) = mpsc::channel();
+        writer.append(at, frames, Box::new(move |r| tx.send(r).unwrap()));
+        rx.recv().unwrap().unwrap();
+    }
+
+    #[test]
+    fn a_log_shorter_than_what_was_synced_is_found_even_on_a_frame_boundary() {
+        let dir = std::env::temp_dir().join(format!("berth-cluster-synced-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let (_, w) = open(&dir, SyncGate::default()).unwrap();
+        let good = frames(&[b"alpha", b"beta", b"gamma"]);
+        append_synced(&w, 0, good.clone());
+        drop(w);
+        let (loaded, w) = open(&dir, SyncGate::default()).unwrap();
+        drop(w);
+        assert_eq!(loaded.damaged_at, None, "an intact log is not on probation");
+
+        // Lose the last frame: the log still ends on a frame boundary.
+        let two = 2 * FRAME_HEADER_BYTES as u64 + 9;
+        fs::write(dir.join(LOG_FILE), &good[..two as usize]).unwrap();
+        let (loaded, w) = open(&dir, SyncGate::default()).unwrap();
+        assert_eq!(loaded.entries.len(), 2);
+        assert_eq!(
+            loaded.damaged_at,
+            Some(two),
+            "acknowledged bytes are gone: the node must catch up before it votes"
+        );
+
+        // A truncation by Raft lowers the mark first: no probation after it.
+        let (tx, rx) = mpsc::channel();
+        w.truncate(
+            FRAME_HEADER_BYTES as u64 + 5,
+            Box::new(move |r| tx.send(r).unwrap()),
+        );
+        rx.recv().unwrap().unwrap();
+        drop(w);
+        let (loaded, _w) = open(&dir, SyncGate::default()).unwrap();
+        assert_eq!(loaded.entries.len(), 1);
+        assert_eq!(loaded.damaged_at, None, "a log Raft truncated is whole");
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -1,6 +1,8 @@
 //! A member whose Raft log is damaged (a complete frame with a wrong
-//! checksum) may have lost entries it acknowledged: it rejoins on
-//! probation, never helping to elect a leader until it has caught up.
+//! checksum) or shorter than what it had fdatasynced (cut on a frame
+//! boundary, as a disk that lost synced writes) may have lost entries it
+//! acknowledged: it rejoins on probation, never helping to elect a leader
+//! until it has caught up.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -12,16 +14,29 @@ use tokio::net::TcpListener;
 mod common;
 use common::{commands, Cluster, SECRET, WAIT};
 
-/// Flips one payload byte of the `n`th frame of a node's raft.log.
-fn damage_frame(log: &Path, n: usize) {
-    let mut bytes = std::fs::read(log).unwrap();
+/// Where the `n`th frame of `bytes` starts.
+fn frame_start(bytes: &[u8], n: usize) -> usize {
     let mut at = 0usize;
     for _ in 0..n {
         let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
         at += 8 + len;
     }
     assert!(at + 9 < bytes.len(), "raft.log has fewer than {n} frames");
+    at
+}
+
+/// Flips one payload byte of the 3rd frame of a node's raft.log.
+fn flip_a_byte(log: &Path) {
+    let mut bytes = std::fs::read(log).unwrap();
+    let at = frame_start(&bytes, 3);
     bytes[at + 9] ^= 0x20;
+    std::fs::write(log, bytes).unwrap();
+}
+
+/// Cuts a node's raft.log just before its 3rd frame: it still ends cleanly.
+fn cut_on_a_frame_boundary(log: &Path) {
+    let mut bytes = std::fs::read(log).unwrap();
+    bytes.truncate(frame_start(&bytes, 3));
     std::fs::write(log, bytes).unwrap();
 }
 
@@ -34,7 +49,16 @@ async fn restart(cluster: &mut Cluster, id: NodeId) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_with_a_damaged_log_votes_only_after_catching_up() {
-    let mut cluster = Cluster::start("damaged", &BTreeMap::new(), &BTreeMap::new()).await;
+    votes_only_after_catching_up("damaged", flip_a_byte, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_log_lost_synced_entries_votes_only_after_catching_up() {
+    votes_only_after_catching_up("shortened", cut_on_a_frame_boundary, false).await;
+}
+
+async fn votes_only_after_catching_up(name: &str, damage: fn(&Path), kept_aside: bool) {
+    let mut cluster = Cluster::start(name, &BTreeMap::new(), &BTreeMap::new()).await;
     let leader = cluster.leader().await;
     cluster.propose_all(leader, 0, 20).await;
     cluster.agree(&commands(20)).await;
@@ -52,7 +76,7 @@ async fn a_member_with_a_damaged_log_votes_only_after_catching_up() {
         node.shutdown().await;
     }
     let dir = cluster.root.join(format!("n{damaged}"));
-    damage_frame(&dir.join("raft.log"), 3);
+    damage(&dir.join("raft.log"));
     restart(&mut cluster, damaged).await;
     assert!(
         cluster.nodes[&damaged].0.on_probation(),
@@ -66,7 +90,10 @@ async fn a_member_with_a_damaged_log_votes_only_after_catching_up() {
                 .to_string_lossy()
                 .starts_with("raft.log.damaged-")
         });
-    assert!(aside, "the damaged bytes were not kept aside");
+    assert_eq!(
+        aside, kept_aside,
+        "damaged bytes are kept aside (and only those)"
+    );
 
     // With only the third member and the damaged one alive, nobody may be
     // elected: the damaged member grants no vote (the third would need it).
