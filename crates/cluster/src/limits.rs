@@ -36,3 +36,19 @@ pub const PROPOSALS_QUEUED_MAX: usize = 65_536;
 
 /// How often a node looks at how long its running fdatasync has taken.
 pub const DISK_WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// When a leader's connection closes, its port is probed at these delays
+/// (ms after the close): a dying process may still hold its listener for
+/// a few milliseconds after its connections reset, so one probe can miss
+/// the death and leave an election to the timeout.
+pub const LEADER_PROBE_AT_MS: [u64; 4] = [0, 50, 150, 400];
+
+/// How long one probe of a leader's port may take.
+pub const LEADER_PROBE_TIMEOUT_MS: u64 = 200;
+
+/// After the leader died, survivors stand again this long times (their
+/// rank by id + 1) times the round if no leader emerged (see
+/// `transport::server::elect_after_leader_died`)…
+pub const LEADER_DEATH_RETRY_MS: u64 = 100;
+/// …at most this many times; then the election timeout takes over.
+pub const ELECTION_RETRIES: u64 = 2;

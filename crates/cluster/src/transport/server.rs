@@ -4,12 +4,16 @@
 //! election at once instead of waiting out the election timeout.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpListener;
 
 use super::{framed, handshake, Conn, Request, Response};
+use crate::limits::{
+    ELECTION_RETRIES, LEADER_DEATH_RETRY_MS, LEADER_PROBE_AT_MS, LEADER_PROBE_TIMEOUT_MS,
+};
 use crate::standing::Standing;
 use crate::types::{NodeId, Raft};
 use openraft::error::{Fatal, RaftError};
@@ -42,6 +46,11 @@ pub(crate) async fn serve(
             let mut conn = framed(stream);
             match handshake::accept(&mut conn, &secret).await {
                 Ok(peer) => serve_peer(conn, peer, &raft, &standing).await,
+                // A member probing whether this one is alive connects and
+                // closes at once; that is not worth a warning.
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    tracing::debug!(%addr, "a cluster connection closed before its handshake (a probe)");
+                }
                 Err(e) => tracing::warn!(%addr, error = %e, "refused a cluster connection"),
             }
         });
@@ -107,31 +116,76 @@ async fn serve_peer(mut conn: Conn, peer: NodeId, raft: &Raft, standing: &Standi
     // trip instead of the election timeout. A leader that is merely slow or
     // partitioned keeps its port open (or does not answer), so a silent
     // failure still waits for the timeout.
-    let (leader, addr) = {
-        let m = raft.metrics().borrow().clone();
-        (
-            m.current_leader,
-            m.membership_config
-                .membership()
-                .get_node(&peer)
-                .map(|n| n.addr.clone()),
+    let start = tokio::time::Instant::now();
+    for at in LEADER_PROBE_AT_MS {
+        tokio::time::sleep_until(start + Duration::from_millis(at)).await;
+        let (leader, addr) = {
+            let m = raft.metrics().borrow().clone();
+            (
+                m.current_leader,
+                m.membership_config
+                    .membership()
+                    .get_node(&peer)
+                    .map(|n| n.addr.clone()),
+            )
+        };
+        if leader != Some(peer) {
+            return; // another member leads (or an election runs) already
+        }
+        let Some(addr) = addr else { return };
+        let probe = tokio::time::timeout(
+            Duration::from_millis(LEADER_PROBE_TIMEOUT_MS),
+            tokio::net::TcpStream::connect(&addr),
         )
-    };
-    if leader != Some(peer) {
-        return;
-    }
-    let Some(addr) = addr else { return };
-    let probe = tokio::time::timeout(
-        std::time::Duration::from_millis(200),
-        tokio::net::TcpStream::connect(&addr),
-    )
-    .await;
-    if let Ok(Err(e)) = probe {
-        if e.kind() == std::io::ErrorKind::ConnectionRefused {
-            tracing::info!(peer, %addr, "the leader's process is gone (connection refused); asking for an election");
-            if let Err(e) = raft.trigger().elect().await {
-                tracing::warn!(error = %e, "cannot start an election");
+        .await;
+        if let Ok(Err(e)) = probe {
+            if e.kind() == std::io::ErrorKind::ConnectionRefused {
+                tracing::info!(peer, %addr, "the leader's process is gone (connection refused); asking for an election");
+                elect_after_leader_died(raft, peer).await;
+                return;
             }
+        }
+    }
+}
+
+/// Every survivor that saw the leader die stands at once, so the first
+/// round is often split: at one term the vote of the larger node id wins,
+/// but a voter refuses a candidate with less log. When the round is
+/// split, the survivor with the larger id lost on log to a smaller one, so
+/// the survivors ask again in ascending id order, the smallest first —
+/// the others still stand in the old term and grant the new one — instead
+/// of each waiting out a random election timeout.
+async fn elect_after_leader_died(raft: &Raft, dead: NodeId) {
+    let (me, survivors) = {
+        let m = raft.metrics().borrow().clone();
+        let survivors: Vec<NodeId> = m
+            .membership_config
+            .membership()
+            .voter_ids()
+            .filter(|id| *id != dead)
+            .collect();
+        (m.id, survivors)
+    };
+    let rank = survivors.iter().filter(|id| **id < me).count() as u64;
+    let start = tokio::time::Instant::now();
+    for round in 0..=ELECTION_RETRIES {
+        if round > 0 {
+            let at = LEADER_DEATH_RETRY_MS * (rank + 1) * round;
+            tokio::time::sleep_until(start + Duration::from_millis(at)).await;
+            let (leader, voted_for) = {
+                let m = raft.metrics().borrow().clone();
+                (m.current_leader, m.vote.leader_id().voted_for())
+            };
+            // A leader is known, or this node voted for another candidate
+            // (standing again would depose the winner with a higher term).
+            if leader.is_some_and(|l| l != dead) || voted_for != Some(me) {
+                return;
+            }
+            tracing::info!(round, "no leader yet after the leader died; standing again");
+        }
+        if let Err(e) = raft.trigger().elect().await {
+            tracing::warn!(error = %e, "cannot start an election");
+            return;
         }
     }
 }
