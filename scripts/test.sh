@@ -69,6 +69,10 @@ cluster() {
 }
 
 rust() {
+  # The cluster TLS test makes its CA and certificates with the openssl CLI.
+  command -v openssl >/dev/null 2>&1 || {
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null
+  } || { echo "cannot install openssl (the cluster TLS test needs it)" >&2; return 1; }
   # One release build shared by the binary and every test.
   cargo build --release --workspace --bins && cargo test --release --workspace
 }

@@ -94,6 +94,8 @@ struct Node {
     dir: PathBuf,
     /// Started with `--cluster-join` (to be added to a running cluster).
     join: bool,
+    /// More flags for this member (TLS files, say).
+    extra: Vec<String>,
     child: Option<Child>,
     log: Arc<Mutex<Log>>,
 }
@@ -138,6 +140,7 @@ impl Node {
         if self.join {
             cmd.arg("--cluster-join");
         }
+        cmd.args(&self.extra);
         let mut child = cmd
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -241,6 +244,11 @@ struct Cluster {
 
 impl Cluster {
     fn start(root: &Path) -> Cluster {
+        Cluster::start_with(root, |_| Vec::new())
+    }
+
+    /// Three members; `extra(i)` gives member `i` (0-based) more flags.
+    fn start_with(root: &Path, extra: impl Fn(usize) -> Vec<String>) -> Cluster {
         std::fs::create_dir_all(root).unwrap();
         let secret = root.join("secret");
         std::fs::write(&secret, "a test secret of more than sixteen bytes\n").unwrap();
@@ -254,6 +262,7 @@ impl Cluster {
                 cluster: free_port_on(&ips[i - 1]),
                 dir: root.join(format!("n{i}")),
                 join: false,
+                extra: extra(i - 1),
                 child: None,
                 log: Arc::default(),
             })
@@ -1037,6 +1046,7 @@ fn followers_name_the_leader_and_members_can_be_added_and_removed() {
         cluster: free_port(),
         dir: root.join("n4"),
         join: true,
+        extra: Vec::new(),
         child: None,
         log: Arc::default(),
     };
@@ -1112,5 +1122,159 @@ fn concurrent_declares_of_one_queue_all_commit() {
         16,
         "connections whose five declares all answered within {CALL_TIMEOUT:?}; logs:\n{}",
         cluster.logs()
+    );
+}
+
+/// Runs `openssl` with `args` in `dir`, failing the test with its output.
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl (the test command's scripts install it)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA named `ca` in `dir` (`ca.pem`, `ca.key`) and a certificate it
+/// signs, `name.pem`/`name.key`, for every address in `ips`.
+fn make_ca_and_cert(dir: &Path, ca: &str, name: &str, ips: &[String]) {
+    std::fs::create_dir_all(dir).unwrap();
+    let (ca_key, ca_pem) = (format!("{ca}.key"), format!("{ca}.pem"));
+    let (key, csr, pem) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.pem"),
+    );
+    let subj = format!("/CN={ca}");
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            &ca_key,
+            "-out",
+            &ca_pem,
+            "-days",
+            "2",
+            "-subj",
+            &subj,
+        ],
+    );
+    let subj = format!("/CN={name}");
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            &subj,
+        ],
+    );
+    let sans: Vec<String> = ips.iter().map(|ip| format!("IP:{ip}")).collect();
+    let ext = dir.join(format!("{name}.ext"));
+    std::fs::write(&ext, format!("subjectAltName={}\n", sans.join(","))).unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &ca_pem,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-out",
+            &pem,
+            "-days",
+            "2",
+            "-extfile",
+            ext.to_str().unwrap(),
+        ],
+    );
+}
+
+#[test]
+fn with_cluster_tls_members_need_a_certificate_the_ca_signed() {
+    let root = std::env::temp_dir().join(format!("berth-cluster-tls-{}", std::process::id()));
+    let _left_over = std::fs::remove_dir_all(&root);
+    let certs = root.join("certs");
+    let ips = member_ips();
+    make_ca_and_cert(&certs, "ca", "member", &ips);
+    make_ca_and_cert(&certs, "rogue-ca", "stranger", &ips);
+    let file = |f: &str| certs.join(f).to_string_lossy().into_owned();
+    // n1 and n2 hold certificates of the cluster's CA; n3 one of another
+    // CA (it trusts the cluster's CA, so only its own certificate is wrong).
+    let cluster = Cluster::start_with(&root, |i| {
+        let (cert, key) = if i < 2 {
+            ("member.pem", "member.key")
+        } else {
+            ("stranger.pem", "stranger.key")
+        };
+        [
+            "--cluster-tls",
+            "--tls-cert-file",
+            &file(cert),
+            "--tls-key-file",
+            &file(key),
+            "--tls-ca-file",
+            &file("ca.pem"),
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    });
+    let leader = cluster.leader();
+    assert!(leader < 2, "the stranger n3 leads: {}", cluster.logs());
+    let l = &cluster.nodes[leader];
+    let (code, body) = l.http("PUT", "/api/queues/%2f/tls-q", r#"{"durable":true}"#);
+    assert!(
+        code == 201 || code == 204,
+        "declare through the leader: {code} {body}"
+    );
+    let (code, status) = l.http("GET", "/api/berth/cluster", "");
+    assert_eq!(code, 200, "{status}");
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let running = |name: &str| {
+        v["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == name)
+            .map(|m| m["running"].clone())
+    };
+    let other = 1 - leader;
+    assert_eq!(
+        running(&cluster.nodes[other].name),
+        Some(serde_json::Value::Bool(true)),
+        "{status}"
+    );
+    assert_eq!(
+        running("n3"),
+        Some(serde_json::Value::Bool(false)),
+        "the stranger never answered: {status}"
+    );
+    let logs = cluster.logs();
+    assert!(
+        logs.contains("TLS handshake failed"),
+        "the members say why they refused the stranger: {logs}"
     );
 }

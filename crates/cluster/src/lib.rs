@@ -39,4 +39,6 @@ pub use node::{ClusterNode, NodeConfig, ProposeError, Reply};
 pub use state_machine::Apply;
 pub use status::{ClusterStatus, MemberStatus, Role};
 pub use sync_gate::SyncGate;
+pub use tokio_rustls::rustls;
+pub use transport::PeerTls;
 pub use types::NodeId;

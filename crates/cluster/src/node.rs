@@ -39,6 +39,7 @@ use crate::standing::Standing;
 use crate::state_machine::{Apply, StateMachine};
 use crate::status::{ClusterStatus, MemberStatus, Role};
 use crate::sync_gate::SyncGate;
+use crate::transport::PeerTls;
 use crate::transport::{self, Heard, Network};
 use crate::types::{Command, NodeId, Raft};
 
@@ -69,6 +70,8 @@ pub struct NodeConfig {
     pub may_form: bool,
     /// Test hook in front of every fdatasync; production passes the default.
     pub sync_gate: SyncGate,
+    /// TLS between members (`None`: plain TCP, the secret still proven).
+    pub tls: Option<PeerTls>,
 }
 
 impl NodeConfig {
@@ -92,6 +95,7 @@ impl NodeConfig {
             commit_timeout_ms: 5_000,
             may_form: true,
             sync_gate: SyncGate::default(),
+            tls: None,
         }
     }
 
@@ -203,6 +207,7 @@ impl ClusterNode {
                 .ok()
                 .map(|a| a.ip())
                 .filter(|ip| !ip.is_unspecified()),
+            tls: config.tls.clone(),
         };
         let raft = Raft::new(config.id, Arc::new(raft_config), network, log.clone(), sm)
             .await
@@ -222,6 +227,7 @@ impl ClusterNode {
                 raft.clone(),
                 secret,
                 standing.clone(),
+                config.tls.clone(),
             )),
             tokio::spawn(gather(
                 raft.clone(),

@@ -1,10 +1,13 @@
 //! How nodes talk: one TCP connection per (sender, receiver) pair, frames
 //! delimited by a length prefix (tokio-util's codec), each frame one
-//! postcard-encoded request or response. A connection starts with a
+//! postcard-encoded request or response. With [`PeerTls`] every connection
+//! is TLS first, both sides presenting a certificate their CA signed
+//! (mutual TLS). Then, TLS or not, a connection starts with a
 //! challenge-response proof of the cluster secret in both directions.
 //!
 //! Invariants:
-//! - Nothing reaches Raft from a connection that has not proven the secret.
+//! - Nothing reaches Raft from a connection that has not proven the secret
+//!   (and, with TLS, a certificate the CA signed).
 //! - A frame that does not decode closes its connection, never the node.
 
 mod client;
@@ -20,8 +23,12 @@ use openraft::raft::{
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpSocket, TcpStream};
+use tokio_rustls::rustls;
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
 use crate::limits::PEER_FRAME_BYTES_MAX;
@@ -48,10 +55,66 @@ pub(crate) enum Response {
     Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
 }
 
-pub(crate) type Conn = Framed<TcpStream, LengthDelimitedCodec>;
+/// TLS between members: this member's server side (its certificate, and
+/// client certificates required and verified against the CA) and client
+/// side (the CA to verify peers by, and its own certificate to present).
+/// Built by the caller from its certificate files.
+#[derive(Clone)]
+pub struct PeerTls {
+    pub server: Arc<rustls::ServerConfig>,
+    pub client: Arc<rustls::ClientConfig>,
+}
 
-pub(crate) fn framed(stream: TcpStream) -> Conn {
+/// A peer connection's byte stream: plain TCP or TLS over it.
+pub(crate) trait PeerIo: AsyncRead + AsyncWrite + Unpin + Send + Sync {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync> PeerIo for T {}
+
+pub(crate) type Conn = Framed<Box<dyn PeerIo>, LengthDelimitedCodec>;
+
+/// The server name a peer's certificate must carry: the host of its
+/// `host:port` (an IP address or a DNS name).
+fn server_name(addr: &str) -> io::Result<rustls::pki_types::ServerName<'static>> {
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    rustls::pki_types::ServerName::try_from(host.to_owned()).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{host:?} is not a host name a certificate can carry: {e}"),
+        )
+    })
+}
+
+/// Wraps a connected stream in TLS as its client, checking that the
+/// peer's certificate names the host of `addr`.
+pub(crate) async fn tls_connect(
+    tls: &PeerTls,
+    addr: &str,
+    stream: TcpStream,
+) -> io::Result<Box<dyn PeerIo>> {
     let _ = stream.set_nodelay(true); // latency only; the connection works either way
+    let name = server_name(addr)?;
+    let tls_stream = tokio_rustls::TlsConnector::from(Arc::clone(&tls.client))
+        .connect(name, stream)
+        .await?;
+    Ok(Box::new(tls_stream))
+}
+
+/// Wraps an accepted stream in TLS as its server.
+pub(crate) async fn tls_accept(tls: &PeerTls, stream: TcpStream) -> io::Result<Box<dyn PeerIo>> {
+    let _ = stream.set_nodelay(true); // latency only; the connection works either way
+    let tls_stream = tokio_rustls::TlsAcceptor::from(Arc::clone(&tls.server))
+        .accept(stream)
+        .await?;
+    Ok(Box::new(tls_stream))
+}
+
+/// A plain TCP stream as a peer stream.
+pub(crate) fn plain(stream: TcpStream) -> Box<dyn PeerIo> {
+    let _ = stream.set_nodelay(true); // latency only; the connection works either way
+    Box::new(stream)
+}
+
+pub(crate) fn framed(stream: Box<dyn PeerIo>) -> Conn {
     Framed::new(
         stream,
         LengthDelimitedCodec::builder()

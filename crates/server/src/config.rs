@@ -211,6 +211,8 @@ pub struct Cluster {
     pub election_timeout_ms: u64,
     /// An fdatasync of the Raft log running longer fences the node.
     pub sync_stall_ms_max: u64,
+    /// Mutual TLS between members with the `[tls]` certificate, key and CA.
+    pub tls: bool,
 }
 
 /// `[log]`.

@@ -195,7 +195,7 @@ fn check_together(c: &Config) -> Result<(), ConfigError> {
             ),
         );
     }
-    if let Err((key, value, why)) = cluster::check_together(&c.cluster) {
+    if let Err((key, value, why)) = cluster::check_together(&c.cluster, &c.tls) {
         return invalid(key, value, why);
     }
     // The event log's bounds are the store's rules, which name the keys.

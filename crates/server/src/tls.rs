@@ -146,6 +146,66 @@ fn server_config(c: &config::Tls) -> Result<ServerConfig, TlsError> {
     Ok(server)
 }
 
+/// TLS between cluster members: each side presents `tls.cert_file` and
+/// requires the other's certificate, signed by `tls.ca_file` (whatever
+/// `verify_peer` says for clients: a member without a certificate is a
+/// stranger).
+pub fn peer_tls(c: &config::Tls) -> Result<berth_cluster::PeerTls, TlsError> {
+    let missing = |key, flag| TlsError::Missing { key, flag };
+    let cert_file = c
+        .cert_file
+        .as_deref()
+        .ok_or(missing("cert_file", "cert-file"))?;
+    let key_file = c
+        .key_file
+        .as_deref()
+        .ok_or(missing("key_file", "key-file"))?;
+    let ca_file = c.ca_file.as_deref().ok_or(missing("ca_file", "ca-file"))?;
+    let key = certified_key(cert_file, key_file)?;
+    let ca_error = |e: Box<dyn std::error::Error + Send + Sync>| TlsError::Ca {
+        path: ca_file.to_owned(),
+        source: e,
+    };
+    let mut roots = RootCertStore::empty();
+    for ca in certs("a CA certificate", ca_file)? {
+        roots.add(ca).map_err(|e| ca_error(Box::new(e)))?;
+    }
+    let roots = Arc::new(roots);
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::clone(&roots), provider())
+        .build()
+        .map_err(|e| ca_error(Box::new(e)))?;
+    let server = ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(Arc::new(Fixed(Arc::clone(&key))));
+    let client = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_root_certificates(roots)
+        .with_client_cert_resolver(Arc::new(FixedClient(key)));
+    Ok(berth_cluster::PeerTls {
+        server: Arc::new(server),
+        client: Arc::new(client),
+    })
+}
+
+/// The one certificate a member presents as a client.
+#[derive(Debug)]
+struct FixedClient(Arc<CertifiedKey>);
+
+impl rustls::client::ResolvesClientCert for FixedClient {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _sigschemes: &[rustls::SignatureScheme],
+    ) -> Option<Arc<CertifiedKey>> {
+        Some(Arc::clone(&self.0))
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
 /// The one certificate of a [`ServerConfig`].
 #[derive(Debug)]
 struct Fixed(Arc<CertifiedKey>);

@@ -29,6 +29,7 @@ pub(crate) struct Network {
     pub(crate) heard: Arc<Heard>,
     /// The address outgoing connections leave from (see `dial`).
     pub(crate) source: Option<std::net::IpAddr>,
+    pub(crate) tls: Option<super::PeerTls>,
 }
 
 /// When each peer last answered a call of this node (for the members'
@@ -58,6 +59,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             secret: self.secret.clone(),
             heard: self.heard.clone(),
             source: self.source,
+            tls: self.tls.clone(),
             conn: None,
         }
     }
@@ -70,6 +72,7 @@ pub(crate) struct Peer {
     secret: Arc<Vec<u8>>,
     heard: Arc<Heard>,
     source: Option<std::net::IpAddr>,
+    tls: Option<super::PeerTls>,
     conn: Option<Conn>,
 }
 
@@ -87,6 +90,13 @@ impl Peer {
             let stream = super::dial(&self.addr, self.source)
                 .await
                 .map_err(CallError::Unreachable)?;
+            let stream = match &self.tls {
+                Some(tls) => super::tls_connect(tls, &self.addr, stream).await.map_err(|e| {
+                    tracing::warn!(peer = self.target, addr = %self.addr, error = %e, "cluster TLS handshake failed");
+                    CallError::Unreachable(e)
+                })?,
+                None => super::plain(stream),
+            };
             let mut conn = framed(stream);
             handshake::connect(&mut conn, &self.secret, self.node).await.map_err(|e| {
                 tracing::warn!(peer = self.target, addr = %self.addr, error = %e, "cluster handshake failed");

@@ -12,7 +12,8 @@ use tokio::net::TcpListener;
 
 use super::{framed, handshake, Conn, Request, Response};
 use crate::limits::{
-    ELECTION_RETRIES, LEADER_DEATH_RETRY_MS, LEADER_PROBE_AT_MS, LEADER_PROBE_TIMEOUT_MS,
+    ELECTION_RETRIES, HANDSHAKE_TIMEOUT_MS, LEADER_DEATH_RETRY_MS, LEADER_PROBE_AT_MS,
+    LEADER_PROBE_TIMEOUT_MS,
 };
 use crate::standing::Standing;
 use crate::types::{NodeId, Raft};
@@ -26,6 +27,7 @@ pub(crate) async fn serve(
     raft: Raft,
     secret: Arc<Vec<u8>>,
     standing: Arc<Standing>,
+    tls: Option<super::PeerTls>,
 ) {
     let mut connections = tokio::task::JoinSet::new();
     loop {
@@ -42,7 +44,25 @@ pub(crate) async fn serve(
         let raft = raft.clone();
         let secret = secret.clone();
         let standing = standing.clone();
+        let tls = tls.clone();
         connections.spawn(async move {
+            let stream = match &tls {
+                Some(tls) => {
+                    let limit = std::time::Duration::from_millis(HANDSHAKE_TIMEOUT_MS);
+                    match tokio::time::timeout(limit, super::tls_accept(tls, stream)).await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            tracing::warn!(%addr, error = %e, "refused a cluster connection: TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::warn!(%addr, "refused a cluster connection: no TLS handshake within {limit:?}");
+                            return;
+                        }
+                    }
+                }
+                None => super::plain(stream),
+            };
             let mut conn = framed(stream);
             match handshake::accept(&mut conn, &secret).await {
                 Ok(peer) => serve_peer(conn, peer, &raft, &standing).await,

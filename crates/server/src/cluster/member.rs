@@ -118,6 +118,12 @@ impl Member {
         nc.sync_stall_ms_max = c.sync_stall_ms_max;
         nc.commit_timeout_ms = (4 * t).max(5_000);
         nc.may_form = !c.join;
+        if c.tls {
+            nc.tls = Some(
+                crate::tls::peer_tls(&config.tls)
+                    .map_err(|e| startup(format!("cluster.tls: {e}")))?,
+            );
+        }
         // Raft runs on a runtime of its own: broker workers blocked on a
         // lock or a disk (a declare holds its vhost's lock until the
         // command commits) must never stall the heartbeats and commits

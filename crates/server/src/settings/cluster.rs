@@ -57,6 +57,18 @@ pub(super) static CLUSTER: &[Setting] = &[
         slot: &switch(field!(cluster.join)),
     },
     Setting {
+        key: "cluster.tls",
+        flag: "cluster-tls",
+        value_name: "",
+        default_note: "off",
+        doc: "Encrypts the traffic between members with mutual TLS: this member presents \
+              `tls.cert_file` (key `tls.key_file`) and accepts and reaches only peers whose \
+              certificate `tls.ca_file` signed, the certificate naming the host of the \
+              peer's `cluster.peers` address. The secret is still proven inside TLS. Every \
+              member must have it on or off alike.",
+        slot: &switch(field!(cluster.tls)),
+    },
+    Setting {
         key: "cluster.election_timeout_ms",
         flag: "cluster-election-timeout-ms",
         value_name: "MS",
@@ -90,7 +102,10 @@ pub(super) static CLUSTER: &[Setting] = &[
 
 /// What only makes sense together: a member needs its listener, a
 /// secret, and a peer list that names it.
-pub(super) fn check_together(c: &Cluster) -> Result<(), (&'static str, String, String)> {
+pub(super) fn check_together(
+    c: &Cluster,
+    tls: &crate::config::Tls,
+) -> Result<(), (&'static str, String, String)> {
     let Some(me) = &c.node_id else {
         if !c.peers.is_empty() || c.listen.is_some() {
             return Err((
@@ -118,6 +133,15 @@ pub(super) fn check_together(c: &Cluster) -> Result<(), (&'static str, String, S
             "a cluster member needs an address to listen on for its peers".into(),
         ));
     }
+    if c.tls && (tls.cert_file.is_none() || tls.key_file.is_none() || tls.ca_file.is_none()) {
+        return Err((
+            "cluster.tls",
+            "true".into(),
+            "needs tls.cert_file, tls.key_file and tls.ca_file (--tls-cert-file, --tls-key-file, \
+             --tls-ca-file): the member's certificate and the CA that signed every member's"
+                .into(),
+        ));
+    }
     if c.secret_file.is_none() {
         return Err((
             "cluster.secret_file",
@@ -128,4 +152,60 @@ pub(super) fn check_together(c: &Cluster) -> Result<(), (&'static str, String, S
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Tls;
+
+    fn member() -> Cluster {
+        Cluster {
+            node_id: Some("n1".into()),
+            listen: Some("127.0.0.1:0".into()),
+            peers: vec!["n1@127.0.0.1:1".into(), "n2@127.0.0.1:2".into()],
+            secret_file: Some("secret".into()),
+            ..Cluster::default()
+        }
+    }
+
+    #[test]
+    fn a_member_missing_a_companion_setting_is_told_which() {
+        assert_eq!(check_together(&member(), &Tls::default()), Ok(()));
+        let no_secret = Cluster {
+            secret_file: None,
+            ..member()
+        };
+        let e = check_together(&no_secret, &Tls::default()).unwrap_err();
+        assert_eq!(e.0, "cluster.secret_file");
+        let not_listed = Cluster {
+            peers: vec!["n2@127.0.0.1:2".into()],
+            ..member()
+        };
+        assert!(check_together(&not_listed, &Tls::default())
+            .unwrap_err()
+            .2
+            .contains("n1@HOST:PORT"));
+    }
+
+    #[test]
+    fn cluster_tls_needs_a_certificate_a_key_and_the_ca() {
+        let tls_on = Cluster {
+            tls: true,
+            ..member()
+        };
+        let no_ca = Tls {
+            cert_file: Some("c.pem".into()),
+            key_file: Some("k.pem".into()),
+            ..Tls::default()
+        };
+        let e = check_together(&tls_on, &no_ca).unwrap_err();
+        assert_eq!(e.0, "cluster.tls");
+        assert!(e.2.contains("tls.ca_file"), "{}", e.2);
+        let all = Tls {
+            ca_file: Some("ca.pem".into()),
+            ..no_ca
+        };
+        assert_eq!(check_together(&tls_on, &all), Ok(()));
+    }
 }
