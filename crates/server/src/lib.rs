@@ -395,8 +395,9 @@ async fn lead(
                             .to_owned()
                     })?;
                     old.store.close().map_err(|e| e.to_string())?;
-                    let (store, r) = berth_store::Store::open(config.store_config())
-                        .map_err(|e| e.to_string())?;
+                    let (store, r) =
+                        berth_store::Store::open(cluster::member::store_config(&config))
+                            .map_err(|e| e.to_string())?;
                     recovered = Some(r);
                     Ok::<_, String>(Arc::new(journal::StoreJournal {
                         store,

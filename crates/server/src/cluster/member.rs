@@ -62,6 +62,19 @@ pub fn raft_dir(config: &Config) -> PathBuf {
     config.store.data_dirs[0].join("cluster")
 }
 
+/// A member's store settings: the configured ones, except that the store
+/// never waits for fdatasync. Its durability is the Raft log's: every
+/// command is fdatasynced there (on a majority) before it is applied or
+/// confirmed, and at a start the store is rebuilt from the last snapshot
+/// and the log after it (`replica`'s invariant), so an fdatasync of the
+/// store would only cost time.
+#[must_use]
+pub fn store_config(config: &Config) -> berth_store::StoreConfig {
+    let mut c = config.store_config();
+    c.sync = berth_store::SyncMode::Never;
+    c
+}
+
 impl Member {
     /// Opens the store as a replica and starts the Raft node (joining or
     /// forming the cluster from the peer list).
@@ -89,7 +102,7 @@ impl Member {
             addr: format!("cluster.listen {listen}"),
             source,
         })?;
-        let store_config = config.store_config();
+        let store_config = store_config(config);
         let store = {
             let sc = store_config.clone();
             tokio::task::spawn_blocking(move || Store::open(sc))
