@@ -1149,45 +1149,26 @@ fn make_ca_and_cert(dir: &Path, ca: &str, name: &str, ips: &[String]) {
         format!("{name}.csr"),
         format!("{name}.pem"),
     );
-    let subj = format!("/CN={ca}");
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
+    // A new P-256 key and a request (or, with -x509, a self-signed
+    // certificate) for it.
+    let new_key = |key: &str, out: &str, cn: &str, x509: bool| {
+        let subj = format!("/CN={cn}");
+        let mut args = vec!["req"];
+        if x509 {
+            args.extend(["-x509", "-days", "2"]);
+        }
+        args.extend([
             "-newkey",
             "ec",
             "-pkeyopt",
             "ec_paramgen_curve:P-256",
             "-nodes",
-            "-keyout",
-            &ca_key,
-            "-out",
-            &ca_pem,
-            "-days",
-            "2",
-            "-subj",
-            &subj,
-        ],
-    );
-    let subj = format!("/CN={name}");
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &csr,
-            "-subj",
-            &subj,
-        ],
-    );
+        ]);
+        args.extend(["-keyout", key, "-out", out, "-subj", &subj]);
+        openssl(dir, &args);
+    };
+    new_key(&ca_key, &ca_pem, ca, true);
+    new_key(&key, &csr, name, false);
     let sans: Vec<String> = ips.iter().map(|ip| format!("IP:{ip}")).collect();
     let ext = dir.join(format!("{name}.ext"));
     std::fs::write(&ext, format!("subjectAltName={}\n", sans.join(","))).unwrap();

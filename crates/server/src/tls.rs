@@ -105,6 +105,22 @@ fn certified_key(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, TlsError>
     Ok(Arc::new(ck))
 }
 
+fn ca_error(path: &Path, e: impl std::error::Error + Send + Sync + 'static) -> TlsError {
+    TlsError::Ca {
+        path: path.to_owned(),
+        source: Box::new(e),
+    }
+}
+
+/// The CA certificates of `ca_file`, to verify peers by.
+fn roots(ca_file: &Path) -> Result<Arc<RootCertStore>, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for ca in certs("a CA certificate", ca_file)? {
+        roots.add(ca).map_err(|e| ca_error(ca_file, e))?;
+    }
+    Ok(Arc::new(roots))
+}
+
 /// Everything a handshake needs, built from the files in one go.
 fn server_config(c: &config::Tls) -> Result<ServerConfig, TlsError> {
     let cert_file = c.cert_file.as_deref().ok_or(TlsError::Missing {
@@ -123,21 +139,13 @@ fn server_config(c: &config::Tls) -> Result<ServerConfig, TlsError> {
             key: "ca_file",
             flag: "ca-file",
         })?;
-        let ca_error = |e: Box<dyn std::error::Error + Send + Sync>| TlsError::Ca {
-            path: ca_file.to_owned(),
-            source: e,
-        };
-        let mut roots = RootCertStore::empty();
-        for ca in certs("a CA certificate", ca_file)? {
-            roots.add(ca).map_err(|e| ca_error(Box::new(e)))?;
-        }
-        let v = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider());
+        let v = WebPkiClientVerifier::builder_with_provider(roots(ca_file)?, provider());
         let v = if c.fail_if_no_peer_cert {
             v
         } else {
             v.allow_unauthenticated()
         };
-        builder.with_client_cert_verifier(v.build().map_err(|e| ca_error(Box::new(e)))?)
+        builder.with_client_cert_verifier(v.build().map_err(|e| ca_error(ca_file, e))?)
     } else {
         builder.with_no_client_auth()
     };
@@ -162,18 +170,10 @@ pub fn peer_tls(c: &config::Tls) -> Result<berth_cluster::PeerTls, TlsError> {
         .ok_or(missing("key_file", "key-file"))?;
     let ca_file = c.ca_file.as_deref().ok_or(missing("ca_file", "ca-file"))?;
     let key = certified_key(cert_file, key_file)?;
-    let ca_error = |e: Box<dyn std::error::Error + Send + Sync>| TlsError::Ca {
-        path: ca_file.to_owned(),
-        source: e,
-    };
-    let mut roots = RootCertStore::empty();
-    for ca in certs("a CA certificate", ca_file)? {
-        roots.add(ca).map_err(|e| ca_error(Box::new(e)))?;
-    }
-    let roots = Arc::new(roots);
+    let roots = roots(ca_file)?;
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::clone(&roots), provider())
         .build()
-        .map_err(|e| ca_error(Box::new(e)))?;
+        .map_err(|e| ca_error(ca_file, e))?;
     let server = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(verifier)
