@@ -12,3 +12,10 @@ pub(crate) struct Standing {
     pub(crate) fenced: AtomicBool,
     pub(crate) probation: Probation,
 }
+
+impl Standing {
+    /// May this node stand for election now?
+    pub(crate) fn may_stand(&self) -> bool {
+        !self.fenced.load(std::sync::atomic::Ordering::Acquire) && !self.probation.active()
+    }
+}

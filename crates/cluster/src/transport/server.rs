@@ -161,7 +161,11 @@ async fn serve_peer(mut conn: Conn, peer: NodeId, raft: &Raft, standing: &Standi
         if let Ok(Err(e)) = probe {
             if e.kind() == std::io::ErrorKind::ConnectionRefused {
                 tracing::info!(peer, %addr, "the leader's process is gone (connection refused); asking for an election");
-                elect_after_leader_died(raft, peer).await;
+                if standing.may_stand() {
+                    elect_after_leader_died(raft, peer).await;
+                } else {
+                    tracing::info!("not standing: this node is fenced or on probation");
+                }
                 return;
             }
         }
