@@ -3,11 +3,11 @@
 # RabbitMQ cluster with quorum queues, on this machine, in one run.
 #
 #   scripts/bench-cluster-vs-rabbitmq.sh [--runs N] [--time S] [--kills N]
-#                                        [--out DIR] [--no-build]
+#                                        [--confirms N] [--out DIR] [--no-build]
 #                                        [--no-throughput] [--no-failover]
 #
 # Throughput (persist-2k-5q with confirms): RabbitMQ's PerfTest, 5
-# producers (at most 100 unconfirmed each) and 5 consumers, persistent 2 KB
+# producers (at most --confirms unconfirmed each, default 100) and 5 consumers, persistent 2 KB
 # messages, 5 durable queues declared with x-queue-type=quorum (fresh names
 # each run, deleted after it), S seconds (default 30) per run, N runs per
 # broker (default 3), alternating berth, RabbitMQ, berth, ... PerfTest
@@ -34,12 +34,13 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
-runs=3 time_s=30 kills=3 out="" build=1 throughput=1 failover=1
+runs=3 time_s=30 kills=3 confirms=100 out="" build=1 throughput=1 failover=1
 while [ $# -gt 0 ]; do
   case "$1" in
   --runs) runs=${2:?}; shift ;;
   --time) time_s=${2:?}; shift ;;
   --kills) kills=${2:?}; shift ;;
+  --confirms) confirms=${2:?}; shift ;;
   --out) out=${2:?}; shift ;;
   --no-build) build=0 ;;
   --no-throughput) throughput=0 ;;
@@ -78,6 +79,7 @@ berth_pid() { cat "$bdir/$1.pid" 2>/dev/null; }
 cleanup() {
   trap - EXIT INT TERM
   local n pid pids=()
+  [ -n "${sampler:-}" ] && kill "$sampler" 2>/dev/null
   for n in n1 n2 n3; do
     pid=$(berth_pid $n)
     # the pid file is rewritten at each start; check it is still our berth
@@ -126,6 +128,45 @@ berth_leader() {
   done
   return 1
 }
+# Samples GET /api/berth/cluster of whichever member leads, every second,
+# until killed: one JSON line per sample (time, leader, term, each member's
+# lag in entries). A follower that falls behind during a run does less work,
+# which would flatter CPU per message; a lost leader would stall the run.
+berth_sampler() {
+  exec python3 - "$1" "${b_http[n1]}" "${b_http[n2]}" "${b_http[n3]}" <<'SAMPLER'
+import base64, json, sys, time, urllib.request
+out, ports = sys.argv[1], sys.argv[2:]
+auth = "Basic " + base64.b64encode(b"guest:guest").decode()
+with open(out, "a") as f:
+    while True:
+        row = {"t": round(time.time(), 2), "leader": None}
+        for port in ports:
+            try:
+                req = urllib.request.Request(f"http://127.0.0.1:{port}/api/berth/cluster", headers={"Authorization": auth})
+                s = json.load(urllib.request.urlopen(req, timeout=1))
+            except Exception:
+                continue
+            if s.get("role") == "leader":
+                row.update(leader=s["node"], term=s["term"],
+                           lag={m["name"]: m["lag_entries"] for m in s["members"]})
+                break
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        time.sleep(1)
+SAMPLER
+}
+# A leader, and every follower within a few entries of it.
+berth_healthy() {
+  local n
+  for n in n1 n2 n3; do
+    curl -sf -u guest:guest "http://127.0.0.1:${b_http[$n]}/api/berth/cluster" 2>/dev/null |
+      python3 -c 'import json, sys
+s = json.load(sys.stdin)
+sys.exit(0 if s.get("role") == "leader" and all((m["lag_entries"] or 0) <= 2 and m["running"] for m in s["members"]) else 1)' 2>/dev/null &&
+      return 0
+  done
+  return 1
+}
 for _ in $(seq 1 300); do berth_leader >/dev/null && break; sleep 0.1; done
 berth_leader >/dev/null || { say "no berth leader; see $bdir/*.log"; exit 1; }
 say "berth cluster up, leader $(berth_leader)"
@@ -152,11 +193,13 @@ cluster_cpu_s() {
 }
 
 # ---- throughput: persist-2k-5q, alternating --------------------------------
-printf 'run\tbroker\tconfirmed_msgs_per_s\trecv_msgs_per_s\tconfirm_latency_median_us\tbroker_cpu_us_per_msg\tbroker_cpu_cores\tleader_cpu_share\tclient_cpu_cores\n' >"$out/runs.tsv"
+printf 'run\tbroker\tconfirmed_msgs_per_s\trecv_msgs_per_s\tconfirm_latency_median_us\tbroker_cpu_us_per_msg\tbroker_cpu_cores\tleader_cpu_share\tclient_cpu_cores\tfollower_lag_max_entries\tsamples_without_leader\n' >"$out/runs.tsv"
 if [ $throughput = 1 ]; then
   for run in $(seq 1 "$runs"); do
     for broker in berth rabbitmq; do
       if [ $broker = berth ]; then
+        for _ in $(seq 1 120); do berth_healthy && break; sleep 1; done
+        berth_healthy || say "berth cluster not healthy before run $run (no leader, or a follower behind); see $out/berth-cluster-samples.jsonl"
         leader=$(berth_leader) || { say "no berth leader"; exit 1; }
         uris=(-h "amqp://guest:guest@127.0.0.1:${b_amqp[$leader]}/%2f")
         pids=($(berth_pid n1) $(berth_pid n2) $(berth_pid n3))
@@ -169,20 +212,28 @@ if [ $throughput = 1 ]; then
         mgmt=${r_http[n1]}
       fi
       for pid in "${pids[@]}"; do alive "$pid" || { say "$broker pid $pid is gone"; exit 1; }; done
-      args=(-x 5 -y 5 -s 2048 -f persistent -c 100 --queue-pattern "pt$run-%d" --queue-pattern-from 1
+      args=(-x 5 -y 5 -s 2048 -f persistent -c "$confirms" --queue-pattern "pt$run-%d" --queue-pattern-from 1
         --queue-pattern-to 5 -qa x-queue-type=quorum -ad false -z "$time_s" -i 5)
       f="$out/$broker-$run.txt"
       say "run $run $broker: PerfTest ${uris[*]} ${args[*]}"
+      sampler=""
+      if [ $broker = berth ]; then
+        echo "{\"run\": $run}" >>"$out/berth-cluster-samples.jsonl"
+        berth_sampler "$out/berth-cluster-samples.jsonl" &
+        sampler=$!
+      fi
       per0=(); for pid in "${pids[@]}"; do per0+=("$(cpu_s "$pid")"); done
       timeout -k 10 $((time_s + 120)) /usr/bin/time -f 'client_cpu_s %U %S' -o "$f.time" \
         java -cp "$classpath" com.rabbitmq.perf.PerfTest "${uris[@]}" "${args[@]}" >"$f" 2>&1 ||
         { say "PerfTest failed; see $f"; exit 1; }
       per1=(); for pid in "${pids[@]}"; do per1+=("$(cpu_s "$pid")"); done
+      [ -n "$sampler" ] && kill "$sampler" 2>/dev/null && wait "$sampler" 2>/dev/null
       for q in 1 2 3 4 5; do
         curl -s -o /dev/null -u guest:guest -X DELETE "http://127.0.0.1:$mgmt/api/queues/%2f/pt$run-$q"
       done
-      python3 - "$f" "$time_s" "$run" "$broker" "${per0[*]}" "${per1[*]}" "$lead_pid" "${pids[*]}" >>"$out/runs.tsv" <<'PY'
-import re, sys
+      python3 - "$f" "$time_s" "$run" "$broker" "${per0[*]}" "${per1[*]}" "$lead_pid" "${pids[*]}" \
+        "$out/berth-cluster-samples.jsonl" >>"$out/runs.tsv" <<'PY'
+import json, os, re, sys
 f, time_s, run, broker = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
 c0 = [float(x) for x in sys.argv[5].split()]
 c1 = [float(x) for x in sys.argv[6].split()]
@@ -208,7 +259,20 @@ if lead_pid:
     lead_share = f"{(c1[i] - c0[i]) / cpu:.2f}"
 client = open(f + ".time").read().split()
 client_s = float(client[-2]) + float(client[-1])
-print(f"{run}\t{broker}\t{conf_rate:.0f}\t{recv_rate:.0f}\t{lat}\t{cpu_us:.1f}\t{cpu / time_s:.2f}\t{lead_share}\t{client_s / time_s:.2f}")
+lag_max, leaderless = "nan", "nan"
+if broker == "berth" and os.path.exists(sys.argv[9]):
+    # this run's samples: the lines after its {"run": N} marker
+    samples, mine = [], False
+    for line in open(sys.argv[9]):
+        row = json.loads(line)
+        if "run" in row:
+            mine = row["run"] == int(run)
+        elif mine:
+            samples.append(row)
+    lags = [v or 0 for r in samples if r.get("lag") for k, v in r["lag"].items() if k != r["leader"]]
+    lag_max = max(lags) if lags else "nan"
+    leaderless = sum(1 for r in samples if not r["leader"])
+print(f"{run}\t{broker}\t{conf_rate:.0f}\t{recv_rate:.0f}\t{lat}\t{cpu_us:.1f}\t{cpu / time_s:.2f}\t{lead_share}\t{client_s / time_s:.2f}\t{lag_max}\t{leaderless}")
 PY
       tail -1 "$out/runs.tsv" | tee -a "$log" >&2
     done
@@ -223,6 +287,8 @@ if [ $failover = 1 ]; then
     rnodes+=(--node "${r_name[$n]},${r_amqp[$n]},${r_http[$n]},$rdir/$n/node.pid,$root/scripts/rabbitmq-cluster.sh start $rdir >>$log 2>&1")
   done
   for k in $(seq 1 "$kills"); do
+    for _ in $(seq 1 120); do berth_healthy && break; sleep 1; done
+    berth_healthy || say "berth cluster not healthy before kill $k (no leader, or a follower behind)"
     say "failover $k: berth"
     "$venv/bin/python" "$root/scripts/failover-probe.py" --kind berth "${bnodes[@]}" --kills 1 \
       --out "$out/failover.jsonl" 2>>"$log" | tee -a "$log" >&2 || { say "failover probe failed (berth)"; exit 1; }
