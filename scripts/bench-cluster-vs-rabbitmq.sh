@@ -7,8 +7,9 @@
 #                                        [--no-throughput] [--no-failover]
 #
 # Throughput (persist-2k-5q with confirms): RabbitMQ's PerfTest, 5
-# producers (at most --confirms unconfirmed each, default 100) and 5 consumers, persistent 2 KB
-# messages, 5 durable queues declared with x-queue-type=quorum (fresh names
+# producers (at most --confirms unconfirmed each, default 50: at 100 a
+# berth follower falls behind and cannot catch up, see BENCHMARKS.md) and
+# 5 consumers, persistent 2 KB messages, 5 durable queues declared with x-queue-type=quorum (fresh names
 # each run, deleted after it), S seconds (default 30) per run, N runs per
 # broker (default 3), alternating berth, RabbitMQ, berth, ... PerfTest
 # connects to berth's leader (followers turn clients away) and to all three
@@ -27,14 +28,16 @@
 # Both clusters run at once on free ports with their data in a temporary
 # directory under /var/tmp; every process started here is stopped by its
 # pid on exit, whatever happens. Results: OUT/summary.txt (the tables),
-# OUT/runs.tsv, OUT/failover.jsonl, each PerfTest output and OUT/run.log
-# (commands, machine, versions). Takes about 3 + 2 N (S + 20) / 60 minutes
-# plus ~40 s per RabbitMQ kill. Not part of scripts/test.sh.
+# OUT/runs.tsv, OUT/failover.jsonl, OUT/berth-cluster-samples.jsonl
+# (leader and follower lag each second of berth's runs), each PerfTest
+# output, OUT/run.log (commands, machine, versions) and the nodes' logs.
+# Takes about 1 + 2 N (S + 15) / 60 minutes plus ~20 s per kill pair.
+# Not part of scripts/test.sh.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
-runs=3 time_s=30 kills=3 confirms=100 out="" build=1 throughput=1 failover=1
+runs=3 time_s=30 kills=3 confirms=50 out="" build=1 throughput=1 failover=1
 while [ $# -gt 0 ]; do
   case "$1" in
   --runs) runs=${2:?}; shift ;;
