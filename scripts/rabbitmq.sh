@@ -36,6 +36,7 @@ env_for() {
   export RABBITMQ_PID_FILE="$dir/rabbit.pid"
   export ERL_EPMD_PORT=$(cat "$dir/epmd_port" 2>/dev/null || echo 4369)
   export HOME="$dir"   # erlang cookie lives here
+  export ERL_CRASH_DUMP="$dir/erl_crash.dump"   # not in the caller's directory
 }
 
 case "$cmd" in
