@@ -4,6 +4,8 @@
 #
 #   scripts/rabbitmq.sh start DIR AMQP_PORT HTTP_PORT [DIST_PORT EPMD_PORT]
 #   scripts/rabbitmq.sh stop DIR
+#   scripts/rabbitmq.sh node DIR          # prints the node's Erlang name
+#   scripts/rabbitmq.sh ctl DIR ARGS...   # rabbitmqctl ARGS against this node
 #
 # start prints nothing on success and returns once the AMQP and HTTP ports
 # accept connections (polled with bash's /dev/tcp, not rabbitmqctl: a CLI
@@ -11,11 +13,13 @@
 # is recovering). DIST_PORT and EPMD_PORT default to AMQP_PORT+2 and +3;
 # pass free ones when those may be taken. The node's OS pid is in
 # DIR/rabbit.pid once it has booted (the launcher script's in
-# DIR/launcher.pid).
+# DIR/launcher.pid). A DIR/.erlang.cookie written before the first start is
+# kept (HOME is DIR), so nodes given the same cookie and the same EPMD_PORT
+# can be clustered (scripts/rabbitmq-cluster.sh does that).
 #
 # Installs rabbitmq-server if it is missing (idempotent).
 set -euo pipefail
-cmd=${1:?usage: rabbitmq.sh start|stop DIR [AMQP_PORT HTTP_PORT]}
+cmd=${1:?usage: rabbitmq.sh start|stop|node|ctl DIR [AMQP_PORT HTTP_PORT]}
 dir=$(mkdir -p "${2:?DIR}" && cd "$2" && pwd)
 
 if ! dpkg -s rabbitmq-server >/dev/null 2>&1; then
@@ -32,6 +36,7 @@ env_for() {
   export RABBITMQ_PID_FILE="$dir/rabbit.pid"
   export ERL_EPMD_PORT=$(cat "$dir/epmd_port" 2>/dev/null || echo 4369)
   export HOME="$dir"   # erlang cookie lives here
+  export ERL_CRASH_DUMP="$dir/erl_crash.dump"   # not in the caller's directory
 }
 
 case "$cmd" in
@@ -76,6 +81,15 @@ stop)
     kill -KILL "$pid" 2>/dev/null || true
   done
   epmd -port "$ERL_EPMD_PORT" -kill >/dev/null 2>&1 || true
+  ;;
+node)
+  env_for
+  echo "$RABBITMQ_NODENAME"
+  ;;
+ctl)
+  env_for
+  shift 2
+  exec /usr/lib/rabbitmq/bin/rabbitmqctl -n "$RABBITMQ_NODENAME" "$@"
   ;;
 *) echo "unknown command $cmd" >&2; exit 2 ;;
 esac
