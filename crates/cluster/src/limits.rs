@@ -1,8 +1,20 @@
 //! Every limit of the replication layer, with its unit, in one place.
 
-/// Largest frame one peer may send another (an append carrying a batch of
-/// entries, or a snapshot chunk). Larger frames close the connection.
-pub const PEER_FRAME_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Largest encoded Raft entry, and so largest frame of `raft.log`: above
+/// the largest single command (one message: a store record of at most
+/// 129 MiB, plus its command header), which an entry may hold alone.
+/// A `raft.log` frame claiming more is damage.
+pub const ENTRY_BYTES_MAX_HARD: usize = 160 * 1024 * 1024;
+
+/// Largest frame an authenticated peer may send another (an append, or a
+/// snapshot chunk): one largest entry and the request around it. An append
+/// that would encode larger is sent with fewer entries (openraft's
+/// `PayloadTooLarge` hint). Larger frames close the connection.
+pub const PEER_FRAME_BYTES_MAX: usize = ENTRY_BYTES_MAX_HARD + 1024 * 1024;
+
+/// Largest frame before a peer has proven the secret (handshake frames
+/// are a few dozen bytes): a stranger cannot make a node allocate more.
+pub const HANDSHAKE_FRAME_BYTES_MAX: usize = 4 * 1024;
 
 /// Entries per append request; with berth's one-entry-per-fsync-batch rule a
 /// request carries at most this many batches.

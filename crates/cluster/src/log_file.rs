@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::error::ClusterError;
-use crate::limits::PEER_FRAME_BYTES_MAX;
+use crate::limits::ENTRY_BYTES_MAX_HARD;
 use crate::sync_gate::SyncGate;
 
 pub const FRAME_HEADER_BYTES: usize = 8;
@@ -108,7 +108,7 @@ pub fn scan(bytes: &[u8]) -> Scan<'_> {
         let len =
             u32::from_le_bytes(rest[LEN_AT..LEN_AT + 4].try_into().expect("4 bytes")) as usize;
         let crc = u32::from_le_bytes(rest[CRC_AT..CRC_AT + 4].try_into().expect("4 bytes"));
-        if len > PEER_FRAME_BYTES_MAX {
+        if len > ENTRY_BYTES_MAX_HARD {
             break Tail::Damaged { at: at as u64 };
         }
         if rest.len() < FRAME_HEADER_BYTES + len {
@@ -601,6 +601,17 @@ mod tests {
             "the damaged bytes are kept for inspection"
         );
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_entry_holding_the_largest_message_is_a_frame_not_damage() {
+        // One message of the largest size a store record holds (129 MiB,
+        // above the old 64 MiB frame limit) is one command, one entry.
+        let payload = vec![7u8; 129 * 1024 * 1024 + 4096];
+        let bytes = encode_frame(&payload);
+        let scan = scan(&bytes);
+        assert_eq!(scan.tail, Tail::Clean);
+        assert_eq!(scan.frames.len(), 1);
     }
 
     /// Appends `frames` through a writer and waits for the fdatasync.

@@ -29,8 +29,8 @@ use tokio::task::JoinHandle;
 use crate::batch;
 use crate::error::ClusterError;
 use crate::limits::{
-    APPEND_ENTRIES_MAX, DISK_WATCH_INTERVAL, ENTRY_BYTES_MAX, PROPOSALS_PER_ENTRY_MAX,
-    PROPOSALS_QUEUED_MAX, SECRET_BYTES_MIN, SNAPSHOT_CHUNK_BYTES,
+    APPEND_ENTRIES_MAX, DISK_WATCH_INTERVAL, ENTRY_BYTES_MAX, PEER_FRAME_BYTES_MAX,
+    PROPOSALS_PER_ENTRY_MAX, PROPOSALS_QUEUED_MAX, SECRET_BYTES_MIN, SNAPSHOT_CHUNK_BYTES,
 };
 use crate::log_file::{self, Writer};
 use crate::log_store::LogStore;
@@ -72,6 +72,9 @@ pub struct NodeConfig {
     pub sync_gate: SyncGate,
     /// TLS between members (`None`: plain TCP, the secret still proven).
     pub tls: Option<PeerTls>,
+    /// Largest frame between authenticated members; larger appends are
+    /// split. [`PEER_FRAME_BYTES_MAX`] unless a test makes it small.
+    pub peer_frame_bytes_max: usize,
 }
 
 impl NodeConfig {
@@ -96,6 +99,7 @@ impl NodeConfig {
             may_form: true,
             sync_gate: SyncGate::default(),
             tls: None,
+            peer_frame_bytes_max: PEER_FRAME_BYTES_MAX,
         }
     }
 
@@ -208,6 +212,7 @@ impl ClusterNode {
                 .map(|a| a.ip())
                 .filter(|ip| !ip.is_unspecified()),
             tls: config.tls.clone(),
+            frame_max: config.peer_frame_bytes_max,
         };
         let raft = Raft::new(config.id, Arc::new(raft_config), network, log.clone(), sm)
             .await
@@ -228,6 +233,7 @@ impl ClusterNode {
                 secret,
                 standing.clone(),
                 config.tls.clone(),
+                config.peer_frame_bytes_max,
             )),
             tokio::spawn(gather(
                 raft.clone(),

@@ -31,6 +31,8 @@ use tokio::net::{TcpSocket, TcpStream};
 use tokio_rustls::rustls;
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
+use crate::limits::HANDSHAKE_FRAME_BYTES_MAX;
+#[cfg(doc)]
 use crate::limits::PEER_FRAME_BYTES_MAX;
 use crate::types::{NodeId, TypeConfig};
 
@@ -114,13 +116,21 @@ pub(crate) fn plain(stream: TcpStream) -> Box<dyn PeerIo> {
     Box::new(stream)
 }
 
+/// A new connection, taking only handshake-sized frames until
+/// [`authenticated`] lifts the limit.
 pub(crate) fn framed(stream: Box<dyn PeerIo>) -> Conn {
     Framed::new(
         stream,
         LengthDelimitedCodec::builder()
-            .max_frame_length(PEER_FRAME_BYTES_MAX)
+            .max_frame_length(HANDSHAKE_FRAME_BYTES_MAX)
             .new_codec(),
     )
+}
+
+/// The peer proved the secret: it may send frames up to `frame_max` (an
+/// append's size, [`PEER_FRAME_BYTES_MAX`] outside tests).
+pub(crate) fn authenticated(conn: &mut Conn, frame_max: usize) {
+    conn.codec_mut().set_max_frame_length(frame_max);
 }
 
 /// Connects to a peer's `host:port`. With a `source`, the connection

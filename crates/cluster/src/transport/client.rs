@@ -8,7 +8,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError,
+    Unreachable,
 };
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -30,6 +31,8 @@ pub(crate) struct Network {
     /// The address outgoing connections leave from (see `dial`).
     pub(crate) source: Option<std::net::IpAddr>,
     pub(crate) tls: Option<super::PeerTls>,
+    /// Largest frame to send (see `NodeConfig::peer_frame_bytes_max`).
+    pub(crate) frame_max: usize,
 }
 
 /// When each peer last answered a call of this node (for the members'
@@ -60,6 +63,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             heard: self.heard.clone(),
             source: self.source,
             tls: self.tls.clone(),
+            frame_max: self.frame_max,
             conn: None,
         }
     }
@@ -73,6 +77,7 @@ pub(crate) struct Peer {
     heard: Arc<Heard>,
     source: Option<std::net::IpAddr>,
     tls: Option<super::PeerTls>,
+    frame_max: usize,
     conn: Option<Conn>,
 }
 
@@ -102,6 +107,7 @@ impl Peer {
                 tracing::warn!(peer = self.target, addr = %self.addr, error = %e, "cluster handshake failed");
                 CallError::Unreachable(e)
             })?;
+            super::authenticated(&mut conn, self.frame_max);
             self.conn = Some(conn);
         }
         Ok(self.conn.as_mut().expect("connected above"))
@@ -110,6 +116,10 @@ impl Peer {
     async fn call(&mut self, request: &Request, ttl: Duration) -> Result<Response, CallError> {
         let bytes =
             postcard::to_allocvec(request).map_err(|e| CallError::Network(io::Error::other(e)))?;
+        self.call_encoded(bytes, ttl).await
+    }
+
+    async fn call_encoded(&mut self, bytes: Vec<u8>, ttl: Duration) -> Result<Response, CallError> {
         let result = tokio::time::timeout(ttl, async {
             let conn = self.connected().await?;
             conn.send(Bytes::from(bytes))
@@ -169,7 +179,17 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RpcError> {
-        match self.call(&Request::Append(rpc), option.hard_ttl()).await {
+        let entries = rpc.entries.len();
+        let bytes = postcard::to_allocvec(&Request::Append(rpc))
+            .map_err(|e| self.shape(CallError::Network(io::Error::other(e))))?;
+        if bytes.len() > self.frame_max && entries > 1 {
+            // Too big for one frame: openraft sends fewer entries next.
+            let fit = (entries * self.frame_max / bytes.len()).clamp(1, entries - 1);
+            return Err(RPCError::PayloadTooLarge(
+                PayloadTooLarge::new_entries_hint(fit as u64),
+            ));
+        }
+        match self.call_encoded(bytes, option.hard_ttl()).await {
             Ok(Response::Append(r)) => {
                 r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
             }

@@ -28,6 +28,7 @@ pub(crate) async fn serve(
     secret: Arc<Vec<u8>>,
     standing: Arc<Standing>,
     tls: Option<super::PeerTls>,
+    frame_max: usize,
 ) {
     let mut connections = tokio::task::JoinSet::new();
     loop {
@@ -65,7 +66,10 @@ pub(crate) async fn serve(
             };
             let mut conn = framed(stream);
             match handshake::accept(&mut conn, &secret).await {
-                Ok(peer) => serve_peer(conn, peer, &raft, &standing).await,
+                Ok(peer) => {
+                    super::authenticated(&mut conn, frame_max);
+                    serve_peer(conn, peer, &raft, &standing).await;
+                }
                 // A member probing whether this one is alive connects and
                 // closes at once; that is not worth a warning.
                 Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
