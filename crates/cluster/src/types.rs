@@ -13,7 +13,7 @@ pub type NodeId = u64;
 /// One replicated command: opaque bytes that the [`crate::Apply`]
 /// implementation decodes (metadata commands, a gathered batch of records).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Command(pub Vec<u8>);
+pub struct Command(#[serde(with = "serde_bytes")] pub Vec<u8>);
 
 impl fmt::Display for Command {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -39,3 +39,22 @@ pub type LogId = openraft::LogId<NodeId>;
 pub type Vote = openraft::Vote<NodeId>;
 pub type StorageError = openraft::StorageError<NodeId>;
 pub type Raft = openraft::Raft<TypeConfig>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_encodes_as_the_byte_list_it_always_was() {
+        // raft.log written before commands were encoded as one byte string
+        // must still read: postcard writes both the same way.
+        let bytes: Vec<u8> = (0..=255).chain(0..=255).collect();
+        let old = postcard::to_allocvec(&bytes).unwrap();
+        let new = postcard::to_allocvec(&Command(bytes.clone())).unwrap();
+        assert_eq!(old, new);
+        assert_eq!(
+            postcard::from_bytes::<Command>(&old).unwrap(),
+            Command(bytes)
+        );
+    }
+}
