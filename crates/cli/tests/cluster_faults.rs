@@ -1026,7 +1026,9 @@ fn followers_name_the_leader_and_members_can_be_added_and_removed() {
     }
     let (_, q) = l.http("GET", "/api/queues/%2f/api-q", "");
     assert!(
-        q.contains(&format!("\"leader\":\"{}\"", l.name)) && q.contains("\"online\""),
+        q.contains(&format!("\"leader\":\"{}\"", l.name))
+            && q.contains(&format!("\"node\":\"{}\"", l.name))
+            && q.contains("\"online\""),
         "{q}"
     );
     let (_, metrics) = l.http("GET", "/metrics", "");

@@ -12,6 +12,13 @@ pub const ENTRY_BYTES_MAX_HARD: usize = 160 * 1024 * 1024;
 /// `PayloadTooLarge` hint). Larger frames close the connection.
 pub const PEER_FRAME_BYTES_MAX: usize = ENTRY_BYTES_MAX_HARD + 1024 * 1024;
 
+/// An append larger than this (encoded) is sent with fewer entries.
+/// openraft gives an append one heartbeat interval (200 ms at berth's
+/// default election timeout) to be received and fdatasynced; a follower
+/// behind by many multi-MB entries must be sent them a few MB at a time,
+/// or every try times out and it never catches up.
+pub const APPEND_BYTES_TARGET: usize = 4 * 1024 * 1024;
+
 /// Largest frame before a peer has proven the secret (handshake frames
 /// are a few dozen bytes): a stranger cannot make a node allocate more.
 pub const HANDSHAKE_FRAME_BYTES_MAX: usize = 4 * 1024;

@@ -19,6 +19,7 @@ use openraft::raft::{
 use openraft::BasicNode;
 
 use super::{framed, handshake, Conn, Request, Response};
+use crate::limits::APPEND_BYTES_TARGET;
 use crate::types::{NodeId, TypeConfig};
 
 type RpcError<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, RaftError<NodeId, E>>;
@@ -182,9 +183,11 @@ impl RaftNetwork<TypeConfig> for Peer {
         let entries = rpc.entries.len();
         let bytes = postcard::to_allocvec(&Request::Append(rpc))
             .map_err(|e| self.shape(CallError::Network(io::Error::other(e))))?;
-        if bytes.len() > self.frame_max && entries > 1 {
-            // Too big for one frame: openraft sends fewer entries next.
-            let fit = (entries * self.frame_max / bytes.len()).clamp(1, entries - 1);
+        let target = self.frame_max.min(APPEND_BYTES_TARGET);
+        if bytes.len() > target && entries > 1 {
+            // Too big to send (or to be answered in time) at once:
+            // openraft sends fewer entries next.
+            let fit = (entries * target / bytes.len()).clamp(1, entries - 1);
             return Err(RPCError::PayloadTooLarge(
                 PayloadTooLarge::new_entries_hint(fit as u64),
             ));

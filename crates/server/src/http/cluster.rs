@@ -51,8 +51,11 @@ impl Members {
         })
     }
 
-    /// Adds `leader`, `members` and `online` to a queue's JSON.
+    /// Adds `leader`, `members` and `online` to a queue's JSON, and names
+    /// the leader as its `node`, as RabbitMQ does for a quorum queue (the
+    /// member names of `/api/nodes`).
     pub(crate) fn add_to(&self, queue: &mut Value) {
+        queue["node"] = json!(self.leader);
         queue["leader"] = json!(self.leader);
         queue["members"] = json!(self.all);
         queue["online"] = json!(self.online);
