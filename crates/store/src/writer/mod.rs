@@ -40,7 +40,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use parking_lot::Mutex;
 
-use crate::checkpoint::{self, CheckpointInfo, ReplayFrom, CHECKPOINT_TMP_NAME};
+use crate::checkpoint::{
+    self, CheckpointInfo, DeltaBuilder, Kind, Link, ReplayFrom, CHECKPOINT_TMP_NAME,
+};
+use crate::limits::CHECKPOINT_CHAIN_LINKS_MAX;
 use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::index::{Index, Loc};
@@ -155,8 +158,8 @@ pub(crate) struct Writer {
     last_write: Instant,
     last_checkpoint: Instant,
     journal_bytes_since_checkpoint: u64,
-    /// Retained checkpoints (number, header), oldest first.
-    checkpoints: Vec<(u64, CheckpointInfo)>,
+    /// Retained checkpoints, oldest first: the chains of the two newest.
+    checkpoints: Vec<Link>,
     next_checkpoint_no: u64,
     /// What adaptive group commit remembers of recent batches.
     gather: GatherPolicy,
@@ -164,7 +167,7 @@ pub(crate) struct Writer {
     last_compaction: Instant,
     /// A checkpoint being written by its helper thread, and whether its
     /// index is a snapshot.
-    checkpoint_in_flight: Option<(u64, CheckpointInfo, CheckpointResult, bool)>,
+    checkpoint_in_flight: Option<(Link, CheckpointResult, bool)>,
     /// The next checkpoint must snapshot the index: the journal since the
     /// newest checkpoint cannot rebuild it (recovery dropped messages of a
     /// missing segment, or the last rebuild failed).
@@ -186,7 +189,7 @@ pub(crate) struct WriterInit {
     pub files: BTreeMap<u32, (Arc<dyn StorageFile>, u64)>,
     pub next_seq: u32,
     pub next_lsn: u64,
-    pub checkpoints: Vec<(u64, CheckpointInfo)>,
+    pub checkpoints: Vec<Link>,
     pub next_checkpoint_no: u64,
     /// The index is what the newest checkpoint and the journal after it
     /// give (false if recovery dropped messages without a record).
@@ -694,7 +697,7 @@ impl Writer {
         if self
             .checkpoints
             .last()
-            .is_none_or(|(_, c)| c.replay != self.position())
+            .is_none_or(|l| l.info.replay != self.position())
         {
             self.checkpoint()?;
         }
