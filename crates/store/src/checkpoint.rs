@@ -267,7 +267,13 @@ impl DeltaBuilder {
 
     /// The delta's file: at `info`, extending checkpoint `parent_no` at
     /// `parent_lsn`.
-    pub fn encode(self, group: u32, info: CheckpointInfo, parent_no: u64, parent_lsn: u64) -> Vec<u8> {
+    pub fn encode(
+        self,
+        group: u32,
+        info: CheckpointInfo,
+        parent_no: u64,
+        parent_lsn: u64,
+    ) -> Vec<u8> {
         let kind = Kind::Delta {
             parent_no,
             parent_lsn,
@@ -386,7 +392,12 @@ pub fn parse(group: u32, bytes: Vec<u8>, path: &Path) -> Result<Parsed, StoreErr
                 parent_no,
                 parent_lsn,
             },
-            k => return Err(corrupt(CK_OFF_KIND, &format!("kind {k} with parent {parent_no}"))),
+            k => {
+                return Err(corrupt(
+                    CK_OFF_KIND,
+                    &format!("kind {k} with parent {parent_no}"),
+                ))
+            }
         }
     };
     Ok(Parsed {
@@ -421,11 +432,6 @@ impl Parsed {
             buf: &self.bytes[..self.bytes.len() - 4],
             at,
         }
-    }
-
-    /// The file's size in bytes.
-    pub fn len(&self) -> u64 {
-        self.bytes.len() as u64
     }
 
     /// The index a base lists.
@@ -478,7 +484,9 @@ impl Parsed {
             let at = r.at;
             let qn = r.u32().ok_or_else(|| bad(r))? as usize;
             let n = r.u32().ok_or_else(|| bad(r))? as usize;
-            let raw = r.take(qn.checked_mul(8).ok_or_else(|| bad(r))?).ok_or_else(|| bad(r))?;
+            let raw = r
+                .take(qn.checked_mul(8).ok_or_else(|| bad(r))?)
+                .ok_or_else(|| bad(r))?;
             queues.clear();
             queues.extend(raw.chunks_exact(8).map(|c| QueueId(le_u64(c))));
             self.check_queues(at, &queues, "a run")?;
@@ -518,7 +526,9 @@ impl Parsed {
                 len: r.u32().ok_or_else(|| bad(r))?,
             };
             let n = r.u32().ok_or_else(|| bad(r))? as usize;
-            let raw = r.take(n.checked_mul(8).ok_or_else(|| bad(r))?).ok_or_else(|| bad(r))?;
+            let raw = r
+                .take(n.checked_mul(8).ok_or_else(|| bad(r))?)
+                .ok_or_else(|| bad(r))?;
             queues.clear();
             queues.extend(raw.chunks_exact(8).map(|c| QueueId(le_u64(c))));
             // The encoder wrote each live message once, with its queues; an
@@ -534,7 +544,10 @@ impl Parsed {
 
     /// Applies a delta's ops, in order, to its parent's `index`.
     pub fn apply_delta(&self, index: &mut Index) -> Result<(), StoreError> {
-        assert!(matches!(self.kind, Kind::Delta { .. }), "apply_delta of a base");
+        assert!(
+            matches!(self.kind, Kind::Delta { .. }),
+            "apply_delta of a base"
+        );
         let mut r = self.body();
         let bad = |r: &Reader<'_>| self.corrupt(r.at, "truncated or inconsistent body");
         let count = r.u64().ok_or_else(|| bad(&r))?;
@@ -578,7 +591,14 @@ impl Parsed {
                 }
                 OP_PURGE => {
                     let queue = QueueId(r.u64().ok_or_else(|| bad(&r))?);
-                    index.apply(&Record::Purge { queue }, Loc { seg: 0, offset: 0, len: 0 });
+                    index.apply(
+                        &Record::Purge { queue },
+                        Loc {
+                            seg: 0,
+                            offset: 0,
+                            len: 0,
+                        },
+                    );
                 }
                 OP_META_PUT => {
                     let kl = r.u32().ok_or_else(|| bad(&r))? as usize;
@@ -858,7 +878,10 @@ mod tests {
         let (i2, ix2) = decode(2, expected, Path::new("c")).unwrap();
         assert_eq!(i2, info);
         assert_eq!(ix2.meta, ix.meta);
-        assert_eq!(ix2.iter_live().collect::<Vec<_>>(), ix.iter_live().collect::<Vec<_>>());
+        assert_eq!(
+            ix2.iter_live().collect::<Vec<_>>(),
+            ix.iter_live().collect::<Vec<_>>()
+        );
         assert_eq!(ix2.msg_id_hw, 5);
     }
 
@@ -897,7 +920,10 @@ mod tests {
         let (i2, ix2) = decode(2, &bytes, Path::new("c")).unwrap();
         assert_eq!(i2, info);
         assert_eq!(ix2.meta, ix.meta);
-        assert_eq!(ix2.iter_live().collect::<Vec<_>>(), ix.iter_live().collect::<Vec<_>>());
+        assert_eq!(
+            ix2.iter_live().collect::<Vec<_>>(),
+            ix.iter_live().collect::<Vec<_>>()
+        );
     }
 
     /// A base plus deltas loads to the index the records give, whatever
@@ -963,7 +989,9 @@ mod tests {
                 assert_eq!(p.kind, Kind::Base);
                 index = p.load_base().unwrap();
             } else {
-                assert!(matches!(p.kind, Kind::Delta { parent_no, .. } if parent_no == i as u64 - 1));
+                assert!(
+                    matches!(p.kind, Kind::Delta { parent_no, .. } if parent_no == i as u64 - 1)
+                );
                 p.apply_delta(&mut index).unwrap();
             }
             index.check();
@@ -975,7 +1003,9 @@ mod tests {
         };
         assert_eq!(sorted(&index), sorted(&model), "seed {seed}");
         assert_eq!(index.meta, model.meta);
-        let rebased = decode(0, &encode(0, info(lsn), &index), Path::new("c")).unwrap().1;
+        let rebased = decode(0, &encode(0, info(lsn), &index), Path::new("c"))
+            .unwrap()
+            .1;
         assert_eq!(sorted(&rebased), sorted(&model), "seed {seed}");
         rebased.check();
     }

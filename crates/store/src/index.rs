@@ -199,7 +199,11 @@ impl Index {
             self.multi.reserve(additional);
         }
         for q in queues {
-            self.by_queue.entry(q.0).or_default().ids.reserve(additional);
+            self.by_queue
+                .entry(q.0)
+                .or_default()
+                .ids
+                .reserve(additional);
         }
     }
 
@@ -286,8 +290,11 @@ impl Index {
                 f(&[QueueId(q)], &run);
             }
         }
-        let mut multi: Vec<(&[QueueId], u64)> =
-            self.multi.iter().map(|(m, qs)| (qs.as_slice(), *m)).collect();
+        let mut multi: Vec<(&[QueueId], u64)> = self
+            .multi
+            .iter()
+            .map(|(m, qs)| (qs.as_slice(), *m))
+            .collect();
         multi.sort_unstable();
         for chunk in multi.chunk_by(|a, b| a.0 == b.0) {
             run.clear();

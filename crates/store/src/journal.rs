@@ -20,7 +20,9 @@
 
 use std::path::Path;
 
-use crate::checkpoint::{self, CheckpointInfo, Kind, Link, Parsed, ReplayFrom, CHECKPOINT_TMP_NAME};
+use crate::checkpoint::{
+    self, CheckpointInfo, Kind, Link, Parsed, ReplayFrom, CHECKPOINT_TMP_NAME,
+};
 use crate::decision::{
     decide, decide_checkpoint, decide_segment, Action, Body, CheckpointCase, Frame, Header, Order,
     RecordCase, SegmentCase,
@@ -173,7 +175,10 @@ fn load_chain_of(files: &[CheckpointFile], at: usize) -> Result<Index, (usize, S
     }
     let mut index = Index::default();
     for &i in chain.iter().rev() {
-        let p = files[i].3.as_ref().expect("break_chains checked every link");
+        let p = files[i]
+            .3
+            .as_ref()
+            .expect("break_chains checked every link");
         let loaded = match p.kind {
             Kind::Base => p.load_base().map(|ix| index = ix),
             Kind::Delta { .. } => p.apply_delta(&mut index),
@@ -289,8 +294,7 @@ impl Journal<'_> {
         }
         // Every file first, oldest first: a delta is valid only with its
         // whole chain down to a base.
-        let mut files: Vec<(u64, std::path::PathBuf, u64, Result<Parsed, StoreError>)> =
-            Vec::new();
+        let mut files: Vec<(u64, std::path::PathBuf, u64, Result<Parsed, StoreError>)> = Vec::new();
         for &no in &listing.checkpoints {
             let path = dir.join(checkpoint::checkpoint_name(no));
             let bytes = v.read_checkpoint(&path)?;

@@ -637,9 +637,15 @@ fn checkpoints_after_a_base_are_deltas_that_cost_what_changed() {
         .map(|n| group_dir(0).join(n))
         .collect();
     ckpts.sort();
-    let sizes: Vec<usize> = ckpts.iter().map(|p| fs.contents(p).unwrap().len()).collect();
+    let sizes: Vec<usize> = ckpts
+        .iter()
+        .map(|p| fs.contents(p).unwrap().len())
+        .collect();
     let base = *sizes.iter().max().unwrap();
-    assert!(base > 2_000 * 20, "the base lists every live message: {sizes:?}");
+    assert!(
+        base > 2_000 * 20,
+        "the base lists every live message: {sizes:?}"
+    );
     let deltas = sizes.iter().filter(|&&s| s < 200).count();
     assert!(deltas >= 2, "later checkpoints are small deltas: {sizes:?}");
 
@@ -663,6 +669,9 @@ fn checkpoints_after_a_base_are_deltas_that_cost_what_changed() {
             assert!(!rec.stats.checkpoints_ignored.is_empty());
         }
         // Or refused, because that journal was reclaimed; never a wrong set.
-        Err(e) => assert!(e.to_string().contains("segment") || e.to_string().contains("checkpoint"), "{e}"),
+        Err(e) => assert!(
+            e.to_string().contains("segment") || e.to_string().contains("checkpoint"),
+            "{e}"
+        ),
     }
 }

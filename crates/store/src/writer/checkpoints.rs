@@ -49,7 +49,9 @@ pub(crate) fn load_chain(
         let path = dir.join(checkpoint::checkpoint_name(link.no));
         let bytes = crate::manifest::read_all(storage, &path)?;
         let parsed = checkpoint::parse(group, bytes, &path)?;
-        if parsed.info != link.info || parsed.kind != link.kind || (i == 0) != (link.kind == Kind::Base)
+        if parsed.info != link.info
+            || parsed.kind != link.kind
+            || (i == 0) != (link.kind == Kind::Base)
         {
             return Err(StoreError::Corrupt {
                 path,
@@ -250,7 +252,8 @@ impl Writer {
     /// Whether a checkpoint now would move the oldest retained one forward.
     pub(super) fn checkpoint_wanted(&self) -> bool {
         let n = self.checkpoints.len();
-        n < 2 && self.next_lsn > 1 || n >= 2 && self.checkpoints[n - 2].info.replay != self.position()
+        n < 2 && self.next_lsn > 1
+            || n >= 2 && self.checkpoints[n - 2].info.replay != self.position()
     }
 
     /// Whether the next checkpoint should be a base: there is no chain to
@@ -369,13 +372,11 @@ impl Writer {
         std::thread::Builder::new()
             .name(format!("berth-ckpt-{group}"))
             .spawn(move || {
-                let result =
-                    build_checkpoint(storage.as_ref(), &dir, group, salt, source, info).and_then(
-                        |bytes| {
-                            write_checkpoint(storage.as_ref(), &dir, no, &bytes)
-                                .map(|()| bytes.len() as u64)
-                        },
-                    );
+                let result = build_checkpoint(storage.as_ref(), &dir, group, salt, source, info)
+                    .and_then(|bytes| {
+                        write_checkpoint(storage.as_ref(), &dir, no, &bytes)
+                            .map(|()| bytes.len() as u64)
+                    });
                 if tx.send(result).is_err() {
                     tracing::debug!(group, no, "checkpoint finished after its writer stopped");
                 }

@@ -23,9 +23,10 @@
 //!   back straight away (see [`GatherPolicy`]), and never exceeds
 //!   `commit_delay_us_max`. Every reading of time goes through the
 //!   injected [`Clock`].
-//! - A checkpoint's index is rebuilt on its helper thread from the previous
-//!   checkpoint and the (synced, immutable) journal after it; the writer
-//!   copies the live index only when the journal cannot rebuild it.
+//! - A checkpoint is built on its helper thread from the (synced,
+//!   immutable) journal since the newest checkpoint: a delta of what
+//!   changed, or a base rebuilt from the chain and that journal; the
+//!   writer copies the live index only when the journal cannot rebuild it.
 //! - A segment is sealed (fdatasync'ed) before the next one is created, and
 //!   deleted only when it holds no live message and lies wholly before the
 //!   replay position of both retained checkpoints.
@@ -43,10 +44,10 @@ use parking_lot::Mutex;
 use crate::checkpoint::{
     self, CheckpointInfo, DeltaBuilder, Kind, Link, ReplayFrom, CHECKPOINT_TMP_NAME,
 };
-use crate::limits::CHECKPOINT_CHAIN_LINKS_MAX;
 use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::index::{Index, Loc};
+use crate::limits::CHECKPOINT_CHAIN_LINKS_MAX;
 use crate::limits::{StoreConfig, SyncMode, RECORD_BODY_BYTES_MAX, REMOVE_MSGS_PER_RECORD_MAX};
 use crate::record::{self, Decoded, Record};
 use crate::segment::{self, SEGMENT_HEADER_BYTES};
