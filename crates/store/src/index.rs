@@ -153,19 +153,30 @@ impl Index {
 
     /// Inserts a live message (also used to load a checkpoint).
     pub fn insert(&mut self, msg: MsgId, queues: &[QueueId], loc: Loc) {
+        // The common case, one queue, allocates nothing.
+        if let [_] = queues {
+            self.insert_sorted(msg, queues, loc);
+            return;
+        }
         let mut qs: Vec<QueueId> = queues.to_vec();
         qs.sort_unstable();
         qs.dedup();
-        for q in &qs {
+        self.insert_sorted(msg, &qs, loc);
+    }
+
+    /// [`Self::insert`] of queues already sorted and without duplicates.
+    fn insert_sorted(&mut self, msg: MsgId, qs: &[QueueId], loc: Loc) {
+        debug_assert!(qs.windows(2).all(|w| w[0] < w[1]));
+        for q in qs {
             let list = self.by_queue.entry(q.0).or_default();
             list.ids.push(msg.0);
             list.live += 1;
         }
-        let queue = match qs.as_slice() {
+        let queue = match qs {
             [] => return,
             [q] => q.0,
             _ => {
-                self.multi.insert(msg.0, qs);
+                self.multi.insert(msg.0, qs.to_vec());
                 MULTI
             }
         };
@@ -173,6 +184,123 @@ impl Index {
         let live = self.seg_live.entry(loc.seg).or_default();
         live.count += 1;
         live.bytes += u64::from(loc.len);
+    }
+
+    /// Whether `msg` is live (held by any queue).
+    pub fn contains(&self, msg: MsgId) -> bool {
+        self.msgs.contains_key(&msg.0)
+    }
+
+    /// Makes room for `additional` more messages held by `queues`, so a
+    /// checkpoint's run loads without rehashing or regrowing per message.
+    pub fn reserve_run(&mut self, queues: &[QueueId], additional: usize) {
+        self.msgs.reserve(additional);
+        if queues.len() > 1 {
+            self.multi.reserve(additional);
+        }
+        for q in queues {
+            self.by_queue
+                .entry(q.0)
+                .or_default()
+                .ids
+                .reserve(additional);
+        }
+    }
+
+    /// Loads one run of a checkpoint: messages none of which is live yet,
+    /// each held by exactly `queues` (sorted, no duplicates, not empty).
+    /// Refuses (and leaves the index partly loaded, to be dropped) a
+    /// message already live: a checkpoint lists each message once.
+    pub fn load_run(
+        &mut self,
+        queues: &[QueueId],
+        entries: impl Iterator<Item = (MsgId, Loc)>,
+    ) -> Result<(), MsgId> {
+        assert!(!queues.is_empty() && queues.windows(2).all(|w| w[0] < w[1]));
+        let mut seg_cache: Option<(u32, SegLive)> = None;
+        let flush = |ix: &mut Index, c: Option<(u32, SegLive)>| {
+            if let Some((seg, add)) = c {
+                let live = ix.seg_live.entry(seg).or_default();
+                live.count += add.count;
+                live.bytes += add.bytes;
+            }
+        };
+        let mut result = Ok(());
+        let mut loaded = 0u64;
+        for (msg, loc) in entries {
+            if self.msgs.contains_key(&msg.0) {
+                result = Err(msg);
+                break;
+            }
+            let queue = if let [q] = queues {
+                q.0
+            } else {
+                self.multi.insert(msg.0, queues.to_vec());
+                MULTI
+            };
+            self.msgs.insert(msg.0, Entry { queue, loc });
+            for q in queues {
+                self.by_queue.entry(q.0).or_default().ids.push(msg.0);
+            }
+            loaded += 1;
+            match &mut seg_cache {
+                Some((seg, add)) if *seg == loc.seg => {
+                    add.count += 1;
+                    add.bytes += u64::from(loc.len);
+                }
+                c => {
+                    let old = c.take();
+                    flush(self, old);
+                    *c = Some((
+                        loc.seg,
+                        SegLive {
+                            count: 1,
+                            bytes: u64::from(loc.len),
+                        },
+                    ));
+                }
+            }
+        }
+        flush(self, seg_cache);
+        for q in queues {
+            self.by_queue.entry(q.0).or_default().live += loaded;
+        }
+        result
+    }
+
+    /// Every live message grouped in runs of one queue set, each run's ids
+    /// ascending, runs ordered by queue set: what a base checkpoint lists.
+    /// Memory beyond the index: one queue's list at a time, and the
+    /// multi-queue messages.
+    pub fn for_each_run(&self, mut f: impl FnMut(&[QueueId], &[(MsgId, Loc)])) {
+        let mut queues: Vec<u64> = self.by_queue.keys().copied().collect();
+        queues.sort_unstable();
+        let mut run: Vec<(MsgId, Loc)> = Vec::new();
+        for q in queues {
+            let list = &self.by_queue[&q];
+            let mut ids = list.ids.clone();
+            ids.sort_unstable();
+            ids.dedup();
+            run.clear();
+            run.extend(ids.into_iter().filter_map(|m| {
+                let e = self.msgs.get(&m)?;
+                (e.queue == q).then_some((MsgId(m), e.loc))
+            }));
+            if !run.is_empty() {
+                f(&[QueueId(q)], &run);
+            }
+        }
+        let mut multi: Vec<(&[QueueId], u64)> = self
+            .multi
+            .iter()
+            .map(|(m, qs)| (qs.as_slice(), *m))
+            .collect();
+        multi.sort_unstable();
+        for chunk in multi.chunk_by(|a, b| a.0 == b.0) {
+            run.clear();
+            run.extend(chunk.iter().map(|(_, m)| (MsgId(*m), self.msgs[m].loc)));
+            f(chunk[0].0, &run);
+        }
     }
 
     fn forget(&mut self, msg: u64) {
@@ -215,6 +343,14 @@ impl Index {
             self.unlist(queue);
         } else if e.queue == queue.0 {
             self.forget(msg);
+        }
+    }
+
+    /// Each of `msgs` leaves `queue`: a Remove record's effect, from ids
+    /// not yet made into a record.
+    pub fn remove_ids(&mut self, queue: QueueId, msgs: &[u64]) {
+        for &m in msgs {
+            self.remove_from(queue, m);
         }
     }
 

@@ -293,8 +293,6 @@ struct Inspecting<'a> {
     storage: &'a dyn Storage,
     progress: &'a (dyn Fn(u64) + Sync),
     rep: GroupReport,
-    /// Size of the checkpoint file read last.
-    checkpoint_bytes: u64,
     /// Every valid checkpoint's index, to check against the journal.
     checkpoint_indexes: Vec<(u64, PathBuf, Index)>,
     /// Publish/Relocate records by (segment, offset).
@@ -324,7 +322,6 @@ impl Visit for Inspecting<'_> {
     fn read_checkpoint(&mut self, path: &Path) -> CheckpointBytes {
         let bytes = read_file(self.storage, path)?;
         (self.progress)(bytes.len() as u64);
-        self.checkpoint_bytes = bytes.len() as u64;
         Ok(Ok(bytes))
     }
 
@@ -337,19 +334,23 @@ impl Visit for Inspecting<'_> {
         let mut cr = CheckpointReport {
             no: seen.no,
             path: seen.path.to_path_buf(),
-            bytes: self.checkpoint_bytes,
+            bytes: seen.bytes,
             info: None,
             messages: 0,
         };
         match seen.decoded {
-            Ok((info, index)) => {
-                cr.info = Some(info);
-                cr.messages = index.live_messages() as u64;
+            Ok((link, index)) => {
+                cr.info = Some(link.info);
                 if seen.chosen {
                     self.rep.checkpoint_used = Some(seen.no);
                 }
-                self.checkpoint_indexes
-                    .push((seen.no, seen.path.to_path_buf(), index.clone()));
+                // Only the chosen link's index is built (a delta's is its
+                // whole chain's): that one is checked against the journal.
+                if let Some(index) = index {
+                    cr.messages = index.live_messages() as u64;
+                    self.checkpoint_indexes
+                        .push((seen.no, seen.path.to_path_buf(), index.clone()));
+                }
             }
             Err(e) => {
                 let p = problem_of(&e, seen.path);
@@ -513,7 +514,6 @@ fn read_group(
         storage,
         progress,
         rep,
-        checkpoint_bytes: 0,
         checkpoint_indexes: Vec::new(),
         found: HashMap::new(),
         published_queues: HashSet::new(),

@@ -20,7 +20,9 @@
 
 use std::path::Path;
 
-use crate::checkpoint::{self, CheckpointInfo, ReplayFrom, CHECKPOINT_TMP_NAME};
+use crate::checkpoint::{
+    self, CheckpointInfo, Kind, Link, Parsed, ReplayFrom, CHECKPOINT_TMP_NAME,
+};
 use crate::decision::{
     decide, decide_checkpoint, decide_segment, Action, Body, CheckpointCase, Frame, Header, Order,
     RecordCase, SegmentCase,
@@ -122,6 +124,70 @@ impl Listing {
     }
 }
 
+type CheckpointFile = (u64, std::path::PathBuf, u64, Result<Parsed, StoreError>);
+
+/// Marks every delta whose parent is not a valid earlier file (missing,
+/// damaged, or at another lsn) damaged itself; `files` is oldest first.
+fn break_chains(files: &mut [CheckpointFile]) {
+    for i in 0..files.len() {
+        let Ok(p) = &files[i].3 else { continue };
+        let Kind::Delta {
+            parent_no,
+            parent_lsn,
+        } = p.kind
+        else {
+            continue;
+        };
+        let parent = files[..i].iter().find(|f| f.0 == parent_no);
+        let why = match parent.map(|f| &f.3) {
+            None => Some(format!("its parent checkpoint {parent_no} is not there")),
+            Some(Err(_)) => Some(format!("its parent checkpoint {parent_no} is not valid")),
+            Some(Ok(pp)) if pp.info.lsn != parent_lsn || pp.info.lsn > p.info.lsn => Some(format!(
+                "its parent checkpoint {parent_no} is at lsn {}, not {parent_lsn}",
+                pp.info.lsn
+            )),
+            Some(Ok(_)) => None,
+        };
+        if let Some(reason) = why {
+            files[i].3 = Err(StoreError::Corrupt {
+                path: files[i].1.clone(),
+                offset: checkpoint::CK_OFF_PARENT_NO as u64,
+                reason: format!("checkpoint chain broken: {reason}"),
+            });
+        }
+    }
+}
+
+/// The index at `files[at]`: its base loaded, then each delta of its chain
+/// applied. On failure, the position of the link that did not load.
+fn load_chain_of(files: &[CheckpointFile], at: usize) -> Result<Index, (usize, StoreError)> {
+    let mut chain = vec![at];
+    while let Ok(Parsed {
+        kind: Kind::Delta { parent_no, .. },
+        ..
+    }) = &files[*chain.last().expect("not empty")].3
+    {
+        let i = files
+            .iter()
+            .position(|f| f.0 == *parent_no)
+            .expect("break_chains checked every parent");
+        chain.push(i);
+    }
+    let mut index = Index::default();
+    for &i in chain.iter().rev() {
+        let p = files[i]
+            .3
+            .as_ref()
+            .expect("break_chains checked every link");
+        let loaded = match p.kind {
+            Kind::Base => p.load_base().map(|ix| index = ix),
+            Kind::Delta { .. } => p.apply_delta(&mut index),
+        };
+        loaded.map_err(|e| (i, e))?;
+    }
+    Ok(index)
+}
+
 /// Where the index starts: a checkpoint, or the beginning of the journal.
 pub struct Start {
     /// The checkpoint used: its number and header.
@@ -139,7 +205,11 @@ pub struct Start {
 pub struct CheckpointSeen<'a> {
     pub no: u64,
     pub path: &'a Path,
-    pub decoded: Result<(CheckpointInfo, &'a Index), StoreError>,
+    /// Its header, and the index if it is the chosen one (a delta's own
+    /// index is its whole chain's; only the chosen link's is built).
+    pub decoded: Result<(Link, Option<&'a Index>), StoreError>,
+    /// Size of the file as read (0 if unreadable).
+    pub bytes: u64,
     pub verdict: Verdict,
     /// This is the checkpoint the index starts from.
     pub chosen: bool,
@@ -222,35 +292,56 @@ impl Journal<'_> {
             let verdict = Verdict::of(decide_checkpoint(CheckpointCase::Unfinished));
             v.unfinished_checkpoint(&dir.join(CHECKPOINT_TMP_NAME), verdict)?;
         }
-        let mut chosen: Option<(u64, CheckpointInfo, Index)> = None;
-        for &no in listing.checkpoints.iter().rev() {
+        // Every file first, oldest first: a delta is valid only with its
+        // whole chain down to a base.
+        let mut files: Vec<(u64, std::path::PathBuf, u64, Result<Parsed, StoreError>)> = Vec::new();
+        for &no in &listing.checkpoints {
             let path = dir.join(checkpoint::checkpoint_name(no));
-            let decoded = v
-                .read_checkpoint(&path)?
-                .and_then(|b| checkpoint::decode(group, &b, &path));
+            let bytes = v.read_checkpoint(&path)?;
+            let len = bytes.as_ref().map_or(0, |b| b.len() as u64);
+            let parsed = bytes.and_then(|b| checkpoint::parse(group, b, &path));
+            files.push((no, path, len, parsed));
+        }
+        let mut chosen: Option<(u64, CheckpointInfo, Index)> = None;
+        loop {
+            break_chains(&mut files);
+            let Some(newest) = files.iter().rposition(|f| f.3.is_ok()) else {
+                break;
+            };
+            match load_chain_of(&files, newest) {
+                Ok(index) => {
+                    let p = files[newest].3.as_ref().expect("valid");
+                    chosen = Some((files[newest].0, p.info, index));
+                    break;
+                }
+                // A link whose body does not parse: that link is damaged,
+                // and so is every link built on it; choose again.
+                Err((at, e)) => files[at].3 = Err(e),
+            }
+        }
+        for (no, path, len, parsed) in files.into_iter().rev() {
+            let decoded = parsed.map(|p| Link {
+                no,
+                info: p.info,
+                kind: p.kind,
+                bytes: len,
+            });
             let case = match &decoded {
                 Ok(_) => CheckpointCase::Valid,
                 Err(StoreError::FormatVersion { .. }) => CheckpointCase::OtherVersion,
                 Err(_) => CheckpointCase::Damaged,
             };
             let verdict = Verdict::of(decide_checkpoint(case));
-            let use_it = verdict.action == Action::Apply && chosen.is_none();
-            let seen = |decoded| CheckpointSeen {
+            let is_chosen = chosen.as_ref().is_some_and(|c| c.0 == no);
+            let use_it = verdict.action == Action::Apply && is_chosen;
+            v.checkpoint(CheckpointSeen {
                 no,
                 path: &path,
-                decoded,
+                decoded: decoded.map(|l| (l, chosen.as_ref().filter(|_| is_chosen).map(|c| &c.2))),
                 verdict,
                 chosen: use_it,
-            };
-            match decoded {
-                Ok((info, index)) => {
-                    v.checkpoint(seen(Ok((info, &index))))?;
-                    if use_it {
-                        chosen = Some((no, info, index));
-                    }
-                }
-                Err(e) => v.checkpoint(seen(Err(e)))?,
-            }
+                bytes: len,
+            })?;
         }
         Ok(match chosen {
             Some((no, info, index)) => Start {

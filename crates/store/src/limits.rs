@@ -209,3 +209,8 @@ impl StoreConfig {
         Ok(())
     }
 }
+
+/// Longest checkpoint chain (a base and its deltas) before the next
+/// checkpoint is a base whatever the deltas add up to: bounds the files a
+/// restart reads and the checkpoints a group directory holds.
+pub const CHECKPOINT_CHAIN_LINKS_MAX: usize = 256;

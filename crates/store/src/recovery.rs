@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::checkpoint::{CheckpointInfo, ReplayFrom};
+use crate::checkpoint::{Link, ReplayFrom};
 use crate::decision::{decide_layout, Action, LayoutCase};
 use crate::error::StoreError;
 use crate::index::Index;
@@ -69,7 +69,7 @@ pub struct GroupRecovery {
     pub next_lsn: u64,
     pub next_seq: u32,
     /// Valid checkpoints on disk (number, header), oldest first.
-    pub checkpoints: Vec<(u64, CheckpointInfo)>,
+    pub checkpoints: Vec<Link>,
     /// Number for the next checkpoint file.
     pub next_checkpoint_no: u64,
     pub damage: Vec<DamageReport>,
@@ -106,7 +106,7 @@ struct Recovering<'a> {
     progress: &'a Progress,
     segments: BTreeMap<u32, SegFile>,
     /// Valid checkpoints, newest first.
-    checkpoints: Vec<(u64, CheckpointInfo)>,
+    checkpoints: Vec<Link>,
     ignored: Vec<PathBuf>,
     damage: Vec<DamageReport>,
     records: u64,
@@ -254,7 +254,7 @@ impl Visit for Recovering<'_> {
     fn checkpoint(&mut self, seen: CheckpointSeen<'_>) -> Result<(), StoreError> {
         let why = seen.verdict.why;
         match (seen.verdict.action, seen.decoded) {
-            (Action::Apply, Ok((info, _))) => self.checkpoints.push((seen.no, info)),
+            (Action::Apply, Ok((link, _))) => self.checkpoints.push(link),
             (Action::Fail, Err(e)) => return Err(e),
             (Action::Fail, Ok(_)) => return Err(self.fail(seen.path, 0, why.to_owned())),
             (_, Err(e)) => {

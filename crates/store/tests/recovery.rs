@@ -509,7 +509,7 @@ fn checkpoint_of_another_format_version_is_refused_not_skipped() {
         .map(|n| group_dir(0).join(n))
         .unwrap();
     let mut bytes = fs.contents(&newest).unwrap();
-    bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
     let end = bytes.len() - 4;
     let crc = crc32c::crc32c(&bytes[..end]);
     bytes[end..].copy_from_slice(&crc.to_le_bytes());
@@ -521,7 +521,7 @@ fn checkpoint_of_another_format_version_is_refused_not_skipped() {
             expected,
         }) => {
             assert_eq!(path, newest);
-            assert_eq!((found, expected), (2, 1));
+            assert_eq!((found, expected), (3, 2));
         }
         Err(e) => panic!("expected a format version error, got: {e}"),
         Ok(_) => panic!("opened past a checkpoint of another format version"),
@@ -603,4 +603,75 @@ fn forged_remove_in_a_damaged_payload_is_never_applied() {
         "queue 1 lost messages to a removal embedded in a payload: {:?}",
         rec.damage
     );
+}
+
+/// Checkpoints after the first are deltas: each costs what changed since
+/// the previous one, not what is live (issue 20); a restart loads the base
+/// and every delta of the chain, and a delta whose parent is damaged is
+/// not used (the store falls back, never applies half a chain).
+#[test]
+fn checkpoints_after_a_base_are_deltas_that_cost_what_changed() {
+    let fs = FaultStorage::new(23);
+    let cfg = config(1);
+    let (store, _) = open(&fs, &cfg);
+    let mut live: Vec<MsgId> = Vec::new();
+    for _ in 0..2_000 {
+        let m = store.next_msg_id();
+        wait(|d| store.publish(m, &[QueueId(1)], payload(m), Some(d))).unwrap();
+        live.push(m);
+    }
+    store.checkpoint().unwrap();
+    for round in 0..3 {
+        let m = store.next_msg_id();
+        wait(|d| store.publish(m, &[QueueId(1)], payload(m), Some(d))).unwrap();
+        live.push(m);
+        let gone = live.remove(round);
+        wait(|d| store.remove(QueueId(1), &[gone], Some(d))).unwrap();
+        store.checkpoint().unwrap();
+    }
+    drop(store);
+    let mut ckpts: Vec<PathBuf> = fs
+        .names(&group_dir(0))
+        .into_iter()
+        .filter(|n| n.starts_with("ckpt-"))
+        .map(|n| group_dir(0).join(n))
+        .collect();
+    ckpts.sort();
+    let sizes: Vec<usize> = ckpts
+        .iter()
+        .map(|p| fs.contents(p).unwrap().len())
+        .collect();
+    let base = *sizes.iter().max().unwrap();
+    assert!(
+        base > 2_000 * 20,
+        "the base lists every live message: {sizes:?}"
+    );
+    let deltas = sizes.iter().filter(|&&s| s < 200).count();
+    assert!(deltas >= 2, "later checkpoints are small deltas: {sizes:?}");
+
+    let (store, rec) = reopen(&fs, &cfg).unwrap();
+    assert_eq!(msgs(&rec), live);
+    drop(store);
+
+    // Damage the oldest delta: the newer links built on it are not used.
+    let first_delta = ckpts
+        .iter()
+        .find(|p| fs.contents(p).unwrap().len() < 200)
+        .unwrap()
+        .clone();
+    let mut bytes = fs.contents(&first_delta).unwrap();
+    bytes[20] ^= 1;
+    fs.put_durable(&first_delta, &bytes).unwrap();
+    match reopen(&fs, &cfg) {
+        // Fell back to the base, and the journal since it was still there.
+        Ok((_, rec)) => {
+            assert_eq!(msgs(&rec), live);
+            assert!(!rec.stats.checkpoints_ignored.is_empty());
+        }
+        // Or refused, because that journal was reclaimed; never a wrong set.
+        Err(e) => assert!(
+            e.to_string().contains("segment") || e.to_string().contains("checkpoint"),
+            "{e}"
+        ),
+    }
 }

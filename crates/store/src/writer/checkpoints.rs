@@ -5,61 +5,85 @@
 use super::*;
 
 /// Where a background checkpoint reports its outcome.
-pub(super) type CheckpointResult = Receiver<Result<(), StoreError>>;
+/// (the written file's size).
+pub(super) type CheckpointResult = Receiver<Result<u64, StoreError>>;
 
 /// How often the writer looks for a finished background checkpoint.
 pub(super) const CHECKPOINT_POLL_MS: u64 = 2;
 
-/// Where a checkpoint's helper thread gets the index it writes.
+/// What a checkpoint's helper thread writes, and from what.
 pub(super) enum IndexSource {
-    /// A copy taken on the writer's path, under the index lock: only when
-    /// the journal alone cannot rebuild the index.
+    /// A base from a copy taken on the writer's path, under the index
+    /// lock: only when the journal alone cannot rebuild the index.
     Snapshot(Index),
-    /// The newest retained checkpoint (`None`: the start of the journal)
-    /// and the journal after it: each segment with the offset to read to.
+    /// A base from the newest chain (`chain`, base first; empty: the start
+    /// of the journal) and the journal after its newest link: each segment
+    /// with the offset to read to.
     Journal {
-        base: Option<(u64, CheckpointInfo)>,
+        chain: Vec<Link>,
+        segments: Vec<(u32, Arc<dyn StorageFile>, u64)>,
+    },
+    /// A delta on `parent` from the journal after it.
+    Delta {
+        parent: Link,
         segments: Vec<(u32, Arc<dyn StorageFile>, u64)>,
     },
 }
 
-/// Rebuilds the index at `to` from `base` and the journal after it, as
-/// recovery would: the journal is immutable up to `to` (synced, and no
-/// segment at or after the newest checkpoint's replay position is deleted
-/// while a checkpoint is in flight). The replay must end exactly at
-/// `to.lsn`.
-pub(super) fn rebuild_index(
+impl IndexSource {
+    pub(super) fn is_base(&self) -> bool {
+        !matches!(self, IndexSource::Delta { .. })
+    }
+}
+
+/// The index at the newest link of `chain` (base first), as recovery
+/// would load it; every file must read back as the link it was written as.
+pub(crate) fn load_chain(
     storage: &dyn Storage,
     dir: &std::path::Path,
     group: u32,
-    salt: u32,
-    base: Option<(u64, CheckpointInfo)>,
-    segments: Vec<(u32, Arc<dyn StorageFile>, u64)>,
-    to: CheckpointInfo,
+    chain: &[Link],
 ) -> Result<Index, StoreError> {
-    let (mut index, mut lsn, from) = match base {
-        Some((no, info)) => {
-            let path = dir.join(checkpoint::checkpoint_name(no));
-            let bytes = crate::manifest::read_all(storage, &path)?;
-            let (found, index) = checkpoint::decode(group, &bytes, &path)?;
-            if found != info {
-                return Err(StoreError::Corrupt {
-                    path,
-                    offset: 0,
-                    reason: format!("checkpoint reads as {found:?}, was written as {info:?}"),
-                });
-            }
-            (index, info.lsn, info.replay)
+    let mut index = Index::default();
+    for (i, link) in chain.iter().enumerate() {
+        let path = dir.join(checkpoint::checkpoint_name(link.no));
+        let bytes = crate::manifest::read_all(storage, &path)?;
+        let parsed = checkpoint::parse(group, bytes, &path)?;
+        if parsed.info != link.info
+            || parsed.kind != link.kind
+            || (i == 0) != (link.kind == Kind::Base)
+        {
+            return Err(StoreError::Corrupt {
+                path,
+                offset: 0,
+                reason: format!(
+                    "checkpoint reads as {:?} {:?}, was written as {link:?}",
+                    parsed.info, parsed.kind
+                ),
+            });
         }
-        None => (
-            Index::default(),
-            0,
-            ReplayFrom {
-                seg: 1,
-                offset: SEGMENT_HEADER_BYTES as u64,
-            },
-        ),
-    };
+        match parsed.kind {
+            Kind::Base => index = parsed.load_base()?,
+            Kind::Delta { .. } => parsed.apply_delta(&mut index)?,
+        }
+    }
+    Ok(index)
+}
+
+/// Reads the journal from `from` through `segments` (each read to its
+/// offset) and hands every record to `f` with its location; returns the
+/// lsn of the last numbered record (`lsn` if none). The journal is
+/// immutable up to there (synced, and no segment at or after the newest
+/// checkpoint's replay position is deleted while a checkpoint is in
+/// flight).
+fn replay_journal(
+    dir: &std::path::Path,
+    salt: u32,
+    from: ReplayFrom,
+    mut lsn: u64,
+    segments: Vec<(u32, Arc<dyn StorageFile>, u64)>,
+    mut f: impl FnMut(&Record<'_>, Loc),
+) -> Result<u64, StoreError> {
     for (seq, file, end) in segments {
         let path = segment::segment_path(dir, seq);
         let start = if seq == from.seg {
@@ -94,7 +118,7 @@ pub(super) fn rebuild_index(
                             .map_err(|e| corrupt(offset, e.to_string()))?,
                         len: u32::try_from(len).map_err(|e| corrupt(offset, e.to_string()))?,
                     };
-                    index.apply(&record, loc);
+                    f(&record, loc);
                     if !matches!(record, Record::Hole { .. }) {
                         lsn = l;
                     }
@@ -108,36 +132,106 @@ pub(super) fn rebuild_index(
             }
         }
     }
-    if lsn != to.lsn {
-        return Err(StoreError::Corrupt {
-            path: dir.to_path_buf(),
-            offset: 0,
-            reason: format!(
-                "journal replay for a checkpoint ended at lsn {lsn}, the checkpoint is at {}",
-                to.lsn
-            ),
-        });
+    Ok(lsn)
+}
+
+fn ends_at(dir: &std::path::Path, lsn: u64, to: CheckpointInfo) -> Result<(), StoreError> {
+    if lsn == to.lsn {
+        return Ok(());
     }
-    Ok(index)
+    Err(StoreError::Corrupt {
+        path: dir.to_path_buf(),
+        offset: 0,
+        reason: format!(
+            "journal replay for a checkpoint ended at lsn {lsn}, the checkpoint is at {}",
+            to.lsn
+        ),
+    })
+}
+
+/// Builds the bytes of checkpoint `to` from `source` (on the helper
+/// thread): a base costs what is live, a delta what the journal since its
+/// parent holds.
+pub(super) fn build_checkpoint(
+    storage: &dyn Storage,
+    dir: &std::path::Path,
+    group: u32,
+    salt: u32,
+    source: IndexSource,
+    to: CheckpointInfo,
+) -> Result<Vec<u8>, StoreError> {
+    match source {
+        IndexSource::Snapshot(index) => Ok(checkpoint::encode(group, to, &index)),
+        IndexSource::Journal { chain, segments } => {
+            let (mut index, lsn, from) = match chain.last() {
+                Some(newest) => (
+                    load_chain(storage, dir, group, &chain)?,
+                    newest.info.lsn,
+                    newest.info.replay,
+                ),
+                None => (
+                    Index::default(),
+                    0,
+                    ReplayFrom {
+                        seg: 1,
+                        offset: SEGMENT_HEADER_BYTES as u64,
+                    },
+                ),
+            };
+            let lsn = replay_journal(dir, salt, from, lsn, segments, |r, loc| index.apply(r, loc))?;
+            ends_at(dir, lsn, to)?;
+            Ok(checkpoint::encode(group, to, &index))
+        }
+        IndexSource::Delta { parent, segments } => {
+            let mut delta = DeltaBuilder::new(0);
+            let lsn = replay_journal(
+                dir,
+                salt,
+                parent.info.replay,
+                parent.info.lsn,
+                segments,
+                |r, loc| delta.push(r, loc),
+            )?;
+            ends_at(dir, lsn, to)?;
+            Ok(delta.encode(group, to, parent.no, parent.info.lsn))
+        }
+    }
 }
 
 /// Writes checkpoint `no` durably (see [`crate::storage::write_atomically`]).
 pub(super) fn write_checkpoint(
     storage: &dyn Storage,
     dir: &std::path::Path,
-    group: u32,
     no: u64,
-    info: CheckpointInfo,
-    index: &Index,
+    bytes: &[u8],
 ) -> Result<(), StoreError> {
-    let bytes = checkpoint::encode(group, info, index);
     crate::storage::write_atomically(
         storage,
         dir,
         CHECKPOINT_TMP_NAME,
         &checkpoint::checkpoint_name(no),
-        &bytes,
+        bytes,
     )
+}
+
+/// The links of the chain that ends at `links[i]`, base first (empty if a
+/// link of it is not among `links`).
+pub(crate) fn chain_of(links: &[Link], i: usize) -> Vec<Link> {
+    let mut chain = vec![links[i]];
+    loop {
+        match chain.last().expect("not empty").kind {
+            Kind::Base => break,
+            Kind::Delta {
+                parent_no,
+                parent_lsn,
+            } => match links.iter().find(|l| l.no == parent_no) {
+                Some(p) if p.info.lsn == parent_lsn => chain.push(*p),
+                _ => return Vec::new(),
+            },
+        }
+    }
+    chain.reverse();
+    chain
 }
 
 impl Writer {
@@ -157,11 +251,26 @@ impl Writer {
 
     /// Whether a checkpoint now would move the oldest retained one forward.
     pub(super) fn checkpoint_wanted(&self) -> bool {
-        self.checkpoints.len() < 2 && self.next_lsn > 1
-            || self
-                .checkpoints
-                .first()
-                .is_some_and(|(_, c)| c.replay != self.position())
+        let n = self.checkpoints.len();
+        n < 2 && self.next_lsn > 1
+            || n >= 2 && self.checkpoints[n - 2].info.replay != self.position()
+    }
+
+    /// Whether the next checkpoint should be a base: there is no chain to
+    /// extend, or its deltas add up to its base's size (so a base is
+    /// rewritten after about as many changes as it lists: each change pays
+    /// for its share of the rewrite once, whatever the depth), or the chain
+    /// is at `CHECKPOINT_CHAIN_LINKS_MAX`.
+    pub(super) fn base_due(&self) -> bool {
+        let Some(i) = self.checkpoints.len().checked_sub(1) else {
+            return true;
+        };
+        let chain = chain_of(&self.checkpoints, i);
+        let Some(base) = chain.first() else {
+            return true;
+        };
+        let deltas: u64 = chain[1..].iter().map(|l| l.bytes).sum();
+        chain.len() >= CHECKPOINT_CHAIN_LINKS_MAX || deltas >= base.bytes
     }
 
     pub(super) fn housekeeping(&mut self) {
@@ -240,6 +349,14 @@ impl Writer {
         };
         let source = self.index_source(info);
         let snapshot = matches!(source, IndexSource::Snapshot(_));
+        let kind = match &source {
+            IndexSource::Delta { parent, .. } => Kind::Delta {
+                parent_no: parent.no,
+                parent_lsn: parent.info.lsn,
+            },
+            _ => Kind::Base,
+        };
+        debug_assert_eq!(source.is_base(), kind == Kind::Base);
         if snapshot {
             self.shared
                 .counters
@@ -255,36 +372,48 @@ impl Writer {
         std::thread::Builder::new()
             .name(format!("berth-ckpt-{group}"))
             .spawn(move || {
-                let index = match source {
-                    IndexSource::Snapshot(index) => Ok(index),
-                    IndexSource::Journal { base, segments } => {
-                        rebuild_index(storage.as_ref(), &dir, group, salt, base, segments, info)
-                    }
-                };
-                let result = index.and_then(|index| {
-                    write_checkpoint(storage.as_ref(), &dir, group, no, info, &index)
-                });
+                let result = build_checkpoint(storage.as_ref(), &dir, group, salt, source, info)
+                    .and_then(|bytes| {
+                        write_checkpoint(storage.as_ref(), &dir, no, &bytes)
+                            .map(|()| bytes.len() as u64)
+                    });
                 if tx.send(result).is_err() {
                     tracing::debug!(group, no, "checkpoint finished after its writer stopped");
                 }
             })
             .map_err(|e| StoreError::io("spawn checkpoint thread", &self.shared.dir, e))?;
-        self.checkpoint_in_flight = Some((no, info, rx, snapshot));
+        let link = Link {
+            no,
+            info,
+            kind,
+            bytes: 0,
+        };
+        self.checkpoint_in_flight = Some((link, rx, snapshot));
         self.last_checkpoint = self.clock.now();
         self.journal_bytes_since_checkpoint = 0;
         Ok(())
     }
 
-    /// What the checkpoint at `to` gets its index from: the journal since
-    /// the newest retained checkpoint, normally (no copy on this path);
-    /// a snapshot when that cannot rebuild it.
+    /// What the checkpoint at `to` is made from: a delta on the newest
+    /// link, from the journal since it (no copy on this path); a base from
+    /// the newest chain and the journal when [`Self::base_due`]; a
+    /// snapshot when the journal cannot rebuild the index.
     pub(super) fn index_source(&self, to: CheckpointInfo) -> IndexSource {
         let snapshot = |w: &Self| IndexSource::Snapshot(w.shared.inner.lock().index.clone());
         if self.snapshot_next {
             return snapshot(self);
         }
-        let base = self.checkpoints.last().copied();
-        let from = base.map_or(1, |(_, c)| c.replay.seg);
+        let chain = match self.checkpoints.len().checked_sub(1) {
+            Some(i) => {
+                let chain = chain_of(&self.checkpoints, i);
+                if chain.is_empty() {
+                    return snapshot(self);
+                }
+                chain
+            }
+            None => Vec::new(),
+        };
+        let from = chain.last().map_or(1, |l| l.info.replay.seg);
         let inner = self.shared.inner.lock();
         let mut segments = Vec::new();
         for seq in from..=to.replay.seg {
@@ -306,14 +435,18 @@ impl Writer {
                 }
             }
         }
-        IndexSource::Journal { base, segments }
+        drop(inner);
+        match chain.last() {
+            Some(&parent) if !self.base_due() => IndexSource::Delta { parent, segments },
+            _ => IndexSource::Journal { chain, segments },
+        }
     }
 
     /// Collects the checkpoint in flight, if it finished (or waiting for it
     /// with `block`): keeps it, drops the oldest beyond two, and deletes the
     /// segments that are no longer needed.
     pub(super) fn finish_checkpoint(&mut self, block: bool) -> Result<(), StoreError> {
-        let Some((no, info, rx, snapshot)) = &self.checkpoint_in_flight else {
+        let Some((link, rx, snapshot)) = &self.checkpoint_in_flight else {
             return Ok(());
         };
         let result = if block {
@@ -325,18 +458,24 @@ impl Writer {
                 Err(TryRecvError::Disconnected) => Err(StoreError::Closed),
             }
         };
-        let (no, info, snapshot) = (*no, *info, *snapshot);
+        let (mut link, snapshot) = (*link, *snapshot);
         self.checkpoint_in_flight = None;
-        if let Err(e) = result {
-            // Whatever failed (the previous checkpoint unreadable, a write),
-            // the next attempt does not depend on the journal replaying.
-            self.snapshot_next = true;
-            return Err(e);
-        }
+        let bytes = match result {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                // Whatever failed (the previous checkpoint unreadable, a
+                // write), the next attempt does not depend on the journal
+                // replaying.
+                self.snapshot_next = true;
+                return Err(e);
+            }
+        };
+        link.bytes = bytes;
+        let (no, info) = (link.no, link.info);
         if snapshot {
             self.snapshot_next = false;
         }
-        self.checkpoints.push((no, info));
+        self.checkpoints.push(link);
         self.shared
             .counters
             .checkpoints
@@ -345,10 +484,21 @@ impl Writer {
             group = self.group(),
             no,
             lsn = info.lsn,
+            base = link.kind == Kind::Base,
+            bytes,
             "checkpoint written"
         );
-        while self.checkpoints.len() > 2 {
-            let (old, _) = self.checkpoints.remove(0);
+        // Kept: the chains of the two newest links (falling back to the
+        // older one needs all of its chain), so everything from the base of
+        // the second newest on.
+        let keep_from = match self.checkpoints.len().checked_sub(2) {
+            Some(i) => chain_of(&self.checkpoints, i)
+                .first()
+                .map_or(self.checkpoints[i].no, |b| b.no),
+            None => 0,
+        };
+        while self.checkpoints.first().is_some_and(|l| l.no < keep_from) {
+            let old = self.checkpoints.remove(0).no;
             let path = self.shared.dir.join(checkpoint::checkpoint_name(old));
             if let Err(e) = self.storage.remove(&path) {
                 tracing::warn!(group = self.group(), file = %path.display(), error = %e, "could not remove old checkpoint");
@@ -384,13 +534,13 @@ impl Writer {
     /// entries pointing at a missing segment. So the journal is synced
     /// first, and the directory after the unlinks.
     pub(super) fn delete_dead_segments(&mut self) -> Result<(), StoreError> {
-        if self.checkpoints.len() < 2 {
+        let n = self.checkpoints.len();
+        if n < 2 {
             return Ok(());
         }
-        let horizon = self
-            .checkpoints
+        let horizon = self.checkpoints[n - 2..]
             .iter()
-            .map(|(_, c)| c.replay.seg)
+            .map(|l| l.info.replay.seg)
             .min()
             .expect("two checkpoints");
         let dead: Vec<u32> = {

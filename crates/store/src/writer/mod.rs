@@ -23,9 +23,10 @@
 //!   back straight away (see [`GatherPolicy`]), and never exceeds
 //!   `commit_delay_us_max`. Every reading of time goes through the
 //!   injected [`Clock`].
-//! - A checkpoint's index is rebuilt on its helper thread from the previous
-//!   checkpoint and the (synced, immutable) journal after it; the writer
-//!   copies the live index only when the journal cannot rebuild it.
+//! - A checkpoint is built on its helper thread from the (synced,
+//!   immutable) journal since the newest checkpoint: a delta of what
+//!   changed, or a base rebuilt from the chain and that journal; the
+//!   writer copies the live index only when the journal cannot rebuild it.
 //! - A segment is sealed (fdatasync'ed) before the next one is created, and
 //!   deleted only when it holds no live message and lies wholly before the
 //!   replay position of both retained checkpoints.
@@ -40,10 +41,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use parking_lot::Mutex;
 
-use crate::checkpoint::{self, CheckpointInfo, ReplayFrom, CHECKPOINT_TMP_NAME};
+use crate::checkpoint::{
+    self, CheckpointInfo, DeltaBuilder, Kind, Link, ReplayFrom, CHECKPOINT_TMP_NAME,
+};
 use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::index::{Index, Loc};
+use crate::limits::CHECKPOINT_CHAIN_LINKS_MAX;
 use crate::limits::{StoreConfig, SyncMode, RECORD_BODY_BYTES_MAX, REMOVE_MSGS_PER_RECORD_MAX};
 use crate::record::{self, Decoded, Record};
 use crate::segment::{self, SEGMENT_HEADER_BYTES};
@@ -155,8 +159,8 @@ pub(crate) struct Writer {
     last_write: Instant,
     last_checkpoint: Instant,
     journal_bytes_since_checkpoint: u64,
-    /// Retained checkpoints (number, header), oldest first.
-    checkpoints: Vec<(u64, CheckpointInfo)>,
+    /// Retained checkpoints, oldest first: the chains of the two newest.
+    checkpoints: Vec<Link>,
     next_checkpoint_no: u64,
     /// What adaptive group commit remembers of recent batches.
     gather: GatherPolicy,
@@ -164,7 +168,7 @@ pub(crate) struct Writer {
     last_compaction: Instant,
     /// A checkpoint being written by its helper thread, and whether its
     /// index is a snapshot.
-    checkpoint_in_flight: Option<(u64, CheckpointInfo, CheckpointResult, bool)>,
+    checkpoint_in_flight: Option<(Link, CheckpointResult, bool)>,
     /// The next checkpoint must snapshot the index: the journal since the
     /// newest checkpoint cannot rebuild it (recovery dropped messages of a
     /// missing segment, or the last rebuild failed).
@@ -186,7 +190,7 @@ pub(crate) struct WriterInit {
     pub files: BTreeMap<u32, (Arc<dyn StorageFile>, u64)>,
     pub next_seq: u32,
     pub next_lsn: u64,
-    pub checkpoints: Vec<(u64, CheckpointInfo)>,
+    pub checkpoints: Vec<Link>,
     pub next_checkpoint_no: u64,
     /// The index is what the newest checkpoint and the journal after it
     /// give (false if recovery dropped messages without a record).
@@ -694,7 +698,7 @@ impl Writer {
         if self
             .checkpoints
             .last()
-            .is_none_or(|(_, c)| c.replay != self.position())
+            .is_none_or(|l| l.info.replay != self.position())
         {
             self.checkpoint()?;
         }
