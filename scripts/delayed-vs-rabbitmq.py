@@ -112,7 +112,7 @@ def consume(port, queue, n, timeout_s, out):
     out.send(late)
 
 
-def run_one(kind, port, pid, tag, delays):
+def run_one(kind, port, pid, tag, delays, http=None):
     n = len(delays)
     c = connect(port)
     target = f"target-{tag}"
@@ -195,6 +195,15 @@ def run_one(kind, port, pid, tag, delays):
     rss = rss_mib(pid)
     late = parent.recv()
     reader.join(30)
+    routed_late_ms = float("nan")
+    if kind == "berth" and http:
+        # berth's own figure: how late the latest message was *routed*
+        # (the rest of the lateness above is delivery and the client).
+        import json, urllib.request
+        req = urllib.request.Request(f"http://127.0.0.1:{http}/api/exchanges/%2F/later-{tag}")
+        req.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            routed_late_ms = json.loads(r.read())["delayed_lateness_ms_max"]
     for q in wait_queues + [target]:
         delete_queue(c, q)
     if kind == "berth":
@@ -204,7 +213,8 @@ def run_one(kind, port, pid, tag, delays):
     late.sort()
     q = lambda p: late[min(len(late) - 1, int(p * len(late)))] if late else float("nan")
     return dict(kind=kind, rate=n / elapsed, received=len(late), p50=q(0.5), p99=q(0.99),
-                max=late[-1] if late else float("nan"), early=sum(1 for x in late if x < 0), rss=rss)
+                max=late[-1] if late else float("nan"), early=sum(1 for x in late if x < 0), rss=rss,
+                routed_late_ms=routed_late_ms)
 
 
 def main():
@@ -217,7 +227,7 @@ def main():
             log = open(f"{work}/berth.log", "wb")
             p = subprocess.Popen([BIN, "serve", "--amqp-listen", f"127.0.0.1:{bport}", "--http-listen",
                                   f"127.0.0.1:{bhttp}", "--data-dir", f"{work}/berth"], stdout=log, stderr=log)
-            procs["berth"] = (bport, p.pid, p)
+            procs["berth"] = (bport, p.pid, p, bhttp)
             for _ in range(3000):
                 if re.search(r"amqp=", open(f"{work}/berth.log").read()):
                     break
@@ -227,7 +237,7 @@ def main():
             subprocess.run(["scripts/rabbitmq.sh", "start", f"{work}/rabbitmq", str(rport), str(rhttp),
                             str(free_port()), str(free_port())], check=True)
             rpid = int(open(f"{work}/rabbitmq/rabbit.pid").read())
-            procs["rmq"] = (rport, rpid, None)
+            procs["rmq"] = (rport, rpid, None, None)
         rng = random.Random(19)
         step_ms = int(opt.spread_s * 1000 / opt.distinct)
         delays = [rng.randint(1, opt.distinct) * step_ms for _ in range(opt.messages)]
@@ -236,12 +246,13 @@ def main():
         results = []
         for r in range(opt.runs):
             for kind in kinds:
-                port, pid, _ = procs["berth" if kind == "berth" else "rmq"]
-                res = run_one(kind, port, pid, f"{r}", delays)
+                port, pid, _, http = procs["berth" if kind == "berth" else "rmq"]
+                res = run_one(kind, port, pid, f"{r}", delays, http)
                 results.append(res)
                 print(f"run {r} {kind:10} publish {res['rate']:9,.0f} msg/s  received {res['received']}  "
                       f"lateness ms p50 {res['p50']:8.1f} p99 {res['p99']:8.1f} max {res['max']:8.1f}  "
-                      f"early {res['early']}  RSS after publish {res['rss']:.0f} MiB", flush=True)
+                      f"early {res['early']}  RSS after publish {res['rss']:.0f} MiB"
+                      + (f"  (berth: routed at most {res['routed_late_ms']} ms late)" if kind == "berth" else ""), flush=True)
         print("\nsummary: min / median / max over runs")
         for kind in kinds:
             rs = [x for x in results if x["kind"] == kind]
