@@ -208,9 +208,17 @@ def test_a_timestamp_starts_at_the_first_message_at_or_after_it(conns, ch, strea
     assert [o for o, _ in got] == list(range(10))
 
 
-def test_an_invalid_offset_is_refused(conn, stream):
+def test_an_invalid_offset_is_refused(broker, conn, stream):
     ch = conn.channel()
     ch.basic_qos(prefetch_count=10)
+    if not broker.is_berth:
+        # RabbitMQ 3.10.8 refuses it too, but by crashing the channel: the
+        # whole connection closes with 541 INTERNAL_ERROR
+        # (scripts/tests-on-rabbitmq.sh). berth closes only the channel,
+        # with 406 naming the argument (docs/STREAMS.md, "Differences").
+        with connection_error(541):
+            ch.basic_consume(stream, lambda *a: None, arguments={"x-stream-offset": "middle"})
+        return
     with channel_error(406, text="x-stream-offset"):
         ch.basic_consume(stream, lambda *a: None, arguments={"x-stream-offset": "middle"})
 
@@ -265,7 +273,7 @@ def test_publish_through_an_exchange_and_to_a_classic_queue_too(conns, ch, names
 # --------------------------------------------------------------------------
 # Retention
 # --------------------------------------------------------------------------
-def test_retention_by_size_drops_whole_old_segments(conns, ch, names):
+def test_retention_by_size_drops_whole_old_segments(broker, conns, ch, names):
     q = declare_stream(ch, names.queue("s"), **{"x-max-length-bytes": 5000,
                                                "x-stream-max-segment-size-bytes": 1000})
     # A consumer that stalls at offset 0 (prefetch 1, never acks).
@@ -286,12 +294,18 @@ def test_retention_by_size_drops_whole_old_segments(conns, ch, names):
     left = 200 - first
     entry = 100 + 60  # body + entry and payload overhead, roughly
     assert left * entry <= 5000 + 1000 + entry * 8
-    # The stalled consumer resumes at the new first offset.
+    # The stalled consumer goes on with increasing offsets.
     stalled.basic_ack(seen[0][0])
     deadline = time.monotonic() + 5
     while len(seen) < 2 and time.monotonic() < deadline:
         stalled_conn.process_data_events(time_limit=0.05)
-    assert seen[1][1] >= first
+    assert seen[1][1] > seen[0][1]
+    if broker.is_berth:
+        # berth: at the new first offset, as the issue asks. RabbitMQ
+        # 3.10.8 instead delivers what is left of the removed segment it
+        # has open (offsets 1 to 4 here), then nothing more within a
+        # second (docs/STREAMS.md, "Differences").
+        assert seen[1][1] >= first
 
 
 def test_retention_by_age_drops_segments_older_than_max_age(conns, ch, names):
