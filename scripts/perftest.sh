@@ -5,7 +5,17 @@
 # RabbitMQ started on free ports, runs alternating (berth, rabbitmq, ...).
 #
 #   scripts/perftest.sh [--runs N] [--time S] [--out DIR] [--no-build]
+#                       [--fanout MESSAGES [--readers R]]
 #                       [-- EXTRA_PERFTEST_ARGS...]
+#
+# --fanout (streams, issue 18): instead of the publish run, each run first
+# fills a fresh stream (x-queue-type=stream) with MESSAGES 1 KB persistent
+# messages from 4 confirmed producers, then R consumers (default 10,
+# prefetch 500, x-stream-offset=first) each read all of it; reported: the
+# aggregate receive rate, the broker's CPU per delivery and its peak RSS
+# during the read (VmRSS sampled every 0.5 s). A stream's publish rate is
+# the default mode with
+#   -- -qa x-queue-type=stream --consumer-args x-stream-offset=first -q 500
 #
 # Default per run: 4 producers, 1 consumer, 1 KB persistent messages, at
 # most 100 unconfirmed per producer, one durable queue, 20 s; 3 runs per
@@ -21,13 +31,15 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
-runs=3 time_s=20 out="" build=1 extra=()
+runs=3 time_s=20 out="" build=1 extra=() fanout=0 readers=10
 while [ $# -gt 0 ]; do
   case "$1" in
   --runs) runs=${2:?}; shift ;;
   --time) time_s=${2:?}; shift ;;
   --out) out=${2:?}; shift ;;
   --no-build) build=0 ;;
+  --fanout) fanout=${2:?}; shift ;;
+  --readers) readers=${2:?}; shift ;;
   --) shift; extra=("$@"); break ;;
   -h | --help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
   *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -91,6 +103,56 @@ args=(-x 4 -y 1 -s 1024 -f persistent -c 100 -z "$time_s" -i 5 "${extra[@]}")
 } >>"$log"
 printf 'run\tbroker\tsend_msgs_per_s\trecv_msgs_per_s\tlatency_median_us\tbroker_cpu_us_per_msg\tclient_cpu_s\n' >"$out/runs.tsv"
 
+rss_peak_kib() { # PID FLAG_FILE: samples VmRSS until FLAG_FILE goes away
+  local peak=0 v
+  while [ -e "$2" ]; do
+    v=$(awk '/^VmRSS:/ {print $2}' "/proc/$1/status" 2>/dev/null)
+    [ -n "$v" ] && [ "$v" -gt "$peak" ] && peak=$v
+    sleep 0.5
+  done
+  echo "$peak"
+}
+
+if [ "$fanout" -gt 0 ]; then
+  stream=(-qa x-queue-type=stream -ad false -s 1024 -f persistent)
+  printf 'run\tbroker\tfill_msgs_per_s\tfanout_recv_msgs_per_s\tbroker_cpu_us_per_delivery\trss_peak_mib\tdelivered\n' >"$out/runs.tsv"
+  for run in $(seq 1 "$runs"); do
+    for broker in berth rabbitmq; do
+      if [ $broker = berth ]; then port=$b_amqp pid=$berth_pid; else port=$r_amqp pid=$rabbit_pid; fi
+      alive "$pid" || { say "$broker (pid $pid) is gone"; exit 1; }
+      q="fanout-$run" uri="amqp://guest:guest@127.0.0.1:$port/%2f"
+      fill=(-x 4 -y 0 -c 100 -C $((fanout / 4)) "${stream[@]}" -u "$q" "${extra[@]}")
+      read_=(-x 0 -y "$readers" -q 500 -D "$fanout" --consumer-args x-stream-offset=first "${stream[@]}" -u "$q" -z 600 "${extra[@]}")
+      say "run $run $broker: fill: PerfTest ${fill[*]}"
+      t0=$(date +%s.%N)
+      timeout -k 10 900 java -cp "$classpath" com.rabbitmq.perf.PerfTest -h "$uri" "${fill[@]}" >"$out/$broker-$run-fill.txt" 2>&1 ||
+        { say "PerfTest fill failed; see $out/$broker-$run-fill.txt"; exit 1; }
+      t1=$(date +%s.%N)
+      say "run $run $broker: read: PerfTest ${read_[*]}"
+      flag="$work/sampling"; : >"$flag"
+      rss_peak_kib "$pid" "$flag" >"$work/peak" &
+      sampler=$!
+      c0=$(cpu_s "$pid"); t2=$(date +%s.%N)
+      timeout -k 10 900 java -cp "$classpath" com.rabbitmq.perf.PerfTest -h "$uri" "${read_[@]}" >"$out/$broker-$run-read.txt" 2>&1 ||
+        { rm -f "$flag"; say "PerfTest read failed; see $out/$broker-$run-read.txt"; exit 1; }
+      t3=$(date +%s.%N); c1=$(cpu_s "$pid")
+      rm -f "$flag"; wait "$sampler"
+      # Each consumer stops after -D messages (all of the stream): the rate
+      # is every delivery over the read's wall time, the JVM's start-up
+      # (about a second) included, so it is a slight under-estimate.
+      delivered=$((fanout * readers))
+      recv=$(awk -v n="$delivered" -v a="$t2" -v b="$t3" 'BEGIN { printf "%.0f", n / (b - a) }')
+      fillr=$(awk -v n="$fanout" -v a="$t0" -v b="$t1" 'BEGIN { printf "%.0f", n / (b - a) }')
+      cpd=$(awk -v a="$c0" -v b="$c1" -v n="$delivered" 'BEGIN { printf "%.2f", (b - a) * 1e6 / n }')
+      peak=$(awk '{ printf "%.0f", $1 / 1024 }' "$work/peak")
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$run" "$broker" "$fillr" "$recv" "$cpd" "$peak" "$delivered" >>"$out/runs.tsv"
+      say "run $run $broker: fill $fillr msg/s, fan-out $recv deliveries/s, $cpd us broker CPU per delivery, peak RSS $peak MiB"
+      curl -s -o /dev/null -u guest:guest -X DELETE "http://127.0.0.1:$([ $broker = berth ] && echo "$b_http" || echo "$r_http")/api/queues/%2F/$q" || true
+    done
+  done
+  cols='["fill_msgs_per_s", "fanout_recv_msgs_per_s", "broker_cpu_us_per_delivery", "rss_peak_mib"]'
+else
+  cols='["send_msgs_per_s", "recv_msgs_per_s", "latency_median_us", "broker_cpu_us_per_msg", "client_cpu_s"]'
 for run in $(seq 1 "$runs"); do
   for broker in berth rabbitmq; do
     if [ $broker = berth ]; then port=$b_amqp pid=$berth_pid; else port=$r_amqp pid=$rabbit_pid; fi
@@ -112,11 +174,12 @@ for run in $(seq 1 "$runs"); do
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$run" "$broker" "${send:-nan}" "${recv:-nan}" "${lat:-nan}" "$cpm" "${ccpu:-nan}" >>"$out/runs.tsv"
   done
 done
+fi
 
-python3 - "$out/runs.tsv" >"$out/summary.txt" <<'PY'
-import csv, statistics, sys
+python3 - "$out/runs.tsv" "$cols" >"$out/summary.txt" <<'PY'
+import csv, json, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
-cols = ["send_msgs_per_s", "recv_msgs_per_s", "latency_median_us", "broker_cpu_us_per_msg", "client_cpu_s"]
+cols = json.loads(sys.argv[2])
 print(f"{'figure':24} {'broker':9} {'N':>2} {'min':>10} {'median':>10} {'max':>10}")
 for c in cols:
     med = {}

@@ -326,3 +326,52 @@ def test_store_scan_names_a_delayed_exchanges_stored_messages():
     shutil.rmtree(data, ignore_errors=True)
     assert out.returncode == 0, out.stderr
     assert f"delayed exchange '{x}' in vhost '/'" in out.stdout, out.stdout[:2000]
+
+
+def test_a_waiting_retry_is_ready_at_once_after_a_restart_and_its_count_starts_again():
+    """What docs/DELAYED.md promises of delayed retry across a restart (the
+    wait and the count of returns live in memory): the waiting message is
+    kept (it is an unacked persistent message of a durable queue), ready at
+    once after the restart, flagged redelivered, without x-delivery-count;
+    its next return waits the first backoff again."""
+    if external_uri():
+        pytest.skip("needs a berth of its own to restart")
+    data = tempfile.mkdtemp(prefix="berth-retry-restart-")
+    flags = ["--http-listen", "127.0.0.1:0"]
+    q = unique("q")
+    args = {"x-delayed-retry-min": 60_000, "x-delayed-retry-multiplier": 1}
+    proc = BerthProcess(flags, data_dir=data)
+    try:
+        conn = proc.broker.connect()
+        ch = conn.channel()
+        ch.queue_declare(q, durable=True, arguments=args)
+        ch.confirm_delivery()
+        ch.basic_publish("", q, b"m", pika.BasicProperties(delivery_mode=2))
+        m, _props, _body = ch.basic_get(q)
+        ch.basic_nack(m.delivery_tag, requeue=True)
+        time.sleep(0.2)
+        got = api(proc.broker.http_port, f"/api/queues/%2F/{q}")
+        assert got["messages_delayed"] == 1, got
+        conn.close()
+        proc.proc.kill()  # kill -9
+        proc.proc.wait(10)
+    finally:
+        proc.stop()
+    proc = BerthProcess(flags, data_dir=data)
+    try:
+        conn = proc.broker.connect()
+        ch = conn.channel()
+        got = api(proc.broker.http_port, f"/api/queues/%2F/{q}")
+        assert (got["messages_ready"], got["messages_delayed"]) == (1, 0), got
+        m, props, body = ch.basic_get(q)
+        assert body == b"m" and m.redelivered, (m, props)
+        assert "x-delivery-count" not in (props.headers or {}), props.headers
+        ch.basic_nack(m.delivery_tag, requeue=True)
+        time.sleep(0.2)
+        assert ch.basic_get(q)[0] is None, "the first backoff (60 s) applies again"
+        assert api(proc.broker.http_port, f"/api/queues/%2F/{q}")["messages_delayed"] == 1
+        conn.close()
+    finally:
+        proc.stop()
+        import shutil
+        shutil.rmtree(data, ignore_errors=True)

@@ -208,9 +208,17 @@ def test_a_timestamp_starts_at_the_first_message_at_or_after_it(conns, ch, strea
     assert [o for o, _ in got] == list(range(10))
 
 
-def test_an_invalid_offset_is_refused(conn, stream):
+def test_an_invalid_offset_is_refused(broker, conn, stream):
     ch = conn.channel()
     ch.basic_qos(prefetch_count=10)
+    if not broker.is_berth:
+        # RabbitMQ 3.10.8 refuses it too, but by crashing the channel: the
+        # whole connection closes with 541 INTERNAL_ERROR
+        # (scripts/tests-on-rabbitmq.sh). berth closes only the channel,
+        # with 406 naming the argument (docs/STREAMS.md, "Differences").
+        with connection_error(541):
+            ch.basic_consume(stream, lambda *a: None, arguments={"x-stream-offset": "middle"})
+        return
     with channel_error(406, text="x-stream-offset"):
         ch.basic_consume(stream, lambda *a: None, arguments={"x-stream-offset": "middle"})
 
@@ -265,7 +273,7 @@ def test_publish_through_an_exchange_and_to_a_classic_queue_too(conns, ch, names
 # --------------------------------------------------------------------------
 # Retention
 # --------------------------------------------------------------------------
-def test_retention_by_size_drops_whole_old_segments(conns, ch, names):
+def test_retention_by_size_drops_whole_old_segments(broker, conns, ch, names):
     q = declare_stream(ch, names.queue("s"), **{"x-max-length-bytes": 5000,
                                                "x-stream-max-segment-size-bytes": 1000})
     # A consumer that stalls at offset 0 (prefetch 1, never acks).
@@ -286,12 +294,18 @@ def test_retention_by_size_drops_whole_old_segments(conns, ch, names):
     left = 200 - first
     entry = 100 + 60  # body + entry and payload overhead, roughly
     assert left * entry <= 5000 + 1000 + entry * 8
-    # The stalled consumer resumes at the new first offset.
+    # The stalled consumer goes on with increasing offsets.
     stalled.basic_ack(seen[0][0])
     deadline = time.monotonic() + 5
     while len(seen) < 2 and time.monotonic() < deadline:
         stalled_conn.process_data_events(time_limit=0.05)
-    assert seen[1][1] >= first
+    assert seen[1][1] > seen[0][1]
+    if broker.is_berth:
+        # berth: at the new first offset, as the issue asks. RabbitMQ
+        # 3.10.8 instead delivers what is left of the removed segment it
+        # has open (offsets 1 to 4 here), then nothing more within a
+        # second (docs/STREAMS.md, "Differences").
+        assert seen[1][1] >= first
 
 
 def test_retention_by_age_drops_segments_older_than_max_age(conns, ch, names):
@@ -483,3 +497,47 @@ def test_a_lagging_consumer_reads_a_large_stream_with_bounded_rss(start_berth, m
         rc.close()
     except pika.exceptions.ConnectionClosedByBroker:
         pass
+
+
+def test_a_caught_up_consumer_gets_a_new_message_without_waiting_for_a_timer_tick(start_berth):
+    """A consumer at the end of a stream waits for the next write to be
+    durable; its completion must wake the stream at once. It used to be
+    woken at the broker's next 10 ms timer tick: every message reached a
+    caught-up consumer up to a tick late, and at most a prefetch per tick
+    could reach it in each. With
+    store.sync=never a write is short, so 200 one-at-a-time publish ->
+    delivery round trips on a stream cost about what they cost on a
+    classic queue (measured in the same run); each waiting for a tick
+    made them 0.9 s against 0.1 s."""
+    b = start_berth("--sync", "never")
+    conn = b.connect()
+    ch = conn.channel()
+    stream = declare_stream(ch, unique("s"))
+    classic = unique("q")
+    ch.queue_declare(classic)
+    rounds = 200
+
+    def round_trips(queue, args):
+        sub = b.connect()
+        sch = sub.channel()
+        sch.basic_qos(prefetch_count=10)
+        got = []
+        sch.basic_consume(queue, lambda c, m, p, body: (got.append(body), c.basic_ack(m.delivery_tag)),
+                          arguments=args)
+        sub.process_data_events(time_limit=0.1)
+        started = time.monotonic()
+        for i in range(rounds):
+            ch.basic_publish("", queue, b"%d" % i)
+            deadline = time.monotonic() + 5
+            while len(got) <= i and time.monotonic() < deadline:
+                sub.process_data_events(time_limit=0.0005)
+            assert len(got) == i + 1, f"message {i} not delivered from {queue}"
+        took = time.monotonic() - started
+        sub.close()
+        return took
+
+    classic_s = round_trips(classic, {})
+    stream_s = round_trips(stream, {"x-stream-offset": "next"})
+    assert stream_s < 3 * classic_s + 0.25, \
+        f"{rounds} round trips: stream {stream_s:.2f} s, classic queue {classic_s:.2f} s"
+    conn.close()

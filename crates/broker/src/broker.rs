@@ -223,6 +223,12 @@ impl Broker {
         })
     }
 
+    /// Installs what asks the server's timer task to run the timers at
+    /// once ([`Timers::wake_now`]); false if one was installed already.
+    pub fn set_timer_waker(&self, wake: Box<dyn Fn() + Send + Sync>) -> bool {
+        self.timers.set_waker(wake)
+    }
+
     /// Runs due timers (TTL expiry, `x-expires`); the server calls this
     /// periodically.
     pub fn run_timers(&self, now: Instant) {

@@ -6,9 +6,12 @@
 //!   dropped when they come due, never keep it alive.
 //! - The heap's lock is released before a target runs, so a target may
 //!   schedule its next deadline from its callback.
+//! - A deadline scheduled with [`Timers::wake_now`] runs without waiting
+//!   for the server's next tick: the waker the server installed asks its
+//!   timer task to run the due timers at once.
 
 use std::collections::BinaryHeap;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -23,6 +26,9 @@ pub trait TimerTarget: Send + Sync {
 #[derive(Default)]
 pub struct Timers {
     heap: Mutex<BinaryHeap<TimerEntry>>,
+    /// Asks whoever drives the timers to run them now (installed once by
+    /// the server; absent in tests that drive them by hand).
+    waker: OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 struct TimerEntry {
@@ -53,6 +59,23 @@ impl Timers {
     /// after it), unless it is gone by then.
     pub fn schedule(&self, at: Instant, target: Weak<dyn TimerTarget>) {
         self.heap.lock().push(TimerEntry { at, target });
+    }
+
+    /// Calls `target` back as soon as the driver can, not at its next
+    /// tick: for work another thread finished that a target must act on
+    /// (a stream's write became durable and a reader waits for it). Safe
+    /// to call from any thread; must stay short.
+    pub fn wake_now(&self, now: Instant, target: Weak<dyn TimerTarget>) {
+        self.schedule(now, target);
+        if let Some(wake) = self.waker.get() {
+            wake();
+        }
+    }
+
+    /// Installs what [`Timers::wake_now`] calls (once; a second is
+    /// ignored and reported false).
+    pub fn set_waker(&self, wake: Box<dyn Fn() + Send + Sync>) -> bool {
+        self.waker.set(wake).is_ok()
     }
 
     /// Runs every timer due at `now`.

@@ -15,6 +15,7 @@ mod compact_cmd;
 mod events_cmd;
 mod exit;
 mod https_client;
+mod malloc_tune;
 mod serve_args;
 mod status;
 mod store_cmd;
@@ -89,6 +90,7 @@ fn init_logging(level: &str) -> Result<(), String> {
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
+    malloc_tune::fix_mmap_threshold();
     let mut config = match &args.config {
         Some(path) => match Config::from_file(path) {
             Ok(c) => c,

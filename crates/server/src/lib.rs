@@ -564,12 +564,20 @@ async fn serve(listeners: Vec<(TcpListener, Transport)>, a: Accepting) {
     let timers = {
         let broker = Arc::clone(&a.shared.broker);
         let mut stop = a.shutdown.clone();
+        // Work finished on another thread (a stream write that a reader
+        // waits for) asks for a run now rather than at the next tick.
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let waker = Arc::clone(&wake);
+        if !broker.set_timer_waker(Box::new(move || waker.notify_one())) {
+            tracing::warn!("the broker's timer waker was set already; keeping the first");
+        }
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(limits::TIMER_TICK_MS));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
                     _ = tick.tick() => broker.run_timers(Instant::now()),
+                    () = wake.notified() => broker.run_timers(Instant::now()),
                     _ = stop.changed() => break,
                 }
             }

@@ -10,9 +10,13 @@
 //!   counted live in exactly the segment its current record is in.
 //! - `seg_live[s].count` equals the number of entries located in `s`
 //!   (checked by [`Index::check`] in tests).
-//! - RAM per message: one 8-byte key + a 24-byte [`Entry`] in a hash table
+//! - RAM per message: one 8-byte key + a 16-byte [`Entry`] in a hash table
 //!   (plus a side entry only for messages held by several queues), and 8
-//!   to 16 bytes per holding queue in that queue's [`QueueList`].
+//!   to 16 bytes per holding queue in that queue's [`QueueList`]. An entry
+//!   names its queue by a 4-byte holder slot, not the 8-byte queue id: a
+//!   slot is taken when a queue's list is made and given back when the list
+//!   goes, so `holders` stays as long as the number of queues holding
+//!   messages, and a slot in an entry always names a listed queue.
 //! - Every (queue, message) the index holds is listed in the queue's
 //!   [`QueueList`], whose `live` counts them; a list may also hold stale ids
 //!   (removed since), at most about as many as live ones, so a purge costs
@@ -47,8 +51,11 @@ impl Hasher for IdHasher {
 
 pub type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 
-/// Queue field value meaning "held by several queues; see `multi`".
-const MULTI: u64 = u64::MAX;
+/// Holder value meaning "held by several queues; see `multi`".
+const MULTI: u32 = u32::MAX;
+
+/// A free slot in `holders`.
+const FREE_HOLDER: u64 = u64::MAX;
 
 /// Where a record is: segment, byte offset, total record length.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,11 +68,14 @@ pub struct Loc {
 /// One live message.
 #[derive(Clone, Copy, Debug)]
 struct Entry {
-    /// The single queue holding it, or [`MULTI`].
-    queue: u64,
+    /// The slot in `Index::holders` of the single queue holding it, or
+    /// [`MULTI`]. 4 bytes, not the 8-byte queue id: with it an entry is 16
+    /// bytes and a table slot 25, not 33 (a third of a pending message's
+    /// cost, docs/BENCHMARKS.md "Pending delayed messages").
+    holder: u32,
     loc: Loc,
 }
-const _: () = assert!(std::mem::size_of::<Entry>() == 24);
+const _: () = assert!(std::mem::size_of::<Entry>() == 16);
 
 /// Live messages of one segment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -82,6 +92,8 @@ struct QueueList {
     ids: Vec<u64>,
     /// How many of them it holds now.
     live: u64,
+    /// This queue's slot in `Index::holders`, held while the list exists.
+    holder: u32,
 }
 
 /// Stale ids a list may carry beyond its live ones before it is compacted.
@@ -89,9 +101,20 @@ const QUEUE_LIST_SLACK: usize = 32;
 
 /// Whether `queue` holds `msg`, on the index's parts (so a caller may hold
 /// another part mutably).
-fn holds(msgs: &IdMap<Entry>, multi: &IdMap<Vec<QueueId>>, queue: QueueId, msg: u64) -> bool {
-    msgs.get(&msg)
-        .is_some_and(|e| e.queue == queue.0 || (e.queue == MULTI && multi[&msg].contains(&queue)))
+fn holds(
+    msgs: &IdMap<Entry>,
+    multi: &IdMap<Vec<QueueId>>,
+    holders: &[u64],
+    queue: QueueId,
+    msg: u64,
+) -> bool {
+    msgs.get(&msg).is_some_and(|e| {
+        if e.holder == MULTI {
+            multi[&msg].contains(&queue)
+        } else {
+            holders[e.holder as usize] == queue.0
+        }
+    })
 }
 
 #[derive(Default, Clone)]
@@ -99,6 +122,10 @@ pub struct Index {
     msgs: IdMap<Entry>,
     multi: IdMap<Vec<QueueId>>,
     by_queue: IdMap<QueueList>,
+    /// Queue id by holder slot ([`FREE_HOLDER`] when free).
+    holders: Vec<u64>,
+    /// Free slots of `holders`, reused before it grows.
+    free_holders: Vec<u32>,
     seg_live: BTreeMap<u32, SegLive>,
     pub meta: BTreeMap<Vec<u8>, Vec<u8>>,
     /// Highest message id ever published in this group.
@@ -139,6 +166,8 @@ impl Index {
                     for m in list.ids {
                         self.remove_from(*queue, m);
                     }
+                    // Only now: the entries removed above named it.
+                    self.free_holder(list.holder);
                 }
             }
             Record::MetaPut { key, value } => {
@@ -167,20 +196,22 @@ impl Index {
     /// [`Self::insert`] of queues already sorted and without duplicates.
     fn insert_sorted(&mut self, msg: MsgId, qs: &[QueueId], loc: Loc) {
         debug_assert!(qs.windows(2).all(|w| w[0] < w[1]));
+        let mut holder = MULTI;
         for q in qs {
-            let list = self.by_queue.entry(q.0).or_default();
+            let list = self.list_mut(*q);
             list.ids.push(msg.0);
             list.live += 1;
+            holder = list.holder;
         }
-        let queue = match qs {
+        match qs {
             [] => return,
-            [q] => q.0,
+            [_] => {}
             _ => {
                 self.multi.insert(msg.0, qs.to_vec());
-                MULTI
+                holder = MULTI;
             }
-        };
-        self.msgs.insert(msg.0, Entry { queue, loc });
+        }
+        self.msgs.insert(msg.0, Entry { holder, loc });
         let live = self.seg_live.entry(loc.seg).or_default();
         live.count += 1;
         live.bytes += u64::from(loc.len);
@@ -199,11 +230,7 @@ impl Index {
             self.multi.reserve(additional);
         }
         for q in queues {
-            self.by_queue
-                .entry(q.0)
-                .or_default()
-                .ids
-                .reserve(additional);
+            self.list_mut(*q).ids.reserve(additional);
         }
     }
 
@@ -232,15 +259,15 @@ impl Index {
                 result = Err(msg);
                 break;
             }
-            let queue = if let [q] = queues {
-                q.0
+            let holder = if let [q] = queues {
+                self.list_mut(*q).holder
             } else {
                 self.multi.insert(msg.0, queues.to_vec());
                 MULTI
             };
-            self.msgs.insert(msg.0, Entry { queue, loc });
+            self.msgs.insert(msg.0, Entry { holder, loc });
             for q in queues {
-                self.by_queue.entry(q.0).or_default().ids.push(msg.0);
+                self.list_mut(*q).ids.push(msg.0);
             }
             loaded += 1;
             match &mut seg_cache {
@@ -263,7 +290,7 @@ impl Index {
         }
         flush(self, seg_cache);
         for q in queues {
-            self.by_queue.entry(q.0).or_default().live += loaded;
+            self.list_mut(*q).live += loaded;
         }
         result
     }
@@ -284,7 +311,8 @@ impl Index {
             run.clear();
             run.extend(ids.into_iter().filter_map(|m| {
                 let e = self.msgs.get(&m)?;
-                (e.queue == q).then_some((MsgId(m), e.loc))
+                (e.holder != MULTI && self.holders[e.holder as usize] == q)
+                    .then_some((MsgId(m), e.loc))
             }));
             if !run.is_empty() {
                 f(&[QueueId(q)], &run);
@@ -303,14 +331,58 @@ impl Index {
         }
     }
 
+    /// `queue`'s list, made (with a holder slot) if it has none.
+    fn list_mut(&mut self, queue: QueueId) -> &mut QueueList {
+        if !self.by_queue.contains_key(&queue.0) {
+            let slot = self.take_holder(queue);
+            self.by_queue.insert(
+                queue.0,
+                QueueList {
+                    ids: Vec::new(),
+                    live: 0,
+                    holder: slot,
+                },
+            );
+        }
+        self.by_queue.get_mut(&queue.0).expect("listed just above")
+    }
+
+    /// A slot for `queue`'s new list.
+    fn take_holder(&mut self, queue: QueueId) -> u32 {
+        assert_ne!(queue.0, FREE_HOLDER, "queue id {FREE_HOLDER} is reserved");
+        if let Some(slot) = self.free_holders.pop() {
+            self.holders[slot as usize] = queue.0;
+            return slot;
+        }
+        let slot = u32::try_from(self.holders.len()).expect("fewer than 2^32 queues hold messages");
+        assert_ne!(slot, MULTI, "fewer than 2^32 - 1 queues hold messages");
+        self.holders.push(queue.0);
+        slot
+    }
+
+    /// A list went: its slot may serve another queue.
+    fn free_holder(&mut self, slot: u32) {
+        assert_ne!(
+            self.holders[slot as usize], FREE_HOLDER,
+            "slot {slot} freed twice"
+        );
+        self.holders[slot as usize] = FREE_HOLDER;
+        self.free_holders.push(slot);
+    }
+
+    /// The queue an entry names (not [`MULTI`]).
+    fn holder_queue(&self, e: &Entry) -> QueueId {
+        QueueId(self.holders[e.holder as usize])
+    }
+
     fn forget(&mut self, msg: u64) {
         if let Some(e) = self.msgs.remove(&msg) {
-            if e.queue == MULTI {
+            if e.holder == MULTI {
                 for q in self.multi.remove(&msg).expect("multi entry") {
                     self.unlist(q);
                 }
             } else {
-                self.unlist(QueueId(e.queue));
+                self.unlist(self.holder_queue(&e));
             }
             let live = self
                 .seg_live
@@ -325,7 +397,7 @@ impl Index {
         let Some(e) = self.msgs.get_mut(&msg) else {
             return;
         };
-        if e.queue == MULTI {
+        if e.holder == MULTI {
             let qs = self.multi.get_mut(&msg).expect("multi entry");
             let before = qs.len();
             qs.retain(|q| *q != queue);
@@ -335,13 +407,13 @@ impl Index {
             match qs.as_slice() {
                 [] => unreachable!("a multi entry names at least two queues"),
                 [last] => {
-                    e.queue = last.0;
+                    e.holder = self.by_queue[&last.0].holder;
                     self.multi.remove(&msg);
                 }
                 _ => {}
             }
             self.unlist(queue);
-        } else if e.queue == queue.0 {
+        } else if self.holders[e.holder as usize] == queue.0 {
             self.forget(msg);
         }
     }
@@ -362,10 +434,12 @@ impl Index {
         };
         list.live -= 1;
         if list.live == 0 {
+            let slot = list.holder;
             self.by_queue.remove(&queue.0);
+            self.free_holder(slot);
         } else if list.ids.len() > 2 * list.live as usize + QUEUE_LIST_SLACK {
-            let (msgs, multi) = (&self.msgs, &self.multi);
-            list.ids.retain(|&m| holds(msgs, multi, queue, m));
+            let (msgs, multi, holders) = (&self.msgs, &self.multi, &self.holders);
+            list.ids.retain(|&m| holds(msgs, multi, holders, queue, m));
             list.ids.sort_unstable();
             list.ids.dedup();
         }
@@ -373,9 +447,8 @@ impl Index {
 
     /// Location of `msg` if `queue` still holds it.
     pub fn locate(&self, queue: QueueId, msg: MsgId) -> Option<Loc> {
-        let e = self.msgs.get(&msg.0)?;
-        let held = e.queue == queue.0 || (e.queue == MULTI && self.multi[&msg.0].contains(&queue));
-        held.then_some(e.loc)
+        let held = holds(&self.msgs, &self.multi, &self.holders, queue, msg.0);
+        held.then(|| self.msgs[&msg.0].loc)
     }
 
     /// Whether `msg` is live with its current record at `loc`.
@@ -387,8 +460,8 @@ impl Index {
     pub fn queues_of(&self, msg: MsgId) -> Vec<QueueId> {
         match self.msgs.get(&msg.0) {
             None => Vec::new(),
-            Some(e) if e.queue == MULTI => self.multi[&msg.0].clone(),
-            Some(e) => vec![QueueId(e.queue)],
+            Some(e) if e.holder == MULTI => self.multi[&msg.0].clone(),
+            Some(e) => vec![self.holder_queue(e)],
         }
     }
 
@@ -406,6 +479,8 @@ impl Index {
             + multi_heap
             + self.by_queue.capacity() * list_slot
             + lists
+            + self.holders.capacity() * 8
+            + self.free_holders.capacity() * 4
     }
 
     pub fn live_messages(&self) -> usize {
@@ -422,10 +497,10 @@ impl Index {
         self.msgs.iter().map(|(id, e)| LiveMessage {
             msg: MsgId(*id),
             loc: e.loc,
-            queues: if e.queue == MULTI {
+            queues: if e.holder == MULTI {
                 self.multi[id].clone()
             } else {
-                vec![QueueId(e.queue)]
+                vec![self.holder_queue(e)]
             },
         })
     }
@@ -459,14 +534,24 @@ impl Index {
             c.count += 1;
             c.bytes += u64::from(e.loc.len);
             assert_eq!(
-                e.queue == MULTI,
+                e.holder == MULTI,
                 self.multi.contains_key(id),
                 "multi side table out of sync for {id}"
             );
         }
         assert_eq!(
             self.multi.len(),
-            self.msgs.values().filter(|e| e.queue == MULTI).count()
+            self.msgs.values().filter(|e| e.holder == MULTI).count()
+        );
+        for (q, list) in &self.by_queue {
+            assert_eq!(self.holders[list.holder as usize], *q, "holder slot of {q}");
+        }
+        let free = self.holders.iter().filter(|q| **q == FREE_HOLDER).count();
+        assert_eq!(free, self.free_holders.len(), "free holder slots");
+        assert_eq!(
+            self.holders.len() - free,
+            self.by_queue.len(),
+            "one slot per list"
         );
         for (seg, live) in &self.seg_live {
             assert_eq!(
@@ -633,6 +718,54 @@ mod tests {
             took < std::time::Duration::from_millis(500),
             "1000 purges of one-message queues took {took:?} beside a million messages"
         );
+    }
+
+    /// Queues come and go over a broker's life (every transient reply
+    /// queue has an id of its own): the holder slots of emptied queues are
+    /// reused, so the slot table is as long as the queues holding messages
+    /// at once, not as the queues ever seen.
+    #[test]
+    fn holder_slots_of_emptied_queues_are_reused() {
+        let mut ix = Index::default();
+        for q in 0..10_000u64 {
+            ix.apply(
+                &Record::Publish {
+                    msg: MsgId(q),
+                    queues: Cow::Borrowed(&[QueueId(q), QueueId(1 << 40)]),
+                    payload: b"",
+                },
+                loc(1, 32),
+            );
+            let (gone, kept) = if q % 2 == 0 {
+                (
+                    Record::Remove {
+                        queue: QueueId(q),
+                        msgs: Cow::Borrowed(&[MsgId(q)]),
+                    },
+                    QueueId(1 << 40),
+                )
+            } else {
+                (Record::Purge { queue: QueueId(q) }, QueueId(1 << 40))
+            };
+            ix.apply(&gone, loc(1, 64));
+            assert_eq!(ix.locate(kept, MsgId(q)), Some(loc(1, 32)));
+            assert_eq!(ix.locate(QueueId(q), MsgId(q)), None);
+        }
+        ix.check();
+        assert_eq!(ix.live_messages(), 10_000);
+        assert!(
+            ix.holders.len() <= 2,
+            "{} holder slots for 1 listed queue",
+            ix.holders.len()
+        );
+        ix.apply(
+            &Record::Purge {
+                queue: QueueId(1 << 40),
+            },
+            loc(1, 96),
+        );
+        ix.check();
+        assert_eq!(ix.live_messages(), 0);
     }
 
     #[test]

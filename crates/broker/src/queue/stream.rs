@@ -17,8 +17,9 @@
 //!   consumer saw is never given to another message after a crash. The
 //!   completion of a write advances `committed` (completions of a group
 //!   run in position order, which is offset order) and, if a reader waits
-//!   for it, asks the timer service to wake the stream (the completion
-//!   runs on the store's writer thread and must not deliver itself).
+//!   for it, asks the timer service to wake the stream at once
+//!   (`Timers::wake_now`: the completion runs on the store's writer
+//!   thread and must not deliver itself).
 //! - Nothing is ever removed by a consumer; retention journals the removal
 //!   of whole segments (collected under the lock, journaled after it).
 //! - A lagging reader reads from the journal in batches (at most
@@ -201,7 +202,11 @@ impl Queue {
                         if let Some(q) = me.upgrade() {
                             let target: Weak<dyn crate::timers::TimerTarget> =
                                 Arc::downgrade(&q) as _;
-                            q.env.timers.schedule(q.env.clock.now(), target);
+                            // At once, not at the next timer tick: a
+                            // caught-up reader would get every message up
+                            // to a tick late, and at most a prefetch per
+                            // tick.
+                            q.env.timers.wake_now(q.env.clock.now(), target);
                         }
                     }
                 }
