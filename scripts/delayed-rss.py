@@ -5,7 +5,7 @@ starts a fresh berth, publishes N persistent messages with random delays
 exchange with publisher confirms, and reports the broker's RSS before and
 after, per message; then kill -9, restart, and the restart time and RSS
 with them pending. Run from the repository root with the test virtualenv:
-    tests/python/.venv/bin/python scripts/delayed-rss.py [N]"""
+    tests/python/.venv/bin/python scripts/delayed-rss.py [N] [--queue] [--keep]"""
 import json, os, random, re, signal, struct, subprocess, sys, tempfile, time, urllib.request
 sys.path.insert(0, "tests/python")
 import amqp_wire as w
@@ -14,6 +14,11 @@ N = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
 # --queue: the same messages to a durable queue, not delayed (the baseline
 # a queued message costs, for comparison).
 TO_QUEUE = "--queue" in sys.argv
+# --keep: after publishing, keep the broker running (its AMQP port and pid
+# printed as `keep amqp=PORT pid=PID`) until this script is stopped, so a
+# benchmark of other queues can run beside the pending messages
+# (scripts/delayed-beside.sh).
+KEEP = "--keep" in sys.argv
 BIN = os.environ.get("BERTH_BIN", "target/release/berth")
 d = tempfile.mkdtemp(prefix="berth-delayed-rss-")
 
@@ -94,6 +99,14 @@ try:
           f"+{(after - before) / 1024:.1f} MiB = {(after - before) * 1024 / N:.0f} bytes per pending message "
           f"(RssAnon {rss_kib(p.pid, 'RssAnon:') / 1024:.1f} MiB, RssFile {rss_kib(p.pid, 'RssFile:') / 1024:.1f} MiB)")
     c.close()
+    if KEEP:
+        # Leave the broker running with its pending messages, for a
+        # benchmark of other queues beside them; stopped by SIGTERM/SIGINT.
+        print(f"keep amqp={amqp} pid={p.pid}", flush=True)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        while p.poll() is None:
+            time.sleep(1)
+        raise SystemExit("berth exited while kept")
     p.send_signal(signal.SIGKILL); p.wait(10)
     p, amqp, http, took = start()
     ex = api(http, "/api/exchanges/%2F/later")

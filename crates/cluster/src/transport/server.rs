@@ -200,13 +200,15 @@ async fn elect_after_leader_died(raft: &Raft, dead: NodeId) {
         if round > 0 {
             let at = LEADER_DEATH_RETRY_MS * (rank + 1) * round;
             tokio::time::sleep_until(start + Duration::from_millis(at)).await;
-            let (leader, voted_for) = {
-                let m = raft.metrics().borrow().clone();
-                (m.current_leader, m.vote.leader_id().voted_for())
-            };
-            // A leader is known, or this node voted for another candidate
-            // (standing again would depose the winner with a higher term).
-            if leader.is_some_and(|l| l != dead) || voted_for != Some(me) {
+            // A leader is known: standing again would depose it. (This
+            // node's vote naming another candidate is no reason to stop:
+            // a candidate that sees a greater vote in an answer takes it
+            // over even when it refused that candidate for its shorter
+            // log — then only standing again elects anyone before the
+            // timeout. Seen: the survivor with the longer log stopped and
+            // the election waited 2.4 s.)
+            let leader = raft.metrics().borrow().current_leader;
+            if leader.is_some_and(|l| l != dead) {
                 return;
             }
             tracing::info!(round, "no leader yet after the leader died; standing again");
