@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-1000000} runs=${2:-3}
 bin=${BERTH_BIN:-target/release/berth}
-py=tests/python/.venv/bin/python
+py=${PYTHON:-tests/python/.venv/bin/python}
 tmp=$(mktemp -d)
 keeper="" empty=""
 cleanup() {
