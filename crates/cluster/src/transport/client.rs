@@ -180,18 +180,17 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RpcError> {
-        let entries = rpc.entries.len();
-        let bytes = postcard::to_allocvec(&Request::Append(rpc))
-            .map_err(|e| self.shape(CallError::Network(io::Error::other(e))))?;
-        let target = self.frame_max.min(APPEND_BYTES_TARGET);
-        if bytes.len() > target && entries > 1 {
-            // Too big to send (or to be answered in time) at once:
-            // openraft sends fewer entries next.
-            let fit = (entries * target / bytes.len()).clamp(1, entries - 1);
+        // Too big to send (or to be answered in time) at once: openraft
+        // sends fewer entries next. Sized before encoding, so no append is
+        // encoded only to be thrown away.
+        let fit = entries_within(&rpc.entries, self.frame_max.min(APPEND_BYTES_TARGET));
+        if fit < rpc.entries.len() {
             return Err(RPCError::PayloadTooLarge(
                 PayloadTooLarge::new_entries_hint(fit as u64),
             ));
         }
+        let bytes = postcard::to_allocvec(&Request::Append(rpc))
+            .map_err(|e| self.shape(CallError::Network(io::Error::other(e))))?;
         match self.call_encoded(bytes, option.hard_ttl()).await {
             Ok(Response::Append(r)) => {
                 r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
@@ -228,4 +227,25 @@ impl RaftNetwork<TypeConfig> for Peer {
             Err(e) => Err(self.shape(e)),
         }
     }
+}
+
+/// How many of `entries`, from the first, fit in about `target` encoded
+/// bytes; at least one (a large entry goes alone).
+fn entries_within(entries: &[crate::types::Entry], target: usize) -> usize {
+    /// Room for an entry's log id and framing, and for a membership.
+    const OVERHEAD: usize = 64;
+    const MEMBERSHIP: usize = 1024;
+    let mut size = 0usize;
+    for (n, e) in entries.iter().enumerate() {
+        size += OVERHEAD
+            + match &e.payload {
+                openraft::EntryPayload::Normal(c) => c.0.len(),
+                openraft::EntryPayload::Membership(_) => MEMBERSHIP,
+                openraft::EntryPayload::Blank => 0,
+            };
+        if size > target && n > 0 {
+            return n;
+        }
+    }
+    entries.len()
 }
