@@ -254,17 +254,21 @@ impl Index {
         };
         let mut result = Ok(());
         let mut loaded = 0u64;
+        // The run's holder, looked up once (a message of several queues
+        // is listed in `multi` instead).
+        let single = match queues {
+            [q] => Some(self.list_mut(*q).holder),
+            _ => None,
+        };
         for (msg, loc) in entries {
             if self.msgs.contains_key(&msg.0) {
                 result = Err(msg);
                 break;
             }
-            let holder = if let [q] = queues {
-                self.list_mut(*q).holder
-            } else {
+            let holder = single.unwrap_or_else(|| {
                 self.multi.insert(msg.0, queues.to_vec());
                 MULTI
-            };
+            });
             self.msgs.insert(msg.0, Entry { holder, loc });
             for q in queues {
                 self.list_mut(*q).ids.push(msg.0);
@@ -333,31 +337,16 @@ impl Index {
 
     /// `queue`'s list, made (with a holder slot) if it has none.
     fn list_mut(&mut self, queue: QueueId) -> &mut QueueList {
-        if !self.by_queue.contains_key(&queue.0) {
-            let slot = self.take_holder(queue);
-            self.by_queue.insert(
-                queue.0,
-                QueueList {
-                    ids: Vec::new(),
-                    live: 0,
-                    holder: slot,
-                },
-            );
+        // One hash lookup on the publish path; the slot is taken only for
+        // a new list.
+        match self.by_queue.entry(queue.0) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(QueueList {
+                ids: Vec::new(),
+                live: 0,
+                holder: take_holder(&mut self.holders, &mut self.free_holders, queue),
+            }),
         }
-        self.by_queue.get_mut(&queue.0).expect("listed just above")
-    }
-
-    /// A slot for `queue`'s new list.
-    fn take_holder(&mut self, queue: QueueId) -> u32 {
-        assert_ne!(queue.0, FREE_HOLDER, "queue id {FREE_HOLDER} is reserved");
-        if let Some(slot) = self.free_holders.pop() {
-            self.holders[slot as usize] = queue.0;
-            return slot;
-        }
-        let slot = u32::try_from(self.holders.len()).expect("fewer than 2^32 queues hold messages");
-        assert_ne!(slot, MULTI, "fewer than 2^32 - 1 queues hold messages");
-        self.holders.push(queue.0);
-        slot
     }
 
     /// A list went: its slot may serve another queue.
@@ -571,6 +560,19 @@ impl Index {
         let lives: BTreeMap<u64, u64> = self.by_queue.iter().map(|(q, l)| (*q, l.live)).collect();
         assert_eq!(held, lives, "queue list live counts");
     }
+}
+
+/// A slot in `holders` for `queue`'s new list (a free one first).
+fn take_holder(holders: &mut Vec<u64>, free: &mut Vec<u32>, queue: QueueId) -> u32 {
+    assert_ne!(queue.0, FREE_HOLDER, "queue id {FREE_HOLDER} is reserved");
+    if let Some(slot) = free.pop() {
+        holders[slot as usize] = queue.0;
+        return slot;
+    }
+    let slot = u32::try_from(holders.len()).expect("fewer than 2^32 queues hold messages");
+    assert_ne!(slot, MULTI, "fewer than 2^32 - 1 queues hold messages");
+    holders.push(queue.0);
+    slot
 }
 
 #[cfg(test)]
