@@ -5,6 +5,7 @@
 #   scripts/bench-cluster-vs-rabbitmq.sh [--runs N] [--time S] [--kills N]
 #                                        [--confirms N] [--out DIR] [--no-build]
 #                                        [--no-throughput] [--no-failover]
+#                                        [--bin PATH] [--no-rabbitmq]
 #
 # Throughput (persist-2k-5q with confirms): RabbitMQ's PerfTest, 5
 # producers (at most --confirms unconfirmed each, default 50: at 100 a
@@ -32,12 +33,14 @@
 # (leader and follower lag each second of berth's runs), each PerfTest
 # output, OUT/run.log (commands, machine, versions) and the nodes' logs.
 # Takes about 1 + 2 N (S + 15) / 60 minutes plus ~20 s per kill pair.
+# --bin runs another berth binary (e.g. one built from an older commit,
+# for a bisection); --no-rabbitmq runs berth alone (no ratio is printed).
 # Not part of scripts/test.sh.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
-runs=3 time_s=30 kills=3 confirms=50 out="" build=1 throughput=1 failover=1
+runs=3 time_s=30 kills=3 confirms=50 out="" build=1 throughput=1 failover=1 bin="" rabbit=1
 while [ $# -gt 0 ]; do
   case "$1" in
   --runs) runs=${2:?}; shift ;;
@@ -48,6 +51,8 @@ while [ $# -gt 0 ]; do
   --no-build) build=0 ;;
   --no-throughput) throughput=0 ;;
   --no-failover) failover=0 ;;
+  --bin) bin=${2:?}; build=0; shift ;;
+  --no-rabbitmq) rabbit=0 ;;
   -h | --help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
   *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -65,7 +70,7 @@ if [ $failover = 1 ] && ! "$venv/bin/python" -c 'import pika' 2>/dev/null; then
   python3 -m venv "$venv" && "$venv/bin/pip" install -q pika==1.3.2 >>"$log" 2>&1 ||
     { say "cannot install pika into $venv; see $log"; exit 1; }
 fi
-bin="$root/target/release/berth"
+bin=${bin:-$root/target/release/berth}
 if [ $build = 1 ] && command -v cargo >/dev/null 2>&1; then
   say "building the release binary"
   nice -n 10 cargo build --release -j 1 -p berth-cli >>"$log" 2>&1 || { say "cargo build failed; see $log"; exit 1; }
@@ -174,16 +179,20 @@ for _ in $(seq 1 300); do berth_leader >/dev/null && break; sleep 0.1; done
 berth_leader >/dev/null || { say "no berth leader; see $bdir/*.log"; exit 1; }
 say "berth cluster up, leader $(berth_leader)"
 
-say "starting the RabbitMQ cluster (scripts/rabbitmq-cluster.sh start $rdir)"
-"$root/scripts/rabbitmq-cluster.sh" start "$rdir" >>"$log" 2>&1 || { say "RabbitMQ cluster did not start; see $log"; exit 1; }
 declare -A r_amqp r_http r_name
-while read -r n amqp http _; do
-  r_amqp[$n]=$amqp r_http[$n]=$http r_name[$n]=$("$root/scripts/rabbitmq.sh" node "$rdir/$n")
-done <"$rdir/ports"
-say "RabbitMQ cluster up: ${r_name[n1]} ${r_name[n2]} ${r_name[n3]}"
+brokers="berth"
+if [ $rabbit = 1 ]; then
+  brokers="berth rabbitmq"
+  say "starting the RabbitMQ cluster (scripts/rabbitmq-cluster.sh start $rdir)"
+  "$root/scripts/rabbitmq-cluster.sh" start "$rdir" >>"$log" 2>&1 || { say "RabbitMQ cluster did not start; see $log"; exit 1; }
+  while read -r n amqp http _; do
+    r_amqp[$n]=$amqp r_http[$n]=$http r_name[$n]=$("$root/scripts/rabbitmq.sh" node "$rdir/$n")
+  done <"$rdir/ports"
+  say "RabbitMQ cluster up: ${r_name[n1]} ${r_name[n2]} ${r_name[n3]}"
+fi
 
 {
-  echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), commit $(git rev-parse --short HEAD 2>/dev/null)"
+  echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), commit $(git rev-parse --short HEAD 2>/dev/null), berth binary $bin"
   echo "machine: $(nproc) cpus, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), kernel $(uname -r), load $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "perf-test $(basename "${classpath%%:*}" .jar), rabbitmq-server $(dpkg-query -W -f='${Version}' rabbitmq-server), erlang $(dpkg-query -W -f='${Version}' erlang-base 2>/dev/null)"
 } >>"$log"
@@ -199,7 +208,7 @@ cluster_cpu_s() {
 printf 'run\tbroker\tconfirmed_msgs_per_s\trecv_msgs_per_s\tconfirm_latency_median_us\tbroker_cpu_us_per_msg\tbroker_cpu_cores\tleader_cpu_share\tclient_cpu_cores\tfollower_lag_max_entries\tsamples_without_leader\n' >"$out/runs.tsv"
 if [ $throughput = 1 ]; then
   for run in $(seq 1 "$runs"); do
-    for broker in berth rabbitmq; do
+    for broker in $brokers; do
       if [ $broker = berth ]; then
         for _ in $(seq 1 120); do berth_healthy && break; sleep 1; done
         berth_healthy || say "berth cluster not healthy before run $run (no leader, or a follower behind); see $out/berth-cluster-samples.jsonl"
@@ -295,6 +304,7 @@ if [ $failover = 1 ]; then
     say "failover $k: berth"
     "$venv/bin/python" "$root/scripts/failover-probe.py" --kind berth "${bnodes[@]}" --kills 1 \
       --out "$out/failover.jsonl" 2>>"$log" | tee -a "$log" >&2 || { say "failover probe failed (berth)"; exit 1; }
+    [ $rabbit = 1 ] || continue
     say "failover $k: rabbitmq"
     "$venv/bin/python" "$root/scripts/failover-probe.py" --kind rabbitmq "${rnodes[@]}" --kills 1 \
       --out "$out/failover.jsonl" 2>>"$log" | tee -a "$log" >&2 || { say "failover probe failed (rabbitmq)"; exit 1; }
@@ -309,11 +319,11 @@ def mmm(v):
     v = sorted(v)
     return (v[0], statistics.median(v), v[-1]) if v else None
 def line(label, unit, b, r, fmt="{:,.0f}"):
-    if not b or not r:
+    if not b:
         return
-    cell = lambda t: " / ".join((fmt.format(t[0]), "**" + fmt.format(t[1]) + "**", fmt.format(t[2])))
-    ratio = b[1] / r[1] if r[1] else float("nan")
-    print(f"| {label} | {unit} | {cell(r)} | {cell(b)} | {ratio:.2f} |")
+    cell = lambda t: " / ".join((fmt.format(t[0]), "**" + fmt.format(t[1]) + "**", fmt.format(t[2]))) if t else "not run"
+    ratio = f"{b[1] / r[1]:.2f}" if r and r[1] else "n/a"
+    print(f"| {label} | {unit} | {cell(r)} | {cell(b)} | {ratio} |")
 print("| figure | unit | RabbitMQ 3 nodes min / **median** / max | berth 3 members min / **median** / max | berth / RabbitMQ (medians) |")
 print("|---|---|---|---|---|")
 for col, label, unit, fmt in [

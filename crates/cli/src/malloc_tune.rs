@@ -1,39 +1,175 @@
-//! Fixes glibc malloc's mmap threshold before the broker starts, so the
-//! large tables the broker grows (the store's message index, a queue's or
-//! a delayed exchange's index) go back to the kernel when they are
-//! replaced.
+//! Fixes glibc malloc's mmap and trim thresholds before the broker
+//! starts, so the large tables the broker grows (the store's message
+//! index, a queue's or a delayed exchange's index) go back to the kernel
+//! when they are replaced, while the buffers it reuses all the time (a
+//! gathered batch, a Raft entry, an append to a follower) stay in the
+//! heap.
 //!
-//! glibc starts with a 128 KiB threshold and *raises* it (up to 32 MiB)
-//! each time an mmapped block is freed. The first hash-table resize of a
-//! growing index frees one, so every later table up to 32 MiB comes from
-//! the heap instead, and the old tables left behind by each doubling stay
-//! resident as free heap. Measured with 1,000,000 pending delayed messages
-//! (docs/BENCHMARKS.md, "Pending delayed messages"): +156.6 MiB with the
-//! dynamic threshold, +119.6 MiB with a fixed one, the same code otherwise.
+//! glibc starts with a 128 KiB mmap threshold and *raises* it (up to
+//! 32 MiB) each time an mmapped block is freed, with the trim threshold
+//! at twice that. The first hash-table resize of a growing index frees
+//! one, so every later table up to 32 MiB came from the heap, and the old
+//! tables left behind by each doubling stayed resident as free heap.
+//! Measured with 1,000,000 pending delayed messages (docs/BENCHMARKS.md,
+//! "Pending delayed messages"): +156.6 MiB with the dynamic threshold,
+//! +119.6 MiB with a fixed one, the same code otherwise.
 //!
-//! An operator's own `MALLOC_MMAP_THRESHOLD_` (read by glibc at start-up)
-//! wins: then nothing is changed. Other C libraries: nothing is done.
+//! The fixed threshold must not be glibc's starting 128 KiB, though: then
+//! every buffer above it is a fresh mmap, faulted in page by page and
+//! unmapped when dropped, and with a 128 KiB trim threshold the heap's
+//! top is given back and faulted in again at every swing. A cluster
+//! member handles megabyte batches hundreds of times a second: at
+//! 128 KiB it took 3-4x the page faults per message and ~60% more CPU per
+//! message than with glibc's dynamic threshold (docs/BENCHMARKS.md, "The
+//! cluster regression, found"). So: a threshold above the largest buffer
+//! the broker reuses (a Raft entry, at most `ENTRY_BYTES_MAX`, 8 MiB; an
+//! append to a follower, about 4 MiB), and the trim threshold at twice
+//! it, as glibc's own adjustment would set.
+//!
+//! An operator's own `MALLOC_MMAP_THRESHOLD_` or `MALLOC_TRIM_THRESHOLD_`
+//! (read by glibc at start-up) wins for that setting. Other C libraries:
+//! nothing is done.
 
-/// The threshold berth fixes: glibc's own starting value.
-pub const MMAP_THRESHOLD_BYTES: i32 = 128 * 1024;
+/// The mmap threshold berth fixes: above every buffer the broker reuses
+/// at a high rate, below the index tables that must go back when replaced.
+pub const MMAP_THRESHOLD_BYTES: i32 = 16 * 1024 * 1024;
 
-/// Fixes the threshold unless the environment sets it. Call before any
+/// The trim threshold berth fixes: twice the mmap threshold (glibc's own
+/// rule when it adjusts them), so the heap's top is not given back and
+/// faulted in again at every swing of a batch.
+pub const TRIM_THRESHOLD_BYTES: i32 = 2 * MMAP_THRESHOLD_BYTES;
+
+/// Fixes the thresholds unless the environment sets them. Call before any
 /// thread starts (mallopt is not meant to race with allocations).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
 pub fn fix_mmap_threshold() {
-    if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_some() {
-        return;
-    }
-    // SAFETY: mallopt only sets allocator parameters; it is called once,
-    // from main, before the runtime's threads exist. Setting
-    // M_MMAP_THRESHOLD also turns glibc's dynamic adjustment off.
-    let ok = unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) };
-    if ok != 1 {
-        // Not fatal: memory use is then higher, as before this existed.
-        eprintln!("berth: mallopt(M_MMAP_THRESHOLD) failed; large tables may stay resident after a resize");
+    for (env, param, value, name) in [
+        (
+            "MALLOC_MMAP_THRESHOLD_",
+            libc::M_MMAP_THRESHOLD,
+            MMAP_THRESHOLD_BYTES,
+            "M_MMAP_THRESHOLD",
+        ),
+        (
+            "MALLOC_TRIM_THRESHOLD_",
+            libc::M_TRIM_THRESHOLD,
+            TRIM_THRESHOLD_BYTES,
+            "M_TRIM_THRESHOLD",
+        ),
+    ] {
+        if std::env::var_os(env).is_some() {
+            continue;
+        }
+        // SAFETY: mallopt only sets allocator parameters; it is called
+        // once, from main, before the runtime's threads exist. Setting
+        // either threshold also turns glibc's dynamic adjustment off.
+        let ok = unsafe { libc::mallopt(param, value) };
+        if ok != 1 {
+            // Not fatal: memory use or page faults are then higher.
+            eprintln!("berth: mallopt({name}, {value}) failed; glibc's defaults stay");
+        }
     }
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 pub fn fix_mmap_threshold() {}
+
+#[cfg(all(test, target_os = "linux", target_env = "gnu"))]
+mod tests {
+    //! Each check runs in a child process (this test binary run again
+    //! with one test and `BERTH_MALLOC_CHILD` set), so the thresholds are
+    //! fixed before anything else allocates, as in `berth serve`, and no
+    //! other test's allocations touch the counts.
+    use std::process::Command;
+
+    const CHILD: &str = "BERTH_MALLOC_CHILD";
+
+    /// Runs `test` of this module in a fresh process; true when it runs
+    /// here as that child (the caller then does the real work).
+    fn in_child(test: &str) -> bool {
+        if std::env::var_os(CHILD).is_some() {
+            super::fix_mmap_threshold();
+            return true;
+        }
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args([
+                &format!("malloc_tune::tests::{test}"),
+                "--exact",
+                "--test-threads=1",
+                "--nocapture",
+            ])
+            .env(CHILD, "1")
+            .env_remove("MALLOC_MMAP_THRESHOLD_")
+            .env_remove("MALLOC_TRIM_THRESHOLD_")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "child {test} failed:\n{text}");
+        assert!(text.contains("1 passed"), "child ran no test:\n{text}");
+        false
+    }
+
+    #[allow(unsafe_code)]
+    fn minor_faults() -> i64 {
+        // SAFETY: getrusage writes one rusage into the zeroed struct.
+        unsafe {
+            let mut u: libc::rusage = std::mem::zeroed();
+            assert_eq!(libc::getrusage(libc::RUSAGE_SELF, &mut u), 0);
+            u.ru_minflt
+        }
+    }
+
+    fn resident_bytes() -> u64 {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+        let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+        pages * 4096
+    }
+
+    /// A batch-sized buffer, filled and dropped over and over (what a
+    /// cluster member does hundreds of times a second), is faulted in
+    /// once, not at every use.
+    #[test]
+    fn a_reused_batch_buffer_is_not_faulted_in_again() {
+        if !in_child("a_reused_batch_buffer_is_not_faulted_in_again") {
+            return;
+        }
+        const BUF: usize = 4 * 1024 * 1024;
+        const ROUNDS: i64 = 200;
+        let pages_per_buffer = (BUF / 4096) as i64;
+        let before = minor_faults();
+        for round in 0..ROUNDS {
+            let mut v = vec![0u8; BUF];
+            v.iter_mut().step_by(4096).for_each(|b| *b = round as u8);
+            std::hint::black_box(&v);
+        }
+        let faults = minor_faults() - before;
+        assert!(
+            faults < 10 * pages_per_buffer,
+            "{faults} page faults for {ROUNDS} uses of one {BUF}-byte buffer \
+             ({pages_per_buffer} pages): each use maps fresh memory"
+        );
+    }
+
+    /// A large table, once dropped, goes back to the kernel (the reason
+    /// the threshold is fixed at all).
+    #[test]
+    fn a_dropped_large_table_is_given_back() {
+        if !in_child("a_dropped_large_table_is_given_back") {
+            return;
+        }
+        const TABLE: usize = 64 * 1024 * 1024;
+        let mut t = vec![0u8; TABLE];
+        t.iter_mut().step_by(4096).for_each(|b| *b = 1);
+        std::hint::black_box(&t);
+        let with = resident_bytes();
+        drop(t);
+        let without = resident_bytes();
+        assert!(
+            with - without >= (TABLE as u64) * 9 / 10,
+            "RSS fell by {} bytes when a {TABLE}-byte table was dropped",
+            with.saturating_sub(without)
+        );
+    }
+}
