@@ -3,6 +3,7 @@
 #
 #   tests/python/run.sh                 # start target/release/berth, run every test
 #   tests/python/run.sh -k exchange -x  # extra arguments go to pytest
+#   tests/python/run.sh tests/python/test_basic.py   # one file (or FILE::test)
 #   BERTH_TEST_URI=amqp://guest:guest@127.0.0.1:5672/ tests/python/run.sh
 #                                       # test another broker (e.g. RabbitMQ)
 #   BERTH_BIN=/path/to/berth tests/python/run.sh
@@ -60,7 +61,16 @@ if ! dpkg -s rabbitmq-server >/dev/null 2>&1; then
 fi
 
 cd "$root"
+# The whole directory unless the arguments name tests of their own
+# (a file or a node id: tests/python/run.sh tests/python/test_basic.py).
+targets=("$here")
+for a in "$@"; do
+  case "$a" in
+  -*) ;;
+  *.py | *.py::*) targets=() ;;
+  esac
+done
 set +e
-"$venv/bin/python" -m pytest -q -c "$here/pytest.ini" --rootdir "$here" "$here" "$@"
+"$venv/bin/python" -m pytest -q -c "$here/pytest.ini" --rootdir "$here" "${targets[@]}" "$@"
 rc=$?
 exit $rc

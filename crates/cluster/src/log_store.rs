@@ -24,8 +24,30 @@ use tokio::sync::oneshot;
 
 use crate::error::ClusterError;
 use crate::limits::LOG_REWRITE_BYTES_MIN;
-use crate::log_file::{self, encode_frame, Loaded, Writer, PURGED_FILE, VOTE_FILE};
+use crate::log_file::{self, append_frame, Loaded, Writer, PURGED_FILE, VOTE_FILE};
 use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
+
+/// postcard's output appended to a buffer that holds other frames
+/// already (its own `to_extend` takes the buffer by value).
+struct AppendTo<'a>(&'a mut Vec<u8>);
+
+impl postcard::ser_flavors::Flavor for AppendTo<'_> {
+    type Output = ();
+
+    fn try_push(&mut self, byte: u8) -> postcard::Result<()> {
+        self.0.push(byte);
+        Ok(())
+    }
+
+    fn try_extend(&mut self, bytes: &[u8]) -> postcard::Result<()> {
+        self.0.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<()> {
+        Ok(())
+    }
+}
 
 #[derive(Default)]
 struct State {
@@ -182,10 +204,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let mut s = self.state.lock();
             let at = s.log_end;
             for entry in entries {
-                let payload =
-                    postcard::to_allocvec(&entry).map_err(|e| StorageIOError::write_logs(&e))?;
                 let offset = at + frames.len() as u64;
-                frames.extend_from_slice(&encode_frame(&payload));
+                append_frame(&mut frames, |out| {
+                    postcard::serialize_with_flavor(&entry, AppendTo(out))
+                })
+                .map_err(|e| StorageIOError::write_logs(&e))?;
                 let index = entry.get_log_id().index;
                 debug_assert!(
                     s.entries.keys().next_back().is_none_or(|l| *l + 1 == index),

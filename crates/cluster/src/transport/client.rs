@@ -183,13 +183,15 @@ impl RaftNetwork<TypeConfig> for Peer {
         // Too big to send (or to be answered in time) at once: openraft
         // sends fewer entries next. Sized before encoding, so no append is
         // encoded only to be thrown away.
-        let fit = entries_within(&rpc.entries, self.frame_max.min(APPEND_BYTES_TARGET));
+        let (fit, size) = entries_within(&rpc.entries, self.frame_max.min(APPEND_BYTES_TARGET));
         if fit < rpc.entries.len() {
             return Err(RPCError::PayloadTooLarge(
                 PayloadTooLarge::new_entries_hint(fit as u64),
             ));
         }
-        let bytes = postcard::to_allocvec(&Request::Append(rpc))
+        // Encoded into a buffer of about its size: growing one by doubling
+        // would copy a multi-megabyte append several times.
+        let bytes = postcard::to_extend(&Request::Append(rpc), Vec::with_capacity(size))
             .map_err(|e| self.shape(CallError::Network(io::Error::other(e))))?;
         match self.call_encoded(bytes, option.hard_ttl()).await {
             Ok(Response::Append(r)) => {
@@ -231,21 +233,23 @@ impl RaftNetwork<TypeConfig> for Peer {
 
 /// How many of `entries`, from the first, fit in about `target` encoded
 /// bytes; at least one (a large entry goes alone).
-fn entries_within(entries: &[crate::types::Entry], target: usize) -> usize {
+fn entries_within(entries: &[crate::types::Entry], target: usize) -> (usize, usize) {
     /// Room for an entry's log id and framing, and for a membership.
     const OVERHEAD: usize = 64;
     const MEMBERSHIP: usize = 1024;
-    let mut size = 0usize;
+    let mut size = OVERHEAD;
     for (n, e) in entries.iter().enumerate() {
-        size += OVERHEAD
+        let next = size
+            + OVERHEAD
             + match &e.payload {
                 openraft::EntryPayload::Normal(c) => c.0.len(),
                 openraft::EntryPayload::Membership(_) => MEMBERSHIP,
                 openraft::EntryPayload::Blank => 0,
             };
-        if size > target && n > 0 {
-            return n;
+        if next > target && n > 0 {
+            return (n, size);
         }
+        size = next;
     }
-    entries.len()
+    (entries.len(), size)
 }
