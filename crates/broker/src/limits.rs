@@ -47,12 +47,18 @@ pub const STREAM_SEGMENT_BYTES_DEFAULT: u64 = 500_000_000;
 pub const STREAM_TAIL_MESSAGES_MAX: usize = 256;
 
 /// Stream messages read back from the journal together for a reader that
-/// is behind (its own window; readers at the same offsets share one).
+/// is behind (one chunk, which every reader at those offsets shares).
 pub const STREAM_READ_AHEAD_MESSAGES: usize = 256;
 
 /// About how many stored bytes one read-ahead batch of a stream reader
 /// takes (fewer messages when they are large, at least one).
 pub const STREAM_READ_AHEAD_BYTES: u64 = 1 << 20;
+
+/// Read-back chunks a stream keeps for its other readers
+/// (`stream/chunks.rs`): about this many times `STREAM_READ_AHEAD_BYTES`
+/// per stream being read, so readers that drift apart by up to this many
+/// chunks still read each stored byte once.
+pub const STREAM_READ_CHUNKS_MAX: usize = 16;
 
 /// Largest gap of offsets a stream's restart accepts between two stored
 /// entries (writes lost before a crash are at most what was in flight);
