@@ -457,3 +457,50 @@ fn ten_readers_behind_share_what_is_read_back_instead_of_reading_it_each() {
         "{READERS} readers read {reads} messages back for a stream of {MESSAGES}: each read it on its own"
     );
 }
+
+#[test]
+fn an_ack_on_a_stream_offers_deliveries_only_to_readers_with_credit() {
+    const READERS: usize = 10;
+    let t0 = Instant::now();
+    let journal = Arc::new(MemoryJournal::default());
+    let broker = Broker::with_journal(["/"], journal.clone(), 1, 1);
+    let v = broker.vhost("/").unwrap();
+    declare(&v, "s", stream_args(&[]), t0);
+    for i in 0..100 {
+        publish(&v, "s", &format!("m{i}"), t0);
+    }
+    let q = v.queue(1, "s").unwrap();
+    let readers: Vec<(Arc<Channel>, Arc<Sink>)> = (0..READERS)
+        .map(|_| {
+            let out = Arc::new(Sink::default());
+            let ch = channel(&v, &out);
+            ch.qos(1, false, t0);
+            let mut first = FieldTable::default();
+            first.insert(
+                "x-stream-offset".into(),
+                AMQPValue::LongString("first".into()),
+            );
+            ch.consume_with(Arc::clone(&q), "", false, false, &first, t0, |_| {})
+                .unwrap();
+            (ch, out)
+        })
+        .collect();
+    let asked = || -> Vec<usize> {
+        readers
+            .iter()
+            .map(|(_, o)| o.1.load(std::sync::atomic::Ordering::Relaxed))
+            .collect()
+    };
+    let before = asked();
+    // Reader 0 acks its one delivery: it alone has credit again.
+    let (ch, out) = &readers[0];
+    let tag = out.0.lock()[0].0;
+    ch.ack(tag, false, t0).unwrap();
+    assert_eq!(out.0.lock().len(), 2, "reader 0 got its next message");
+    let after = asked();
+    let others: usize = (1..READERS).map(|k| after[k] - before[k]).sum();
+    assert_eq!(
+        others, 0,
+        "the ack of reader 0 offered deliveries to readers without credit (asked {before:?} then {after:?})"
+    );
+}

@@ -352,6 +352,14 @@ impl Queue {
         };
         let mut delivered = 0usize;
         for i in 0..st.readers.len() {
+            // Without credit, nothing to offer: a single ack (PerfTest's
+            // way) dispatches to every reader, and the others' channel
+            // locks and output checks were most of what an ack cost. Read
+            // outside the channel lock; a credit returned meanwhile is
+            // followed by that ack's own dispatch.
+            if !has_credit(&st.readers[i].consumer) {
+                continue;
+            }
             loop {
                 let next = st.readers[i].next;
                 let mut committed = st.commit.end.load(Ordering::Acquire).min(st.log.end());
@@ -548,6 +556,13 @@ impl Queue {
         }
         (count, skipped)
     }
+}
+
+/// Can `c` take one more delivery as far as its prefetch goes? (A stream
+/// consumer always acks and has a per-consumer prefetch; the channel still
+/// checks both, and its output, under its lock.)
+fn has_credit(c: &Consumer) -> bool {
+    c.prefetch == 0 || c.in_flight.load(Ordering::Relaxed) < u32::from(c.prefetch)
 }
 
 /// A stored stream entry as the resident message it delivers.
