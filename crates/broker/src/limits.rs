@@ -54,11 +54,11 @@ pub const STREAM_READ_AHEAD_MESSAGES: usize = 256;
 /// takes (fewer messages when they are large, at least one).
 pub const STREAM_READ_AHEAD_BYTES: u64 = 1 << 20;
 
-/// Read-back chunks a stream keeps for its other readers
-/// (`stream/chunks.rs`): about this many times `STREAM_READ_AHEAD_BYTES`
-/// per stream being read, so readers that drift apart by up to this many
-/// chunks still read each stored byte once.
-pub const STREAM_READ_CHUNKS_MAX: usize = 16;
+/// Stored bytes of the read-back chunks a stream keeps for its other
+/// readers (`stream/chunks.rs`), per stream being read: readers that drift
+/// apart by up to this much still read each stored byte once (PerfTest's
+/// ten readers of a 1 KB stream drift further than 4 MiB apart).
+pub const STREAM_READ_CHUNKS_BYTES_MAX: u64 = 32 << 20;
 
 /// Largest gap of offsets a stream's restart accepts between two stored
 /// entries (writes lost before a crash are at most what was in flight);

@@ -28,7 +28,7 @@
 //!   each stored message is read and decoded about once however many
 //!   readers pass it; memory does not grow with how far behind readers
 //!   are, only with how many there are (one chunk each, plus at most
-//!   `STREAM_READ_CHUNKS_MAX` kept).
+//!   `STREAM_READ_CHUNKS_BYTES_MAX` kept).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -324,8 +324,13 @@ impl Queue {
             .collect();
         let read = self.env.dur.journal().read_many(qid, &ids);
         let mut msgs = Vec::with_capacity(ids.len());
+        let mut bytes = 0;
         for (id, r) in ids.iter().zip(read) {
-            match r.map_err(|e| e.to_string()).and_then(|p| decode_entry(&p)) {
+            let decoded = r.map_err(|e| e.to_string()).and_then(|p| {
+                bytes += p.len() as u64;
+                decode_entry(&p)
+            });
+            match decoded {
                 Ok(x) => msgs.push(x.msg),
                 Err(why) => {
                     tracing::error!(queue = %self.name, vhost = %self.vhost_name, msg = id, error = %why, "stream entry unreadable; skipped");
@@ -337,6 +342,7 @@ impl Queue {
         (!msgs.is_empty()).then_some(Chunk {
             first: offset,
             msgs,
+            bytes,
         })
     }
 

@@ -9,15 +9,16 @@
 //!   each decoded once; it is never changed after it is made.
 //! - Chunks kept here never overlap (a new read stops where a kept chunk
 //!   starts, [`ReadChunks::read_end`]), so an offset is in at most one.
-//! - At most `STREAM_READ_CHUNKS_MAX` chunks are kept; a chunk no reader
-//!   can need again (it ends at or before the slowest reader) goes first.
-//!   Memory is about that many read-ahead batches per stream being read,
-//!   plus the chunk each reader holds, whatever the stream's size.
+//! - Chunks of at most `STREAM_READ_CHUNKS_BYTES_MAX` stored bytes in all
+//!   are kept (and always the newest); a chunk no reader can need again
+//!   (it ends at or before the slowest reader) goes first, then the least
+//!   recently used. Memory is that bound per stream being read, plus the
+//!   chunk each reader holds, whatever the stream's size.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use crate::limits::STREAM_READ_CHUNKS_MAX;
+use crate::limits::STREAM_READ_CHUNKS_BYTES_MAX;
 use crate::message::Message;
 
 /// Messages read back together: offsets `first .. first + msgs.len()`.
@@ -25,6 +26,8 @@ use crate::message::Message;
 pub struct Chunk {
     pub first: u64,
     pub msgs: Vec<Arc<Message>>,
+    /// Stored bytes of its messages.
+    pub bytes: u64,
 }
 
 impl Chunk {
@@ -44,6 +47,8 @@ impl Chunk {
 #[derive(Debug, Default)]
 pub struct ReadChunks {
     chunks: VecDeque<Arc<Chunk>>,
+    /// Stored bytes of the kept chunks.
+    bytes: u64,
 }
 
 impl ReadChunks {
@@ -78,21 +83,36 @@ impl ReadChunks {
                 .all(|c| c.end() <= chunk.first || chunk.end() <= c.first),
             "kept chunks never overlap"
         );
-        self.chunks.retain(|c| c.end() > slowest);
+        self.forget_before(slowest);
+        self.bytes += chunk.bytes;
         self.chunks.push_back(chunk);
-        while self.chunks.len() > STREAM_READ_CHUNKS_MAX {
-            self.chunks.pop_front();
+        while self.bytes > STREAM_READ_CHUNKS_BYTES_MAX && self.chunks.len() > 1 {
+            let gone = self.chunks.pop_front().expect("more than one");
+            self.bytes -= gone.bytes;
         }
     }
 
     /// Forgets every chunk that ends at or before `first` (retention
     /// removed those offsets, or no reader is left to need them).
     pub fn forget_before(&mut self, first: u64) {
-        self.chunks.retain(|c| c.end() > first);
+        let bytes = &mut self.bytes;
+        self.chunks.retain(|c| {
+            let keep = c.end() > first;
+            if !keep {
+                *bytes -= c.bytes;
+            }
+            keep
+        });
     }
 
     pub fn clear(&mut self) {
         self.chunks.clear();
+        self.bytes = 0;
+    }
+
+    /// Stored bytes of the kept chunks.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
     }
 
     pub fn len(&self) -> usize {
@@ -119,6 +139,7 @@ mod tests {
         Arc::new(Chunk {
             first,
             msgs: vec![m; n],
+            bytes: n as u64 * 1000,
         })
     }
 
@@ -143,11 +164,14 @@ mod tests {
         c.keep(chunk(20, 10), 10);
         assert!(c.find(5).is_none());
         assert_eq!(c.len(), 2);
-        for i in 3..=STREAM_READ_CHUNKS_MAX as u64 + 5 {
+        // Chunks of 10,000 bytes: this many fit the bound.
+        let fit = usize::try_from(STREAM_READ_CHUNKS_BYTES_MAX / 10_000).unwrap();
+        for i in 3..=fit as u64 + 5 {
             c.find(10);
             c.keep(chunk(i * 10, 10), 10);
         }
-        assert_eq!(c.len(), STREAM_READ_CHUNKS_MAX);
+        assert_eq!(c.len(), fit);
+        assert!(c.bytes() <= STREAM_READ_CHUNKS_BYTES_MAX);
         assert!(c.find(10).is_some(), "used again and again, so kept");
         assert!(c.find(20).is_none(), "the least recently used went");
     }
