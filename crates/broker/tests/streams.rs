@@ -427,7 +427,7 @@ fn ten_readers_behind_share_what_is_read_back_instead_of_reading_it_each() {
         .collect();
     // Readers go at different speeds (the odd ones ack every other
     // round), so they drift apart as PerfTest's consumers do.
-    let mut acked = vec![0usize; READERS];
+    let mut acked = [0usize; READERS];
     for round in 0.. {
         let mut all_done = true;
         for (k, (ch, out)) in readers.iter().enumerate() {
