@@ -47,12 +47,18 @@ pub const STREAM_SEGMENT_BYTES_DEFAULT: u64 = 500_000_000;
 pub const STREAM_TAIL_MESSAGES_MAX: usize = 256;
 
 /// Stream messages read back from the journal together for a reader that
-/// is behind (its own window; readers at the same offsets share one).
+/// is behind (one chunk, which every reader at those offsets shares).
 pub const STREAM_READ_AHEAD_MESSAGES: usize = 256;
 
 /// About how many stored bytes one read-ahead batch of a stream reader
 /// takes (fewer messages when they are large, at least one).
 pub const STREAM_READ_AHEAD_BYTES: u64 = 1 << 20;
+
+/// Stored bytes of the read-back chunks a stream keeps for its other
+/// readers (`stream/chunks.rs`), per stream being read: readers that drift
+/// apart by up to this much still read each stored byte once (PerfTest's
+/// ten readers of a 1 KB stream drift further than 4 MiB apart).
+pub const STREAM_READ_CHUNKS_BYTES_MAX: u64 = 32 << 20;
 
 /// Largest gap of offsets a stream's restart accepts between two stored
 /// entries (writes lost before a crash are at most what was in flight);

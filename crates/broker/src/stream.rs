@@ -10,6 +10,7 @@
 //! the entry codec, the in-memory log); `queue/stream.rs` joins them to a
 //! queue's lock, its consumers and the journal.
 
+pub mod chunks;
 pub mod consume;
 pub mod declare;
 pub mod entry;

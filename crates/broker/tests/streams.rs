@@ -17,9 +17,13 @@ use berth_protocol::{AMQPProperties, AMQPValue, FieldTable};
 use bytes::Bytes;
 use parking_lot::Mutex;
 
-/// (x-stream-offset header, body) of every delivery, with its tag.
+/// (x-stream-offset header, body) of every delivery, with its tag; and
+/// how often a queue asked whether it may deliver.
 #[derive(Default)]
-struct Sink(Mutex<Vec<(u64, i64, Vec<u8>)>>);
+struct Sink(
+    Mutex<Vec<(u64, i64, Vec<u8>)>>,
+    std::sync::atomic::AtomicUsize,
+);
 
 impl Outlet for Sink {
     fn deliver(&self, _: u16, _: &str, tag: u64, _: bool, m: &Message) {
@@ -37,6 +41,7 @@ impl Outlet for Sink {
     }
     fn consumer_cancelled(&self, _: u16, _: &str) {}
     fn is_congested(&self) -> bool {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         false
     }
 }
@@ -357,4 +362,145 @@ fn consumers_get_only_messages_whose_write_is_durable() {
     journal.complete(1);
     broker.run_timers(Instant::now());
     assert_eq!(offsets(), vec![0, 1, 2]);
+}
+
+/// A journal that counts the messages read back from it.
+#[derive(Default)]
+struct CountingJournal {
+    inner: MemoryJournal,
+    reads: std::sync::atomic::AtomicUsize,
+}
+
+impl Journal for CountingJournal {
+    fn publish(&self, msg: u64, queues: &[u64], payload: Bytes, done: Option<Done>) {
+        self.inner.publish(msg, queues, payload, done);
+    }
+    fn remove(&self, queue: u64, msgs: &[u64], done: Option<Done>) {
+        self.inner.remove(queue, msgs, done);
+    }
+    fn purge(&self, queue: u64, done: Option<Done>) {
+        self.inner.purge(queue, done);
+    }
+    fn put_meta(&self, key: &[u8], value: &[u8]) -> Result<(), JournalError> {
+        self.inner.put_meta(key, value)
+    }
+    fn delete_meta(&self, key: &[u8]) -> Result<(), JournalError> {
+        self.inner.delete_meta(key)
+    }
+    fn read(&self, queue: u64, msg: u64) -> Result<Bytes, JournalError> {
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.read(queue, msg)
+    }
+    fn pages(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn ten_readers_behind_share_what_is_read_back_instead_of_reading_it_each() {
+    const MESSAGES: usize = 5000;
+    const READERS: usize = 10;
+    let t0 = Instant::now();
+    let journal = Arc::new(CountingJournal::default());
+    let broker = Broker::with_journal(["/"], journal.clone(), 1, 1);
+    let v = broker.vhost("/").unwrap();
+    declare(&v, "fan", stream_args(&[]), t0);
+    for i in 0..MESSAGES {
+        publish(&v, "fan", &format!("m{i}"), t0);
+    }
+    let q = v.queue(1, "fan").unwrap();
+    let readers: Vec<(Arc<Channel>, Arc<Sink>)> = (0..READERS)
+        .map(|_| {
+            let out = Arc::new(Sink::default());
+            let ch = channel(&v, &out);
+            ch.qos(50, false, t0);
+            let mut first = FieldTable::default();
+            first.insert(
+                "x-stream-offset".into(),
+                AMQPValue::LongString("first".into()),
+            );
+            ch.consume_with(Arc::clone(&q), "", false, false, &first, t0, |_| {})
+                .unwrap();
+            (ch, out)
+        })
+        .collect();
+    // Readers go at different speeds (the odd ones ack every other
+    // round), so they drift apart as PerfTest's consumers do.
+    let mut acked = [0usize; READERS];
+    for round in 0.. {
+        let mut all_done = true;
+        for (k, (ch, out)) in readers.iter().enumerate() {
+            let got = out.0.lock().len();
+            if got < MESSAGES {
+                all_done = false;
+            }
+            if (k % 2 == 1 && round % 2 == 1) || got == acked[k] {
+                continue;
+            }
+            let tag = out.0.lock()[got - 1].0;
+            ch.ack(tag, true, t0).unwrap();
+            acked[k] = got;
+        }
+        if all_done {
+            break;
+        }
+        assert!(round < 10 * MESSAGES, "the readers stopped");
+    }
+    for (_, out) in &readers {
+        let offsets: Vec<i64> = out.0.lock().iter().map(|(_, o, _)| *o).collect();
+        assert_eq!(offsets, (0..MESSAGES as i64).collect::<Vec<_>>());
+    }
+    let reads = journal.reads.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        reads <= 2 * MESSAGES,
+        "{READERS} readers read {reads} messages back for a stream of {MESSAGES}: each read it on its own"
+    );
+}
+
+#[test]
+fn an_ack_on_a_stream_offers_deliveries_only_to_readers_with_credit() {
+    const READERS: usize = 10;
+    let t0 = Instant::now();
+    let journal = Arc::new(MemoryJournal::default());
+    let broker = Broker::with_journal(["/"], journal.clone(), 1, 1);
+    let v = broker.vhost("/").unwrap();
+    declare(&v, "s", stream_args(&[]), t0);
+    for i in 0..100 {
+        publish(&v, "s", &format!("m{i}"), t0);
+    }
+    let q = v.queue(1, "s").unwrap();
+    let readers: Vec<(Arc<Channel>, Arc<Sink>)> = (0..READERS)
+        .map(|_| {
+            let out = Arc::new(Sink::default());
+            let ch = channel(&v, &out);
+            ch.qos(1, false, t0);
+            let mut first = FieldTable::default();
+            first.insert(
+                "x-stream-offset".into(),
+                AMQPValue::LongString("first".into()),
+            );
+            ch.consume_with(Arc::clone(&q), "", false, false, &first, t0, |_| {})
+                .unwrap();
+            (ch, out)
+        })
+        .collect();
+    let asked = || -> Vec<usize> {
+        readers
+            .iter()
+            .map(|(_, o)| o.1.load(std::sync::atomic::Ordering::Relaxed))
+            .collect()
+    };
+    let before = asked();
+    // Reader 0 acks its one delivery: it alone has credit again.
+    let (ch, out) = &readers[0];
+    let tag = out.0.lock()[0].0;
+    ch.ack(tag, false, t0).unwrap();
+    assert_eq!(out.0.lock().len(), 2, "reader 0 got its next message");
+    let after = asked();
+    let others: usize = (1..READERS).map(|k| after[k] - before[k]).sum();
+    assert_eq!(
+        others, 0,
+        "the ack of reader 0 offered deliveries to readers without credit (asked {before:?} then {after:?})"
+    );
 }

@@ -19,6 +19,7 @@ mod malloc_tune;
 mod serve_args;
 mod status;
 mod store_cmd;
+mod stream_scan;
 
 #[derive(Parser)]
 #[command(name = "berth", version, about = "A durable AMQP 0-9-1 message broker")]

@@ -276,6 +276,23 @@ fn scan_json(s: &Scanned, top: usize) -> Value {
             "oldest_msg": r.oldest.map(|(m, _)| m.0),
             "oldest_segment": r.oldest.map(|(_, seg)| seg),
         })).collect::<Vec<_>>(),
+        "streams": crate::stream_scan::streams(&s.layout, &s.groups).iter().map(|st| json!({
+            "vhost": st.vhost,
+            "name": st.name,
+            "queue_id": st.queue_id,
+            "messages": st.messages(),
+            "bytes": st.bytes(),
+            "segments": st.segments.iter().map(|sg| json!({
+                "group": sg.group,
+                "file": berth_store::segment::segment_name(sg.seq),
+                "messages": sg.messages,
+                "bytes": sg.bytes,
+                "first_offset": sg.offsets.as_ref().ok().map(|o| o.0),
+                "last_offset": sg.offsets.as_ref().ok().map(|o| o.1),
+                "last_timestamp_ms": sg.last_timestamp_ms,
+                "problem": sg.offsets.as_ref().err(),
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
         "recommendations": advice_of(s).into_iter().map(|a| json!({
             "topic": a.topic, "recommendation": a.recommendation, "reasoning": a.reasoning,
         })).collect::<Vec<_>>(),
@@ -392,6 +409,34 @@ fn print_scan(s: &Scanned, top: usize) {
             r.oldest.map_or(0, |(m, _)| m.0),
             r.oldest.map_or(0, |(_, seg)| seg)
         );
+    }
+    let streams = crate::stream_scan::streams(&s.layout, &s.groups);
+    if !streams.is_empty() {
+        println!("\nstreams ({}), by journal segment:", streams.len());
+    }
+    for st in &streams {
+        println!(
+            "  '{}' in vhost '{}': {} msgs, {} in {} segment(s)",
+            st.name,
+            st.vhost,
+            st.messages(),
+            human(st.bytes()),
+            st.segments.len()
+        );
+        for sg in &st.segments {
+            let offsets = match &sg.offsets {
+                Ok((a, b)) => format!("offsets {a}..{b}"),
+                Err(why) => format!("offsets unreadable: {why}"),
+            };
+            println!(
+                "    group {:>2} {:<16} {:>8} msgs {:>10}  {offsets}  newest at {} ms",
+                sg.group,
+                berth_store::segment::segment_name(sg.seq),
+                sg.messages,
+                human(sg.bytes),
+                sg.last_timestamp_ms.map_or("?".into(), |t| t.to_string())
+            );
+        }
     }
     println!("\nrecommendations:");
     for a in advice_of(s) {

@@ -662,3 +662,76 @@ async fn compact_frees_mostly_dead_segments_keeps_every_live_message_and_refuses
     assert_eq!(bodies, expected, "every kept message, intact and in order");
     let _cleanup = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scan_shows_a_streams_segments_with_their_offsets() {
+    const MESSAGES: u64 = 300;
+    let dir = temp_dir("stream-scan");
+    let dirs = [dir.clone()];
+    let broker = Broker::start(&dirs, 1);
+    {
+        let conn = Connection::connect(&broker.uri, ConnectionProperties::default())
+            .await
+            .expect("connect");
+        let ch = conn.create_channel().await.expect("channel");
+        let mut args = FieldTable::default();
+        args.insert(
+            "x-queue-type".into(),
+            lapin::types::AMQPValue::LongString("stream".into()),
+        );
+        ch.queue_declare(
+            "events".into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            args,
+        )
+        .await
+        .expect("declare a stream");
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .expect("confirm.select");
+        for i in 0..MESSAGES {
+            ch.basic_publish(
+                "".into(),
+                "events".into(),
+                BasicPublishOptions::default(),
+                &body("events", i as usize, SIZE),
+                BasicProperties::default(),
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("confirm");
+        }
+        conn.close(200, "bye".into()).await.expect("close");
+    }
+    broker.stop();
+
+    let out = berth(&["store", "scan", "--json"], &dirs);
+    let v = json_of(&out);
+    let streams = v["streams"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no streams in {v}"));
+    assert_eq!(streams.len(), 1, "{v}");
+    let st = &streams[0];
+    assert_eq!(st["name"], "events");
+    assert_eq!(st["messages"], MESSAGES);
+    let segs = st["segments"].as_array().unwrap();
+    assert!(segs.len() > 1, "300 KB in 64 KiB segments: {st}");
+    // The segments tile the offsets 0..=299 in order.
+    let mut next = 0;
+    for s in segs {
+        assert_eq!(s["first_offset"], next, "{st}");
+        let last = s["last_offset"].as_u64().unwrap();
+        assert_eq!(last - next + 1, s["messages"].as_u64().unwrap(), "{st}");
+        assert!(s["last_timestamp_ms"].as_u64().unwrap() > 0, "{st}");
+        next = last + 1;
+    }
+    assert_eq!(next, MESSAGES);
+    let text = String::from_utf8_lossy(&berth(&["store", "scan"], &dirs).stdout).into_owned();
+    assert!(text.contains("'events' in vhost '/': 300 msgs"), "{text}");
+    assert!(text.contains("offsets 0.."), "{text}");
+    let _cleanup = std::fs::remove_dir_all(&dir);
+}

@@ -187,6 +187,17 @@ pub struct QueueReport {
     pub oldest: Option<(MsgId, u32)>,
 }
 
+/// Live messages of one queue in one segment, with where its oldest and
+/// newest are (so a tool can read them: a stream's offsets, say).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueSegmentReport {
+    pub messages: u64,
+    /// Payload bytes.
+    pub bytes: u64,
+    pub oldest: (MsgId, Loc),
+    pub newest: (MsgId, Loc),
+}
+
 /// Message-size histogram with log-2 buckets: bucket `i` counts sizes in
 /// `[2^i, 2^(i+1))`, bucket 0 also counts size 0.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -248,6 +259,8 @@ pub struct GroupReport {
     pub live_messages: u64,
     pub live_payload_bytes: u64,
     pub queues: BTreeMap<QueueId, QueueReport>,
+    /// Live messages by queue and segment.
+    pub queue_segments: BTreeMap<(QueueId, u32), QueueSegmentReport>,
     /// Payload sizes of every Publish record in the journal.
     pub sizes: Histogram,
     /// Distinct queues named by Publish records in the journal.
@@ -612,6 +625,25 @@ impl Inspecting<'_> {
                 if qr.oldest.is_none_or(|(o, _)| m.msg < o) {
                     qr.oldest = Some((m.msg, m.loc.seg));
                 }
+                let at = (m.msg, m.loc);
+                rep.queue_segments
+                    .entry((*q, m.loc.seg))
+                    .and_modify(|r| {
+                        r.messages += 1;
+                        r.bytes += len;
+                        if m.msg < r.oldest.0 {
+                            r.oldest = at;
+                        }
+                        if m.msg > r.newest.0 {
+                            r.newest = at;
+                        }
+                    })
+                    .or_insert(QueueSegmentReport {
+                        messages: 1,
+                        bytes: len,
+                        oldest: at,
+                        newest: at,
+                    });
             }
         }
         for s in &mut rep.segments {
@@ -622,6 +654,32 @@ impl Inspecting<'_> {
                 .bytes
                 .saturating_sub(SEGMENT_HEADER_BYTES as u64 + live.bytes + s.tail_bytes);
         }
+    }
+}
+
+/// Reads the payload of live message `msg` at `loc` in group `g` back
+/// (read-only), checked against its record's CRC.
+pub fn read_payload(
+    storage: &dyn Storage,
+    layout: &Layout,
+    g: u32,
+    msg: MsgId,
+    loc: Loc,
+) -> Result<Vec<u8>, StoreError> {
+    let path = layout.group_dir(g).join(segment::segment_name(loc.seg));
+    let f = storage
+        .open_read(&path)
+        .map_err(|e| StoreError::io("open", &path, e))?;
+    let mut buf = vec![0u8; loc.len as usize];
+    f.read_exact_at(&mut buf, u64::from(loc.offset))
+        .map_err(|e| StoreError::io("read", &path, e))?;
+    match record::message_payload(layout.manifest.record_salt, &buf, msg) {
+        Ok(p) => Ok(p.to_vec()),
+        Err(other) => Err(StoreError::Corrupt {
+            path,
+            offset: u64::from(loc.offset),
+            reason: format!("record of {msg} does not verify: {other:?}"),
+        }),
     }
 }
 

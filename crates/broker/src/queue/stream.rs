@@ -22,11 +22,13 @@
 //!   thread and must not deliver itself).
 //! - Nothing is ever removed by a consumer; retention journals the removal
 //!   of whole segments (collected under the lock, journaled after it).
-//! - A lagging reader reads from the journal in batches (at most
+//! - A lagging reader reads from the journal in chunks (at most
 //!   `STREAM_READ_AHEAD_MESSAGES` and about `STREAM_READ_AHEAD_BYTES`)
-//!   into a window of its own, or shares the batch of another reader at
-//!   the same offsets; memory does not grow with how far behind readers
-//!   are, only with how many there are.
+//!   that the stream keeps for its other readers (`stream/chunks.rs`), so
+//!   each stored message is read and decoded about once however many
+//!   readers pass it; memory does not grow with how far behind readers
+//!   are, only with how many there are (one chunk each, plus at most
+//!   `STREAM_READ_CHUNKS_BYTES_MAX` kept).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -44,6 +46,7 @@ use crate::limits::{
 };
 use crate::message::Message;
 use crate::ready::QueuedMessage;
+use crate::stream::chunks::{Chunk, ReadChunks};
 use crate::stream::entry;
 use crate::stream::log::{Resident, StreamLog, StreamStats};
 use crate::stream::offset::OffsetSpec;
@@ -72,8 +75,8 @@ pub struct StoredEntry {
 struct Reader {
     consumer: Arc<Consumer>,
     next: u64,
-    /// Messages read ahead for it: offsets `next .. next + window.len()`.
-    window: std::collections::VecDeque<Arc<Message>>,
+    /// The read-back chunk it is reading (usually holds `next`).
+    chunk: Option<Arc<Chunk>>,
 }
 
 /// A stream's state, under its queue's lock.
@@ -81,6 +84,8 @@ struct Reader {
 pub(super) struct StreamState {
     log: StreamLog,
     readers: Vec<Reader>,
+    /// Chunks read back from the journal, for every reader that passes.
+    chunks: ReadChunks,
     /// Shared with the completions of the stream's writes.
     commit: Arc<Commit>,
 }
@@ -259,9 +264,10 @@ impl Queue {
         for r in &mut st.readers {
             if r.next < first {
                 r.next = first;
-                r.window.clear();
+                r.chunk = None;
             }
         }
+        st.chunks.forget_before(first);
     }
 
     /// When a stream with `max-age` should check its retention again.
@@ -272,51 +278,72 @@ impl Queue {
             .then(|| now + Duration::from_millis(STREAM_RETENTION_CHECK_MS))
     }
 
-    /// The next message of reader `i`: resident, read ahead already, in
-    /// another reader's window, or read back from the journal with the
-    /// offsets after it. `None` for a gap or an unreadable entry (logged;
-    /// the reader skips it).
+    /// The next message of reader `i`: resident, in the chunk it reads,
+    /// in a chunk another reader read, or read back from the journal with
+    /// the offsets after it (a new chunk, kept for the others). `None` for
+    /// a gap or an unreadable entry (logged; the reader skips it).
     fn stream_message(&self, st: &mut StreamState, i: usize) -> Option<Arc<Message>> {
         let offset = st.readers[i].next;
         if let Some(r) = st.log.resident(offset) {
-            st.readers[i].window.clear();
+            st.readers[i].chunk = None;
             return Some(Arc::clone(&r.msg));
         }
-        if let Some(m) = st.readers[i].window.front() {
+        if let Some(m) = st.readers[i].chunk.as_ref().and_then(|c| c.get(offset)) {
             return Some(Arc::clone(m));
         }
-        // Another reader's window at this offset: share its batch.
-        let shared: Option<Vec<Arc<Message>>> = st.readers.iter().find_map(|r| {
-            let k = usize::try_from(offset.checked_sub(r.next)?).ok()?;
-            (k < r.window.len()).then(|| r.window.iter().skip(k).cloned().collect())
-        });
-        if let Some(batch) = shared {
-            st.readers[i].window = batch.into();
-            return st.readers[i].window.front().cloned();
-        }
+        let chunk = match st.chunks.find(offset) {
+            Some(c) => c,
+            None => {
+                let c = Arc::new(self.stream_read_chunk(st, offset)?);
+                let slowest = st.readers.iter().map(|r| r.next).min().unwrap_or(offset);
+                st.chunks.keep(Arc::clone(&c), slowest);
+                c
+            }
+        };
+        let m = chunk.get(offset).cloned();
+        st.readers[i].chunk = Some(chunk);
+        m
+    }
+
+    /// Reads the messages from `offset` on back from the journal: up to a
+    /// read-ahead batch, stopping before a resident message, a gap, a kept
+    /// chunk or an unreadable entry (logged). `None` if not even the
+    /// first could be read.
+    fn stream_read_chunk(&self, st: &StreamState, offset: u64) -> Option<Chunk> {
         let qid = self.store_id?;
         let s = st.log.stats();
         let average = (s.bytes / s.messages.max(1)).max(1);
         let batch = (STREAM_READ_AHEAD_BYTES / average).clamp(1, STREAM_READ_AHEAD_MESSAGES as u64);
-        let last = (offset + batch).min(st.log.end());
+        let last = st
+            .chunks
+            .read_end(offset, (offset + batch).min(st.log.end()));
         let ids: Vec<u64> = (offset..last)
             .take_while(|o| st.log.resident(*o).is_none())
             .map(|o| st.log.id_at(o).unwrap_or(0))
             .take_while(|id| *id != 0)
             .collect();
         let read = self.env.dur.journal().read_many(qid, &ids);
-        let window = &mut st.readers[i].window;
+        let mut msgs = Vec::with_capacity(ids.len());
+        let mut bytes = 0;
         for (id, r) in ids.iter().zip(read) {
-            match r.map_err(|e| e.to_string()).and_then(|p| decode_entry(&p)) {
-                Ok(x) => window.push_back(x.msg),
+            let decoded = r.map_err(|e| e.to_string()).and_then(|p| {
+                bytes += p.len() as u64;
+                decode_entry(&p)
+            });
+            match decoded {
+                Ok(x) => msgs.push(x.msg),
                 Err(why) => {
                     tracing::error!(queue = %self.name, vhost = %self.vhost_name, msg = id, error = %why, "stream entry unreadable; skipped");
-                    // The window ends before it; the reader skips it.
+                    // The chunk ends before it; the reader skips it.
                     break;
                 }
             }
         }
-        window.front().cloned()
+        (!msgs.is_empty()).then_some(Chunk {
+            first: offset,
+            msgs,
+            bytes,
+        })
     }
 
     /// Hands each reader the messages it has credit for, in offset order.
@@ -331,6 +358,14 @@ impl Queue {
         };
         let mut delivered = 0usize;
         for i in 0..st.readers.len() {
+            // Without credit, nothing to offer: a single ack (PerfTest's
+            // way) dispatches to every reader, and the others' channel
+            // locks and output checks were most of what an ack cost. Read
+            // outside the channel lock; a credit returned meanwhile is
+            // followed by that ack's own dispatch.
+            if !has_credit(&st.readers[i].consumer) {
+                continue;
+            }
             loop {
                 let next = st.readers[i].next;
                 let mut committed = st.commit.end.load(Ordering::Acquire).min(st.log.end());
@@ -359,7 +394,6 @@ impl Queue {
                 match c.channel.try_deliver(&c, self, m, now) {
                     Ok(()) => {
                         st.readers[i].next += 1;
-                        st.readers[i].window.pop_front();
                         delivered += 1;
                         self.counters.add_delivered();
                     }
@@ -389,7 +423,7 @@ impl Queue {
         st.readers.push(Reader {
             consumer: c,
             next,
-            window: Default::default(),
+            chunk: None,
         });
         s.stream = Some(st);
     }
@@ -432,6 +466,9 @@ impl Queue {
     pub(super) fn stream_detach(&self, s: &mut QueueState, c: &Arc<Consumer>) {
         if let Some(st) = s.stream.as_mut() {
             st.readers.retain(|r| !Arc::ptr_eq(&r.consumer, c));
+            if st.readers.is_empty() {
+                st.chunks.clear();
+            }
         }
     }
 
@@ -525,6 +562,13 @@ impl Queue {
         }
         (count, skipped)
     }
+}
+
+/// Can `c` take one more delivery as far as its prefetch goes? (A stream
+/// consumer always acks and has a per-consumer prefetch; the channel still
+/// checks both, and its output, under its lock.)
+fn has_credit(c: &Consumer) -> bool {
+    c.prefetch == 0 || c.in_flight.load(Ordering::Relaxed) < u32::from(c.prefetch)
 }
 
 /// A stored stream entry as the resident message it delivers.

@@ -63,6 +63,17 @@ pub fn encode(offset: u64, timestamp_ms: u64, message: &[u8]) -> Bytes {
 
 /// Decodes an entry written by [`encode`].
 pub fn decode(p: &Bytes) -> Result<Entry, EntryError> {
+    let (offset, timestamp_ms) = decode_header(p)?;
+    Ok(Entry {
+        offset,
+        timestamp_ms,
+        message: p.slice(ENTRY_HEADER_BYTES..),
+    })
+}
+
+/// An entry's offset and timestamp (what the store tools show), checked
+/// as [`decode`] checks them.
+pub fn decode_header(p: &[u8]) -> Result<(u64, u64), EntryError> {
     if p.len() < ENTRY_HEADER_BYTES {
         return Err(EntryError::Short(p.len()));
     }
@@ -74,11 +85,7 @@ pub fn decode(p: &Bytes) -> Result<Entry, EntryError> {
         a.copy_from_slice(&p[at..at + 8]);
         u64::from_le_bytes(a)
     };
-    Ok(Entry {
-        offset: u64_at(OFF_OFFSET),
-        timestamp_ms: u64_at(OFF_TIMESTAMP_MS),
-        message: p.slice(ENTRY_HEADER_BYTES..),
-    })
+    Ok((u64_at(OFF_OFFSET), u64_at(OFF_TIMESTAMP_MS)))
 }
 
 #[cfg(test)]
