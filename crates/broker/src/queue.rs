@@ -13,7 +13,7 @@
 //!   after it is released, so a queue never holds its lock while publishing to
 //!   another queue.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -38,6 +38,17 @@ use crate::timers::{TimerTarget, Timers};
 use effects::Effects;
 pub use retry::{backoff_ms, delivery_limit, DELIVERY_COUNT_HEADER};
 pub use stream::{StoredEntry, OFFSET_HEADER};
+
+/// See [`view_reads`].
+static VIEW_READS: AtomicU64 = AtomicU64::new(0);
+
+/// How many times a queue's state was read for a view (`Queue::stats`)
+/// since the process started: what a management
+/// request costs in queues visited. Tests pin that status requests
+/// (`/api/overview`, `/metrics`) visit none.
+pub fn view_reads() -> u64 {
+    VIEW_READS.load(Ordering::Relaxed)
+}
 
 /// Counters for the management view and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,6 +251,7 @@ impl Queue {
     }
 
     pub fn stats(&self) -> QueueStats {
+        VIEW_READS.fetch_add(1, Ordering::Relaxed);
         let s = self.state.lock();
         if let Some(st) = s.stream.as_ref() {
             let l = st.stats();
