@@ -26,6 +26,7 @@ mod effects;
 mod retry;
 mod settings;
 mod stream;
+mod tally;
 use crate::dead_letter::{DeadLetter, DeathReason};
 use crate::durable::{Done, Durability, PAGING_BIT};
 use crate::events::{self, Origin};
@@ -111,6 +112,8 @@ pub struct QueueEnv {
     pub owner: Weak<dyn QueueOwner>,
     /// Wall-clock time, for stream timestamps and retention by age.
     pub clock: Arc<dyn crate::clock::Clock>,
+    /// The vhost's totals, to which the queue reports its changes.
+    pub totals: Arc<crate::totals::QueueTotals>,
 }
 
 /// A consumer attached to a queue.
@@ -153,6 +156,8 @@ struct QueueState {
     stream: Option<Box<stream::StreamState>>,
     /// Returned messages waiting for their delayed retry.
     retrying: retry::Retrying,
+    /// What it last reported to its vhost's totals (`queue/tally.rs`).
+    reported: crate::totals::Tally,
 }
 
 /// A queue.
@@ -210,6 +215,7 @@ impl Queue {
                 last_used: now,
                 timer_at: None,
                 retrying: retry::Retrying::default(),
+                reported: crate::totals::Tally::default(),
                 pager: Pager::default(),
                 last_delivery: None,
                 stream: (args.queue_type == crate::args::QueueType::Stream).then(Box::default),
@@ -808,6 +814,7 @@ impl Queue {
         let n = s.ready.drain().len()
             + s.retrying.drain().len()
             + s.stream.take().map_or(0, |st| st.stats().messages as usize);
+        self.report_locked(&mut s);
         (n, std::mem::take(&mut s.consumers), s.pager.paging_id)
     }
 }

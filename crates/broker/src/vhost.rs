@@ -33,6 +33,7 @@ use crate::queue::{Queue, QueueEnv, QueueOwner};
 pub use crate::routing::PublishResult;
 use crate::routing::{self, Names};
 use crate::timers::Timers;
+use crate::totals::{QueueTotals, Totals};
 
 mod apply;
 mod bindings;
@@ -56,6 +57,8 @@ pub struct VHost {
     counts: RwLock<CountLimits>,
     /// Policies and operator policies (see `vhost/policies.rs`).
     policies: RwLock<Arc<crate::policy::VhostPolicies>>,
+    /// Totals over its queues, kept as they change (`totals.rs`).
+    totals: Arc<QueueTotals>,
     me: Weak<VHost>,
 }
 
@@ -95,6 +98,7 @@ impl VHost {
             definitions: Mutex::new(()),
             counts: RwLock::new(CountLimits::default()),
             policies: RwLock::default(),
+            totals: Arc::default(),
             me: me.clone(),
         });
         {
@@ -133,6 +137,7 @@ impl VHost {
             timers: Arc::clone(&self.timers),
             owner,
             clock: Arc::clone(&self.clock),
+            totals: Arc::clone(&self.totals),
         }
     }
 
@@ -145,7 +150,8 @@ impl VHost {
     /// Adds a queue as it is (restore after a restart).
     pub(crate) fn insert_queue(&self, q: Arc<Queue>) {
         self.apply_policies_to_queue(&q, self.clock.now());
-        self.queues.write().insert(q.name.clone(), q);
+        self.queues.write().insert(q.name.clone(), Arc::clone(&q));
+        q.report_totals();
     }
 
     /// A queue by name, whoever owns it.
@@ -229,6 +235,20 @@ impl VHost {
 
     pub fn queue_count(&self) -> usize {
         self.queues.read().len()
+    }
+
+    pub fn exchange_count(&self) -> usize {
+        self.exchanges.read().len()
+    }
+
+    /// Totals over its queues, read without visiting any (`totals.rs`).
+    pub fn totals(&self) -> Totals {
+        self.totals.get()
+    }
+
+    /// Takes a sample of the totals' rates (the rate sampler's tick).
+    pub fn sample_rates(&self, now: Instant) {
+        self.totals.sample(now);
     }
 
     /// `exchange.declare`.
@@ -480,6 +500,7 @@ impl VHost {
         ));
         self.apply_policies_to_queue(&q, now);
         self.queues.write().insert(name.clone(), Arc::clone(&q));
+        q.report_totals();
         // Again, now that it is in the map: a policy change that ran
         // meanwhile did not see it (see `vhost/policies.rs`).
         self.apply_policies_to_queue(&q, now);
