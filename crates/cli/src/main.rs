@@ -15,6 +15,7 @@ mod compact_cmd;
 mod events_cmd;
 mod exit;
 mod https_client;
+mod heap_trim;
 mod malloc_tune;
 mod serve_args;
 mod status;
@@ -106,6 +107,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         eprintln!("berth: {e}");
         return ExitCode::from(EXIT_UNREADABLE);
     }
+    heap_trim::spawn();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
