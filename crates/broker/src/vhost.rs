@@ -8,7 +8,7 @@
 //! - A deleted queue is first marked deleted under its own lock, then removed
 //!   from the map and from every exchange's bindings.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
@@ -45,7 +45,9 @@ mod policies;
 pub struct VHost {
     pub name: String,
     exchanges: RwLock<HashMap<String, Arc<Exchange>>>,
-    queues: RwLock<HashMap<String, Arc<Queue>>>,
+    /// In name order, so a page of the management list costs its own
+    /// length (`queue_page`), not the number of queues.
+    queues: RwLock<BTreeMap<String, Arc<Queue>>>,
     pub timers: Arc<Timers>,
     dur: Arc<Durability>,
     clock: Arc<dyn Clock>,
@@ -91,7 +93,7 @@ impl VHost {
         let v = Arc::new_cyclic(|me| Self {
             name: name.to_owned(),
             exchanges: RwLock::new(HashMap::new()),
-            queues: RwLock::new(HashMap::new()),
+            queues: RwLock::new(BTreeMap::new()),
             timers,
             dur,
             clock,
@@ -210,9 +212,17 @@ impl VHost {
         ))
     }
 
-    /// Every queue, for the management view.
+    /// Every queue, in name order, for the management view.
     pub fn queues(&self) -> Vec<Arc<Queue>> {
         self.queues.read().values().cloned().collect()
+    }
+
+    /// At most `take` queues in name order, after the first `skip`: one
+    /// page of the management list, at the cost of `skip + take` steps.
+    pub fn queue_page(&self, skip: usize, take: usize) -> Vec<Arc<Queue>> {
+        (self.queues.read().values().skip(skip).take(take))
+            .cloned()
+            .collect()
     }
 
     /// Every exchange, for the management view.

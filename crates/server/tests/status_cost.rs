@@ -1,8 +1,9 @@
 //! What `berth status` asks for costs the same with 10 queues as with
 //! 10,000: `GET /api/overview` and `GET /metrics` read totals kept as the
 //! queues change, and visit no queue (counted by
-//! `berth_broker::queue::view_reads`, not timed). Their totals still say
-//! what a walk over every queue would.
+//! `berth_broker::queue::view_reads`, not timed); a page of the queue list
+//! reads its own queues. Their totals still say what a walk over every
+//! queue would.
 //!
 //! One test in this binary, so no other test's reads are counted.
 
@@ -95,6 +96,15 @@ async fn overview_and_metrics_visit_no_queue_and_agree_with_the_queues() {
         let after_overview = berth_broker::queue::view_reads();
         let metrics = ok(http, "GET", "/metrics", "");
         let after_metrics = berth_broker::queue::view_reads();
+        // berth status's page of queues: the page's queues alone.
+        let page: Value = serde_json::from_str(&ok(
+            http,
+            "GET",
+            "/api/queues?page=2&page_size=20",
+            "",
+        ))
+        .expect("a page is JSON");
+        let after_page = berth_broker::queue::view_reads();
 
         assert_eq!(overview["object_totals"]["queues"], queues);
         assert_eq!(overview["queue_totals"]["messages"], messages);
@@ -110,6 +120,15 @@ async fn overview_and_metrics_visit_no_queue_and_agree_with_the_queues() {
             (metric(&metrics, "rabbitmq_queue_messages_ready_bytes") - 5.0 * messages_f).abs()
                 < 0.5
         );
+
+        assert_eq!(page["total_count"], queues);
+        assert_eq!(page["page_count"], queues / 20);
+        let names: Vec<&str> = (page["items"].as_array().expect("items").iter())
+            .map(|q| q["name"].as_str().expect("a name"))
+            .collect();
+        let want: Vec<String> = (20..40).map(|i| format!("q{i:04}")).collect();
+        assert_eq!(names, want);
+        assert_eq!(after_page - after_metrics, 20, "a page reads its own queues only");
 
         assert_eq!(
             after_overview - before,
