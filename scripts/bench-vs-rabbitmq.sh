@@ -163,6 +163,9 @@ for s in $scenarios; do
       --broker-log "$out/restart-starts.log") ;;
   spooler)
     args+=(--pid "$(berth_pid)" --vs-pid "$(rabbit_pid)" --mgmt-url "$mgmt_b" --vs-mgmt-url "$mgmt_r") ;;
+  fanin)
+    # The machine's fdatasync latency is timed beside berth's data.
+    args+=(--pid "$(berth_pid)" --vs-pid "$(rabbit_pid)" --limits-dir "$bdir/data") ;;
   *)
     args+=(--pid "$(berth_pid)" --vs-pid "$(rabbit_pid)") ;;
   esac

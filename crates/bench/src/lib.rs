@@ -18,6 +18,7 @@
 
 pub mod amqp;
 pub mod http;
+pub mod limits;
 pub mod procstat;
 pub mod report;
 pub mod scenarios;
@@ -82,6 +83,14 @@ pub struct CommonArgs {
     /// No progress bars.
     #[arg(long)]
     pub quiet: bool,
+    /// Directory on the broker's data disk where the machine's fdatasync
+    /// latency is timed, for the bound of latency-bound figures (fanin)
+    /// [default: the --out directory].
+    #[arg(long, value_name = "DIR")]
+    pub limits_dir: Option<PathBuf>,
+    /// Do not measure the machine's limits (fdatasync, loopback RTT).
+    #[arg(long)]
+    pub no_limits: bool,
 }
 
 impl CommonArgs {
@@ -101,6 +110,8 @@ impl CommonArgs {
             vs_mgmt_url: None,
             confidence: "99.5".into(),
             quiet: true,
+            limits_dir: None,
+            no_limits: true,
         }
     }
 }
@@ -316,6 +327,12 @@ pub async fn run_async(args: BenchArgs) -> Result<(), BenchError> {
         PathBuf::from(format!("bench-results/{name}-{secs}"))
     });
     let mut recorder = report::Recorder::create(&out)?;
+    // Measured before the load, so the bench's own work does not slow it.
+    let limits = if common.no_limits || !plan.has_latency_bound() {
+        None
+    } else {
+        Some(limits::measure(common.limits_dir.as_ref().unwrap_or(&out))?)
+    };
     let mut targets = vec![Target {
         label: "a",
         uri: common.uri.clone(),
@@ -369,6 +386,9 @@ pub async fn run_async(args: BenchArgs) -> Result<(), BenchError> {
         }
     }
     let mut text = report::summary(recorder.samples(), confidence);
+    if let Some(l) = &limits {
+        text.push_str(&limits::section(recorder.samples(), l));
+    }
     for n in &notes {
         text.push_str(&format!("\nnote: {n}"));
     }

@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 /// `collect_statistics_interval` is 5 s).
 pub const RATE_SAMPLE_INTERVAL_MS: u64 = 5_000;
 
-/// Counters of one queue.
+/// Counters of one queue (or, in `totals.rs`, of a vhost's queues together).
 #[derive(Default)]
 pub struct QueueCounters {
     pub published: AtomicU64,
@@ -34,7 +34,7 @@ struct Rates {
 }
 
 /// Totals and their per-second rates.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct CounterSnapshot {
     pub published: u64,
     pub delivered: u64,
@@ -57,7 +57,7 @@ impl QueueCounters {
         self.acked.fetch_add(n as u64, Ordering::Relaxed);
     }
 
-    fn totals(&self) -> [u64; 3] {
+    pub(crate) fn totals(&self) -> [u64; 3] {
         [
             self.published.load(Ordering::Relaxed),
             self.delivered.load(Ordering::Relaxed),

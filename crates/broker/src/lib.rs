@@ -40,6 +40,7 @@ mod restore;
 pub mod routing;
 pub mod stream;
 pub mod timers;
+pub mod totals;
 pub mod vhost;
 
 pub use broker::Broker;

@@ -13,7 +13,7 @@
 //!   after it is released, so a queue never holds its lock while publishing to
 //!   another queue.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,7 @@ mod effects;
 mod retry;
 mod settings;
 mod stream;
+mod tally;
 use crate::dead_letter::{DeadLetter, DeathReason};
 use crate::durable::{Done, Durability, PAGING_BIT};
 use crate::events::{self, Origin};
@@ -38,6 +39,17 @@ use crate::timers::{TimerTarget, Timers};
 use effects::Effects;
 pub use retry::{backoff_ms, delivery_limit, DELIVERY_COUNT_HEADER};
 pub use stream::{StoredEntry, OFFSET_HEADER};
+
+/// See [`view_reads`].
+static VIEW_READS: AtomicU64 = AtomicU64::new(0);
+
+/// How many times a queue's state was read for a view (`Queue::stats`)
+/// since the process started: what a management
+/// request costs in queues visited. Tests pin that status requests
+/// (`/api/overview`, `/metrics`) visit none.
+pub fn view_reads() -> u64 {
+    VIEW_READS.load(Ordering::Relaxed)
+}
 
 /// Counters for the management view and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,6 +112,8 @@ pub struct QueueEnv {
     pub owner: Weak<dyn QueueOwner>,
     /// Wall-clock time, for stream timestamps and retention by age.
     pub clock: Arc<dyn crate::clock::Clock>,
+    /// The vhost's totals, to which the queue reports its changes.
+    pub totals: Arc<crate::totals::QueueTotals>,
 }
 
 /// A consumer attached to a queue.
@@ -142,6 +156,8 @@ struct QueueState {
     stream: Option<Box<stream::StreamState>>,
     /// Returned messages waiting for their delayed retry.
     retrying: retry::Retrying,
+    /// What it last reported to its vhost's totals (`queue/tally.rs`).
+    reported: crate::totals::Tally,
 }
 
 /// A queue.
@@ -199,6 +215,7 @@ impl Queue {
                 last_used: now,
                 timer_at: None,
                 retrying: retry::Retrying::default(),
+                reported: crate::totals::Tally::default(),
                 pager: Pager::default(),
                 last_delivery: None,
                 stream: (args.queue_type == crate::args::QueueType::Stream).then(Box::default),
@@ -240,6 +257,7 @@ impl Queue {
     }
 
     pub fn stats(&self) -> QueueStats {
+        VIEW_READS.fetch_add(1, Ordering::Relaxed);
         let s = self.state.lock();
         if let Some(st) = s.stream.as_ref() {
             let l = st.stats();
@@ -796,6 +814,7 @@ impl Queue {
         let n = s.ready.drain().len()
             + s.retrying.drain().len()
             + s.stream.take().map_or(0, |st| st.stats().messages as usize);
+        self.report_locked(&mut s);
         (n, std::mem::take(&mut s.consumers), s.pager.paging_id)
     }
 }

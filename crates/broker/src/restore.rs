@@ -251,6 +251,8 @@ impl Broker {
                 })
                 .collect();
             let (n, skipped) = q.restore_stream(entries);
+            // Restore filled the stream's log without a queue operation.
+            q.report_totals();
             report.messages += n;
             report.skipped.extend(skipped);
             return;

@@ -8,7 +8,7 @@
 //! - A deleted queue is first marked deleted under its own lock, then removed
 //!   from the map and from every exchange's bindings.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
@@ -33,6 +33,7 @@ use crate::queue::{Queue, QueueEnv, QueueOwner};
 pub use crate::routing::PublishResult;
 use crate::routing::{self, Names};
 use crate::timers::Timers;
+use crate::totals::{QueueTotals, Totals};
 
 mod apply;
 mod bindings;
@@ -44,7 +45,9 @@ mod policies;
 pub struct VHost {
     pub name: String,
     exchanges: RwLock<HashMap<String, Arc<Exchange>>>,
-    queues: RwLock<HashMap<String, Arc<Queue>>>,
+    /// In name order, so a page of the management list costs its own
+    /// length (`queue_page`), not the number of queues.
+    queues: RwLock<BTreeMap<String, Arc<Queue>>>,
     pub timers: Arc<Timers>,
     dur: Arc<Durability>,
     clock: Arc<dyn Clock>,
@@ -56,6 +59,8 @@ pub struct VHost {
     counts: RwLock<CountLimits>,
     /// Policies and operator policies (see `vhost/policies.rs`).
     policies: RwLock<Arc<crate::policy::VhostPolicies>>,
+    /// Totals over its queues, kept as they change (`totals.rs`).
+    totals: Arc<QueueTotals>,
     me: Weak<VHost>,
 }
 
@@ -88,13 +93,14 @@ impl VHost {
         let v = Arc::new_cyclic(|me| Self {
             name: name.to_owned(),
             exchanges: RwLock::new(HashMap::new()),
-            queues: RwLock::new(HashMap::new()),
+            queues: RwLock::new(BTreeMap::new()),
             timers,
             dur,
             clock,
             definitions: Mutex::new(()),
             counts: RwLock::new(CountLimits::default()),
             policies: RwLock::default(),
+            totals: Arc::default(),
             me: me.clone(),
         });
         {
@@ -133,6 +139,7 @@ impl VHost {
             timers: Arc::clone(&self.timers),
             owner,
             clock: Arc::clone(&self.clock),
+            totals: Arc::clone(&self.totals),
         }
     }
 
@@ -145,7 +152,8 @@ impl VHost {
     /// Adds a queue as it is (restore after a restart).
     pub(crate) fn insert_queue(&self, q: Arc<Queue>) {
         self.apply_policies_to_queue(&q, self.clock.now());
-        self.queues.write().insert(q.name.clone(), q);
+        self.queues.write().insert(q.name.clone(), Arc::clone(&q));
+        q.report_totals();
     }
 
     /// A queue by name, whoever owns it.
@@ -204,9 +212,17 @@ impl VHost {
         ))
     }
 
-    /// Every queue, for the management view.
+    /// Every queue, in name order, for the management view.
     pub fn queues(&self) -> Vec<Arc<Queue>> {
         self.queues.read().values().cloned().collect()
+    }
+
+    /// At most `take` queues in name order, after the first `skip`: one
+    /// page of the management list, at the cost of `skip + take` steps.
+    pub fn queue_page(&self, skip: usize, take: usize) -> Vec<Arc<Queue>> {
+        (self.queues.read().values().skip(skip).take(take))
+            .cloned()
+            .collect()
     }
 
     /// Every exchange, for the management view.
@@ -229,6 +245,20 @@ impl VHost {
 
     pub fn queue_count(&self) -> usize {
         self.queues.read().len()
+    }
+
+    pub fn exchange_count(&self) -> usize {
+        self.exchanges.read().len()
+    }
+
+    /// Totals over its queues, read without visiting any (`totals.rs`).
+    pub fn totals(&self) -> Totals {
+        self.totals.get()
+    }
+
+    /// Takes a sample of the totals' rates (the rate sampler's tick).
+    pub fn sample_rates(&self, now: Instant) {
+        self.totals.sample(now);
     }
 
     /// `exchange.declare`.
@@ -480,6 +510,7 @@ impl VHost {
         ));
         self.apply_policies_to_queue(&q, now);
         self.queues.write().insert(name.clone(), Arc::clone(&q));
+        q.report_totals();
         // Again, now that it is in the map: a policy change that ran
         // meanwhile did not see it (see `vhost/policies.rs`).
         self.apply_policies_to_queue(&q, now);

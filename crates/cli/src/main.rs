@@ -14,6 +14,7 @@ mod cluster_cmd;
 mod compact_cmd;
 mod events_cmd;
 mod exit;
+mod heap_trim;
 mod https_client;
 mod malloc_tune;
 mod serve_args;
@@ -107,6 +108,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         eprintln!("berth: {e}");
         return ExitCode::from(EXIT_UNREADABLE);
     }
+    heap_trim::spawn();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -366,10 +366,12 @@ impl Index {
 
     fn forget(&mut self, msg: u64) {
         if let Some(e) = self.msgs.remove(&msg) {
+            shrink_if_sparse(&mut self.msgs);
             if e.holder == MULTI {
                 for q in self.multi.remove(&msg).expect("multi entry") {
                     self.unlist(q);
                 }
+                shrink_if_sparse(&mut self.multi);
             } else {
                 self.unlist(self.holder_queue(&e));
             }
@@ -431,6 +433,10 @@ impl Index {
             list.ids.retain(|&m| holds(msgs, multi, holders, queue, m));
             list.ids.sort_unstable();
             list.ids.dedup();
+            if list.ids.capacity() > 4 * list.ids.len() + QUEUE_LIST_SLACK {
+                // A drained queue's list gives its memory back too.
+                list.ids.shrink_to(2 * list.ids.len());
+            }
         }
     }
 
@@ -575,10 +581,44 @@ fn take_holder(holders: &mut Vec<u64>, free: &mut Vec<u32>, queue: QueueId) -> u
     slot
 }
 
+/// Tables at most this large are never shrunk (a few pages).
+const SHRINK_CAPACITY_MIN: usize = 4096;
+
+/// A table a quarter full shrinks to twice its length, so a drained
+/// backlog's index leaves memory (issue 20 goal 6) instead of keeping the
+/// capacity of its deepest moment. As growth doubles, shrinking halves at
+/// most once per as many removals as it moves entries: O(1) amortised.
+fn shrink_if_sparse<V>(m: &mut IdMap<V>) {
+    let capacity = m.capacity();
+    if capacity > SHRINK_CAPACITY_MIN && m.len() < capacity / 4 {
+        m.shrink_to(m.len() * 2);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::borrow::Cow;
+
+    #[test]
+    fn a_drained_index_gives_its_table_back() {
+        let mut ix = Index::default();
+        let q = [QueueId(1)];
+        let n = 200_000u32;
+        for i in 0..n {
+            ix.insert(MsgId(u64::from(i)), &q, loc(1, i));
+        }
+        let full = ix.heap_bytes();
+        let ids: Vec<u64> = (0..u64::from(n) - 1000).collect();
+        ix.remove_ids(QueueId(1), &ids);
+        ix.check();
+        assert_eq!(ix.live_messages(), 1000);
+        let drained = ix.heap_bytes();
+        assert!(
+            drained * 20 < full,
+            "index of 200,000 messages: {full} bytes; with 1,000 left: {drained} bytes"
+        );
+    }
 
     fn loc(seg: u32, offset: u32) -> Loc {
         Loc {

@@ -91,6 +91,12 @@ impl Plan {
         }
     }
 
+    /// Whether its figures include latency-bound ones (`limits.rs`).
+    #[must_use]
+    pub fn has_latency_bound(&self) -> bool {
+        matches!(self, Plan::Fanin(_))
+    }
+
     pub async fn run_once(&self, target: &Target, ui: &Ui) -> Result<Outcome, BenchError> {
         match self {
             Plan::Fanin(c) => fanin::run_once(c, target, ui).await,

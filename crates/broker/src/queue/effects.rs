@@ -58,6 +58,7 @@ impl Queue {
             if backlogged != self.backlogged.load(Ordering::Relaxed) {
                 self.backlogged.store(backlogged, Ordering::Relaxed);
             }
+            self.report_locked(&mut s);
             r
         };
         self.apply(fx, now);

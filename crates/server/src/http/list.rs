@@ -151,6 +151,38 @@ impl ListParams {
         .into_response()
     }
 
+    /// The page asked for, as (items to skip, items to take), when it
+    /// lists items in their natural order with no name filter: then the
+    /// caller can fetch the page alone, and answer with
+    /// [`ListParams::respond_page`].
+    pub fn natural_page(&self) -> Option<(usize, usize)> {
+        if self.needs_all() || self.sort_reverse || self.name.is_some() {
+            return None;
+        }
+        let page = self.page?;
+        Some(((page - 1).saturating_mul(self.page_size), self.page_size))
+    }
+
+    /// The page object for the page [`ListParams::natural_page`] named,
+    /// out of `total` items (none filtered out).
+    pub fn respond_page(&self, page_items: Vec<Value>, total: usize) -> Response {
+        let page = self.page.unwrap_or(1);
+        let page_count = total.div_ceil(self.page_size);
+        if page > page_count.max(1) {
+            return self.out_of_range(page, total);
+        }
+        Json(json!({
+            "filtered_count": total,
+            "item_count": page_items.len(),
+            "items": self.project(page_items),
+            "page": page,
+            "page_count": page_count,
+            "page_size": self.page_size,
+            "total_count": total,
+        }))
+        .into_response()
+    }
+
     /// Pages without sorting: for the natural order, only the page's
     /// items need building. `names` are the filtered items' names in
     /// order; `build` makes one item's JSON.

@@ -8,7 +8,11 @@
 //! Invariants:
 //! - Every family has exactly one `# HELP` and `# TYPE` line, before its
 //!   samples; counters end in `_total`.
-//! - A scrape takes each queue's lock once, briefly.
+//! - `/metrics` visits no queue: its sums are the totals each vhost keeps
+//!   (`berth_broker::totals`), so its cost does not grow with the number
+//!   of queues. `/metrics/per-object` takes each queue's lock once, briefly.
+//! - Counters (`*_total`) only grow: a deleted queue's counts stay in the
+//!   sums.
 
 use std::fmt::Write;
 use std::sync::atomic::Ordering;
@@ -16,8 +20,7 @@ use std::sync::atomic::Ordering;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use berth_broker::counters::CounterSnapshot;
-use berth_broker::queue::QueueStats;
+use berth_broker::totals::Totals;
 use berth_store::histogram::HistogramSnapshot;
 
 use super::overview::node_name;
@@ -52,11 +55,37 @@ impl Out {
     }
 }
 
+/// The numbers of one queue, or the sums over all queues.
+#[derive(Default)]
+struct Figures {
+    ready: u64,
+    unacked: u64,
+    /// Ready and unacknowledged; a stream's: every message it keeps.
+    messages: u64,
+    ready_bytes: u64,
+    consumers: u64,
+    published: u64,
+    acked: u64,
+}
+
+impl Figures {
+    fn of_totals(t: &Totals) -> Self {
+        Self {
+            ready: t.ready,
+            unacked: t.unacked,
+            messages: t.messages,
+            ready_bytes: t.ready_bytes,
+            consumers: t.consumers,
+            published: t.counters.published,
+            acked: t.counters.acked,
+        }
+    }
+}
+
 /// One queue's numbers.
 struct Row {
     labels: String,
-    stats: QueueStats,
-    counters: CounterSnapshot,
+    figures: Figures,
     /// A stream's offsets and segments.
     stream: Option<berth_broker::stream::log::StreamStats>,
 }
@@ -65,22 +94,39 @@ fn rows(st: &HttpState) -> Vec<Row> {
     let mut out = Vec::new();
     for v in super::sorted_vhosts(st) {
         for q in super::queues::sorted_queues(&v) {
+            let (s, c, stream) = (q.stats(), q.counters.snapshot(), q.stream_stats());
             out.push(Row {
                 labels: format!(
                     "vhost=\"{}\",queue=\"{}\"",
                     escape_label(&v.name),
                     escape_label(&q.name)
                 ),
-                stats: q.stats(),
-                counters: q.counters.snapshot(),
-                stream: q.stream_stats(),
+                figures: Figures {
+                    ready: s.ready as u64,
+                    unacked: s.unacked as u64,
+                    messages: stream.map_or((s.ready + s.unacked) as u64, |st| st.messages),
+                    ready_bytes: s.ready_bytes,
+                    consumers: s.consumers as u64,
+                    published: c.published,
+                    acked: c.acked,
+                },
+                stream,
             });
         }
     }
     out
 }
 
-type Pick = fn(&Row) -> u64;
+/// The totals over every vhost's queues, visiting none.
+fn totals(st: &HttpState) -> Totals {
+    let mut all = Totals::default();
+    for v in st.shared.broker.vhosts() {
+        all.add(&v.totals());
+    }
+    all
+}
+
+type Pick = fn(&Figures) -> u64;
 
 /// The queue families: name, type, help, value.
 const QUEUE_FAMILIES: [(&str, &str, &str, Pick); 7] = [
@@ -88,50 +134,47 @@ const QUEUE_FAMILIES: [(&str, &str, &str, Pick); 7] = [
         "rabbitmq_queue_messages_ready",
         "gauge",
         "Messages ready to be delivered to consumers.",
-        |r| r.stats.ready as u64,
+        |f| f.ready,
     ),
     (
         "rabbitmq_queue_messages_unacked",
         "gauge",
         "Messages delivered to consumers but not yet acknowledged.",
-        |r| r.stats.unacked as u64,
+        |f| f.unacked,
     ),
     (
         "rabbitmq_queue_messages",
         "gauge",
         "Ready and unacknowledged messages (a stream: every message it keeps).",
-        |r| match r.stream {
-            Some(st) => st.messages,
-            None => (r.stats.ready + r.stats.unacked) as u64,
-        },
+        |f| f.messages,
     ),
     (
         "rabbitmq_queue_messages_ready_bytes",
         "gauge",
         "Size in bytes of ready messages.",
-        |r| r.stats.ready_bytes,
+        |f| f.ready_bytes,
     ),
     (
         "rabbitmq_queue_consumers",
         "gauge",
         "Consumers on the queue.",
-        |r| r.stats.consumers as u64,
+        |f| f.consumers,
     ),
     (
         "rabbitmq_queue_messages_published_total",
         "counter",
         "Messages published into the queue.",
-        |r| r.counters.published,
+        |f| f.published,
     ),
     (
         "rabbitmq_queue_messages_acked_total",
         "counter",
         "Messages acknowledged by consumers.",
-        |r| r.counters.acked,
+        |f| f.acked,
     ),
 ];
 
-fn common(st: &HttpState, out: &mut Out, rows: &[Row]) {
+fn common(st: &HttpState, out: &mut Out, totals: &Totals) {
     let node = escape_label(node_name());
     out.family(
         "rabbitmq_identity_info",
@@ -165,7 +208,7 @@ fn common(st: &HttpState, out: &mut Out, rows: &[Row]) {
         .iter()
         .map(|c| c.channels.lock().len())
         .sum();
-    let consumers: usize = rows.iter().map(|r| r.stats.consumers).sum();
+
     out.one(
         "rabbitmq_connections",
         "gauge",
@@ -173,9 +216,13 @@ fn common(st: &HttpState, out: &mut Out, rows: &[Row]) {
         connections,
     );
     out.one("rabbitmq_channels", "gauge", "Open channels.", channels);
-    out.one("rabbitmq_consumers", "gauge", "Consumers.", consumers);
-    out.one("rabbitmq_queues", "gauge", "Queues.", rows.len());
-    let sum = |f: fn(&CounterSnapshot) -> u64| rows.iter().map(|r| f(&r.counters)).sum::<u64>();
+    out.one(
+        "rabbitmq_consumers",
+        "gauge",
+        "Consumers.",
+        totals.consumers,
+    );
+    out.one("rabbitmq_queues", "gauge", "Queues.", totals.queues);
     let globals: [(&str, &str, u64); 6] = [
         (
             "rabbitmq_global_messages_received_total",
@@ -200,12 +247,12 @@ fn common(st: &HttpState, out: &mut Out, rows: &[Row]) {
         (
             "rabbitmq_global_messages_delivered_total",
             "Messages delivered to consumers or got.",
-            sum(|c| c.delivered),
+            totals.counters.delivered,
         ),
         (
             "rabbitmq_global_messages_acknowledged_total",
             "Messages acknowledged by consumers.",
-            sum(|c| c.acked),
+            totals.counters.acked,
         ),
     ];
     for (name, help, value) in globals {
@@ -510,11 +557,12 @@ fn text(out: Out) -> Response {
 
 /// `GET /metrics`: queue metrics summed over all queues.
 pub(super) async fn aggregated(State(st): State<HttpState>) -> Response {
-    let rows = rows(&st);
+    let totals = totals(&st);
+    let sums = Figures::of_totals(&totals);
     let mut out = Out(String::with_capacity(16 * 1024));
-    common(&st, &mut out, &rows);
+    common(&st, &mut out, &totals);
     for (name, kind, help, pick) in QUEUE_FAMILIES {
-        out.one(name, kind, help, rows.iter().map(pick).sum::<u64>());
+        out.one(name, kind, help, pick(&sums));
     }
     text(out)
 }
@@ -523,11 +571,11 @@ pub(super) async fn aggregated(State(st): State<HttpState>) -> Response {
 pub(super) async fn per_object(State(st): State<HttpState>) -> Response {
     let rows = rows(&st);
     let mut out = Out(String::with_capacity(64 * 1024 + rows.len() * 512));
-    common(&st, &mut out, &rows);
+    common(&st, &mut out, &totals(&st));
     for (name, kind, help, pick) in QUEUE_FAMILIES {
         out.family(name, kind, help);
         for r in &rows {
-            out.sample(name, &r.labels, pick(r));
+            out.sample(name, &r.labels, pick(&r.figures));
         }
     }
     for (name, help, pick) in STREAM_FAMILIES {

@@ -256,7 +256,7 @@ pub(crate) fn exchange_name(url_name: &str) -> &str {
     }
 }
 
-/// Takes a rate sample of every queue every
+/// Takes a rate sample of every vhost's totals and every queue every
 /// [`berth_broker::counters::RATE_SAMPLE_INTERVAL_MS`] until `stop` changes.
 pub async fn sample_rates(broker: Arc<Broker>, mut stop: tokio::sync::watch::Receiver<bool>) {
     let every = std::time::Duration::from_millis(berth_broker::counters::RATE_SAMPLE_INTERVAL_MS);
@@ -266,6 +266,7 @@ pub async fn sample_rates(broker: Arc<Broker>, mut stop: tokio::sync::watch::Rec
             _ = tick.tick() => {
                 let now = std::time::Instant::now();
                 for v in broker.vhosts() {
+                    v.sample_rates(now);
                     for q in v.queues() {
                         q.counters.sample(now);
                     }

@@ -8,6 +8,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
+use berth_broker::totals::Totals;
+
 use super::{not_found, Authed, HttpState};
 
 /// This node's name, `berth@HOSTNAME`, as RabbitMQ's `rabbit@HOSTNAME`.
@@ -24,29 +26,19 @@ pub(crate) fn node_name() -> &'static str {
 }
 
 /// The totals cover the vhosts the user may see (and, for users who see
-/// only their vhosts, their own connections), as RabbitMQ's do.
+/// only their vhosts, their own connections), as RabbitMQ's do. Queue
+/// totals are read as each vhost keeps them (`berth_broker::totals`): no
+/// queue is visited, whatever their number. Counts (`publish`,
+/// `deliver_get`, `ack`) are since the broker started, deleted queues'
+/// included.
 pub(super) async fn overview(State(st): State<HttpState>, user: Authed) -> Response {
-    let (mut queues, mut exchanges, mut ready, mut unacked, mut consumers) = (0, 0, 0, 0, 0);
-    let (mut published, mut delivered, mut acked) = (0u64, 0u64, 0u64);
-    let (mut pub_rate, mut del_rate, mut ack_rate) = (0f64, 0f64, 0f64);
+    let mut totals = Totals::default();
+    let mut exchanges = 0;
     let (mut delayed_exchanges, mut delayed, mut next_due) = (0usize, 0usize, None::<u64>);
     for v in user.vhosts(&st) {
-        for q in v.queues() {
-            let s = q.stats();
-            let c = q.counters.snapshot();
-            queues += 1;
-            ready += s.ready;
-            unacked += s.unacked;
-            consumers += s.consumers;
-            published += c.published;
-            delivered += c.delivered;
-            acked += c.acked;
-            pub_rate += c.published_rate;
-            del_rate += c.delivered_rate;
-            ack_rate += c.acked_rate;
-        }
+        totals.add(&v.totals());
+        exchanges += v.exchange_count();
         for e in v.exchanges() {
-            exchanges += 1;
             if let Some(d) = e.delayed.as_ref() {
                 let s = d.stats();
                 delayed_exchanges += 1;
@@ -58,6 +50,7 @@ pub(super) async fn overview(State(st): State<HttpState>, user: Authed) -> Respo
             }
         }
     }
+    let c = totals.counters;
     let visible: Vec<_> = st
         .shared
         .registry
@@ -85,16 +78,16 @@ pub(super) async fn overview(State(st): State<HttpState>, user: Authed) -> Respo
         "node": node_name(),
         "listeners": listeners,
         "object_totals": {
-            "queues": queues,
+            "queues": totals.queues,
             "exchanges": exchanges,
             "connections": connections,
             "channels": channels,
-            "consumers": consumers,
+            "consumers": totals.consumers,
         },
         "queue_totals": {
-            "messages": ready + unacked,
-            "messages_ready": ready,
-            "messages_unacknowledged": unacked,
+            "messages": totals.ready + totals.unacked,
+            "messages_ready": totals.ready,
+            "messages_unacknowledged": totals.unacked,
         },
         // berth's: messages held by delayed exchanges (docs/DELAYED.md).
         "delayed_totals": {
@@ -103,12 +96,12 @@ pub(super) async fn overview(State(st): State<HttpState>, user: Authed) -> Respo
             "next_due_unix_ms": next_due,
         },
         "message_stats": {
-            "publish": published,
-            "publish_details": {"rate": pub_rate},
-            "deliver_get": delivered,
-            "deliver_get_details": {"rate": del_rate},
-            "ack": acked,
-            "ack_details": {"rate": ack_rate},
+            "publish": c.published,
+            "publish_details": {"rate": c.published_rate},
+            "deliver_get": c.delivered,
+            "deliver_get_details": {"rate": c.delivered_rate},
+            "ack": c.acked,
+            "ack_details": {"rate": c.acked_rate},
         },
     }))
     .into_response()

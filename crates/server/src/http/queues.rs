@@ -111,10 +111,29 @@ fn listed(q: &Queue, p: &ListParams, members: Option<&Members>) -> Value {
     )
 }
 
+/// A vhost's queues in name order (the vhost keeps them so).
 pub(crate) fn sorted_queues(v: &VHost) -> Vec<Arc<Queue>> {
-    let mut qs = v.queues();
-    qs.sort_by(|a, b| a.name.cmp(&b.name));
-    qs
+    v.queues()
+}
+
+/// The queues of one page in natural order (vhost, then name), visiting
+/// only the page's queues: whole vhosts before it are skipped by count.
+fn page_of(vhosts: &[Arc<VHost>], mut skip: usize, mut take: usize) -> (Vec<Arc<Queue>>, usize) {
+    let mut page = Vec::new();
+    let mut total = 0;
+    for v in vhosts {
+        let n = v.queue_count();
+        total += n;
+        if take == 0 || skip >= n {
+            skip = skip.saturating_sub(n);
+            continue;
+        }
+        let got = v.queue_page(skip, take);
+        skip = 0;
+        take -= got.len();
+        page.extend(got);
+    }
+    (page, total)
 }
 
 fn respond(
@@ -126,6 +145,14 @@ fn respond(
         Ok(p) => p,
         Err(r) => return r,
     };
+    if let Some((skip, take)) = p.natural_page() {
+        let (page, total) = page_of(vhosts, skip, take);
+        let items = page
+            .iter()
+            .map(|q| listed(q, &p, members.as_ref()))
+            .collect();
+        return p.respond_page(items, total);
+    }
     let mut total = 0;
     let mut kept = Vec::new();
     for v in vhosts {

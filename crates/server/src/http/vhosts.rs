@@ -28,6 +28,7 @@ use super::{AdminAuthed, Authed, HttpState};
 /// A vhost in RabbitMQ 3.10's JSON shape. Every queue berth makes by
 /// default is classic; berth stores no description or tags for a vhost.
 fn vhost_json(v: &VHost) -> Value {
+    let totals = v.totals();
     json!({
         "name": v.name,
         "description": "",
@@ -35,7 +36,7 @@ fn vhost_json(v: &VHost) -> Value {
         "metadata": {"description": "", "tags": []},
         "default_queue_type": "classic",
         "tracing": false,
-        "messages": v.queues().iter().map(|q| { let s = q.stats(); s.ready + s.unacked }).sum::<usize>(),
+        "messages": totals.ready + totals.unacked,
     })
 }
 

@@ -1,0 +1,264 @@
+//! The machine's own limits, measured where the bench runs, and the bound
+//! they put on each latency-bound figure (issue 20 goal 1).
+//!
+//! A confirmed persistent publish is not confirmed before its record is
+//! fdatasynced and the confirm has crossed back to the client. With N
+//! producers that each keep one publish in flight (fanin), and one
+//! fdatasync covering all N (group commit), no broker confirms more than
+//! N / (fsync + RTT) messages a second on this machine: the *bound*. The
+//! summary prints it beside each such figure with the fraction of it each
+//! broker reached.
+//!
+//! - fsync: appends of [`FSYNC_APPEND_BYTES`] to a new file in the given
+//!   directory (put it on the broker's data disk), each followed by
+//!   `fdatasync`, as a log group's writer appends to its segment; the
+//!   median of [`FSYNC_SAMPLES`].
+//! - RTT: a 64-byte ping-pong over a loopback TCP connection
+//!   (`TCP_NODELAY`), the median of [`RTT_SAMPLES`].
+
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::time::Instant;
+
+use crate::report::Sample;
+use crate::stats::{g6, percentile_sorted};
+use crate::BenchError;
+
+/// fdatasync calls timed.
+pub const FSYNC_SAMPLES: usize = 200;
+/// Bytes appended before each fdatasync (about one batch of small records).
+pub const FSYNC_APPEND_BYTES: usize = 4096;
+/// Loopback round trips timed.
+pub const RTT_SAMPLES: usize = 2000;
+
+/// What was measured, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    pub fsync_s_median: f64,
+    pub fsync_s_p99: f64,
+    pub rtt_s_median: f64,
+    pub rtt_s_p99: f64,
+}
+
+impl Limits {
+    /// The most confirmed publishes per second `producers` can get, one
+    /// in flight each, when one fdatasync covers them all.
+    #[must_use]
+    pub fn fanin_bound_per_s(&self, producers: usize) -> f64 {
+        #[allow(clippy::cast_precision_loss)] // small counts
+        let n = producers as f64;
+        n / (self.fsync_s_median + self.rtt_s_median)
+    }
+}
+
+fn io(context: String) -> impl FnOnce(std::io::Error) -> BenchError {
+    move |source| BenchError::Io { context, source }
+}
+
+/// Measures both limits; `dir` should be on the broker's data disk.
+pub fn measure(dir: &Path) -> Result<Limits, BenchError> {
+    let (fsync_s_median, fsync_s_p99) = fsync_seconds(dir)?;
+    let (rtt_s_median, rtt_s_p99) = rtt_seconds()?;
+    Ok(Limits {
+        fsync_s_median,
+        fsync_s_p99,
+        rtt_s_median,
+        rtt_s_p99,
+    })
+}
+
+fn median_p99(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (percentile_sorted(&v, 0.5), percentile_sorted(&v, 0.99))
+}
+
+fn fsync_seconds(dir: &Path) -> Result<(f64, f64), BenchError> {
+    std::fs::create_dir_all(dir).map_err(io(format!("create {}", dir.display())))?;
+    let path = dir.join(format!(".berth-bench-fsync-{}", std::process::id()));
+    let mut file = std::fs::OpenOptions::new()
+        .create_new(true)
+        .append(true)
+        .open(&path)
+        .map_err(io(format!("create {}", path.display())))?;
+    let block = vec![0x5a_u8; FSYNC_APPEND_BYTES];
+    let mut took = Vec::with_capacity(FSYNC_SAMPLES);
+    let result = (|| {
+        for _ in 0..FSYNC_SAMPLES {
+            let t0 = Instant::now();
+            file.write_all(&block)
+                .map_err(io(format!("append to {}", path.display())))?;
+            file.sync_data()
+                .map_err(io(format!("fdatasync {}", path.display())))?;
+            took.push(t0.elapsed().as_secs_f64());
+        }
+        Ok(())
+    })();
+    drop(file);
+    let removed = std::fs::remove_file(&path).map_err(io(format!("remove {}", path.display())));
+    result.and(removed)?;
+    Ok(median_p99(took))
+}
+
+fn rtt_seconds() -> Result<(f64, f64), BenchError> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(io("bind loopback".into()))?;
+    let addr = listener
+        .local_addr()
+        .map_err(io("loopback address".into()))?;
+    let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = listener.accept()?;
+        s.set_nodelay(true)?;
+        let mut buf = [0u8; 64];
+        for _ in 0..RTT_SAMPLES {
+            s.read_exact(&mut buf)?;
+            s.write_all(&buf)?;
+        }
+        Ok(())
+    });
+    let mut s = TcpStream::connect(addr).map_err(io("connect loopback".into()))?;
+    s.set_nodelay(true).map_err(io("TCP_NODELAY".into()))?;
+    let mut buf = [7u8; 64];
+    let mut took = Vec::with_capacity(RTT_SAMPLES);
+    for _ in 0..RTT_SAMPLES {
+        let t0 = Instant::now();
+        s.write_all(&buf).map_err(io("loopback write".into()))?;
+        s.read_exact(&mut buf).map_err(io("loopback read".into()))?;
+        took.push(t0.elapsed().as_secs_f64());
+    }
+    echo.join()
+        .map_err(|_| BenchError::Task("the loopback echo thread panicked".into()))?
+        .map_err(io("loopback echo".into()))?;
+    Ok(median_p99(took))
+}
+
+/// The producers a latency-bound figure had, one publish in flight each:
+/// fanin's `MODE.cN.msgs_per_s`.
+fn producers_of(scenario: &str, metric: &str) -> Option<usize> {
+    if scenario != "fanin" {
+        return None;
+    }
+    let rest = metric.strip_suffix(".msgs_per_s")?;
+    let (_, c) = rest.split_once(".c")?;
+    c.parse().ok()
+}
+
+/// The limits section of the summary: the two latencies, then per
+/// latency-bound figure its bound and each broker's median as a fraction
+/// of it. Empty when the scenario has no latency-bound figure.
+#[must_use]
+pub fn section(samples: &[Sample], limits: &Limits) -> String {
+    let mut rows: Vec<(String, usize)> = Vec::new();
+    for s in samples {
+        if let Some(n) = producers_of(&s.scenario, &s.metric) {
+            if !rows.iter().any(|(m, _)| *m == s.metric) {
+                rows.push((s.metric.clone(), n));
+            }
+        }
+    }
+    if rows.is_empty() {
+        return String::new();
+    }
+    let ms = |s: f64| g6(s * 1e3);
+    let mut out = format!(
+        "\nmachine limits: fdatasync {} ms median ({} ms p99, {FSYNC_SAMPLES} appends of {FSYNC_APPEND_BYTES} B), loopback RTT {} ms median ({} ms p99)\n",
+        ms(limits.fsync_s_median),
+        ms(limits.fsync_s_p99),
+        ms(limits.rtt_s_median),
+        ms(limits.rtt_s_p99)
+    );
+    out.push_str(
+        "bound = producers / (fsync + RTT): one publish in flight each, one fdatasync for all\n",
+    );
+    let _ = writeln!(
+        out,
+        "{:<24} {:>12} {:>12} {:>8} {:>12} {:>8}",
+        "figure", "bound msg/s", "a median", "a/bound", "b median", "b/bound"
+    );
+    for (metric, n) in rows {
+        let bound = limits.fanin_bound_per_s(n);
+        let median = |target: &str| {
+            let mut v: Vec<f64> = samples
+                .iter()
+                .filter(|s| s.metric == metric && s.target == target)
+                .map(|s| s.value)
+                .collect();
+            v.sort_by(f64::total_cmp);
+            (!v.is_empty()).then(|| percentile_sorted(&v, 0.5))
+        };
+        let cell = |m: Option<f64>| {
+            m.map_or(("-".into(), "-".into()), |m| {
+                (g6(m), format!("{:.0}%", 100.0 * m / bound))
+            })
+        };
+        let (a, a_frac) = cell(median("a"));
+        let (b, b_frac) = cell(median("b"));
+        let _ = writeln!(
+            out,
+            "{metric:<24} {:>12} {a:>12} {a_frac:>8} {b:>12} {b_frac:>8}",
+            g6(bound)
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(target: &str, metric: &str, value: f64) -> Sample {
+        Sample {
+            scenario: "fanin".into(),
+            target: target.into(),
+            uri: String::new(),
+            run: 1,
+            metric: metric.into(),
+            unit: "msg/s".into(),
+            value,
+            time_s: 0.0,
+        }
+    }
+
+    #[test]
+    fn each_fanin_rate_gets_its_bound_and_fraction() {
+        // 0.3 ms fsync + 0.1 ms RTT: 2,500 msg/s per producer.
+        let limits = Limits {
+            fsync_s_median: 0.0003,
+            fsync_s_p99: 0.001,
+            rtt_s_median: 0.0001,
+            rtt_s_p99: 0.0002,
+        };
+        assert!((limits.fanin_bound_per_s(10) - 25_000.0).abs() < 1e-6);
+        let samples = [
+            sample("a", "shared.c10.msgs_per_s", 20_000.0),
+            sample("b", "shared.c10.msgs_per_s", 5_000.0),
+            sample("a", "shared.c10.enqueue_ms_median", 0.5),
+        ];
+        let text = section(&samples, &limits);
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("shared.c10.msgs_per_s"))
+            .expect("a row for the rate");
+        assert!(
+            row.contains("25000") && row.contains("80%") && row.contains("20%"),
+            "{row}"
+        );
+        assert!(!text.contains("enqueue_ms"), "{text}");
+        assert_eq!(section(&samples[2..], &limits), "");
+    }
+
+    #[test]
+    fn the_limits_are_measured() {
+        let dir = std::env::temp_dir().join(format!("berth-limits-{}", std::process::id()));
+        let l = measure(&dir).expect("measure");
+        std::fs::remove_dir_all(&dir).ok();
+        assert!(
+            l.fsync_s_median > 0.0 && l.fsync_s_p99 >= l.fsync_s_median,
+            "{l:?}"
+        );
+        assert!(
+            l.rtt_s_median > 0.0 && l.rtt_s_p99 >= l.rtt_s_median,
+            "{l:?}"
+        );
+    }
+}
