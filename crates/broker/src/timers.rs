@@ -78,17 +78,21 @@ impl Timers {
         self.waker.set(wake).is_ok()
     }
 
-    /// Runs every timer due at `now`.
+    /// Runs every timer due at `now`. A deadline a target schedules from
+    /// its own callback runs at the next call, even if it is due already:
+    /// a target that keeps asking for `now` (a queue whose head is due but
+    /// cannot go yet) must not spin this call forever.
     pub fn run_due(&self, now: Instant) {
-        loop {
-            let q = {
-                let mut h = self.heap.lock();
-                match h.peek() {
-                    Some(e) if e.at <= now => h.pop().map(|e| e.target),
-                    _ => return,
-                }
-            };
-            if let Some(target) = q.and_then(|w| w.upgrade()) {
+        let due: Vec<Weak<dyn TimerTarget>> = {
+            let mut h = self.heap.lock();
+            let mut due = Vec::new();
+            while h.peek().is_some_and(|e| e.at <= now) {
+                due.extend(h.pop().map(|e| e.target));
+            }
+            due
+        };
+        for target in due {
+            if let Some(target) = target.upgrade() {
                 target.on_timer(now);
             }
         }
@@ -97,5 +101,46 @@ impl Timers {
     /// The earliest pending deadline.
     pub fn next_deadline(&self) -> Option<Instant> {
         self.heap.lock().peek().map(|e| e.at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// Asks to run again at the very deadline it was called for.
+    struct AlwaysDue {
+        timers: Arc<Timers>,
+        me: Mutex<Option<Weak<dyn TimerTarget>>>,
+        runs: AtomicU32,
+    }
+
+    impl TimerTarget for AlwaysDue {
+        fn on_timer(self: Arc<Self>, now: Instant) {
+            self.runs.fetch_add(1, Ordering::Relaxed);
+            if let Some(me) = self.me.lock().clone() {
+                self.timers.schedule(now, me);
+            }
+        }
+    }
+
+    #[test]
+    fn a_target_that_reschedules_itself_for_now_runs_once_per_call() {
+        let timers = Arc::new(Timers::default());
+        let target = Arc::new(AlwaysDue {
+            timers: Arc::clone(&timers),
+            me: Mutex::new(None),
+            runs: AtomicU32::new(0),
+        });
+        let weak: Weak<dyn TimerTarget> = Arc::downgrade(&target) as _;
+        *target.me.lock() = Some(weak.clone());
+        let now = Instant::now();
+        timers.schedule(now, weak);
+        // Before: this call never returned (the target was due again).
+        timers.run_due(now);
+        assert_eq!(target.runs.load(Ordering::Relaxed), 1);
+        timers.run_due(now);
+        assert_eq!(target.runs.load(Ordering::Relaxed), 2);
     }
 }
