@@ -596,8 +596,7 @@ impl ConsumerChannel for Channel {
             return Err(msg);
         }
         if !consumer.no_ack {
-            let in_flight = consumer.in_flight.load(Ordering::Relaxed);
-            if consumer.prefetch > 0 && in_flight >= u32::from(consumer.prefetch) {
+            if !consumer.below_prefetch() {
                 return Err(msg);
             }
             if st.channel_prefetch > 0 && st.channel_in_flight >= u32::from(st.channel_prefetch) {

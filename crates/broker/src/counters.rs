@@ -44,6 +44,18 @@ pub struct CounterSnapshot {
     pub acked_rate: f64,
 }
 
+impl CounterSnapshot {
+    /// Adds another snapshot's counts and rates (a sum over queues).
+    pub fn add(&mut self, o: &CounterSnapshot) {
+        self.published += o.published;
+        self.delivered += o.delivered;
+        self.acked += o.acked;
+        self.published_rate += o.published_rate;
+        self.delivered_rate += o.delivered_rate;
+        self.acked_rate += o.acked_rate;
+    }
+}
+
 impl QueueCounters {
     pub fn add_published(&self) {
         self.published.fetch_add(1, Ordering::Relaxed);

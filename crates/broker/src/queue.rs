@@ -132,6 +132,14 @@ pub struct Consumer {
     pub stream_offset: Option<crate::stream::offset::OffsetSpec>,
 }
 
+impl Consumer {
+    /// Can it take one more delivery as far as its own prefetch goes?
+    /// (The channel's prefetch and output are checked by the channel.)
+    pub fn below_prefetch(&self) -> bool {
+        self.prefetch == 0 || self.in_flight.load(Ordering::Relaxed) < u32::from(self.prefetch)
+    }
+}
+
 struct QueueState {
     ready: Ready,
     /// Delivered, not yet acked.

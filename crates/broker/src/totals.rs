@@ -105,13 +105,7 @@ impl Totals {
         self.unacked += o.unacked;
         self.consumers += o.consumers;
         self.messages += o.messages;
-        let (c, d) = (&mut self.counters, &o.counters);
-        c.published += d.published;
-        c.delivered += d.delivered;
-        c.acked += d.acked;
-        c.published_rate += d.published_rate;
-        c.delivered_rate += d.delivered_rate;
-        c.acked_rate += d.acked_rate;
+        self.counters.add(&o.counters);
     }
 }
 

@@ -363,7 +363,7 @@ impl Queue {
             // locks and output checks were most of what an ack cost. Read
             // outside the channel lock; a credit returned meanwhile is
             // followed by that ack's own dispatch.
-            if !has_credit(&st.readers[i].consumer) {
+            if !st.readers[i].consumer.below_prefetch() {
                 continue;
             }
             loop {
@@ -562,13 +562,6 @@ impl Queue {
         }
         (count, skipped)
     }
-}
-
-/// Can `c` take one more delivery as far as its prefetch goes? (A stream
-/// consumer always acks and has a per-consumer prefetch; the channel still
-/// checks both, and its output, under its lock.)
-fn has_credit(c: &Consumer) -> bool {
-    c.prefetch == 0 || c.in_flight.load(Ordering::Relaxed) < u32::from(c.prefetch)
 }
 
 /// A stored stream entry as the resident message it delivers.

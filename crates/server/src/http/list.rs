@@ -132,23 +132,9 @@ impl ListParams {
         let Some(page) = self.page else {
             return Json(self.project(items)).into_response();
         };
-        let page_count = filtered.div_ceil(self.page_size);
-        if page > page_count.max(1) {
-            return self.out_of_range(page, filtered);
-        }
-        let start = (page - 1) * self.page_size;
-        let page_items: Vec<Value> = items.into_iter().skip(start).take(self.page_size).collect();
-        let item_count = page_items.len();
-        Json(json!({
-            "filtered_count": filtered,
-            "item_count": item_count,
-            "items": self.project(page_items),
-            "page": page,
-            "page_count": page_count,
-            "page_size": self.page_size,
-            "total_count": total,
-        }))
-        .into_response()
+        self.page_object(page, filtered, total, |start, take| {
+            items.into_iter().skip(start).take(take).collect()
+        })
     }
 
     /// The page asked for, as (items to skip, items to take), when it
@@ -166,21 +152,7 @@ impl ListParams {
     /// The page object for the page [`ListParams::natural_page`] named,
     /// out of `total` items (none filtered out).
     pub fn respond_page(&self, page_items: Vec<Value>, total: usize) -> Response {
-        let page = self.page.unwrap_or(1);
-        let page_count = total.div_ceil(self.page_size);
-        if page > page_count.max(1) {
-            return self.out_of_range(page, total);
-        }
-        Json(json!({
-            "filtered_count": total,
-            "item_count": page_items.len(),
-            "items": self.project(page_items),
-            "page": page,
-            "page_count": page_count,
-            "page_size": self.page_size,
-            "total_count": total,
-        }))
-        .into_response()
+        self.page_object(self.page.unwrap_or(1), total, total, |_, _| page_items)
     }
 
     /// Pages without sorting: for the natural order, only the page's
@@ -195,18 +167,26 @@ impl ListParams {
         if self.needs_all() || self.page.is_none() || self.sort_reverse {
             return self.respond(items.iter().map(&build).collect(), total);
         }
-        let page = self.page.unwrap_or(1);
-        let filtered = items.len();
+        self.page_object(self.page.unwrap_or(1), items.len(), total, |start, take| {
+            items.iter().skip(start).take(take).map(build).collect()
+        })
+    }
+
+    /// The page object of page `page` out of `filtered` items (`total`
+    /// before filtering); `page_items(start, take)` makes the page's items
+    /// once the page is known to exist.
+    fn page_object(
+        &self,
+        page: usize,
+        filtered: usize,
+        total: usize,
+        page_items: impl FnOnce(usize, usize) -> Vec<Value>,
+    ) -> Response {
         let page_count = filtered.div_ceil(self.page_size);
         if page > page_count.max(1) {
             return self.out_of_range(page, filtered);
         }
-        let page_items: Vec<Value> = items
-            .iter()
-            .skip((page - 1) * self.page_size)
-            .take(self.page_size)
-            .map(build)
-            .collect();
+        let page_items = page_items((page - 1) * self.page_size, self.page_size);
         Json(json!({
             "filtered_count": filtered,
             "item_count": page_items.len(),
