@@ -223,8 +223,20 @@ impl Node {
         (code, body.to_owned())
     }
 
+    /// The Raft log's last segment, `raft.<20-digit base>.log` (the
+    /// names sort in log order; docs/FORMAT.md).
     fn raft_log(&self) -> PathBuf {
-        self.dir.join("cluster").join("raft.log")
+        let dir = self.dir.join("cluster");
+        let last = std::fs::read_dir(&dir)
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.len() == 29 && n.starts_with("raft.") && n.ends_with(".log"))
+                    .max()
+            })
+            .ok()
+            .flatten();
+        dir.join(last.unwrap_or_else(|| "raft.log".into()))
     }
 }
 
@@ -688,7 +700,7 @@ fn inject(cluster: &mut Cluster, fault: Fault, rng: &mut StdRng) -> String {
             std::thread::sleep(Duration::from_millis(rng.random_range(500..1500)));
             cluster.restart(leader);
             format!(
-                "{damage} {}'s raft.log, then killed {lname}",
+                "{damage} {}'s last Raft log segment, then killed {lname}",
                 cluster.nodes[f].name
             )
         }

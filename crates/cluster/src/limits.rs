@@ -39,9 +39,25 @@ pub const CHALLENGE_BYTES: usize = 32;
 /// Shortest secret a cluster accepts (RabbitMQ's cookie is 20 characters).
 pub const SECRET_BYTES_MIN: usize = 16;
 
-/// Purged entries are dropped from `raft.log` (by rewriting it) once they
-/// take at least this many bytes and at least half the file.
-pub const LOG_REWRITE_BYTES_MIN: u64 = 1024 * 1024;
+/// A Raft log segment holding this many bytes is closed and the next
+/// append starts a new one; purged entries leave the disk a whole segment
+/// at a time.
+pub const LOG_SEGMENT_BYTES: u64 = 32 * 1024 * 1024;
+
+/// A snapshot is taken once the log since the last one holds this many
+/// bytes (or twice the last snapshot's size, if larger: its cost is then
+/// at most half the bytes it saves), whatever the number of entries:
+/// entries since the last snapshot are held in memory.
+pub const SNAPSHOT_AFTER_LOG_BYTES: u64 = 128 * 1024 * 1024;
+
+/// Entries kept behind a snapshot, so that a follower a little behind
+/// catches up from the log rather than a whole snapshot; few, since they
+/// are held in memory and may each be a large batch.
+pub const ENTRIES_KEPT_BEHIND_SNAPSHOT: u64 = 32;
+
+/// How often a node compares the log's bytes since the last snapshot with
+/// [`SNAPSHOT_AFTER_LOG_BYTES`].
+pub const SNAPSHOT_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Proposals gathered into one Raft entry, at most.
 pub const PROPOSALS_PER_ENTRY_MAX: usize = 4_096;

@@ -5,10 +5,11 @@
 //! segments become its Raft log, a node keeps its Raft log in its own files
 //! in `<data_dir>/cluster/`:
 //!
-//! - `raft.log`: one frame per entry, appended in index order;
+//! - `raft.<base>.log`: the log's segments ([`crate::log_segments`]), one
+//!   frame per entry, appended in index order;
 //! - `raft.vote`, `raft.purged`, `raft.snapshot`: one frame each, replaced
 //!   whole (write `*.tmp`, fdatasync, rename, fsync the directory);
-//! - `raft.synced`: 8 bytes, `u64 LE`, how many bytes of `raft.log` had
+//! - `raft.synced`: 8 bytes, `u64 LE`, the log offset up to which the log had
 //!   been fdatasynced (so acknowledged) — written after each fdatasync of
 //!   the log, itself not synced, and lowered (then synced) before the log
 //!   is ever shortened. A log found shorter than it lost acknowledged
@@ -36,7 +37,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::error::ClusterError;
-use crate::limits::ENTRY_BYTES_MAX_HARD;
+use crate::limits::{ENTRY_BYTES_MAX_HARD, LOG_SEGMENT_BYTES};
+use crate::log_segments::{Opened, Segments};
 use crate::sync_gate::SyncGate;
 
 pub const FRAME_HEADER_BYTES: usize = 8;
@@ -203,19 +205,18 @@ impl Writer {
         self.sync_since.lock().map(|t| t.elapsed())
     }
 
-    /// Writes `frames` at byte `at` of `raft.log`, then fdatasyncs.
+    /// Writes `frames` at log offset `at` (the log's end), then fdatasyncs.
     pub fn append(&self, at: u64, frames: Vec<u8>, done: Done) {
         self.send(Job::Append { at, frames, done });
     }
 
-    /// Cuts `raft.log` to `len` bytes, then fdatasyncs.
+    /// Cuts the log to `len` bytes, then fdatasyncs.
     pub fn truncate(&self, len: u64, done: Done) {
         self.send(Job::Truncate { len, done });
     }
 
-    /// Rewrites `raft.log` without its first `from` bytes (purged entries):
-    /// the rest is copied to `raft.log.tmp`, fdatasynced and renamed over
-    /// it. Offsets of later appends must already count from the new start.
+    /// Deletes the log's segments that hold nothing at or after log offset
+    /// `from` (purged entries); nothing is copied and no offset changes.
     pub fn drop_head(&self, from: u64, done: Done) {
         self.send(Job::DropHead { from, done });
     }
@@ -243,52 +244,28 @@ impl Writer {
 }
 
 /// Opens (creating if needed) the cluster directory, reads what it holds,
-/// cuts a torn tail off `raft.log`, and starts the writer thread.
+/// cuts a torn tail off the Raft log, and starts the writer thread.
 pub fn open(dir: &Path, gate: SyncGate) -> Result<(Loaded, Writer), ClusterError> {
+    open_with(dir, gate, LOG_SEGMENT_BYTES)
+}
+
+/// [`open`] with segments of `segment_bytes` (tests make them small).
+pub fn open_with(
+    dir: &Path,
+    gate: SyncGate,
+    segment_bytes: u64,
+) -> Result<(Loaded, Writer), ClusterError> {
     let io_err = |path: &Path| {
         let path = path.to_path_buf();
         move |source| ClusterError::Io { path, source }
     };
     fs::create_dir_all(dir).map_err(io_err(dir))?;
-    let log_path = dir.join(LOG_FILE);
-    let log = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&log_path)
-        .map_err(io_err(&log_path))?;
-    let bytes = fs::read(&log_path).map_err(io_err(&log_path))?;
-    let scan = scan(&bytes);
-    let mut damaged_at = None;
-    let log_end = match scan.tail {
-        Tail::Clean => bytes.len() as u64,
-        Tail::Torn { at } => {
-            tracing::warn!(path = %log_path.display(), at, cut = bytes.len() as u64 - at,
-                "cutting a torn tail (an append that never completed its fdatasync) off the Raft log");
-            log.set_len(at).map_err(io_err(&log_path))?;
-            log.sync_data().map_err(io_err(&log_path))?;
-            at
-        }
-        Tail::Damaged { at } => {
-            // Entries from here on may have been acknowledged: keep their
-            // bytes for inspection, cut them off, and let the node catch up
-            // on probation (it neither votes nor stands for election until
-            // it holds everything a leader has committed).
-            let aside = dir.join(format!("{LOG_FILE}.damaged-{at}"));
-            tracing::error!(path = %log_path.display(), at, aside = %aside.display(),
-                "the Raft log is damaged (a complete frame with a wrong checksum); cutting it there and \
-                 rejoining on probation: no vote until caught up with a leader");
-            let mut file = File::create(&aside).map_err(io_err(&aside))?;
-            file.write_all(&bytes[usize::try_from(at).expect("offset within a read file")..])
-                .and_then(|()| file.sync_data())
-                .map_err(io_err(&aside))?;
-            log.set_len(at).map_err(io_err(&log_path))?;
-            log.sync_data().map_err(io_err(&log_path))?;
-            damaged_at = Some(at);
-            at
-        }
-    };
+    let Opened {
+        segments,
+        entries,
+        mut damaged_at,
+    } = Segments::open(dir, segment_bytes)?;
+    let log_end = segments.end();
     let synced_path = dir.join(SYNCED_FILE);
     let synced = OpenOptions::new()
         .read(true)
@@ -301,19 +278,11 @@ pub fn open(dir: &Path, gate: SyncGate) -> Result<(Loaded, Writer), ClusterError
     if damaged_at.is_none() && acknowledged > log_end {
         // The log ends cleanly but short of what was fdatasynced: a disk
         // that lost synced writes, or a file cut by hand.
-        tracing::error!(path = %log_path.display(), log_end, acknowledged,
+        tracing::error!(dir = %dir.display(), log_end, acknowledged,
             "the Raft log is shorter than what this node had fdatasynced and acknowledged: \
              entries it acknowledged are gone; rejoining on probation: no vote until caught up with a leader");
         damaged_at = Some(log_end);
     }
-    let entries = scan
-        .frames
-        .iter()
-        .map(|(at, p)| (*at, p.to_vec()))
-        .collect();
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err(dir))?;
     let loaded = Loaded {
         entries,
         log_end,
@@ -327,7 +296,7 @@ pub fn open(dir: &Path, gate: SyncGate) -> Result<(Loaded, Writer), ClusterError
     let thread = WriterThread {
         sync_since: sync_since.clone(),
         dir: dir.to_path_buf(),
-        log,
+        segments,
         synced,
         gate,
         failed: None,
@@ -393,7 +362,7 @@ fn read_single(path: &Path) -> Result<Option<Vec<u8>>, ClusterError> {
 struct WriterThread {
     sync_since: Arc<Mutex<Option<Instant>>>,
     dir: PathBuf,
-    log: File,
+    segments: Segments,
     /// `raft.synced` (see the module's comment).
     synced: File,
     gate: SyncGate,
@@ -439,7 +408,7 @@ impl WriterThread {
                     let result = self
                         .check()
                         .and_then(|()| self.mark_synced(len, true))
-                        .and_then(|()| self.log.set_len(len))
+                        .and_then(|()| self.segments.cut(len))
                         .and_then(|()| self.sync_log());
                     let result = self.remember(result);
                     done(result);
@@ -450,7 +419,7 @@ impl WriterThread {
                     done(result);
                 }
                 Job::DropHead { from, done } => {
-                    let result = self.check().and_then(|()| self.drop_head(from));
+                    let result = self.check().and_then(|()| self.segments.drop_before(from));
                     let result = self.remember(result);
                     done(result);
                 }
@@ -463,13 +432,13 @@ impl WriterThread {
 
     fn write_at(&mut self, at: u64, frames: &[u8]) -> io::Result<()> {
         self.check()?;
-        let result = self.log.write_all_at(frames, at);
+        let result = self.segments.write(at, frames);
         self.remember(result)
     }
 
     fn sync_log(&mut self) -> io::Result<()> {
         self.check()?;
-        let result = self.sync(&self.log);
+        let result = self.sync(self.segments.current());
         self.remember(result)
     }
 
@@ -492,25 +461,6 @@ impl WriterThread {
         self.sync(&file)?;
         fs::rename(&tmp, self.dir.join(name))?;
         File::open(&self.dir)?.sync_all()
-    }
-
-    fn drop_head(&mut self, from: u64) -> io::Result<()> {
-        let len = self.log.metadata()?.len();
-        let mut rest =
-            vec![0u8; usize::try_from(len.saturating_sub(from)).map_err(io::Error::other)?];
-        self.log.read_exact_at(&mut rest, from)?;
-        let tmp = self.dir.join(format!("{LOG_FILE}.tmp"));
-        let mut file = File::create(&tmp)?;
-        file.write_all(&rest)?;
-        self.sync(&file)?;
-        self.mark_synced(rest.len() as u64, true)?;
-        fs::rename(&tmp, self.dir.join(LOG_FILE))?;
-        File::open(&self.dir)?.sync_all()?;
-        self.log = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(self.dir.join(LOG_FILE))?;
-        Ok(())
     }
 
     /// fdatasync, with the time it runs visible to [`Writer::sync_running_for`].
@@ -553,6 +503,10 @@ impl WriterThread {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn seg0(dir: &Path) -> PathBuf {
+        dir.join(crate::log_segments::segment_name(0))
+    }
 
     fn frames(payloads: &[&[u8]]) -> Vec<u8> {
         payloads.iter().flat_map(|p| encode_frame(p)).collect()
@@ -623,19 +577,16 @@ mod tests {
             loaded.damaged_at, None,
             "a torn tail was never acknowledged: no probation"
         );
-        assert_eq!(
-            fs::metadata(dir.join(LOG_FILE)).unwrap().len(),
-            good.len() as u64
-        );
+        assert_eq!(fs::metadata(seg0(&dir)).unwrap().len(), good.len() as u64);
 
         let second = (FRAME_HEADER_BYTES + 5) as u64;
         let mut damaged = good.clone();
         damaged[second as usize + FRAME_HEADER_BYTES] ^= 1;
-        fs::write(dir.join(LOG_FILE), &damaged).unwrap();
+        fs::write(seg0(&dir), &damaged).unwrap();
         let (loaded, _w) = open(&dir, SyncGate::default()).unwrap();
         assert_eq!(loaded.damaged_at, Some(second));
         assert_eq!(loaded.entries.len(), 1);
-        assert_eq!(fs::metadata(dir.join(LOG_FILE)).unwrap().len(), second);
+        assert_eq!(fs::metadata(seg0(&dir)).unwrap().len(), second);
         let aside = fs::read(dir.join(format!("{LOG_FILE}.damaged-{second}"))).unwrap();
         assert_eq!(
             aside,
@@ -677,7 +628,7 @@ mod tests {
 
         // Lose the last frame: the log still ends on a frame boundary.
         let two = 2 * FRAME_HEADER_BYTES as u64 + 9;
-        fs::write(dir.join(LOG_FILE), &good[..two as usize]).unwrap();
+        fs::write(seg0(&dir), &good[..two as usize]).unwrap();
         let (loaded, w) = open(&dir, SyncGate::default()).unwrap();
         assert_eq!(loaded.entries.len(), 2);
         assert_eq!(
@@ -697,6 +648,58 @@ mod tests {
         let (loaded, _w) = open(&dir, SyncGate::default()).unwrap();
         assert_eq!(loaded.entries.len(), 1);
         assert_eq!(loaded.damaged_at, None, "a log Raft truncated is whole");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The purge of a log's head used to copy every kept byte into a new
+    /// file while appends waited (with 1,000 kept entries of ~600 KB, over
+    /// two seconds: long enough for the followers to elect another
+    /// leader). Now it deletes whole segments and touches nothing kept.
+    #[test]
+    fn dropping_the_head_deletes_whole_segments_and_copies_nothing() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = std::env::temp_dir().join(format!("berth-cluster-drop-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let (_, w) = open_with(&dir, SyncGate::default(), 1024).unwrap();
+        let mut at = 0;
+        let mut offsets = Vec::new();
+        for i in 0..40u8 {
+            let f = encode_frame(&[i; 200]);
+            offsets.push(at);
+            append_synced(&w, at, f.clone());
+            at += f.len() as u64;
+        }
+        let inodes = |dir: &Path| -> Vec<u64> {
+            fs::read_dir(dir)
+                .unwrap()
+                .filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().starts_with("raft."))
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+                .map(|e| e.metadata().unwrap().ino())
+                .collect()
+        };
+        let before = inodes(&dir);
+        let (tx, rx) = mpsc::channel();
+        w.drop_head(offsets[30], Box::new(move |r| tx.send(r).unwrap()));
+        rx.recv().unwrap().unwrap();
+        let after = inodes(&dir);
+        assert!(
+            after.iter().all(|i| before.contains(i)),
+            "the purge wrote a new file: inodes {before:?} became {after:?}"
+        );
+        assert!(
+            after.len() < before.len() / 2,
+            "segments behind the purge point were kept: {after:?}"
+        );
+        drop(w);
+        let (loaded, _w) = open_with(&dir, SyncGate::default(), 1024).unwrap();
+        assert_eq!(loaded.damaged_at, None);
+        let firsts: Vec<u8> = loaded.entries.iter().map(|(_, p)| p[0]).collect();
+        assert!(
+            firsts.ends_with(&(30..40).collect::<Vec<u8>>()),
+            "{firsts:?}"
+        );
+        assert_eq!(loaded.entries.last().unwrap().0, offsets[39]);
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -1,6 +1,6 @@
 //! A node's Raft log and vote, as openraft's `RaftLogStorage` sees them:
-//! entries kept in memory for reading and in `raft.log` for durability, the
-//! vote in `raft.vote`, the purge point in `raft.purged`.
+//! entries kept in memory for reading and in the log's segments for
+//! durability, the vote in `raft.vote`, the purge point in `raft.purged`.
 //!
 //! Invariants:
 //! - `append` makes entries readable at once and reports them flushed only
@@ -23,7 +23,6 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::error::ClusterError;
-use crate::limits::LOG_REWRITE_BYTES_MIN;
 use crate::log_file::{self, append_frame, Loaded, Writer, PURGED_FILE, VOTE_FILE};
 use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
 
@@ -51,7 +50,7 @@ impl postcard::ser_flavors::Flavor for AppendTo<'_> {
 
 #[derive(Default)]
 struct State {
-    /// index → (offset of its frame in raft.log, entry).
+    /// index → (log offset of its frame, entry).
     entries: BTreeMap<u64, (u64, Entry)>,
     /// Where the next frame goes.
     log_end: u64,
@@ -131,6 +130,18 @@ impl LogStore {
             .next_back()
             .copied()
             .or(s.purged.map(|p| p.index))
+    }
+
+    /// Bytes of the log's entries after `index` (all of them for `None`):
+    /// what a snapshot at `index` would let go.
+    #[must_use]
+    pub fn bytes_after(&self, index: Option<u64>) -> u64 {
+        let s = self.state.lock();
+        let from = index.map_or(0, |i| i + 1);
+        s.entries
+            .range(from..)
+            .next()
+            .map_or(0, |(_, (offset, _))| s.log_end - offset)
     }
 
     async fn durable(&self, submit: impl FnOnce(log_file::Done)) -> io::Result<()> {
@@ -247,12 +258,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.durable(|done| self.writer.replace(PURGED_FILE, &payload, done))
             .await
             .map_err(|e| StorageIOError::write_logs(&e))?;
-        // Purged frames stay in raft.log until they are most of it; then
-        // the file is rewritten without them, and every offset (including
-        // those of appends sent later, which the writer runs after the
-        // rewrite) counts from the new start. The job is sent under the
-        // lock so that no append can slip in between.
-        let rewritten = {
+        // Segments that hold only purged entries are deleted (nothing is
+        // copied, no offset changes); the job is sent under the lock so
+        // that it runs before any later append's.
+        let dropped = {
             let mut s = self.state.lock();
             s.entries = s.entries.split_off(&(log_id.index + 1));
             s.purged = Some(log_id);
@@ -261,28 +270,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .values()
                 .next()
                 .map_or(s.log_end, |(offset, _)| *offset);
-            if head >= LOG_REWRITE_BYTES_MIN && head * 2 >= s.log_end {
-                for (offset, _) in s.entries.values_mut() {
-                    *offset -= head;
-                }
-                s.log_end -= head;
-                let (tx, rx) = oneshot::channel();
-                self.writer.drop_head(
-                    head,
-                    Box::new(move |r| {
-                        let _ = tx.send(r); // a dropped waiter only means shutdown
-                    }),
-                );
-                Some(rx)
-            } else {
-                None
-            }
+            let (tx, rx) = oneshot::channel();
+            self.writer.drop_head(
+                head,
+                Box::new(move |r| {
+                    let _ = tx.send(r); // a dropped waiter only means shutdown
+                }),
+            );
+            rx
         };
-        if let Some(rx) = rewritten {
-            rx.await
-                .unwrap_or_else(|_| Err(io::Error::other("the Raft log writer has stopped")))
-                .map_err(|e| StorageIOError::write_logs(&e))?;
-        }
+        dropped
+            .await
+            .unwrap_or_else(|_| Err(io::Error::other("the Raft log writer has stopped")))
+            .map_err(|e| StorageIOError::write_logs(&e))?;
         Ok(())
     }
 }

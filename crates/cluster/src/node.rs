@@ -29,10 +29,11 @@ use tokio::task::JoinHandle;
 use crate::batch;
 use crate::error::ClusterError;
 use crate::limits::{
-    APPEND_ENTRIES_MAX, DISK_WATCH_INTERVAL, ENTRY_BYTES_MAX, PEER_FRAME_BYTES_MAX,
-    PROPOSALS_PER_ENTRY_MAX, PROPOSALS_QUEUED_MAX, SECRET_BYTES_MIN, SNAPSHOT_CHUNK_BYTES,
+    APPEND_ENTRIES_MAX, DISK_WATCH_INTERVAL, ENTRIES_KEPT_BEHIND_SNAPSHOT, ENTRY_BYTES_MAX,
+    LOG_SEGMENT_BYTES, PEER_FRAME_BYTES_MAX, PROPOSALS_PER_ENTRY_MAX, PROPOSALS_QUEUED_MAX,
+    SECRET_BYTES_MIN, SNAPSHOT_AFTER_LOG_BYTES, SNAPSHOT_CHECK_INTERVAL, SNAPSHOT_CHUNK_BYTES,
 };
-use crate::log_file::{self, Writer};
+use crate::log_file::{self, Writer, SNAPSHOT_FILE};
 use crate::log_store::LogStore;
 use crate::probation::Probation;
 use crate::standing::Standing;
@@ -57,8 +58,13 @@ pub struct NodeConfig {
     /// this range starts an election.
     pub election_timeout_ms: (u64, u64),
     pub heartbeat_ms: u64,
-    /// Committed entries kept before a snapshot replaces them.
+    /// Committed entries kept before a snapshot replaces them…
     pub snapshot_after_entries: u64,
+    /// …or bytes of them, whichever comes first (twice the last snapshot's
+    /// size if larger).
+    pub snapshot_after_bytes: u64,
+    /// Size at which a Raft log segment is closed (tests make it small).
+    pub log_segment_bytes: u64,
     /// An fdatasync running longer than this fences the node (see above).
     pub sync_stall_ms_max: u64,
     /// A proposal not committed within this is answered `Timeout` (its
@@ -94,6 +100,8 @@ impl NodeConfig {
             election_timeout_ms: (1_000, 2_000),
             heartbeat_ms: 250,
             snapshot_after_entries: 10_000,
+            snapshot_after_bytes: SNAPSHOT_AFTER_LOG_BYTES,
+            log_segment_bytes: LOG_SEGMENT_BYTES,
             sync_stall_ms_max: 5_000,
             commit_timeout_ms: 5_000,
             may_form: true,
@@ -180,7 +188,11 @@ impl ClusterNode {
         app: Arc<dyn Apply>,
     ) -> Result<Self, ClusterError> {
         config.check()?;
-        let (loaded, writer) = log_file::open(&config.dir, config.sync_gate.clone())?;
+        let (loaded, writer) = log_file::open_with(
+            &config.dir,
+            config.sync_gate.clone(),
+            config.log_segment_bytes,
+        )?;
         let log = LogStore::from_loaded(&config.dir, &loaded, writer.clone())?;
         let sm = StateMachine::from_loaded(&config.dir, &loaded, writer.clone(), app)?;
         let raft_config = Config {
@@ -191,9 +203,9 @@ impl ClusterNode {
             max_payload_entries: APPEND_ENTRIES_MAX,
             snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_after_entries),
-            // Entries kept behind a snapshot, so that a follower a little
-            // behind catches up from the log rather than a whole snapshot.
-            max_in_snapshot_log_to_keep: config.snapshot_after_entries.min(1_000),
+            max_in_snapshot_log_to_keep: config
+                .snapshot_after_entries
+                .min(ENTRIES_KEPT_BEHIND_SNAPSHOT),
             ..Config::default()
         }
         .validate()
@@ -239,6 +251,12 @@ impl ClusterNode {
                 raft.clone(),
                 queue,
                 Duration::from_millis(config.commit_timeout_ms),
+            )),
+            tokio::spawn(snapshot_by_size(
+                raft.clone(),
+                log.clone(),
+                config.dir.join(SNAPSHOT_FILE),
+                config.snapshot_after_bytes,
             )),
             tokio::spawn(watch_disk(
                 raft.clone(),
@@ -549,6 +567,29 @@ async fn gather(raft: Raft, mut queue: mpsc::Receiver<Proposal>, commit_timeout:
         };
         for p in batch {
             (p.reply)(result.clone());
+        }
+    }
+}
+
+/// Asks for a snapshot once the entries since the last one hold
+/// `after_bytes` (or twice the last snapshot's size, if larger), however
+/// few they are: openraft's policy counts entries only, and one entry is a
+/// whole batch (up to [`ENTRY_BYTES_MAX`]), so 10,000 of them could hold
+/// gigabytes — all of it in memory, and all of it copied at the purge.
+async fn snapshot_by_size(raft: Raft, log: LogStore, snapshot_file: PathBuf, after_bytes: u64) {
+    let mut tick = tokio::time::interval(SNAPSHOT_CHECK_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let snapshot_index = raft.metrics().borrow().snapshot.map(|l| l.index);
+        // A stat of one file: no I/O worth a blocking thread.
+        let last_size = std::fs::metadata(&snapshot_file).map_or(0, |m| m.len());
+        let threshold = after_bytes.max(last_size.saturating_mul(2));
+        if log.bytes_after(snapshot_index) >= threshold {
+            // Ignored by openraft while a snapshot is being built.
+            if raft.trigger().snapshot().await.is_err() {
+                return; // the node has stopped
+            }
         }
     }
 }

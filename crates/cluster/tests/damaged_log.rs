@@ -21,11 +21,14 @@ fn frame_start(bytes: &[u8], n: usize) -> usize {
         let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
         at += 8 + len;
     }
-    assert!(at + 9 < bytes.len(), "raft.log has fewer than {n} frames");
+    assert!(
+        at + 9 < bytes.len(),
+        "the Raft log has fewer than {n} frames"
+    );
     at
 }
 
-/// Flips one payload byte of the 3rd frame of a node's raft.log.
+/// Flips one payload byte of the 3rd frame of a node's Raft log.
 fn flip_a_byte(log: &Path) {
     let mut bytes = std::fs::read(log).unwrap();
     let at = frame_start(&bytes, 3);
@@ -33,7 +36,7 @@ fn flip_a_byte(log: &Path) {
     std::fs::write(log, bytes).unwrap();
 }
 
-/// Cuts a node's raft.log just before its 3rd frame: it still ends cleanly.
+/// Cuts a node's Raft log just before its 3rd frame: it still ends cleanly.
 fn cut_on_a_frame_boundary(log: &Path) {
     let mut bytes = std::fs::read(log).unwrap();
     bytes.truncate(frame_start(&bytes, 3));
@@ -76,7 +79,7 @@ async fn votes_only_after_catching_up(name: &str, damage: fn(&Path), kept_aside:
         node.shutdown().await;
     }
     let dir = cluster.root.join(format!("n{damaged}"));
-    damage(&dir.join("raft.log"));
+    damage(&berth_cluster::log_segments::segment_paths(&dir).unwrap()[0]);
     restart(&mut cluster, damaged).await;
     assert!(
         cluster.nodes[&damaged].0.on_probation(),
