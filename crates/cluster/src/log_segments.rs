@@ -22,6 +22,8 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread;
 
 use crate::error::ClusterError;
 use crate::log_file::{scan, Tail, LOG_FILE};
@@ -85,6 +87,8 @@ pub struct Segments {
     /// The last segment, open for writing.
     current: File,
     segment_bytes: u64,
+    /// Purged segments go to a thread of their own to be deleted.
+    reaper: Reaper,
 }
 
 impl Segments {
@@ -186,6 +190,7 @@ impl Segments {
                 spans,
                 current,
                 segment_bytes,
+                reaper: Reaper::start(dir).map_err(io_err(dir))?,
             },
             entries,
             damaged_at,
@@ -265,19 +270,56 @@ impl Segments {
         Ok(())
     }
 
-    /// Deletes every segment that ends at or before log offset `from`
-    /// (all of it purged), except the one appended to.
-    pub fn drop_before(&mut self, from: u64) -> io::Result<()> {
-        let mut deleted = false;
+    /// Lets go of every segment that ends at or before log offset `from`
+    /// (all of it purged), except the one appended to. The files are
+    /// deleted by the reaper thread, oldest first: unlinking a 32 MiB file
+    /// frees its cached pages, which took this thread (and every append
+    /// queued behind it) milliseconds. A crash before they are gone leaves
+    /// them for the next open, which reads and skips their purged entries.
+    pub fn drop_before(&mut self, from: u64) {
+        let mut purged = Vec::new();
         while self.spans.len() > 1 && self.spans[0].0 + self.spans[0].1 <= from {
             let (base, _) = self.spans.remove(0);
-            fs::remove_file(self.dir.join(segment_name(base)))?;
-            deleted = true;
+            purged.push(self.dir.join(segment_name(base)));
         }
-        if deleted {
-            sync_dir(&self.dir)?;
+        if !purged.is_empty() {
+            self.reaper.delete(purged);
         }
-        Ok(())
+    }
+}
+
+/// The thread that deletes purged segments, in the order they were purged,
+/// so that what is left is always contiguous.
+struct Reaper {
+    jobs: mpsc::Sender<Vec<PathBuf>>,
+}
+
+impl Reaper {
+    fn start(dir: &Path) -> io::Result<Self> {
+        let (jobs, rx) = mpsc::channel::<Vec<PathBuf>>();
+        let dir = dir.to_path_buf();
+        thread::Builder::new()
+            .name("raft-log-reaper".into())
+            .spawn(move || {
+                for paths in rx {
+                    let result = paths
+                        .iter()
+                        .try_for_each(fs::remove_file)
+                        .and_then(|()| sync_dir(&dir));
+                    if let Err(e) = result {
+                        // Only disk space is at stake: the next open skips
+                        // the purged entries of any segment left behind.
+                        tracing::warn!(dir = %dir.display(), error = %e,
+                            "could not delete purged Raft log segments; they are deleted at the next start");
+                        return;
+                    }
+                }
+            })?;
+        Ok(Self { jobs })
+    }
+
+    fn delete(&self, paths: Vec<PathBuf>) {
+        let _ = self.jobs.send(paths); // a stopped reaper said why
     }
 }
 

@@ -15,6 +15,7 @@ use std::io::Cursor;
 use std::path::Path;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
     BasicNode, EntryPayload, RaftSnapshotBuilder, SnapshotMeta, StorageIOError, StoredMembership,
@@ -30,8 +31,9 @@ use crate::types::{Entry, LogId, NodeId, StorageError, TypeConfig};
 
 /// What a cluster replicates, seen from the application's side.
 pub trait Apply: Send + Sync + 'static {
-    /// Applies one committed command (`index` is its Raft log index).
-    fn apply(&self, index: u64, command: &[u8]);
+    /// Applies one committed command (`index` is its Raft log index); it
+    /// shares the entry's memory (a slice of it, not a copy).
+    fn apply(&self, index: u64, command: Bytes);
     /// The application's whole state, as of the last applied command.
     fn snapshot(&self) -> Vec<u8>;
     /// Replaces the application's state by a snapshot's.
@@ -159,7 +161,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         )
                     })?;
                     for c in commands {
-                        self.app.apply(entry.log_id.index, c);
+                        self.app.apply(entry.log_id.index, command.0.slice_ref(c));
                     }
                 }
                 EntryPayload::Membership(m) => {

@@ -61,7 +61,7 @@ fn state(r: &Replica) -> State {
 }
 
 fn apply(r: &Replica, index: u64, c: &Command) {
-    r.apply(index, &c.encode());
+    r.apply(index, bytes::Bytes::from(c.encode()));
 }
 
 fn history() -> Vec<Command> {
@@ -213,7 +213,7 @@ fn a_restored_snapshot_makes_any_store_equal_to_the_state_it_was_taken_from() {
 fn an_undecodable_command_marks_the_replica_failed_instead_of_being_skipped() {
     let dir = TempDir::new("replica-bad");
     let r = replica(&dir, 1);
-    r.apply(7, &[0xEE, 1, 2]);
+    r.apply(7, bytes::Bytes::from_static(&[0xEE, 1, 2]));
     let why = r.failure().expect("failed");
     assert!(why.contains("entry 7"), "{why}");
 }

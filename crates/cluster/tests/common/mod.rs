@@ -18,7 +18,7 @@ pub struct Recorder {
 }
 
 impl Apply for Recorder {
-    fn apply(&self, _index: u64, command: &[u8]) {
+    fn apply(&self, _index: u64, command: bytes::Bytes) {
         self.applied.lock().push(command.to_vec());
     }
     fn snapshot(&self) -> Vec<u8> {

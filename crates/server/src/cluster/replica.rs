@@ -147,8 +147,8 @@ impl Replica {
 }
 
 impl berth_cluster::Apply for Replica {
-    fn apply(&self, index: u64, command: &[u8]) {
-        match Command::decode(command) {
+    fn apply(&self, index: u64, command: Bytes) {
+        match Command::decode(&command) {
             Ok(cmd) => self.apply_command(index, cmd),
             Err(e) => self.fail(format!("entry {index} does not decode: {e}")),
         }
@@ -209,7 +209,7 @@ impl berth_cluster::Apply for Replica {
     }
 
     fn restore(&self, snapshot: &[u8]) {
-        let commands = match split(snapshot) {
+        let commands = match split(&Bytes::copy_from_slice(snapshot)) {
             Ok(c) => c,
             Err(e) => {
                 self.fail(format!("the snapshot does not decode: {e}"));
@@ -296,7 +296,8 @@ fn refuse_snapshot(why: &str) -> ! {
 }
 
 /// The commands of a snapshot (`u32 LE length | command`, repeated).
-fn split(mut bytes: &[u8]) -> Result<Vec<Command>, String> {
+fn split(whole: &Bytes) -> Result<Vec<Command>, String> {
+    let mut bytes: &[u8] = whole;
     let mut out = Vec::new();
     while !bytes.is_empty() {
         if bytes.len() < 4 {
@@ -307,7 +308,7 @@ fn split(mut bytes: &[u8]) -> Result<Vec<Command>, String> {
         if rest.len() < n {
             return Err(format!("a command of {n} bytes in {}", rest.len()));
         }
-        out.push(Command::decode(&rest[..n])?);
+        out.push(Command::decode(&whole.slice_ref(&rest[..n]))?);
         bytes = &rest[n..];
     }
     Ok(out)
