@@ -43,6 +43,9 @@ impl Journal for NoJournal {
     }
 }
 
+/// A stream [`MemoryJournal`] holds: its trim point, and offset → payload.
+pub type MemoryStream = (u64, BTreeMap<u64, Bytes>);
+
 /// One metadata write: key, and value (`None`: a delete).
 pub type MetaWrite = (Vec<u8>, Option<Vec<u8>>);
 
@@ -59,8 +62,8 @@ pub struct MemoryJournal {
     pub fail_meta: AtomicBool,
     /// queue → (msg → payload), in publish order.
     pub messages: Mutex<BTreeMap<u64, BTreeMap<u64, Bytes>>>,
-    /// stream → (offset → payload), and the trim point.
-    pub streams: Mutex<BTreeMap<u64, (u64, BTreeMap<u64, Bytes>)>>,
+    /// Streams by queue.
+    pub streams: Mutex<BTreeMap<u64, MemoryStream>>,
 }
 
 impl Journal for MemoryJournal {

@@ -572,7 +572,8 @@ impl Queue {
         let segment_max = self.segment_bytes_max();
         let ids: Vec<u64> = legacy.iter().map(|e| e.id).collect();
         let mut appended = 0usize;
-        let mut pending: Vec<(u64, Bytes, u64)> = Vec::new();
+        let mut already = 0usize;
+        let mut pending: Vec<(u64, Bytes)> = Vec::new();
         for chunk in legacy.chunks(STREAM_READ_AHEAD_MESSAGES) {
             let unread: Vec<u64> = chunk
                 .iter()
@@ -596,7 +597,8 @@ impl Queue {
                 match decoded {
                     Ok((offset, _, _))
                         if !empty
-                            && offset > log.end().saturating_add(STREAM_RESTORE_GAP_OFFSETS_MAX) =>
+                            && offset
+                                > log.end().saturating_add(STREAM_RESTORE_GAP_OFFSETS_MAX) =>
                     {
                         skipped.push(format!(
                             "stream '{}': message {} at offset {offset} is past a gap of more than {STREAM_RESTORE_GAP_OFFSETS_MAX} offsets after {}; skipped",
@@ -612,49 +614,42 @@ impl Queue {
                         // A gap: a write lost before a crash.
                         log.skip_to(offset);
                         log.append(p.len() as u64, ts, None, segment_max);
-                        pending.push((offset, p, ts));
+                        pending.push((offset, p));
                         appended += 1;
                     }
-                    Ok((offset, _, _)) => skipped.push(format!(
-                        "stream '{}': message {} at offset {offset} is already appended or out of order; its old record goes",
-                        self.name, e.id
-                    )),
-                    Err(why) => skipped.push(format!("stream '{}': message {}: {why}", self.name, e.id)),
+                    // Appended before a crash cut the last move short.
+                    Ok(_) => already += 1,
+                    Err(why) => {
+                        skipped.push(format!("stream '{}': message {}: {why}", self.name, e.id))
+                    }
                 }
             }
         }
-        tracing::info!(queue = %self.name, vhost = %self.vhost_name, messages = appended, "moving a stream's messages stored one publish each to the journal's stream appends");
-        let n = pending.len();
-        let remove_old: Arc<parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>> = {
-            let journal = self.env.dur.journal_shared();
-            Arc::new(parking_lot::Mutex::new(Some(Box::new(move || {
-                journal.remove(qid, &ids, None);
-            }))))
-        };
-        if n == 0 {
-            if let Some(f) = remove_old.lock().take() {
-                f();
-            }
+        tracing::info!(queue = %self.name, vhost = %self.vhost_name, messages = appended, already, "moving a stream's messages stored one publish each to the journal's stream appends");
+        let shared = self.env.dur.journal_shared();
+        let Some(last) = pending.len().checked_sub(1) else {
+            journal.remove(qid, &ids, None);
             return;
-        }
+        };
         let failed = Arc::new(AtomicBool::new(false));
-        for (i, (offset, p, _)) in pending.into_iter().enumerate() {
-            let last = i + 1 == n;
-            let remove_old = Arc::clone(&remove_old);
+        let mut ids = Some(ids);
+        for (i, (offset, p)) in pending.into_iter().enumerate() {
             let failed = Arc::clone(&failed);
-            let done: crate::durable::Done = Box::new(move |r| {
+            // Only the last completion removes the old records: those of
+            // one group run in order, so it sees every earlier result.
+            let old = if i == last { ids.take() } else { None };
+            let remover = Arc::clone(&shared);
+            let done: Done = Box::new(move |r| {
                 if r.is_err() {
                     failed.store(true, Ordering::Release);
                 }
-                // Completions of one group run in order: the last one
-                // sees every earlier result.
-                if last && !failed.load(Ordering::Acquire) {
-                    if let Some(f) = remove_old.lock().take() {
-                        f();
+                if let Some(ids) = old {
+                    if !failed.load(Ordering::Acquire) {
+                        remover.remove(qid, &ids, None);
                     }
                 }
             });
-            journal.stream_append(qid, offset, p, Some(done));
+            shared.stream_append(qid, offset, p, Some(done));
         }
     }
 }

@@ -29,6 +29,15 @@ use crate::QueueId;
 /// when it has enough; this bounds the plan's size).
 const READ_SPANS_MAX: usize = 8;
 
+/// One span of a planned read: its segment's file and number, and the
+/// byte range to scan.
+struct SpanRead {
+    file: Arc<dyn StorageFile>,
+    seg: u32,
+    start: u32,
+    end: u32,
+}
+
 /// A stream as recovery found it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecoveredStream {
@@ -101,7 +110,7 @@ impl Store {
         bytes_max: usize,
     ) -> Result<Vec<(u64, Bytes)>, StoreError> {
         let g = &self.groups[self.group_of(queue) as usize];
-        let (ranges, trimmed_below): (Vec<(Arc<dyn StorageFile>, u32, u32, u32)>, u64) = {
+        let (ranges, trimmed_below): (Vec<SpanRead>, u64) = {
             let inner = g.shared.inner.lock();
             let Some(st) = inner.index.stream(queue) else {
                 return Ok(Vec::new());
@@ -114,14 +123,25 @@ impl Store {
                     offset: u64::from(start),
                     reason: format!("stream {queue}'s index names a segment that is gone"),
                 })?;
-                ranges.push((Arc::clone(file), seg, start, end));
+                ranges.push(SpanRead {
+                    file: Arc::clone(file),
+                    seg,
+                    start,
+                    end,
+                });
             }
             (ranges, st.trimmed_below)
         };
         let from = from.max(trimmed_below);
         let mut out = Vec::new();
         let mut bytes = 0usize;
-        for (file, seg, start, end) in ranges {
+        for SpanRead {
+            file,
+            seg,
+            start,
+            end,
+        } in ranges
+        {
             let path = crate::segment::segment_path(&g.shared.dir, seg);
             let mut pos = u64::from(start);
             let end = u64::from(end);
