@@ -27,6 +27,7 @@ mod error;
 mod journal;
 mod memory;
 mod payload;
+mod stored_stream;
 
 pub use completion::{all_of, split_done, Done};
 pub use delayed_payload::{decode_delayed, encode_delayed};
@@ -35,6 +36,7 @@ pub use error::JournalError;
 pub use journal::{EventSink, Journal};
 pub use memory::{MemoryJournal, MetaWrite, NoJournal};
 pub use payload::{decode_message, encode_message, NameTooLong, StoredMessage};
+pub use stored_stream::StoredStream;
 
 // The metadata key namespace lives with the metadata commands; these stay
 // here for the store tools, which name queue ids by their definitions.

@@ -35,6 +35,9 @@ pub struct Recovered {
     pub meta: Vec<(Vec<u8>, Vec<u8>)>,
     /// Per durable queue id, its messages (journal id, body) in order.
     pub messages: HashMap<u64, Vec<(u64, StoredBody)>>,
+    /// Per stream's queue id, what the journal holds of it
+    /// (`Journal::stream_append`).
+    pub streams: HashMap<u64, crate::durable::StoredStream>,
 }
 
 /// A recovered message as the journal gives it back.
@@ -65,10 +68,8 @@ impl Recovered {
             .max()
             .unwrap_or(0)
             + 1;
-        (
-            msg,
-            queue.max(self.messages.keys().max().map_or(1, |m| m + 1)),
-        )
+        let stored = self.messages.keys().chain(self.streams.keys()).max();
+        (msg, queue.max(stored.map_or(1, |m| m + 1)))
     }
 }
 
@@ -136,6 +137,7 @@ impl Broker {
     /// the journal and reported, never silently dropped.
     pub fn restore(&self, recovered: Recovered, now: Instant) -> RestoreReport {
         let mut messages = recovered.messages;
+        let mut streams = recovered.streams;
         let claims = QueueClaims::of(&recovered.meta);
         let (cmds, skipped) = crate::broker::decode_stored(&recovered.meta, b"xqb");
         let mut report = RestoreReport {
@@ -161,7 +163,12 @@ impl Broker {
                     let stored = messages.remove(&d.id).unwrap_or_default();
                     let v = self.vhost(&d.vhost).expect("applied in this vhost");
                     let q = v.find_queue(&d.name).expect("just applied");
-                    self.restore_messages(&q, d.id, stored, now, &mut report);
+                    if q.is_stream() {
+                        let appended = streams.remove(&d.id);
+                        self.restore_stream(&q, appended.as_ref(), stored, &mut report);
+                    } else {
+                        self.restore_messages(&q, d.id, stored, now, &mut report);
+                    }
                 }
                 _ => {}
             }
@@ -170,6 +177,11 @@ impl Broker {
             .into_iter()
             .filter(|(_, msgs)| !msgs.is_empty())
             .map(|(qid, msgs)| (qid, msgs.len()))
+            .chain(
+                streams
+                    .into_iter()
+                    .map(|(qid, s)| (qid, usize::try_from(s.messages).unwrap_or(usize::MAX))),
+            )
             .collect();
         left.sort_unstable();
         for (qid, count) in left {
@@ -225,16 +237,17 @@ impl Broker {
         v.restore_delayed(&ex, &held);
     }
 
-    /// Puts a restored queue's messages back in it, in order.
-    fn restore_messages(
+    /// Rebuilds a stream from what the journal holds of it: its appends
+    /// (`appended`), and any messages stored one publish each by an
+    /// earlier berth (`stored`), which move to appends.
+    fn restore_stream(
         &self,
         q: &Arc<Queue>,
-        id: u64,
+        appended: Option<&crate::durable::StoredStream>,
         stored: Vec<(u64, StoredBody)>,
-        now: Instant,
         report: &mut RestoreReport,
     ) {
-        if q.is_stream() {
+        {
             let entries = stored
                 .into_iter()
                 .map(|(id, body)| match body {
@@ -250,13 +263,23 @@ impl Broker {
                     },
                 })
                 .collect();
-            let (n, skipped) = q.restore_stream(entries);
+            let (n, skipped) = q.restore_stream(appended, entries);
             // Restore filled the stream's log without a queue operation.
             q.report_totals();
             report.messages += n;
             report.skipped.extend(skipped);
-            return;
         }
+    }
+
+    /// Puts a restored queue's messages back in it, in order.
+    fn restore_messages(
+        &self,
+        q: &Arc<Queue>,
+        id: u64,
+        stored: Vec<(u64, StoredBody)>,
+        now: Instant,
+        report: &mut RestoreReport,
+    ) {
         for (mid, body) in stored {
             // A priority queue needs each message's priority now; other
             // queues read bodies on delivery.

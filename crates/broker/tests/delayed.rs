@@ -84,6 +84,7 @@ impl World {
     /// goes on.
     fn restart(&self) -> Self {
         let r = Recovered {
+            streams: self.journal.stored_streams(),
             meta: (self.journal.meta.lock().iter())
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),

@@ -86,6 +86,7 @@ fn journaled_broker() -> (
 
 fn recovered(j: &MemoryJournal) -> Recovered {
     Recovered {
+        streams: j.stored_streams(),
         meta: j
             .meta
             .lock()

@@ -61,6 +61,7 @@ fn channel(broker: &Broker, out: &Arc<Sink>) -> Arc<Channel> {
 
 fn recovered(j: &MemoryJournal) -> Recovered {
     Recovered {
+        streams: j.stored_streams(),
         meta: j
             .meta
             .lock()

@@ -38,6 +38,7 @@ fn durable() -> QueueDeclare {
 
 fn recovered(j: &MemoryJournal) -> Recovered {
     Recovered {
+        streams: j.stored_streams(),
         meta: j
             .meta
             .lock()

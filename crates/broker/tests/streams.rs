@@ -116,6 +116,7 @@ fn read_from(v: &Arc<VHost>, queue: &str, offset: AMQPValue, now: Instant) -> Ve
 
 fn recovered(j: &MemoryJournal) -> Recovered {
     Recovered {
+        streams: j.stored_streams(),
         meta: j
             .meta
             .lock()
@@ -157,10 +158,9 @@ fn a_gap_left_by_a_crash_keeps_every_later_offset() {
     // The write of offset 3 never reached the disk (its publisher was
     // never confirmed); the writes after it did.
     {
-        let mut m = journal.messages.lock();
-        let q = m.values_mut().next().expect("the stream's messages");
-        let lost = *q.keys().nth(3).expect("ten messages");
-        q.remove(&lost);
+        let mut m = journal.streams.lock();
+        let q = &mut m.values_mut().next().expect("the stream's messages").1;
+        assert!(q.remove(&3).is_some(), "offset 3 was appended");
     }
     let r = recovered(&journal);
     let (next_msg, next_queue) = r.next_ids();
@@ -184,8 +184,70 @@ fn a_gap_left_by_a_crash_keeps_every_later_offset() {
     assert_eq!(last, vec![(10, b"m10".to_vec())]);
 }
 
+/// Moves a stream's appends to one publish per message (message ids from
+/// 100 on), as berth stored streams before the journal had them.
+fn to_legacy(journal: &MemoryJournal) {
+    let streams = std::mem::take(&mut *journal.streams.lock());
+    let mut m = journal.messages.lock();
+    for (q, (_, entries)) in streams {
+        let list = m.entry(q).or_default();
+        for (offset, payload) in entries {
+            list.insert(100 + offset, payload);
+        }
+    }
+}
+
 #[test]
-fn an_offset_far_past_the_others_is_reported_not_filled() {
+fn a_stream_stored_one_publish_each_moves_to_appends_at_a_restart() {
+    let t0 = Instant::now();
+    let journal = Arc::new(MemoryJournal::default());
+    let broker = Broker::with_journal(["/"], journal.clone(), 1, 1);
+    let v = broker.vhost("/").unwrap();
+    declare(&v, "s", stream_args(&[]), t0);
+    for i in 0..10 {
+        publish(&v, "s", &format!("m{i}"), t0);
+    }
+    to_legacy(&journal);
+    // The write of offset 3 never reached the disk.
+    journal
+        .messages
+        .lock()
+        .values_mut()
+        .next()
+        .unwrap()
+        .remove(&103);
+    let r = recovered(&journal);
+    let (next_msg, next_queue) = r.next_ids();
+    let broker2 = Broker::with_journal(["/"], journal.clone(), next_msg, next_queue);
+    let report = broker2.restore(r, t0);
+    assert!(report.skipped.is_empty(), "{:?}", report.skipped);
+    assert_eq!(report.messages, 9);
+    // Appended at their offsets, and the old records gone.
+    let appended: Vec<u64> = journal
+        .streams
+        .lock()
+        .values()
+        .next()
+        .unwrap()
+        .1
+        .keys()
+        .copied()
+        .collect();
+    assert_eq!(appended, vec![0, 1, 2, 4, 5, 6, 7, 8, 9]);
+    assert!(journal.messages.lock().values().all(|m| m.is_empty()));
+    let v2 = broker2.vhost("/").unwrap();
+    let got = read_from(&v2, "s", AMQPValue::LongString("first".into()), t0);
+    assert_eq!(
+        got.iter().map(|(o, _)| *o).collect::<Vec<_>>(),
+        vec![0, 1, 2, 4, 5, 6, 7, 8, 9]
+    );
+    publish(&v2, "s", "m10", t0);
+    let last = read_from(&v2, "s", AMQPValue::LongString("last".into()), t0);
+    assert_eq!(last, vec![(10, b"m10".to_vec())]);
+}
+
+#[test]
+fn a_legacy_entry_far_past_the_others_is_reported_not_filled() {
     let t0 = Instant::now();
     let journal = Arc::new(MemoryJournal::default());
     let broker = Broker::with_journal(["/"], journal.clone(), 1, 1);
@@ -194,9 +256,9 @@ fn an_offset_far_past_the_others_is_reported_not_filled() {
     for i in 0..3 {
         publish(&v, "s", &format!("m{i}"), t0);
     }
+    to_legacy(&journal);
     // Damage that passed the checksum: the last entry claims an offset
-    // a trillion past the others (so first and last do not span the
-    // count, and the restart reads every entry's offset).
+    // a trillion past the others.
     {
         let mut m = journal.messages.lock();
         let q = m.values_mut().next().unwrap();
@@ -260,7 +322,7 @@ fn retention_by_age_follows_the_clock_and_moves_readers_to_the_new_first_offset(
     publish(&v, "aged", "new", clock.now());
     let now = clock.now();
     // The old segments went; the active one (the new message) stayed.
-    assert_eq!(journal.messages.lock().values().next().unwrap().len(), 1);
+    assert_eq!(journal.streams.lock().values().next().unwrap().1.len(), 1);
     let got = read_from(&v, "aged", AMQPValue::LongString("first".into()), now);
     assert_eq!(got, vec![(5, b"new".to_vec())]);
     // The stalled reader had offset 0; once it acks, it goes on at 5.
@@ -282,6 +344,19 @@ impl Journal for HeldJournal {
     fn publish(&self, msg: u64, queues: &[u64], payload: Bytes, done: Option<Done>) {
         self.inner.publish(msg, queues, payload, None);
         self.held.lock().extend(done);
+    }
+    fn stream_append(&self, queue: u64, offset: u64, payload: Bytes, done: Option<Done>) {
+        self.inner.stream_append(queue, offset, payload, None);
+        self.held.lock().extend(done);
+    }
+    fn stream_read(
+        &self,
+        queue: u64,
+        from: u64,
+        count_max: usize,
+        bytes_max: usize,
+    ) -> Result<Vec<(u64, Bytes)>, JournalError> {
+        self.inner.stream_read(queue, from, count_max, bytes_max)
     }
     fn remove(&self, queue: u64, msgs: &[u64], done: Option<Done>) {
         self.inner.remove(queue, msgs, done);
@@ -374,6 +449,24 @@ struct CountingJournal {
 impl Journal for CountingJournal {
     fn publish(&self, msg: u64, queues: &[u64], payload: Bytes, done: Option<Done>) {
         self.inner.publish(msg, queues, payload, done);
+    }
+    fn stream_append(&self, queue: u64, offset: u64, payload: Bytes, done: Option<Done>) {
+        self.inner.stream_append(queue, offset, payload, done);
+    }
+    fn stream_trim(&self, queue: u64, below: u64, done: Option<Done>) {
+        self.inner.stream_trim(queue, below, done);
+    }
+    fn stream_read(
+        &self,
+        queue: u64,
+        from: u64,
+        count_max: usize,
+        bytes_max: usize,
+    ) -> Result<Vec<(u64, Bytes)>, JournalError> {
+        let got = self.inner.stream_read(queue, from, count_max, bytes_max)?;
+        self.reads
+            .fetch_add(got.len(), std::sync::atomic::Ordering::Relaxed);
+        Ok(got)
     }
     fn remove(&self, queue: u64, msgs: &[u64], done: Option<Done>) {
         self.inner.remove(queue, msgs, done);

@@ -9,7 +9,7 @@
 
 use berth_broker::meta::MetaCommand;
 use berth_broker::stream::entry;
-use berth_store::inspect::{read_payload, GroupReport, Layout};
+use berth_store::inspect::{read_payload, read_stream_last, GroupReport, Layout};
 use berth_store::storage::OsStorage;
 
 /// One stream's messages in one journal segment.
@@ -71,6 +71,25 @@ pub(crate) fn streams(layout: &Layout, groups: &[GroupReport]) -> Vec<StreamRepo
 fn segments_of(layout: &Layout, groups: &[GroupReport], id: u64) -> Vec<StreamSegment> {
     let mut segs = Vec::new();
     for g in groups {
+        // Appended records (the sparse index's spans): offsets from the
+        // index, the newest timestamp read from the span's last record.
+        if let Some(st) = g.streams.get(&berth_store::QueueId(id)) {
+            for span in st.spans() {
+                let newest =
+                    read_stream_last(&OsStorage, layout, g.group, berth_store::QueueId(id), span)
+                        .map_err(|e| e.to_string())
+                        .and_then(|p| entry::decode_header(&p).map_err(|e| e.to_string()));
+                let first = span.points[0].offset.max(st.trimmed_below);
+                segs.push(StreamSegment {
+                    group: g.group,
+                    seq: span.seg,
+                    messages: span.count,
+                    bytes: span.bytes,
+                    last_timestamp_ms: newest.as_ref().ok().map(|n| n.1),
+                    offsets: newest.map(|_| (first, span.last)),
+                });
+            }
+        }
         for (&(q, seq), r) in &g.queue_segments {
             if q.0 != id {
                 continue;

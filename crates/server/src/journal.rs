@@ -25,6 +25,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use berth_broker::durable::StoredStream;
 use berth_broker::durable::{Done, Journal, JournalError, PAGING_BIT};
 use berth_broker::{Broker, Recovered as BrokerRecovered, StoredBody};
 use berth_store::{MsgId, QueueId, StoreError};
@@ -96,6 +97,30 @@ impl Journal for StoreJournal {
 
     fn delete_meta(&self, key: &[u8]) -> Result<(), JournalError> {
         wait_durable(|d| self.store.delete_meta(Bytes::copy_from_slice(key), Some(d)))
+    }
+
+    fn stream_append(&self, queue: u64, offset: u64, payload: Bytes, done: Option<Done>) {
+        self.store
+            .append(QueueId(queue), offset, payload, adapt(done));
+    }
+
+    fn stream_trim(&self, queue: u64, below: u64, done: Option<Done>) {
+        self.store.trim(QueueId(queue), below, adapt(done));
+    }
+
+    fn stream_read(
+        &self,
+        queue: u64,
+        from: u64,
+        count_max: usize,
+        bytes_max: usize,
+    ) -> Result<Vec<(u64, Bytes)>, JournalError> {
+        // A cold read can wait for the disk: keep other connections going.
+        blocking(|| {
+            self.store
+                .read_stream(QueueId(queue), from, count_max, bytes_max)
+        })
+        .map_err(|e| JournalError::caused_by("the store could not read the stream", e))
     }
 
     fn read(&self, queue: u64, msg: u64) -> Result<Bytes, JournalError> {
@@ -199,6 +224,20 @@ pub fn broker_from(
             .map(|(k, v)| (k.to_vec(), v.to_vec()))
             .collect(),
         messages,
+        streams: recovered
+            .streams
+            .iter()
+            .map(|(q, s)| {
+                let stored = StoredStream {
+                    first: s.first,
+                    end: s.end,
+                    messages: s.messages,
+                    bytes: s.bytes,
+                    marks: s.marks.clone(),
+                };
+                (q.0, stored)
+            })
+            .collect(),
     };
     let (_, next_queue) = br.next_ids();
     let next_msg = recovered.next_msg_id.0.max(br.next_ids().0);

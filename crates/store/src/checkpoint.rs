@@ -46,11 +46,14 @@ use std::path::Path;
 use crate::error::StoreError;
 use crate::index::{Index, Loc};
 use crate::record::Record;
+use crate::stream_index::{Point, Span, StreamIndex};
 use crate::{MsgId, QueueId};
 
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"BERTHCKP";
 /// The version this build writes (version 1 is still read).
-pub const CHECKPOINT_FORMAT_VERSION: u32 = 2;
+pub const CHECKPOINT_FORMAT_VERSION: u32 = 3;
+/// Version 2: chains, written before streams' sparse indexes (still read).
+pub const CHECKPOINT_FORMAT_VERSION_V2: u32 = 2;
 /// Version 1: a whole index, one entry per message (written until chains).
 pub const CHECKPOINT_FORMAT_VERSION_V1: u32 = 1;
 pub const CK_OFF_VERSION: usize = 8;
@@ -84,6 +87,10 @@ pub const OP_REMOVE: u8 = 2;
 pub const OP_PURGE: u8 = 3;
 pub const OP_META_PUT: u8 = 4;
 pub const OP_META_DELETE: u8 = 5;
+/// Version 3: a stream's Append (`queue u64 · offset u64 · seg u32 · pos u32 · len u32`).
+pub const OP_APPEND: u8 = 6;
+/// Version 3: a stream's Trim (`queue u64 · below u64`).
+pub const OP_TRIM: u8 = 7;
 
 /// Bytes of one message in a base's run: msg, seg, offset, rec_len.
 pub const RUN_ENTRY_BYTES: usize = 8 + 4 + 4 + 4;
@@ -199,7 +206,34 @@ pub fn encode(group: u32, info: CheckpointInfo, index: &Index) -> Vec<u8> {
         }
     });
     out[run_count_at..run_count_at + 8].copy_from_slice(&runs.to_le_bytes());
+    encode_streams(&mut out, index);
     seal(out)
+}
+
+/// Version 3's stream section of a base: `stream_count u64`, then per
+/// stream `queue u64 · trimmed_below u64 · span_count u32` and its spans,
+/// each `seg u32 · last u64 · end u32 · count u64 · bytes u64 ·
+/// point_count u32 · (offset u64 · pos u32) × point_count`.
+fn encode_streams(out: &mut Vec<u8>, index: &Index) {
+    let streams: Vec<_> = index.streams().collect();
+    out.extend_from_slice(&(streams.len() as u64).to_le_bytes());
+    for (q, st) in streams {
+        out.extend_from_slice(&q.0.to_le_bytes());
+        out.extend_from_slice(&st.trimmed_below.to_le_bytes());
+        put_len(out, st.spans().len());
+        for span in st.spans() {
+            out.extend_from_slice(&span.seg.to_le_bytes());
+            out.extend_from_slice(&span.last.to_le_bytes());
+            out.extend_from_slice(&span.end.to_le_bytes());
+            out.extend_from_slice(&span.count.to_le_bytes());
+            out.extend_from_slice(&span.bytes.to_le_bytes());
+            put_len(out, span.points.len());
+            for p in &span.points {
+                out.extend_from_slice(&p.offset.to_le_bytes());
+                out.extend_from_slice(&p.pos.to_le_bytes());
+            }
+        }
+    }
 }
 
 /// A delta being built: the index ops of the journal records between its
@@ -259,6 +293,19 @@ impl DeltaBuilder {
                 out.push(OP_META_DELETE);
                 put_len(out, key.len());
                 out.extend_from_slice(key);
+            }
+            Record::Append { queue, offset, .. } => {
+                out.push(OP_APPEND);
+                out.extend_from_slice(&queue.0.to_le_bytes());
+                out.extend_from_slice(&offset.to_le_bytes());
+                out.extend_from_slice(&loc.seg.to_le_bytes());
+                out.extend_from_slice(&loc.offset.to_le_bytes());
+                out.extend_from_slice(&loc.len.to_le_bytes());
+            }
+            Record::Trim { queue, below } => {
+                out.push(OP_TRIM);
+                out.extend_from_slice(&queue.0.to_le_bytes());
+                out.extend_from_slice(&below.to_le_bytes());
             }
             Record::Hole { .. } => return,
         }
@@ -351,7 +398,10 @@ pub fn parse(group: u32, bytes: Vec<u8>, path: &Path) -> Result<Parsed, StoreErr
         return Err(corrupt(0, "bad magic"));
     }
     let version = le_u32(&bytes[CK_OFF_VERSION..CK_OFF_VERSION + 4]);
-    if version != CHECKPOINT_FORMAT_VERSION && version != CHECKPOINT_FORMAT_VERSION_V1 {
+    if version != CHECKPOINT_FORMAT_VERSION
+        && version != CHECKPOINT_FORMAT_VERSION_V2
+        && version != CHECKPOINT_FORMAT_VERSION_V1
+    {
         return Err(StoreError::FormatVersion {
             path: path.to_path_buf(),
             found: version,
@@ -460,10 +510,53 @@ impl Parsed {
         } else {
             self.load_runs(&mut r, &mut index)?;
         }
+        if self.version >= CHECKPOINT_FORMAT_VERSION {
+            self.load_streams(&mut r, &mut index)?;
+        }
         if r.left() != 0 {
             return Err(bad(&r));
         }
         Ok(index)
+    }
+
+    /// The stream section of a version 3 base ([`encode_streams`]).
+    fn load_streams(&self, r: &mut Reader<'_>, index: &mut Index) -> Result<(), StoreError> {
+        let bad = |r: &Reader<'_>| self.corrupt(r.at, "truncated or inconsistent stream section");
+        let count = r.u64().ok_or_else(|| bad(r))?;
+        for _ in 0..count {
+            let queue = QueueId(r.u64().ok_or_else(|| bad(r))?);
+            let mut st = StreamIndex::trimmed_at(r.u64().ok_or_else(|| bad(r))?);
+            let spans = r.u32().ok_or_else(|| bad(r))?;
+            for _ in 0..spans {
+                let seg = r.u32().ok_or_else(|| bad(r))?;
+                let last = r.u64().ok_or_else(|| bad(r))?;
+                let end = r.u32().ok_or_else(|| bad(r))?;
+                let count = r.u64().ok_or_else(|| bad(r))?;
+                let bytes = r.u64().ok_or_else(|| bad(r))?;
+                let n = r.u32().ok_or_else(|| bad(r))? as usize;
+                // Checked against what is left before anything is reserved.
+                if n == 0 || n.checked_mul(12).is_none_or(|b| b > r.left()) {
+                    return Err(bad(r));
+                }
+                let mut points = Vec::with_capacity(n);
+                for _ in 0..n {
+                    points.push(Point {
+                        offset: r.u64().ok_or_else(|| bad(r))?,
+                        pos: r.u32().ok_or_else(|| bad(r))?,
+                    });
+                }
+                st.push_span(Span {
+                    seg,
+                    last,
+                    end,
+                    count,
+                    bytes,
+                    points,
+                });
+            }
+            index.load_stream(queue, st);
+        }
+        Ok(())
     }
 
     fn check_queues(&self, at: usize, queues: &[QueueId], what: &str) -> Result<(), StoreError> {
@@ -611,6 +704,35 @@ impl Parsed {
                     let kl = r.u32().ok_or_else(|| bad(&r))? as usize;
                     let k = r.take(kl).ok_or_else(|| bad(&r))?;
                     index.meta.remove(k);
+                }
+                OP_APPEND if self.version >= CHECKPOINT_FORMAT_VERSION => {
+                    let queue = QueueId(r.u64().ok_or_else(|| bad(&r))?);
+                    let offset = r.u64().ok_or_else(|| bad(&r))?;
+                    let loc = Loc {
+                        seg: r.u32().ok_or_else(|| bad(&r))?,
+                        offset: r.u32().ok_or_else(|| bad(&r))?,
+                        len: r.u32().ok_or_else(|| bad(&r))?,
+                    };
+                    index.apply(
+                        &Record::Append {
+                            queue,
+                            offset,
+                            payload: &[],
+                        },
+                        loc,
+                    );
+                }
+                OP_TRIM if self.version >= CHECKPOINT_FORMAT_VERSION => {
+                    let queue = QueueId(r.u64().ok_or_else(|| bad(&r))?);
+                    let below = r.u64().ok_or_else(|| bad(&r))?;
+                    index.apply(
+                        &Record::Trim { queue, below },
+                        Loc {
+                            seg: 0,
+                            offset: 0,
+                            len: 0,
+                        },
+                    );
                 }
                 op => return Err(self.corrupt(at, &format!("unknown delta op {op}"))),
             }
@@ -885,10 +1007,76 @@ mod tests {
         assert_eq!(ix2.msg_id_hw, 5);
     }
 
-    /// Version 2 base (FORMAT.md's example); its checksum was computed
-    /// independently of the crate (a bitwise CRC32C in Python).
+    /// Version 3 base (FORMAT.md's example): version 2's index plus one
+    /// stream. Its checksum was computed independently of the crate (a
+    /// bitwise CRC32C in Python).
     #[test]
     fn golden_bytes_checkpoint() {
+        let (info, mut ix) = golden_index();
+        ix.apply(
+            &Record::Append {
+                queue: QueueId(4),
+                offset: 7,
+                payload: &[],
+            },
+            Loc {
+                seg: 3,
+                offset: 160,
+                len: 40,
+            },
+        );
+        #[rustfmt::skip]
+        let expected: &[u8] = &[
+            b'B', b'E', b'R', b'T', b'H', b'C', b'K', b'P', // magic
+            3, 0, 0, 0,                   // format_version
+            2, 0, 0, 0,                   // group
+            9, 0, 0, 0, 0, 0, 0, 0,       // lsn
+            3, 0, 0, 0, 0, 0, 0, 0,       // replay_seg
+            108, 0, 0, 0, 0, 0, 0, 0,     // replay_offset
+            5, 0, 0, 0, 0, 0, 0, 0,       // msg_id_hw
+            1, 0, 0, 0,  0, 0, 0, 0,      // kind (base), reserved
+            0, 0, 0, 0, 0, 0, 0, 0,       // parent_no
+            0, 0, 0, 0, 0, 0, 0, 0,       // parent_lsn
+            1, 0, 0, 0, 0, 0, 0, 0,       // meta_count
+            1, 0, 0, 0,  2, 0, 0, 0,      // key_len, value_len
+            b'k', b'v', b'v',             // key, value
+            1, 0, 0, 0, 0, 0, 0, 0,       // run_count
+            2, 0, 0, 0,  1, 0, 0, 0,      // queue_count, msg_count
+            1, 0, 0, 0, 0, 0, 0, 0,       // queue
+            2, 0, 0, 0, 0, 0, 0, 0,       // queue
+            5, 0, 0, 0, 0, 0, 0, 0,       // msg
+            3, 0, 0, 0,  59, 0, 0, 0,     // seg, offset
+            49, 0, 0, 0,                  // rec_len
+            1, 0, 0, 0, 0, 0, 0, 0,       // stream_count
+            4, 0, 0, 0, 0, 0, 0, 0,       // queue
+            0, 0, 0, 0, 0, 0, 0, 0,       // trimmed_below
+            1, 0, 0, 0,                   // span_count
+            3, 0, 0, 0,                   // seg
+            7, 0, 0, 0, 0, 0, 0, 0,       // last
+            200, 0, 0, 0,                 // end
+            1, 0, 0, 0, 0, 0, 0, 0,       // count
+            40, 0, 0, 0, 0, 0, 0, 0,      // bytes
+            1, 0, 0, 0,                   // point_count
+            7, 0, 0, 0, 0, 0, 0, 0,       // point: offset
+            160, 0, 0, 0,                 // point: pos
+            0xd4, 0x54, 0x97, 0xae,       // crc32c over all of the above
+        ];
+        assert_eq!(expected.len(), 223);
+        let bytes = encode(2, info, &ix);
+        assert_eq!(&bytes[..], expected);
+        let (i2, ix2) = decode(2, &bytes, Path::new("c")).unwrap();
+        assert_eq!(i2, info);
+        assert_eq!(ix2.meta, ix.meta);
+        assert_eq!(ix2.stream(QueueId(4)), ix.stream(QueueId(4)));
+        assert_eq!(ix2.seg_live(3), ix.seg_live(3));
+        ix2.check();
+    }
+
+    /// Version 2 base (written before streams' sections): still read. Its
+    /// checksum was computed independently of the crate (a bitwise CRC32C
+    /// in Python).
+    #[test]
+    fn golden_bytes_checkpoint_v2_still_reads() {
         let (info, ix) = golden_index();
         #[rustfmt::skip]
         let expected: &[u8] = &[
@@ -915,9 +1103,7 @@ mod tests {
             0x1e, 0x19, 0x96, 0xf2,       // crc32c over all of the above
         ];
         assert_eq!(expected.len(), 147);
-        let bytes = encode(2, info, &ix);
-        assert_eq!(&bytes[..], expected);
-        let (i2, ix2) = decode(2, &bytes, Path::new("c")).unwrap();
+        let (i2, ix2) = decode(2, expected, Path::new("c")).unwrap();
         assert_eq!(i2, info);
         assert_eq!(ix2.meta, ix.meta);
         assert_eq!(
@@ -944,6 +1130,7 @@ mod tests {
         };
         let mut chain = vec![encode(0, info(0), &model)];
         let mut lsn = 0;
+        let mut next_offset = [0u64; 5];
         for link in 1..30u64 {
             let mut delta = DeltaBuilder::new(0);
             for _ in 0..200 {
@@ -956,7 +1143,20 @@ mod tests {
                     len: 64,
                 };
                 let qs = [q, QueueId(rng.random_range(0..5))];
-                let r = match rng.random_range(0..10) {
+                let r = match rng.random_range(0..13) {
+                    10 | 11 => {
+                        let o = &mut next_offset[q.0 as usize];
+                        *o += rng.random_range(1..3);
+                        Record::Append {
+                            queue: q,
+                            offset: *o,
+                            payload: b"",
+                        }
+                    }
+                    12 => Record::Trim {
+                        queue: q,
+                        below: next_offset[q.0 as usize].saturating_sub(rng.random_range(0..20)),
+                    },
                     0..=3 => Record::Publish {
                         msg: m,
                         queues: Cow::Borrowed(&qs[..rng.random_range(1..=2)]),
@@ -1003,10 +1203,18 @@ mod tests {
         };
         assert_eq!(sorted(&index), sorted(&model), "seed {seed}");
         assert_eq!(index.meta, model.meta);
+        let streams = |ix: &Index| {
+            ix.streams()
+                .map(|(q, s)| (q, s.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert!(model.stream_points() > 0, "the chain holds streams");
+        assert_eq!(streams(&index), streams(&model), "seed {seed}");
         let rebased = decode(0, &encode(0, info(lsn), &index), Path::new("c"))
             .unwrap()
             .1;
         assert_eq!(sorted(&rebased), sorted(&model), "seed {seed}");
+        assert_eq!(streams(&rebased), streams(&model), "seed {seed}");
         rebased.check();
     }
 

@@ -21,11 +21,17 @@
 //!   [`QueueList`], whose `live` counts them; a list may also hold stale ids
 //!   (removed since), at most about as many as live ones, so a purge costs
 //!   what the queue holds, never a scan of the index.
+//! - A stream's records (Append) are not in `msgs`: each stream has a
+//!   sparse [`StreamIndex`] (spans per segment, a point every stride), and
+//!   its spans count in `seg_live` like messages do, so a segment holding
+//!   a stream's kept records is never deleted, and never compacted (its
+//!   records stay where the points say they are).
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::record::{Record, PUBLISH_OFF_QUEUES, RECORD_HEADER_BYTES};
+use crate::stream_index::{Span, StreamIndex};
 use crate::{MsgId, QueueId};
 
 /// Hasher for ids we allocate ourselves: a multiply-xorshift finalizer is
@@ -127,6 +133,8 @@ pub struct Index {
     /// Free slots of `holders`, reused before it grows.
     free_holders: Vec<u32>,
     seg_live: BTreeMap<u32, SegLive>,
+    /// Streams' sparse indexes, by queue.
+    streams: BTreeMap<u64, StreamIndex>,
     pub meta: BTreeMap<Vec<u8>, Vec<u8>>,
     /// Highest message id ever published in this group.
     pub msg_id_hw: u64,
@@ -161,6 +169,10 @@ impl Index {
                 }
             }
             Record::Purge { queue } => {
+                if let Some(st) = self.streams.remove(&queue.0) {
+                    let spans: Vec<Span> = st.spans().cloned().collect();
+                    self.unlive_spans(&spans);
+                }
                 // Taken out first: removals below find no list to update.
                 if let Some(list) = self.by_queue.remove(&queue.0) {
                     for m in list.ids {
@@ -177,7 +189,85 @@ impl Index {
                 self.meta.remove(*key);
             }
             Record::Hole { .. } => {}
+            Record::Append { queue, offset, .. } => {
+                self.streams
+                    .entry(queue.0)
+                    .or_default()
+                    .append(*offset, loc);
+                let live = self.seg_live.entry(loc.seg).or_default();
+                live.count += 1;
+                live.bytes += u64::from(loc.len);
+            }
+            Record::Trim { queue, below } => {
+                let gone = self.streams.entry(queue.0).or_default().trim(*below);
+                self.unlive_spans(&gone);
+            }
         }
+    }
+
+    /// Segments' live counts without these spans (trimmed or purged).
+    fn unlive_spans(&mut self, spans: &[Span]) {
+        for s in spans {
+            let live = self
+                .seg_live
+                .get_mut(&s.seg)
+                .expect("a span's segment is counted");
+            live.count -= s.count;
+            live.bytes -= s.bytes;
+        }
+    }
+
+    /// A stream's sparse index, if it has one.
+    pub fn stream(&self, queue: QueueId) -> Option<&StreamIndex> {
+        self.streams.get(&queue.0)
+    }
+
+    /// Every stream's index, by queue.
+    pub fn streams(&self) -> impl Iterator<Item = (QueueId, &StreamIndex)> {
+        self.streams.iter().map(|(q, s)| (QueueId(*q), s))
+    }
+
+    /// A stream loaded from a checkpoint: its index as listed, its spans
+    /// counted live.
+    pub fn load_stream(&mut self, queue: QueueId, stream: StreamIndex) {
+        for s in stream.spans() {
+            let live = self.seg_live.entry(s.seg).or_default();
+            live.count += s.count;
+            live.bytes += s.bytes;
+        }
+        self.streams.insert(queue.0, stream);
+    }
+
+    /// Whether a stream keeps records in segment `seg` (compaction leaves
+    /// such a segment alone).
+    pub fn segment_has_streams(&self, seg: u32) -> bool {
+        self.streams.values().any(|s| s.in_segment(seg))
+    }
+
+    /// Stream records kept in any of `segs`.
+    pub fn stream_records_in(&self, segs: &[u32]) -> u64 {
+        self.streams
+            .values()
+            .flat_map(StreamIndex::spans)
+            .filter(|s| segs.contains(&s.seg))
+            .map(|s| s.count)
+            .sum()
+    }
+
+    /// Forgets the streams' records in segment `seg` (its file is gone);
+    /// returns how many there were.
+    pub fn drop_stream_segment(&mut self, seg: u32) -> u64 {
+        let mut gone = Vec::new();
+        for st in self.streams.values_mut() {
+            gone.extend(st.drop_segment(seg));
+        }
+        self.unlive_spans(&gone);
+        gone.iter().map(|s| s.count).sum()
+    }
+
+    /// Index points held by every stream.
+    pub fn stream_points(&self) -> usize {
+        self.streams.values().map(StreamIndex::point_count).sum()
     }
 
     /// Inserts a live message (also used to load a checkpoint).
@@ -476,6 +566,7 @@ impl Index {
             + lists
             + self.holders.capacity() * 8
             + self.free_holders.capacity() * 4
+            + self.stream_points() * std::mem::size_of::<crate::stream_index::Point>()
     }
 
     pub fn live_messages(&self) -> usize {
@@ -538,6 +629,13 @@ impl Index {
             self.multi.len(),
             self.msgs.values().filter(|e| e.holder == MULTI).count()
         );
+        for st in self.streams.values() {
+            for span in st.spans() {
+                let c = counted.entry(span.seg).or_default();
+                c.count += span.count;
+                c.bytes += span.bytes;
+            }
+        }
         for (q, list) in &self.by_queue {
             assert_eq!(self.holders[list.holder as usize], *q, "holder slot of {q}");
         }

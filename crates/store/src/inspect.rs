@@ -261,6 +261,8 @@ pub struct GroupReport {
     pub queues: BTreeMap<QueueId, QueueReport>,
     /// Live messages by queue and segment.
     pub queue_segments: BTreeMap<(QueueId, u32), QueueSegmentReport>,
+    /// Streams' records (Append), as their sparse indexes hold them.
+    pub streams: BTreeMap<QueueId, crate::stream_index::StreamIndex>,
     /// Payload sizes of every Publish record in the journal.
     pub sizes: Histogram,
     /// Distinct queues named by Publish records in the journal.
@@ -604,6 +606,21 @@ impl Inspecting<'_> {
         let rep = &mut self.rep;
         let dir = rep.dir.clone();
         check_refs(rep, &self.found, seqs, index, &dir, "live message");
+        for (q, st) in index.streams() {
+            for span in st.spans() {
+                if !seqs.contains(&span.seg) {
+                    rep.problems.push(Problem {
+                        file: dir.join(segment::segment_name(span.seg)),
+                        offset: u64::from(span.points[0].pos),
+                        what: format!(
+                            "{} records of stream {q} are in this missing segment",
+                            span.count
+                        ),
+                    });
+                }
+            }
+            rep.streams.insert(q, st.clone());
+        }
         for m in index.iter_live() {
             if !seqs.contains(&m.loc.seg) {
                 rep.problems.push(Problem {
@@ -681,6 +698,54 @@ pub fn read_payload(
             reason: format!("record of {msg} does not verify: {other:?}"),
         }),
     }
+}
+
+/// The payload of the newest record of stream `queue` in `span` (group
+/// `g`), found by scanning from the span's last index point.
+pub fn read_stream_last(
+    storage: &dyn Storage,
+    layout: &Layout,
+    g: u32,
+    queue: QueueId,
+    span: &crate::stream_index::Span,
+) -> Result<Vec<u8>, StoreError> {
+    let path = layout.group_dir(g).join(segment::segment_name(span.seg));
+    let f = storage
+        .open_read(&path)
+        .map_err(|e| StoreError::io("open", &path, e))?;
+    let start = span.points.last().map_or(0, |p| p.pos);
+    let mut buf = vec![0u8; span.end.saturating_sub(start) as usize];
+    f.read_exact_at(&mut buf, u64::from(start))
+        .map_err(|e| StoreError::io("read", &path, e))?;
+    let mut at = 0;
+    let mut last = None;
+    while at < buf.len() {
+        match record::decode(layout.manifest.record_salt, &buf[at..]) {
+            record::Decoded::Record { record, len, .. } => {
+                if let record::Record::Append {
+                    queue: q, payload, ..
+                } = record
+                {
+                    if q == queue {
+                        last = Some(payload.to_vec());
+                    }
+                }
+                at += len;
+            }
+            other => {
+                return Err(StoreError::Corrupt {
+                    path,
+                    offset: u64::from(start) + at as u64,
+                    reason: format!("stream {queue}'s record does not verify: {other:?}"),
+                })
+            }
+        }
+    }
+    last.ok_or_else(|| StoreError::Corrupt {
+        path,
+        offset: u64::from(start),
+        reason: format!("no record of stream {queue} where its index points"),
+    })
 }
 
 /// Reads a whole file, read-only.

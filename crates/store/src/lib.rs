@@ -35,12 +35,16 @@ pub mod reshape;
 pub mod segment;
 pub mod storage;
 mod store;
+pub mod stream_index;
 mod writer;
 
 pub use error::StoreError;
 pub use limits::{StoreConfig, SyncMode, PAYLOAD_BYTES_MAX};
 pub use recovery::DamageReport;
-pub use store::{GroupStats, LiveState, Recovered, RecoveredMessage, RecoveryStats, Store, Ticket};
+pub use store::{
+    GroupStats, LiveState, Recovered, RecoveredMessage, RecoveredStream, RecoveryStats, Store,
+    Ticket,
+};
 pub use writer::Done;
 
 use std::fmt;

@@ -214,3 +214,18 @@ impl StoreConfig {
 /// checkpoint is a base whatever the deltas add up to: bounds the files a
 /// restart reads and the checkpoints a group directory holds.
 pub const CHECKPOINT_CHAIN_LINKS_MAX: usize = 256;
+
+/// A stream's sparse index (`stream_index.rs`) keeps one point every this
+/// many of its records in a segment: a read from any offset scans at most
+/// this many of the stream's records (plus what other queues wrote
+/// between them) before it reaches it. 16 bytes per point, so memory is
+/// about 0.125 bytes per stream message.
+pub const STREAM_INDEX_STRIDE_RECORDS: u64 = 128;
+
+/// ... or, for large messages, every this many bytes of the segment, so a
+/// seek never scans more than about this much.
+pub const STREAM_INDEX_STRIDE_BYTES: u32 = 256 * 1024;
+
+/// A stream read (`Store::read_stream`) reads its segment in blocks of
+/// this size (a larger record gets a block of its own).
+pub const STREAM_READ_BLOCK_BYTES: usize = 256 * 1024;

@@ -60,6 +60,15 @@ pub const META_OFF_KEY_LEN: usize = 0;
 pub const META_OFF_KEY: usize = META_OFF_KEY_LEN + 4;
 /// Purge body: `queue u64`.
 pub const PURGE_BODY_BYTES: usize = 8;
+/// Append body (a stream's message): `queue u64 | offset u64 | payload`.
+pub const APPEND_OFF_QUEUE: usize = 0;
+pub const APPEND_OFF_OFFSET: usize = APPEND_OFF_QUEUE + 8;
+pub const APPEND_OFF_PAYLOAD: usize = APPEND_OFF_OFFSET + 8;
+const _: () = assert!(APPEND_OFF_PAYLOAD == 16);
+/// Trim body: `queue u64 | below u64`.
+pub const TRIM_OFF_QUEUE: usize = 0;
+pub const TRIM_OFF_BELOW: usize = TRIM_OFF_QUEUE + 8;
+pub const TRIM_BODY_BYTES: usize = TRIM_OFF_BELOW + 8;
 
 /// Record kinds; the numbers are on disk and never reused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +81,8 @@ pub enum Kind {
     Purge = 5,
     Relocate = 6,
     Hole = 7,
+    Append = 8,
+    Trim = 9,
 }
 
 impl Kind {
@@ -84,6 +95,8 @@ impl Kind {
             5 => Kind::Purge,
             6 => Kind::Relocate,
             7 => Kind::Hole,
+            8 => Kind::Append,
+            9 => Kind::Trim,
             _ => return None,
         })
     }
@@ -119,6 +132,15 @@ pub enum Record<'a> {
     /// Recovery's patch over quarantined bytes: `body_len` bytes of zeros.
     /// Its `lsn` is 0; the records after it may skip sequence numbers.
     Hole { body_len: u32 },
+    /// A stream's message at `offset` of stream `queue`: indexed sparsely
+    /// (`stream_index.rs`), never one index entry per record.
+    Append {
+        queue: QueueId,
+        offset: u64,
+        payload: &'a [u8],
+    },
+    /// Every Append of stream `queue` below offset `below` leaves it.
+    Trim { queue: QueueId, below: u64 },
 }
 
 impl Record<'_> {
@@ -131,6 +153,8 @@ impl Record<'_> {
             Record::MetaDelete { .. } => Kind::MetaDelete,
             Record::Purge { .. } => Kind::Purge,
             Record::Hole { .. } => Kind::Hole,
+            Record::Append { .. } => Kind::Append,
+            Record::Trim { .. } => Kind::Trim,
         }
     }
 
@@ -148,6 +172,8 @@ impl Record<'_> {
             Record::MetaDelete { key } => key.len(),
             Record::Purge { .. } => PURGE_BODY_BYTES,
             Record::Hole { body_len } => *body_len as usize,
+            Record::Append { payload, .. } => APPEND_OFF_PAYLOAD + payload.len(),
+            Record::Trim { .. } => TRIM_BODY_BYTES,
         }
     }
 
@@ -230,6 +256,19 @@ pub fn encode(salt: u32, lsn: u64, record: &Record<'_>, out: &mut Vec<u8>) {
         Record::MetaDelete { key } => out.extend_from_slice(key),
         Record::Purge { queue } => out.extend_from_slice(&queue.0.to_le_bytes()),
         Record::Hole { body_len } => out.resize(out.len() + *body_len as usize, 0),
+        Record::Append {
+            queue,
+            offset,
+            payload,
+        } => {
+            out.extend_from_slice(&queue.0.to_le_bytes());
+            out.extend_from_slice(&offset.to_le_bytes());
+            out.extend_from_slice(payload);
+        }
+        Record::Trim { queue, below } => {
+            out.extend_from_slice(&queue.0.to_le_bytes());
+            out.extend_from_slice(&below.to_le_bytes());
+        }
     }
     debug_assert_eq!(out.len() - start, RECORD_HEADER_BYTES + body_len);
     let crc = crc32c::crc32c_append(salt, &out[start + OFF_BODY_LEN..]);
@@ -364,6 +403,29 @@ fn parse_body<'a>(
             }
             Ok(Record::Purge {
                 queue: QueueId(u64_at(body, 0)),
+            })
+        }
+        Kind::Append => {
+            if body.len() < APPEND_OFF_PAYLOAD {
+                return Err(too_short(kind, body, "its header"));
+            }
+            let queue = QueueId(u64_at(body, APPEND_OFF_QUEUE));
+            if queue.0 == u64::MAX {
+                return Err("append names the reserved queue id u64::MAX".into());
+            }
+            Ok(Record::Append {
+                queue,
+                offset: u64_at(body, APPEND_OFF_OFFSET),
+                payload: &body[APPEND_OFF_PAYLOAD..],
+            })
+        }
+        Kind::Trim => {
+            if body.len() != TRIM_BODY_BYTES {
+                return Err(format!("trim body of {} bytes", body.len()));
+            }
+            Ok(Record::Trim {
+                queue: QueueId(u64_at(body, TRIM_OFF_QUEUE)),
+                below: u64_at(body, TRIM_OFF_BELOW),
             })
         }
         Kind::Hole => {

@@ -525,9 +525,14 @@ impl Recovering<'_> {
     /// Returns whether the index is exactly checkpoint + journal.
     fn drop_missing(&mut self, index: &mut Index, accept: bool) -> Result<bool, StoreError> {
         let (group, dir) = (self.group, self.dir);
+        let stream_segs: Vec<u32> = index
+            .streams()
+            .flat_map(|(_, st)| st.spans().map(|s| s.seg).collect::<Vec<_>>())
+            .collect();
         let missing: Vec<u32> = index
             .iter_live()
             .map(|m| m.loc.seg)
+            .chain(stream_segs)
             .filter(|s| !self.segments.contains_key(s))
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
@@ -536,7 +541,8 @@ impl Recovering<'_> {
             let held = index
                 .iter_live()
                 .filter(|m| missing.contains(&m.loc.seg))
-                .count();
+                .count() as u64
+                + index.stream_records_in(&missing);
             let names: Vec<String> = missing.iter().map(|&s| segment::segment_name(s)).collect();
             return Err(StoreError::Recovery {
                 group,
@@ -552,6 +558,12 @@ impl Recovering<'_> {
         }
         let whole = missing.is_empty();
         for s in missing {
+            let stream_lost = index.drop_stream_segment(s);
+            if stream_lost > 0 {
+                let path = segment::segment_path(dir, s);
+                tracing::error!(group, file = %path.display(), records = stream_lost,
+                    "segment holding stream records is missing; they are dropped (accept_missing_segments)");
+            }
             let lost = index.drop_segment(s);
             let mut queues: Vec<QueueId> =
                 lost.iter().flat_map(|m| m.queues.iter().copied()).collect();

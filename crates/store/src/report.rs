@@ -27,6 +27,9 @@ pub struct Recovered {
     /// survives a restart may have been delivered before it: the broker
     /// should set `redelivered` on its first delivery.
     pub queues: BTreeMap<QueueId, Vec<RecoveredMessage>>,
+    /// Per stream (queues written with `Store::append`), its bounds and
+    /// size from the sparse index: no record is read.
+    pub streams: BTreeMap<QueueId, crate::store::RecoveredStream>,
     /// Damage found and quarantined (empty after a clean run).
     pub damage: Vec<DamageReport>,
     pub stats: RecoveryStats,
@@ -62,6 +65,9 @@ pub struct GroupStats {
     /// Estimated heap bytes of the group's message index (hash table
     /// slots at their current capacity plus multi-queue side entries).
     pub index_bytes: u64,
+    /// Points of the streams' sparse indexes (a stream's records have no
+    /// entry of their own; `live_messages` does not count them).
+    pub stream_index_points: u64,
     pub segments: u64,
     pub batches: u64,
     pub records: u64,

@@ -36,8 +36,10 @@ use crate::{group_of, MsgId, QueueId, StoreConfig};
 
 mod live;
 mod online_backup;
+mod streams;
 
 pub use live::LiveState;
+pub use streams::RecoveredStream;
 
 pub use crate::report::{GroupStats, Recovered, RecoveredMessage, RecoveryStats};
 
@@ -179,6 +181,7 @@ impl Recovered {
             self.metadata
                 .insert(Bytes::copy_from_slice(k), Bytes::copy_from_slice(v));
         }
+        self.streams.extend(streams::recovered_streams(&rec.index));
         for m in rec.index.iter_live() {
             let len = payload_len(m.loc.len, m.queues.len());
             for q in &m.queues {
@@ -231,6 +234,7 @@ impl Store {
         let mut recovered = Recovered {
             metadata: BTreeMap::new(),
             queues: BTreeMap::new(),
+            streams: BTreeMap::new(),
             damage: Vec::new(),
             stats: RecoveryStats::default(),
             next_msg_id: MsgId(1),
@@ -642,7 +646,7 @@ impl Store {
             .iter()
             .map(|g| {
                 let c = &g.shared.counters;
-                let (files, live_bytes, live_messages, index_bytes) = {
+                let (files, live_bytes, live_messages, index_bytes, stream_index_points) = {
                     let inner = g.shared.inner.lock();
                     let files: Vec<Arc<dyn StorageFile>> = inner.files.values().cloned().collect();
                     let live: u64 = inner
@@ -655,6 +659,7 @@ impl Store {
                         live,
                         inner.index.live_messages() as u64,
                         inner.index.heap_bytes() as u64,
+                        inner.index.stream_points() as u64,
                     )
                 };
                 let poisoned_by = g.shared.poisoned.lock().as_ref().map(|c| c.to_string());
@@ -673,6 +678,7 @@ impl Store {
                     no_space,
                     live_messages,
                     index_bytes,
+                    stream_index_points,
                     segments: files.len() as u64,
                     batches: c.batches.load(Ordering::Relaxed),
                     records: c.records.load(Ordering::Relaxed),

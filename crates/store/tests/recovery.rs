@@ -509,7 +509,7 @@ fn checkpoint_of_another_format_version_is_refused_not_skipped() {
         .map(|n| group_dir(0).join(n))
         .unwrap();
     let mut bytes = fs.contents(&newest).unwrap();
-    bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&4u32.to_le_bytes());
     let end = bytes.len() - 4;
     let crc = crc32c::crc32c(&bytes[..end]);
     bytes[end..].copy_from_slice(&crc.to_le_bytes());
@@ -521,7 +521,7 @@ fn checkpoint_of_another_format_version_is_refused_not_skipped() {
             expected,
         }) => {
             assert_eq!(path, newest);
-            assert_eq!((found, expected), (3, 2));
+            assert_eq!((found, expected), (4, 3));
         }
         Err(e) => panic!("expected a format version error, got: {e}"),
         Ok(_) => panic!("opened past a checkpoint of another format version"),

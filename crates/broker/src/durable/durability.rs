@@ -118,6 +118,11 @@ impl Durability {
         self.journal.as_ref()
     }
 
+    /// The journal, shared (for a completion that writes again).
+    pub fn journal_shared(&self) -> Arc<dyn Journal> {
+        Arc::clone(&self.journal)
+    }
+
     /// A fresh journal message id.
     pub fn new_message_id(&self) -> u64 {
         self.next_msg_id.fetch_add(1, Ordering::Relaxed)

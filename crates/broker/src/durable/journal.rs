@@ -86,6 +86,37 @@ pub trait Journal: Send + Sync {
     fn put_meta(&self, key: &[u8], value: &[u8]) -> Result<(), JournalError>;
     /// Removes a definition; returns once that is durable.
     fn delete_meta(&self, key: &[u8]) -> Result<(), JournalError>;
+    /// Appends a stream's message at `offset` of stream `queue`: one write
+    /// in the queue's group, which the journal keeps no per-message entry
+    /// for (it finds offsets through a sparse index). A stream's offsets
+    /// are given in increasing order. `done` as for [`Journal::publish`].
+    fn stream_append(&self, queue: u64, offset: u64, payload: Bytes, done: Option<Done>) {
+        let _ = (queue, offset, payload);
+        if let Some(d) = done {
+            d(Err(JournalError::new("this journal keeps no streams")));
+        }
+    }
+    /// Removes stream `queue`'s messages below `below` (retention).
+    fn stream_trim(&self, queue: u64, below: u64, done: Option<Done>) {
+        let _ = (queue, below);
+        if let Some(d) = done {
+            d(Ok(()));
+        }
+    }
+    /// Reads stream `queue` from offset `from` (the first message at or
+    /// after it): at most `count_max` messages, stopping once `bytes_max`
+    /// bytes are read; `(offset, payload)` in offset order. Only written
+    /// messages (their completion ran) are sure to be found.
+    fn stream_read(
+        &self,
+        queue: u64,
+        from: u64,
+        count_max: usize,
+        bytes_max: usize,
+    ) -> Result<Vec<(u64, Bytes)>, JournalError> {
+        let _ = (queue, from, count_max, bytes_max);
+        Err(JournalError::new("this journal keeps no streams"))
+    }
     /// Reads a stored message of a queue back (the payload given to
     /// `publish`). Valid once [`Journal::written`] says so.
     fn read(&self, queue: u64, msg: u64) -> Result<Bytes, JournalError> {

@@ -36,7 +36,15 @@ impl Journal for NoJournal {
     fn delete_meta(&self, _key: &[u8]) -> Result<(), JournalError> {
         Ok(())
     }
+    fn stream_append(&self, _queue: u64, _offset: u64, _payload: Bytes, done: Option<Done>) {
+        if let Some(d) = done {
+            d(Ok(()));
+        }
+    }
 }
+
+/// A stream [`MemoryJournal`] holds: its trim point, and offset → payload.
+pub type MemoryStream = (u64, BTreeMap<u64, Bytes>);
 
 /// One metadata write: key, and value (`None`: a delete).
 pub type MetaWrite = (Vec<u8>, Option<Vec<u8>>);
@@ -54,6 +62,8 @@ pub struct MemoryJournal {
     pub fail_meta: AtomicBool,
     /// queue → (msg → payload), in publish order.
     pub messages: Mutex<BTreeMap<u64, BTreeMap<u64, Bytes>>>,
+    /// Streams by queue.
+    pub streams: Mutex<BTreeMap<u64, MemoryStream>>,
 }
 
 impl Journal for MemoryJournal {
@@ -79,6 +89,7 @@ impl Journal for MemoryJournal {
     }
     fn purge(&self, queue: u64, done: Option<Done>) {
         self.messages.lock().remove(&queue);
+        self.streams.lock().remove(&queue);
         if let Some(d) = done {
             d(Ok(()));
         }
@@ -105,6 +116,44 @@ impl Journal for MemoryJournal {
                 JournalError::new(format!("message {msg} of queue {queue} is not stored"))
             })
     }
+    fn stream_append(&self, queue: u64, offset: u64, payload: Bytes, done: Option<Done>) {
+        (self.streams.lock())
+            .entry(queue)
+            .or_default()
+            .1
+            .insert(offset, payload);
+        if let Some(d) = done {
+            d(Ok(()));
+        }
+    }
+    fn stream_trim(&self, queue: u64, below: u64, done: Option<Done>) {
+        let mut m = self.streams.lock();
+        let q = m.entry(queue).or_default();
+        q.0 = q.0.max(below);
+        q.1.retain(|o, _| *o >= below);
+        if let Some(d) = done {
+            d(Ok(()));
+        }
+    }
+    fn stream_read(
+        &self,
+        queue: u64,
+        from: u64,
+        count_max: usize,
+        bytes_max: usize,
+    ) -> Result<Vec<(u64, Bytes)>, JournalError> {
+        let m = self.streams.lock();
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        for (o, p) in m.get(&queue).into_iter().flat_map(|q| q.1.range(from..)) {
+            if out.len() >= count_max || bytes >= bytes_max {
+                break;
+            }
+            bytes += p.len();
+            out.push((*o, p.clone()));
+        }
+        Ok(out)
+    }
     fn pages(&self) -> bool {
         true
     }
@@ -118,6 +167,35 @@ impl Journal for MemoryJournal {
 }
 
 impl MemoryJournal {
+    /// Its streams as a store gives them back after a restart.
+    pub fn stored_streams(&self) -> std::collections::HashMap<u64, super::StoredStream> {
+        self.streams
+            .lock()
+            .iter()
+            .filter_map(|(q, (trimmed, m))| {
+                let (&first, _) = m.first_key_value()?;
+                let (&last, _) = m.last_key_value()?;
+                let mut before = 0;
+                let marks = m
+                    .iter()
+                    .map(|(o, p)| {
+                        let mark = (*o, before);
+                        before += p.len() as u64;
+                        mark
+                    })
+                    .collect();
+                let stored = super::StoredStream {
+                    first: first.max(*trimmed),
+                    end: last + 1,
+                    messages: m.len() as u64,
+                    bytes: before,
+                    marks,
+                };
+                Some((*q, stored))
+            })
+            .collect()
+    }
+
     /// Makes every metadata write fail from now on (`true`) or succeed
     /// again (`false`).
     pub fn fail_meta_writes(&self, fail: bool) {

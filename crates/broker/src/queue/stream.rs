@@ -20,8 +20,11 @@
 //!   for it, asks the timer service to wake the stream at once
 //!   (`Timers::wake_now`: the completion runs on the store's writer
 //!   thread and must not deliver itself).
-//! - Nothing is ever removed by a consumer; retention journals the removal
-//!   of whole segments (collected under the lock, journaled after it).
+//! - Nothing is ever removed by a consumer; retention journals a trim of
+//!   whole segments from the head (under the lock: journal calls never
+//!   block).
+//! - Nothing is kept per message: the journal finds an offset through its
+//!   sparse index (`Journal::stream_read`), the log keeps segments.
 //! - A lagging reader reads from the journal in chunks (at most
 //!   `STREAM_READ_AHEAD_MESSAGES` and about `STREAM_READ_AHEAD_BYTES`)
 //!   that the stream keeps for its other readers (`stream/chunks.rs`), so
@@ -48,7 +51,7 @@ use crate::message::Message;
 use crate::ready::QueuedMessage;
 use crate::stream::chunks::{Chunk, ReadChunks};
 use crate::stream::entry;
-use crate::stream::log::{Resident, StreamLog, StreamStats};
+use crate::stream::log::{Resident, StoredStream, StreamLog, StreamStats};
 use crate::stream::offset::OffsetSpec;
 use crate::stream::retention::{head_segments_to_drop, Limits};
 
@@ -61,7 +64,9 @@ impl StreamState {
     }
 }
 
-/// A stream message the journal gave back after a restart.
+/// A stream message stored the way berth stored them before the journal
+/// had streams (one publish per message, with a message id), given back
+/// after a restart: restore moves it to the stream's appends.
 pub struct StoredEntry {
     /// Its journal message id.
     pub id: u64,
@@ -172,12 +177,14 @@ impl Queue {
             };
             let ts = st.log.next_timestamp(unix_ms);
             let record = entry::encode(offset, ts, &payload);
-            let id = q.env.dur.new_message_id();
             let bytes = record.len() as u64;
             let done = q.commit_done(&st.commit, offset, done);
-            q.env.dur.journal().publish(id, &[qid], record, Some(done));
+            q.env
+                .dur
+                .journal()
+                .stream_append(qid, offset, record, Some(done));
             let segments_before = st.log.stats().segments;
-            st.log.append(id, bytes, ts, Some(tagged), segment_max);
+            st.log.append(bytes, ts, Some(tagged), segment_max);
             if st.log.stats().segments != segments_before {
                 q.stream_retention(s, unix_ms, fx);
             }
@@ -246,7 +253,7 @@ impl Queue {
     }
 
     /// Applies retention (size and age) now.
-    pub(super) fn stream_retention(&self, s: &mut QueueState, unix_ms: u64, fx: &mut Effects) {
+    pub(super) fn stream_retention(&self, s: &mut QueueState, unix_ms: u64, _fx: &mut Effects) {
         let Some(st) = s.stream.as_mut() else {
             return;
         };
@@ -256,11 +263,12 @@ impl Queue {
             max_age_ms: a.max_age_ms,
         };
         let n = head_segments_to_drop(&st.log.segment_facts(), limits, unix_ms);
-        if n == 0 {
+        let Some(first) = st.log.drop_head_segments(n) else {
             return;
+        };
+        if let Some(qid) = self.store_id {
+            self.env.dur.journal().stream_trim(qid, first, None);
         }
-        fx.removed.extend(st.log.drop_head_segments(n));
-        let first = st.log.first();
         for r in &mut st.readers {
             if r.next < first {
                 r.next = first;
@@ -278,18 +286,19 @@ impl Queue {
             .then(|| now + Duration::from_millis(STREAM_RETENTION_CHECK_MS))
     }
 
-    /// The next message of reader `i`: resident, in the chunk it reads,
-    /// in a chunk another reader read, or read back from the journal with
-    /// the offsets after it (a new chunk, kept for the others). `None` for
-    /// a gap or an unreadable entry (logged; the reader skips it).
-    fn stream_message(&self, st: &mut StreamState, i: usize) -> Option<Arc<Message>> {
+    /// The next message of reader `i` at or after its position, with its
+    /// offset: resident, in the chunk it reads, in a chunk another reader
+    /// read, or read back from the journal with the offsets after it (a
+    /// new chunk, kept for the others). `None` if nothing could be read
+    /// there (logged; the reader skips the offset).
+    fn stream_message(&self, st: &mut StreamState, i: usize) -> Option<(u64, Arc<Message>)> {
         let offset = st.readers[i].next;
         if let Some(r) = st.log.resident(offset) {
             st.readers[i].chunk = None;
-            return Some(Arc::clone(&r.msg));
+            return Some((offset, Arc::clone(&r.msg)));
         }
-        if let Some(m) = st.readers[i].chunk.as_ref().and_then(|c| c.get(offset)) {
-            return Some(Arc::clone(m));
+        if let Some((o, m)) = st.readers[i].chunk.as_ref().and_then(|c| c.get(offset)) {
+            return Some((o, Arc::clone(m)));
         }
         let chunk = match st.chunks.find(offset) {
             Some(c) => c,
@@ -300,15 +309,15 @@ impl Queue {
                 c
             }
         };
-        let m = chunk.get(offset).cloned();
+        let m = chunk.get(offset).map(|(o, m)| (o, Arc::clone(m)));
         st.readers[i].chunk = Some(chunk);
         m
     }
 
     /// Reads the messages from `offset` on back from the journal: up to a
-    /// read-ahead batch, stopping before a resident message, a gap, a kept
-    /// chunk or an unreadable entry (logged). `None` if not even the
-    /// first could be read.
+    /// read-ahead batch, stopping before a resident message, a kept chunk
+    /// or an unreadable entry (logged). `None` if not even the first could
+    /// be read.
     fn stream_read_chunk(&self, st: &StreamState, offset: u64) -> Option<Chunk> {
         let qid = self.store_id?;
         let s = st.log.stats();
@@ -316,24 +325,39 @@ impl Queue {
         let batch = (STREAM_READ_AHEAD_BYTES / average).clamp(1, STREAM_READ_AHEAD_MESSAGES as u64);
         let last = st
             .chunks
-            .read_end(offset, (offset + batch).min(st.log.end()));
-        let ids: Vec<u64> = (offset..last)
-            .take_while(|o| st.log.resident(*o).is_none())
-            .map(|o| st.log.id_at(o).unwrap_or(0))
-            .take_while(|id| *id != 0)
-            .collect();
-        let read = self.env.dur.journal().read_many(qid, &ids);
-        let mut msgs = Vec::with_capacity(ids.len());
+            .read_end(offset, (offset + batch).min(st.log.resident_first()));
+        if last <= offset {
+            return None;
+        }
+        let count = usize::try_from(last - offset).unwrap_or(usize::MAX);
+        let bytes_max = usize::try_from(STREAM_READ_AHEAD_BYTES).unwrap_or(usize::MAX);
+        let read = match self
+            .env
+            .dur
+            .journal()
+            .stream_read(qid, offset, count, bytes_max)
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(queue = %self.name, vhost = %self.vhost_name, offset, error = %e, "stream unreadable here; skipped");
+                return None;
+            }
+        };
+        let mut offsets = Vec::with_capacity(read.len());
+        let mut msgs = Vec::with_capacity(read.len());
         let mut bytes = 0;
-        for (id, r) in ids.iter().zip(read) {
-            let decoded = r.map_err(|e| e.to_string()).and_then(|p| {
-                bytes += p.len() as u64;
-                decode_entry(&p)
-            });
-            match decoded {
-                Ok(x) => msgs.push(x.msg),
+        for (o, p) in read {
+            if o >= last {
+                break;
+            }
+            bytes += p.len() as u64;
+            match decode_entry(&p) {
+                Ok(x) => {
+                    offsets.push(o);
+                    msgs.push(x.msg);
+                }
                 Err(why) => {
-                    tracing::error!(queue = %self.name, vhost = %self.vhost_name, msg = id, error = %why, "stream entry unreadable; skipped");
+                    tracing::error!(queue = %self.name, vhost = %self.vhost_name, offset = o, error = %why, "stream entry unreadable; skipped");
                     // The chunk ends before it; the reader skips it.
                     break;
                 }
@@ -341,6 +365,7 @@ impl Queue {
         }
         (!msgs.is_empty()).then_some(Chunk {
             first: offset,
+            offsets,
             msgs,
             bytes,
         })
@@ -378,13 +403,20 @@ impl Queue {
                 if next >= committed {
                     break;
                 }
-                let Some(msg) = self.stream_message(&mut st, i) else {
+                let Some((at, msg)) = self.stream_message(&mut st, i) else {
                     st.readers[i].next += 1;
                     continue;
                 };
+                if at >= committed {
+                    // A gap up to a message not yet durable: wait there.
+                    st.readers[i].next = at;
+                    st.readers[i].chunk = None;
+                    continue;
+                }
+                st.readers[i].next = at;
                 let m = QueuedMessage {
                     msg,
-                    seq: next,
+                    seq: at,
                     returns: 0,
                     redelivered: false,
                     expires_at: None,
@@ -428,38 +460,41 @@ impl Queue {
         s.stream = Some(st);
     }
 
-    /// The first offset whose timestamp is at or after `ts` (timestamps
-    /// never decrease along the log: a binary search, reading entries
-    /// back where they are not resident).
+    /// The first offset whose timestamp is at or after `ts`: the
+    /// segments' newest timestamps are the time index (in memory), then a
+    /// binary search inside the segment, reading single entries back
+    /// (timestamps never decrease along the log).
     fn stream_seek_time(&self, st: &mut StreamState, ts: u64) -> u64 {
-        // Whole segments first (their newest timestamp is in memory).
-        let Some(seg) = st
-            .log
-            .segments()
-            .find(|g| g.last_timestamp_ms >= ts)
-            .copied()
-        else {
+        let Some((seg, after)) = st.log.segments().find(|(g, _)| g.last_timestamp_ms >= ts) else {
             return st.log.end();
         };
-        let (mut lo, mut hi) = (seg.first, seg.first + seg.count - 1);
+        let (mut lo, mut hi) = (seg.first, after.saturating_sub(1).max(seg.first));
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             match self.stream_timestamp(st, mid) {
-                Some(t) if t < ts => lo = mid + 1,
+                Some((at, t)) if t < ts => lo = at.max(mid) + 1,
                 _ => hi = mid,
             }
         }
         lo
     }
 
-    fn stream_timestamp(&self, st: &mut StreamState, offset: u64) -> Option<u64> {
+    /// The timestamp of the first message at or after `offset`, with its
+    /// offset.
+    fn stream_timestamp(&self, st: &mut StreamState, offset: u64) -> Option<(u64, u64)> {
         if let Some(r) = st.log.resident(offset) {
-            return Some(r.timestamp_ms);
+            return Some((offset, r.timestamp_ms));
         }
         let qid = self.store_id?;
-        let id = st.log.id_at(offset)?;
-        let p = self.env.dur.journal().read(qid, id).ok()?;
-        entry::decode(&p).ok().map(|e| e.timestamp_ms)
+        let (at, p) = self
+            .env
+            .dur
+            .journal()
+            .stream_read(qid, offset, 1, 1)
+            .ok()?
+            .into_iter()
+            .next()?;
+        entry::decode(&p).ok().map(|e| (at, e.timestamp_ms))
     }
 
     /// A consumer left: its reader goes.
@@ -472,95 +507,150 @@ impl Queue {
         }
     }
 
-    /// Rebuilds a stream from its recovered messages (in journal id order,
-    /// which is offset order). Reads the first and last entries back: when
-    /// their offsets span exactly the count, offsets follow by rank (the
-    /// common case, two reads); otherwise every entry is read for its
-    /// offset. Each segment's newest timestamp is read back for retention
-    /// by age. Returns how many messages it restored, and what it skipped.
-    pub fn restore_stream(&self, stored: Vec<StoredEntry>) -> (usize, Vec<String>) {
+    /// Rebuilds a stream from what the journal gives back after a
+    /// restart, reading no message but one per segment (its newest
+    /// timestamp, for retention by age and timestamp seeks). `legacy`
+    /// holds messages stored before the journal had streams (one publish
+    /// each): they are appended again at their offsets, and their old
+    /// records removed once those appends are durable. Returns how many
+    /// messages the stream holds, and what it skipped.
+    pub fn restore_stream(
+        &self,
+        stored: Option<&StoredStream>,
+        legacy: Vec<StoredEntry>,
+    ) -> (usize, Vec<String>) {
         let Some(qid) = self.store_id else {
             return (0, Vec::new());
         };
         let journal = self.env.dur.journal();
-        let mut skipped = Vec::new();
-        let read = |e: &StoredEntry| -> Result<entry::Entry, String> {
-            let p = match &e.payload {
-                Some(p) => p.clone(),
-                None => journal.read(qid, e.id).map_err(|e| e.to_string())?,
-            };
-            entry::decode(&p).map_err(|e| e.to_string())
-        };
-        let mut log = StreamLog::default();
         let segment_max = self.segment_bytes_max();
-        let ends = stored
-            .first()
-            .zip(stored.last())
-            .map(|(a, b)| (read(a), read(b)));
-        let dense = match &ends {
-            Some((Ok(f), Ok(l))) => l.offset.checked_sub(f.offset) == Some(stored.len() as u64 - 1),
-            _ => false,
-        };
-        let mut count = 0;
-        if dense {
-            let first = ends
-                .as_ref()
-                .and_then(|(f, _)| f.as_ref().ok())
-                .map_or(0, |f| f.offset);
-            for (i, e) in stored.iter().enumerate() {
-                log.restore(first + i as u64, e.id, e.len, 0, segment_max);
-                count += 1;
-            }
-        } else {
-            for s in &stored {
-                let id = s.id;
-                match read(s) {
-                    Ok(e)
-                        if log.stats().messages > 0
-                            && e.offset
-                                > log.end().saturating_add(STREAM_RESTORE_GAP_OFFSETS_MAX) =>
-                    {
-                        skipped.push(format!(
-                            "stream '{}': message {id} at offset {} is past a gap of more than {STREAM_RESTORE_GAP_OFFSETS_MAX} offsets after {}; skipped",
-                            self.name,
-                            e.offset,
-                            log.end()
-                        ));
-                    }
-                    Ok(e) if e.offset >= log.end() || log.stats().messages == 0 => {
-                        log.restore(e.offset, id, s.len, e.timestamp_ms, segment_max);
-                        count += 1;
-                    }
-                    Ok(e) => skipped.push(format!(
-                        "stream '{}': message {id} at offset {} is out of order; skipped",
-                        self.name, e.offset
-                    )),
-                    Err(why) => {
-                        skipped.push(format!("stream '{}': message {id}: {why}", self.name))
-                    }
-                }
-            }
+        let mut log =
+            stored.map_or_else(StreamLog::default, |s| StreamLog::restored(s, segment_max));
+        let mut skipped = Vec::new();
+        if !legacy.is_empty() {
+            self.migrate_legacy(&mut log, legacy, &mut skipped);
         }
         // Each segment's newest timestamp, for retention by age.
         let lasts: Vec<(usize, u64)> = log
             .segments()
             .enumerate()
-            .map(|(i, g)| (i, g.first + g.count - 1))
+            .map(|(i, (_, after))| (i, after.saturating_sub(1)))
             .collect();
         for (i, offset) in lasts {
-            let ts = log
-                .id_at(offset)
-                .and_then(|id| journal.read(qid, id).ok())
-                .and_then(|p| entry::decode(&p).ok())
+            let ts = journal
+                .stream_read(qid, offset, 1, 1)
+                .ok()
+                .and_then(|r| r.into_iter().next())
+                .and_then(|(_, p)| entry::decode(&p).ok())
                 .map_or(0, |e| e.timestamp_ms);
             log.set_segment_timestamp(i, ts);
         }
+        let count = usize::try_from(log.stats().messages).unwrap_or(usize::MAX);
         let mut s = self.state.lock();
         if let Some(st) = s.stream.as_mut() {
             st.commit.end.store(log.end(), Ordering::Release);
             st.log = log;
         }
         (count, skipped)
+    }
+
+    /// Appends messages stored one publish each (berth before the
+    /// journal's streams) at their offsets, after what `log` holds; their
+    /// old records go once the appends are durable (a crash before that
+    /// keeps both, and the next restore appends only what is not yet
+    /// appended).
+    fn migrate_legacy(
+        &self,
+        log: &mut StreamLog,
+        legacy: Vec<StoredEntry>,
+        skipped: &mut Vec<String>,
+    ) {
+        let Some(qid) = self.store_id else {
+            return;
+        };
+        let journal = self.env.dur.journal();
+        let segment_max = self.segment_bytes_max();
+        let ids: Vec<u64> = legacy.iter().map(|e| e.id).collect();
+        let mut appended = 0usize;
+        let mut already = 0usize;
+        let mut pending: Vec<(u64, Bytes)> = Vec::new();
+        for chunk in legacy.chunks(STREAM_READ_AHEAD_MESSAGES) {
+            let unread: Vec<u64> = chunk
+                .iter()
+                .filter(|e| e.payload.is_none())
+                .map(|e| e.id)
+                .collect();
+            let mut read = journal.read_many(qid, &unread).into_iter();
+            for e in chunk {
+                let p = match &e.payload {
+                    Some(p) => Ok(p.clone()),
+                    None => read
+                        .next()
+                        .unwrap_or_else(|| Err(crate::durable::JournalError::new("not read")))
+                        .map_err(|e| e.to_string()),
+                };
+                let decoded = p.and_then(|p| {
+                    let x = entry::decode(&p).map_err(|e| e.to_string())?;
+                    Ok((x.offset, x.timestamp_ms, p))
+                });
+                let empty = log.stats().messages == 0;
+                match decoded {
+                    Ok((offset, _, _))
+                        if !empty
+                            && offset
+                                > log.end().saturating_add(STREAM_RESTORE_GAP_OFFSETS_MAX) =>
+                    {
+                        skipped.push(format!(
+                            "stream '{}': message {} at offset {offset} is past a gap of more than {STREAM_RESTORE_GAP_OFFSETS_MAX} offsets after {}; skipped",
+                            self.name,
+                            e.id,
+                            log.end()
+                        ));
+                    }
+                    Ok((offset, ts, p)) if offset >= log.end() || empty => {
+                        if empty {
+                            *log = StreamLog::starting_at(offset);
+                        }
+                        // A gap: a write lost before a crash.
+                        log.skip_to(offset);
+                        log.append(p.len() as u64, ts, None, segment_max);
+                        pending.push((offset, p));
+                        appended += 1;
+                    }
+                    // Appended before a crash cut the last move short.
+                    Ok(_) => already += 1,
+                    Err(why) => {
+                        skipped.push(format!("stream '{}': message {}: {why}", self.name, e.id))
+                    }
+                }
+            }
+        }
+        tracing::info!(queue = %self.name, vhost = %self.vhost_name, messages = appended, already, "moving a stream's messages stored one publish each to the journal's stream appends");
+        let shared = self.env.dur.journal_shared();
+        let Some(last) = pending.len().checked_sub(1) else {
+            journal.remove(qid, &ids, None);
+            return;
+        };
+        let failed = Arc::new(AtomicBool::new(false));
+        let mut ids = Some(ids);
+        for (i, (offset, p)) in pending.into_iter().enumerate() {
+            let failed = Arc::clone(&failed);
+            // Only the last completion removes the old records: those of
+            // one group run in order, so it sees every earlier result.
+            let old = if i == last { ids.take() } else { None };
+            let remover = Arc::clone(&shared);
+            let done: Done = Box::new(move |r| {
+                if r.is_err() {
+                    failed.store(true, Ordering::Release);
+                }
+                if let Some(ids) = old {
+                    if !failed.load(Ordering::Acquire) {
+                        remover.remove(qid, &ids, None);
+                    }
+                }
+            });
+            shared.stream_append(qid, offset, p, Some(done));
+        }
     }
 }
 

@@ -5,7 +5,8 @@
 //! ten buffers of fresh pages per batch).
 //!
 //! Invariants:
-//! - A chunk holds the messages of the offsets `first .. end()`, dense,
+//! - A chunk holds every stored message of the offsets `first .. end()`
+//!   (an offset missing there is a gap: a write lost before a crash),
 //!   each decoded once; it is never changed after it is made.
 //! - Chunks kept here never overlap (a new read stops where a kept chunk
 //!   starts, [`ReadChunks::read_end`]), so an offset is in at most one.
@@ -21,10 +22,14 @@ use std::sync::Arc;
 use crate::limits::STREAM_READ_CHUNKS_BYTES_MAX;
 use crate::message::Message;
 
-/// Messages read back together: offsets `first .. first + msgs.len()`.
+/// Messages read back together: the stored ones of offsets `first ..
+/// end()`, `offsets` ascending, `msgs[i]` at `offsets[i]`.
 #[derive(Debug)]
 pub struct Chunk {
+    /// Where the read started (no message is stored in `first ..
+    /// offsets[0]`).
     pub first: u64,
+    pub offsets: Vec<u64>,
     pub msgs: Vec<Arc<Message>>,
     /// Stored bytes of its messages.
     pub bytes: u64,
@@ -33,13 +38,17 @@ pub struct Chunk {
 impl Chunk {
     /// The offset after its last message.
     pub fn end(&self) -> u64 {
-        self.first + self.msgs.len() as u64
+        self.offsets.last().map_or(self.first, |o| o + 1)
     }
 
-    /// The message of `offset` if this chunk holds it.
-    pub fn get(&self, offset: u64) -> Option<&Arc<Message>> {
-        let i = usize::try_from(offset.checked_sub(self.first)?).ok()?;
-        self.msgs.get(i)
+    /// The first message at or after `offset`, with its offset, if this
+    /// chunk covers `offset`.
+    pub fn get(&self, offset: u64) -> Option<(u64, &Arc<Message>)> {
+        if offset < self.first || offset >= self.end() {
+            return None;
+        }
+        let i = self.offsets.partition_point(|o| *o < offset);
+        Some((self.offsets[i], &self.msgs[i]))
     }
 }
 
@@ -138,6 +147,7 @@ mod tests {
         .expect("a message");
         Arc::new(Chunk {
             first,
+            offsets: (first..first + n as u64).collect(),
             msgs: vec![m; n],
             bytes: n as u64 * 1000,
         })

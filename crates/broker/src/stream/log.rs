@@ -1,27 +1,30 @@
-//! A stream's in-memory view of its log: which journal message holds each
-//! offset, the logical segments retention works on, and the newest
-//! messages kept resident until the journal can read them back.
+//! A stream's in-memory view of its log: its offsets, the logical
+//! segments retention works on (each with its newest timestamp: the
+//! stream's time index), and the newest messages kept resident until the
+//! journal can read them back. Nothing here is per message: the journal
+//! finds an offset's message through its own sparse index
+//! (`Journal::stream_read`), so a stream of any length costs memory in
+//! proportion to its segments (docs/STREAMS.md, "Cost").
 //!
 //! Invariants:
-//! - Offsets are dense and start at `first`: offset `o` is `ids[o - first]`
-//!   (0 marks a gap: an offset whose write was lost before a crash; it is
-//!   skipped on delivery). `end()` is the next offset to be given.
-//! - Journal ids grow with offsets (both are taken under the queue's lock),
-//!   so the journal's recovery order (by id) is offset order.
-//! - Segments tile `first..end()` in order; every segment but the last is
+//! - Offsets are given densely from `end()`; the log holds `first ..
+//!   end()`. After a crash an offset may have no message (a write lost
+//!   before it was confirmed): a read skips it.
+//! - The journal's message order is offset order (offsets are taken under
+//!   the queue's lock, with the write).
+//! - Segments tile `first..end()` in order (segment `i` holds `segments[i]
+//!   .first .. segments[i + 1].first`); every segment but the last is
 //!   closed; only whole segments leave, from the head.
 //! - Timestamps never decrease along the log (a clock that steps back is
 //!   held at the last timestamp), so a timestamp seek is a binary search.
 //! - `tail` holds the messages of the offsets `end() - tail.len() ..
 //!   end()`, bounded by `STREAM_TAIL_MESSAGES_MAX` beyond what the journal
 //!   has not yet written.
-//!
-//! Cost: 8 bytes of memory per message (its journal id) here, beside the
-//! store's own per-message index entry (docs/STREAMS.md, "Cost").
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+pub use crate::durable::StoredStream;
 use crate::message::Message;
 
 use super::retention::SegmentFacts;
@@ -30,6 +33,7 @@ use super::retention::SegmentFacts;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Segment {
     pub first: u64,
+    /// Messages in it.
     pub count: u64,
     /// Stored entry bytes.
     pub bytes: u64,
@@ -60,8 +64,9 @@ pub struct StreamStats {
 #[derive(Debug, Default)]
 pub struct StreamLog {
     first: u64,
-    ids: VecDeque<u64>,
+    end: u64,
     segments: VecDeque<Segment>,
+    messages: u64,
     bytes: u64,
     last_timestamp_ms: u64,
     tail: VecDeque<Resident>,
@@ -72,6 +77,7 @@ impl StreamLog {
     pub fn starting_at(first: u64) -> Self {
         Self {
             first,
+            end: first,
             ..Self::default()
         }
     }
@@ -82,22 +88,21 @@ impl StreamLog {
 
     /// The offset the next message gets.
     pub fn end(&self) -> u64 {
-        self.first + self.ids.len() as u64
+        self.end
     }
 
-    /// Appends a message stored as journal message `id` (`bytes` stored
-    /// bytes); returns its offset and timestamp. A new segment starts when
-    /// the active one would pass `segment_bytes_max`.
+    /// Appends a message of `bytes` stored bytes; returns its offset and
+    /// timestamp. A new segment starts when the active one would pass
+    /// `segment_bytes_max`.
     pub fn append(
         &mut self,
-        id: u64,
         bytes: u64,
         timestamp_ms: u64,
         resident: Option<Arc<Message>>,
         segment_bytes_max: u64,
     ) -> (u64, u64) {
         let ts = timestamp_ms.max(self.last_timestamp_ms);
-        let offset = self.push(id, bytes, ts, segment_bytes_max);
+        let offset = self.push(bytes, ts, segment_bytes_max);
         if let Some(msg) = resident {
             self.tail.push_back(Resident {
                 msg,
@@ -107,28 +112,38 @@ impl StreamLog {
         (offset, ts)
     }
 
-    /// [`StreamLog::append`] of a recovered message, at `offset` (gaps
-    /// before it are marked).
-    pub fn restore(
-        &mut self,
-        offset: u64,
-        id: u64,
-        bytes: u64,
-        timestamp_ms: u64,
-        segment_bytes_max: u64,
-    ) {
-        if self.ids.is_empty() && self.segments.is_empty() {
-            self.first = offset;
+    /// The log of a stream the journal gave back: segments cut at its
+    /// marks so each holds about `segment_bytes_max` (their newest
+    /// timestamps are set after, [`StreamLog::set_segment_timestamp`]).
+    pub fn restored(s: &StoredStream, segment_bytes_max: u64) -> Self {
+        let mut log = Self::starting_at(s.first);
+        if s.end <= s.first {
+            return log;
         }
-        while self.end() < offset {
-            self.push(0, 0, self.last_timestamp_ms, segment_bytes_max);
+        log.end = s.end;
+        log.messages = s.messages;
+        log.bytes = s.bytes;
+        let mut cuts: Vec<(u64, u64)> = vec![(s.first, 0)];
+        for &(offset, before) in &s.marks {
+            let (_, seg_start) = *cuts.last().expect("one");
+            if offset > s.first && offset < s.end && before - seg_start >= segment_bytes_max {
+                cuts.push((offset, before));
+            }
         }
-        let ts = timestamp_ms.max(self.last_timestamp_ms);
-        self.push(id, bytes, ts, segment_bytes_max);
+        for (i, &(first, before)) in cuts.iter().enumerate() {
+            let (next, next_before) = cuts.get(i + 1).copied().unwrap_or((s.end, s.bytes));
+            log.segments.push_back(Segment {
+                first,
+                count: next - first,
+                bytes: next_before.saturating_sub(before),
+                last_timestamp_ms: 0,
+            });
+        }
+        log
     }
 
-    fn push(&mut self, id: u64, bytes: u64, ts: u64, segment_bytes_max: u64) -> u64 {
-        let offset = self.end();
+    fn push(&mut self, bytes: u64, ts: u64, segment_bytes_max: u64) -> u64 {
+        let offset = self.end;
         let cut = match self.segments.back() {
             None => true,
             Some(s) => s.bytes > 0 && s.bytes.saturating_add(bytes) > segment_bytes_max,
@@ -145,19 +160,20 @@ impl StreamLog {
         s.count += 1;
         s.bytes += bytes;
         s.last_timestamp_ms = ts;
-        self.ids.push_back(id);
+        self.end += 1;
+        self.messages += 1;
         self.bytes += bytes;
         self.last_timestamp_ms = ts;
         offset
     }
 
-    /// The journal id of `offset` (`None` outside the log or at a gap).
-    pub fn id_at(&self, offset: u64) -> Option<u64> {
-        let i = offset.checked_sub(self.first)?;
-        self.ids
-            .get(usize::try_from(i).ok()?)
-            .copied()
-            .filter(|id| *id != 0)
+    /// Moves the end to `offset` if it is beyond it: the offsets between
+    /// have no message (writes lost before a crash).
+    pub fn skip_to(&mut self, offset: u64) {
+        if offset > self.end {
+            debug_assert!(self.tail.is_empty(), "a gap only before resident messages");
+            self.end = offset;
+        }
     }
 
     /// The message of `offset` if it is resident.
@@ -188,26 +204,25 @@ impl StreamLog {
         self.tail.drain(..n.min(self.tail.len()));
     }
 
-    /// Removes the `n` oldest segments; returns the journal ids they held.
-    pub fn drop_head_segments(&mut self, n: usize) -> Vec<u64> {
-        let mut gone = Vec::new();
-        for _ in 0..n.min(self.segments.len().saturating_sub(1)) {
-            let s = self.segments.pop_front().expect("counted above");
-            self.bytes -= s.bytes;
-            for _ in 0..s.count {
-                let id = self.ids.pop_front().expect("segments tile the ids");
-                if id != 0 {
-                    gone.push(id);
-                }
-            }
-            self.first += s.count;
+    /// Removes the `n` oldest segments (never the active one); returns the
+    /// new first offset if any went (the journal trims below it).
+    pub fn drop_head_segments(&mut self, n: usize) -> Option<u64> {
+        let n = n.min(self.segments.len().saturating_sub(1));
+        if n == 0 {
+            return None;
         }
-        let resident_max = self.ids.len();
+        for _ in 0..n {
+            let s = self.segments.pop_front().expect("counted above");
+            self.bytes -= s.bytes.min(self.bytes);
+            self.messages -= s.count.min(self.messages);
+        }
+        self.first = self.segments.front().expect("the active one stays").first;
+        let resident_max = usize::try_from(self.end - self.first).unwrap_or(usize::MAX);
         if self.tail.len() > resident_max {
             let extra = self.tail.len() - resident_max;
             self.tail.drain(..extra);
         }
-        gone
+        Some(self.first)
     }
 
     /// Each segment as retention sees it.
@@ -221,9 +236,12 @@ impl StreamLog {
             .collect()
     }
 
-    /// The segments, oldest first.
-    pub fn segments(&self) -> impl Iterator<Item = &Segment> {
-        self.segments.iter()
+    /// The segments, oldest first, each with the offset after it.
+    pub fn segments(&self) -> impl Iterator<Item = (Segment, u64)> + '_ {
+        self.segments.iter().enumerate().map(|(i, s)| {
+            let next = self.segments.get(i + 1).map_or(self.end, |n| n.first);
+            (*s, next)
+        })
     }
 
     /// Sets the newest timestamp of segment `i` (recovery reads it back).
@@ -236,7 +254,7 @@ impl StreamLog {
 
     pub fn stats(&self) -> StreamStats {
         StreamStats {
-            messages: self.ids.len() as u64,
+            messages: self.messages,
             bytes: self.bytes,
             first_offset: self.first,
             next_offset: self.end(),
@@ -253,39 +271,58 @@ mod tests {
     #[test]
     fn offsets_are_dense_and_segments_tile_them() {
         let mut l = StreamLog::default();
-        for id in 1..=10u64 {
-            let (off, _) = l.append(id * 3, 40, 100 + id, None, 100);
-            assert_eq!(off, id - 1);
+        for i in 0..10u64 {
+            let (off, _) = l.append(40, 100 + i, None, 100);
+            assert_eq!(off, i);
         }
         // 40 + 40 fit in 100, a third would not: segments of 2.
         assert_eq!(l.stats().segments, 5);
-        assert_eq!(l.id_at(4), Some(15));
-        let gone = l.drop_head_segments(2);
-        assert_eq!(gone, vec![3, 6, 9, 12]);
+        assert_eq!(l.drop_head_segments(2), Some(4));
         assert_eq!((l.first(), l.end()), (4, 10));
-        assert_eq!(l.id_at(3), None);
         assert_eq!(l.stats().bytes, 6 * 40);
+        assert_eq!(l.stats().messages, 6);
         // The active segment never goes.
-        l.drop_head_segments(100);
+        assert_eq!(l.drop_head_segments(100), Some(8));
         assert_eq!(l.stats().segments, 1);
-        assert_eq!(l.first(), 8);
+        assert_eq!(l.drop_head_segments(100), None);
     }
 
     #[test]
     fn timestamps_never_go_back() {
         let mut l = StreamLog::default();
-        assert_eq!(l.append(1, 1, 500, None, 100).1, 500);
-        assert_eq!(l.append(2, 1, 400, None, 100).1, 500);
+        assert_eq!(l.append(1, 500, None, 100).1, 500);
+        assert_eq!(l.append(1, 400, None, 100).1, 500);
     }
 
     #[test]
-    fn restore_marks_gaps_and_keeps_offsets() {
+    fn a_restored_log_is_cut_into_segments_at_the_marks() {
+        let stored = StoredStream {
+            first: 100,
+            end: 1100,
+            messages: 1000,
+            bytes: 100_000,
+            marks: (0..10).map(|i| (100 + i * 100, i * 10_000)).collect(),
+        };
+        let l = StreamLog::restored(&stored, 25_000);
+        let cuts: Vec<u64> = l.segments().map(|(s, _)| s.first).collect();
+        assert_eq!(cuts, vec![100, 400, 700, 1000]);
+        assert_eq!(l.stats().bytes, 100_000);
+        assert_eq!((l.first(), l.end()), (100, 1100));
+        let (last, after) = l.segments().last().unwrap();
+        assert_eq!((last.count, last.bytes, after), (100, 10_000, 1100));
+    }
+
+    /// What issue 18 asks: nothing in memory per message. A log of many
+    /// messages is as large as one of a few, segment for segment.
+    #[test]
+    fn a_log_holds_nothing_per_message() {
         let mut l = StreamLog::default();
-        l.restore(7, 10, 5, 1, 100);
-        l.restore(9, 12, 5, 2, 100);
-        assert_eq!((l.first(), l.end()), (7, 10));
-        assert_eq!(l.id_at(7), Some(10));
-        assert_eq!(l.id_at(8), None);
-        assert_eq!(l.id_at(9), Some(12));
+        for _ in 0..100_000 {
+            l.append(100, 1, None, 1 << 30);
+        }
+        assert_eq!(l.stats().segments, 1);
+        assert_eq!(l.stats().messages, 100_000);
+        assert_eq!(std::mem::size_of::<StreamLog>(), std::mem::size_of_val(&l));
+        assert!(l.segments.capacity() < 8);
     }
 }

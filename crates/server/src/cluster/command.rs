@@ -12,6 +12,8 @@
 //! 6 Announce    name_len u32 | name | amqp_len u32 | amqp | http (rest)
 //!               (addresses comma-separated; http empty when off)
 //! 7 Member      name (rest): a member's name, so every member can name it
+//! 8 Append      queue u64 | offset u64 | payload (rest): a stream's message
+//! 9 Trim        queue u64 | below u64: a stream's head leaves
 //! ```
 //!
 //! Invariants:
@@ -54,6 +56,17 @@ pub enum Command {
     Member {
         name: String,
     },
+    /// A stream's message at `offset` (`Store::append`).
+    Append {
+        queue: u64,
+        offset: u64,
+        payload: Bytes,
+    },
+    /// A stream's messages below `below` leave it (`Store::trim`).
+    Trim {
+        queue: u64,
+        below: u64,
+    },
 }
 
 const PUBLISH: u8 = 1;
@@ -63,6 +76,8 @@ const PUT_META: u8 = 4;
 const DELETE_META: u8 = 5;
 const ANNOUNCE: u8 = 6;
 const MEMBER: u8 = 7;
+const APPEND: u8 = 8;
+const TRIM: u8 = 9;
 
 fn put_len(out: &mut Vec<u8>, n: usize) {
     out.extend_from_slice(
@@ -126,6 +141,22 @@ impl Command {
                 out.push(MEMBER);
                 out.extend_from_slice(name.as_bytes());
             }
+            Command::Append {
+                queue,
+                offset,
+                payload,
+            } => {
+                out.reserve(17 + payload.len());
+                out.push(APPEND);
+                out.extend_from_slice(&queue.to_le_bytes());
+                out.extend_from_slice(&offset.to_le_bytes());
+                out.extend_from_slice(payload);
+            }
+            Command::Trim { queue, below } => {
+                out.push(TRIM);
+                out.extend_from_slice(&queue.to_le_bytes());
+                out.extend_from_slice(&below.to_le_bytes());
+            }
         }
         out
     }
@@ -167,6 +198,15 @@ impl Command {
             }
             MEMBER => Command::Member {
                 name: r.text(r.0.len())?,
+            },
+            APPEND => Command::Append {
+                queue: r.u64()?,
+                offset: r.u64()?,
+                payload: Bytes::copy_from_slice(r.rest()),
+            },
+            TRIM => Command::Trim {
+                queue: r.u64()?,
+                below: r.u64()?,
             },
             other => return Err(format!("unknown command tag {other}")),
         };
@@ -248,6 +288,12 @@ mod tests {
             Command::Member {
                 name: "berth4".into(),
             },
+            Command::Append {
+                queue: 5,
+                offset: 11,
+                payload: Bytes::from_static(b"entry"),
+            },
+            Command::Trim { queue: 5, below: 3 },
         ]
     }
 

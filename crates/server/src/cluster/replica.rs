@@ -124,6 +124,14 @@ impl Replica {
                 store.put_meta(key, value, Some(self.watch(index)));
             }
             Command::DeleteMeta { key } => store.delete_meta(key, Some(self.watch(index))),
+            Command::Append {
+                queue,
+                offset,
+                payload,
+            } => store.append(QueueId(queue), offset, payload, Some(self.watch(index))),
+            Command::Trim { queue, below } => {
+                store.trim(QueueId(queue), below, Some(self.watch(index)));
+            }
             Command::Announce { name, amqp, http } => {
                 tracing::info!(member = %name, amqp = %amqp, http = %http, "a new leader serves clients");
                 self.announced.set(name, Serves { amqp, http });
@@ -185,6 +193,31 @@ impl berth_cluster::Apply for Replica {
         for (key, value) in live.metadata {
             put(Command::PutMeta { key, value });
         }
+        for (queue, (first, _)) in live.streams {
+            // The trim point first, so the copy keeps the same first offset.
+            put(Command::Trim {
+                queue: queue.0,
+                below: first,
+            });
+            let mut from = first;
+            loop {
+                let batch = blocking(|| journal.store.read_stream(queue, from, 1024, 8 << 20))
+                    .unwrap_or_else(|e| {
+                        refuse_snapshot(&format!("stream {} could not be read: {e}", queue.0))
+                    });
+                let Some(&(last, _)) = batch.last() else {
+                    break;
+                };
+                for (offset, payload) in batch {
+                    put(Command::Append {
+                        queue: queue.0,
+                        offset,
+                        payload,
+                    });
+                }
+                from = last + 1;
+            }
+        }
         for (queue, msgs) in live.queues {
             let bodies = blocking(|| journal.store.read_many(queue, &msgs));
             for (msg, body) in msgs.into_iter().zip(bodies) {
@@ -218,6 +251,7 @@ impl berth_cluster::Apply for Replica {
         };
         let mut meta: BTreeMap<Bytes, Bytes> = BTreeMap::new();
         let mut queues: BTreeMap<QueueId, BTreeMap<MsgId, Bytes>> = BTreeMap::new();
+        let mut streams: BTreeMap<QueueId, (u64, Vec<(u64, Bytes)>)> = BTreeMap::new();
         for c in commands {
             match c {
                 Command::PutMeta { key, value } => {
@@ -241,6 +275,18 @@ impl berth_cluster::Apply for Replica {
                 Command::Member { name } => {
                     self.announced.set_name(super::peers::raft_id(&name), name);
                 }
+                Command::Trim { queue, below } => {
+                    streams.entry(QueueId(queue)).or_default().0 = below;
+                }
+                Command::Append {
+                    queue,
+                    offset,
+                    payload,
+                } => streams
+                    .entry(QueueId(queue))
+                    .or_default()
+                    .1
+                    .push((offset, payload)),
                 other => self.fail(format!("a snapshot holds {other:?}")),
             }
         }
@@ -260,6 +306,20 @@ impl berth_cluster::Apply for Replica {
         }
         for queue in live.queues.keys().filter(|q| !queues.contains_key(*q)) {
             store.purge(*queue, Some(self.watch(0)));
+        }
+        // A stream is taken as the snapshot has it: its records replace
+        // whatever this member held (offsets are the stream's own, so a
+        // partial copy could not be merged record by record).
+        for queue in live.streams.keys() {
+            store.purge(*queue, Some(self.watch(0)));
+        }
+        for (queue, (first, records)) in streams {
+            if first > 0 {
+                store.trim(queue, first, Some(self.watch(0)));
+            }
+            for (offset, payload) in records {
+                store.append(queue, offset, payload, Some(self.watch(0)));
+            }
         }
         for (queue, wanted) in &queues {
             let held: BTreeSet<MsgId> = live

@@ -185,6 +185,29 @@ impl Journal for ReplicatedJournal {
         })
     }
 
+    fn stream_append(&self, queue: u64, offset: u64, payload: Bytes, done: Option<Done>) {
+        let cmd = Command::Append {
+            queue,
+            offset,
+            payload,
+        };
+        self.send(&cmd, done);
+    }
+
+    fn stream_trim(&self, queue: u64, below: u64, done: Option<Done>) {
+        self.send(&Command::Trim { queue, below }, done);
+    }
+
+    fn stream_read(
+        &self,
+        queue: u64,
+        from: u64,
+        count_max: usize,
+        bytes_max: usize,
+    ) -> Result<Vec<(u64, Bytes)>, JournalError> {
+        self.local.stream_read(queue, from, count_max, bytes_max)
+    }
+
     fn read(&self, queue: u64, msg: u64) -> Result<Bytes, JournalError> {
         self.local.read(queue, msg)
     }

@@ -160,6 +160,31 @@ fn golden_bytes_hole() {
     ], 0x9b93_8dce);
 }
 
+#[test]
+fn golden_bytes_append_and_trim() {
+    #[rustfmt::skip]
+    golden(14, &Record::Append { queue: QueueId(7), offset: 0x0102, payload: b"hi" }, &[
+        0xdc, 0xb2, 0xb5, 0xa6,       // crc32c
+        18, 0, 0, 0,                  // body_len = 16 + 2
+        14, 0, 0, 0, 0, 0, 0, 0,      // lsn
+        8,                            // kind = Append
+        0, 0, 0,                      // reserved
+        7, 0, 0, 0, 0, 0, 0, 0,       // queue (the stream)
+        0x02, 0x01, 0, 0, 0, 0, 0, 0, // offset
+        b'h', b'i',                   // payload
+    ], 0xa6b5_b2dc);
+    #[rustfmt::skip]
+    golden(15, &Record::Trim { queue: QueueId(7), below: 0x0a }, &[
+        0x2b, 0x71, 0x6a, 0xb1,       // crc32c
+        16, 0, 0, 0,                  // body_len
+        15, 0, 0, 0, 0, 0, 0, 0,      // lsn
+        9,                            // kind = Trim
+        0, 0, 0,                      // reserved
+        7, 0, 0, 0, 0, 0, 0, 0,       // queue
+        0x0a, 0, 0, 0, 0, 0, 0, 0,    // below
+    ], 0xb16a_712b);
+}
+
 /// The Publish golden of FORMAT.md under record salt 0xA1B2C3D4: only
 /// the checksum changes, to `crc32c_append(salt, bytes[4..])`.
 #[test]
@@ -268,7 +293,7 @@ fn valid_checksum_with_bad_body_is_unparseable() {
 fn arb_record() -> impl Strategy<Value = (u64, Vec<u8>, Record<'static>)> {
     (
         1..u64::MAX,
-        0u8..6,
+        0u8..8,
         any::<u64>(),
         proptest::collection::vec(any::<u64>(), 1..5),
         proptest::collection::vec(any::<u8>(), 0..64),
@@ -300,6 +325,15 @@ fn arb_record() -> impl Strategy<Value = (u64, Vec<u8>, Record<'static>)> {
                     value: payload,
                 },
                 4 => Record::MetaDelete { key },
+                5 => Record::Append {
+                    queue: QueueId(id.min(u64::MAX - 1)),
+                    offset: ids[0],
+                    payload,
+                },
+                6 => Record::Trim {
+                    queue: QueueId(id),
+                    below: ids[0],
+                },
                 _ => Record::Purge { queue: QueueId(id) },
             };
             (lsn, Vec::new(), r)

@@ -144,6 +144,32 @@ pub fn copy_and_verify(
             }
         }
     }
+    // Streams: every kept record, at its offset, in order.
+    for (q, rs) in &old_rec.streams {
+        report.queues += 1;
+        if rs.first > 0 {
+            new.trim(*q, rs.first, None);
+        }
+        let mut from = rs.first;
+        loop {
+            let batch = old.read_stream(*q, from, COPY_MESSAGES_PER_ROUND, 8 << 20)?;
+            let Some(&(last, _)) = batch.last() else {
+                break;
+            };
+            let mut tickets = Vec::with_capacity(batch.len());
+            for (offset, payload) in batch {
+                report.messages += 1;
+                report.payload_bytes += payload.len() as u64;
+                let (done, ticket) = Ticket::new();
+                new.append(*q, offset, payload, Some(done));
+                tickets.push(ticket);
+            }
+            for t in tickets {
+                t.wait()?;
+            }
+            from = last + 1;
+        }
+    }
     let hw = old_rec.next_msg_id.0 - 1;
     if copied.last_key_value().is_none_or(|(m, _)| m.0 < hw) && hw > 0 {
         let (done, ticket) = Ticket::new();
@@ -179,6 +205,19 @@ pub fn copy_and_verify(
 }
 
 fn compare(old: &Recovered, new: &Recovered) -> Result<(), StoreError> {
+    let bounds = |r: &Recovered| -> Vec<(QueueId, u64, u64)> {
+        r.streams
+            .iter()
+            .map(|(q, s)| (*q, s.first, s.end))
+            .collect()
+    };
+    if bounds(old) != bounds(new) {
+        return Err(mismatch(format!(
+            "streams {:?} in the old store, {:?} in the copy",
+            bounds(old),
+            bounds(new)
+        )));
+    }
     if old.metadata != new.metadata {
         return Err(mismatch(format!(
             "{} metadata keys in the old store, {} in the copy",

@@ -22,6 +22,9 @@ pub struct LiveState {
     pub metadata: BTreeMap<Bytes, Bytes>,
     /// Per queue, its live messages in id order.
     pub queues: BTreeMap<QueueId, Vec<MsgId>>,
+    /// Per stream, the first offset kept and the offset after its newest
+    /// record (its records are read with `Store::read_stream`).
+    pub streams: BTreeMap<QueueId, (u64, u64)>,
 }
 
 impl Store {
@@ -34,6 +37,11 @@ impl Store {
             for (k, v) in &inner.index.meta {
                 live.metadata
                     .insert(Bytes::copy_from_slice(k), Bytes::copy_from_slice(v));
+            }
+            for (q, st) in inner.index.streams() {
+                if let Some(b) = st.bounds() {
+                    live.streams.insert(q, b);
+                }
             }
             for m in inner.index.iter_live() {
                 for q in m.queues {

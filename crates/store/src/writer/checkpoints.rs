@@ -605,7 +605,9 @@ impl Writer {
                 let stuck = self.unmovable.get(*s).map_or(0, |v| {
                     v.iter().filter(|(m, l)| inner.index.is_at(*m, *l)).count() as u64
                 });
-                live.count > stuck && live.bytes * 100 < **len * pct
+                live.count > stuck
+                    && live.bytes * 100 < **len * pct
+                    && !inner.index.segment_has_streams(**s)
             })
             .map(|(s, _)| *s)
     }

@@ -65,6 +65,17 @@ pub(crate) enum Op {
     Purge {
         queue: QueueId,
     },
+    /// A stream's message at `offset` (an Append record).
+    Append {
+        queue: QueueId,
+        offset: u64,
+        payload: Bytes,
+    },
+    /// A stream's records below `below` leave it (a Trim record).
+    Trim {
+        queue: QueueId,
+        below: u64,
+    },
     /// Completes once everything before it is fdatasync'ed, in any mode.
     Flush,
 }
@@ -95,6 +106,19 @@ impl Op {
             Op::MetaPut { key, value } => vec![Record::MetaPut { key, value }],
             Op::MetaDelete { key } => vec![Record::MetaDelete { key }],
             Op::Purge { queue } => vec![Record::Purge { queue: *queue }],
+            Op::Append {
+                queue,
+                offset,
+                payload,
+            } => vec![Record::Append {
+                queue: *queue,
+                offset: *offset,
+                payload,
+            }],
+            Op::Trim { queue, below } => vec![Record::Trim {
+                queue: *queue,
+                below: *below,
+            }],
             Op::Flush => Vec::new(),
         }
     }
@@ -111,7 +135,8 @@ impl Op {
                 .saturating_add(key.len())
                 .saturating_add(value.len()),
             Op::MetaDelete { key } => key.len(),
-            Op::Remove { .. } | Op::Purge { .. } | Op::Flush => 0,
+            Op::Append { payload, .. } => record::APPEND_OFF_PAYLOAD.saturating_add(payload.len()),
+            Op::Remove { .. } | Op::Purge { .. } | Op::Trim { .. } | Op::Flush => 0,
         };
         body_invalid(body)
     }
@@ -124,7 +149,8 @@ impl Op {
             Op::Remove { msgs, .. } => 8 * msgs.len() + 32,
             Op::MetaPut { key, value } => key.len() + value.len() + 32,
             Op::MetaDelete { key } => key.len() + 32,
-            Op::Purge { .. } | Op::Flush => 32,
+            Op::Append { payload, .. } => payload.len() + 48,
+            Op::Purge { .. } | Op::Trim { .. } | Op::Flush => 32,
         }
     }
 }
