@@ -202,7 +202,7 @@ impl Command {
             APPEND => Command::Append {
                 queue: r.u64()?,
                 offset: r.u64()?,
-                payload: Bytes::copy_from_slice(r.rest()),
+                payload: shared(r.rest()),
             },
             TRIM => Command::Trim {
                 queue: r.u64()?,
