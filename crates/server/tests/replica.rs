@@ -35,6 +35,7 @@ fn replica(dir: &TempDir, groups: u32) -> Replica {
 type State = (
     BTreeMap<Bytes, Bytes>,
     BTreeMap<QueueId, Vec<(MsgId, Bytes)>>,
+    BTreeMap<QueueId, Vec<(u64, Bytes)>>,
 );
 
 /// Every definition and every queue's messages with their bodies.
@@ -57,7 +58,18 @@ fn state(r: &Replica) -> State {
             (*q, with)
         })
         .collect();
-    (live.metadata, queues)
+    let streams = live
+        .streams
+        .keys()
+        .map(|q| {
+            let read = j
+                .store
+                .read_stream(*q, 0, 1_000, 1 << 20)
+                .expect("readable");
+            (*q, read)
+        })
+        .collect();
+    (live.metadata, queues, streams)
 }
 
 fn apply(r: &Replica, index: u64, c: &Command) {
@@ -110,6 +122,31 @@ fn history() -> Vec<Command> {
             amqp: "127.0.0.1:1".into(),
             http: String::new(),
         },
+        // A stream: appends, a trim of its head, more appends.
+        Command::Append {
+            queue: 20,
+            offset: 0,
+            payload: b("s0"),
+        },
+        Command::Append {
+            queue: 20,
+            offset: 1,
+            payload: b("s1"),
+        },
+        Command::Append {
+            queue: 20,
+            offset: 2,
+            payload: b("s2"),
+        },
+        Command::Trim {
+            queue: 20,
+            below: 1,
+        },
+        Command::Append {
+            queue: 20,
+            offset: 3,
+            payload: b("s3"),
+        },
     ]
 }
 
@@ -132,6 +169,12 @@ fn a_restart_that_applies_the_log_again_ends_in_the_same_state() {
         once.1[&QueueId(12)].len(),
         1,
         "message 4 came after the purge: {once:?}"
+    );
+    let offsets: Vec<u64> = once.2[&QueueId(20)].iter().map(|(o, _)| *o).collect();
+    assert_eq!(
+        offsets,
+        vec![1, 2, 3],
+        "the stream after its trim: {once:?}"
     );
     // A restart with no snapshot: the store as it was left, emptied, then
     // the whole log applied again. (Applied on a store still holding its
@@ -197,6 +240,16 @@ fn a_restored_snapshot_makes_any_store_equal_to_the_state_it_was_taken_from() {
             msg: 2,
             queues: vec![11],
             payload: Bytes::from_static(b"two"),
+        },
+        Command::Append {
+            queue: 21,
+            offset: 0,
+            payload: Bytes::from_static(b"junk"),
+        },
+        Command::Append {
+            queue: 20,
+            offset: 0,
+            payload: Bytes::from_static(b"old"),
         },
     ];
     for (i, j) in junk.iter().enumerate() {
