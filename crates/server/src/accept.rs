@@ -94,8 +94,8 @@ async fn serve_one(
         tracing::debug!(%peer, error = %e, "could not set TCP_NODELAY");
     }
     #[cfg(any(target_os = "linux", target_os = "android"))]
-    if let Err(e) =
-        socket2::SockRef::from(&stream).set_tcp_notsent_lowat(crate::limits::SOCKET_UNSENT_BYTES_MAX)
+    if let Err(e) = socket2::SockRef::from(&stream)
+        .set_tcp_notsent_lowat(crate::limits::SOCKET_UNSENT_BYTES_MAX)
     {
         tracing::debug!(%peer, error = %e, "could not set TCP_NOTSENT_LOWAT");
     }

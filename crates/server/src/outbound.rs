@@ -15,8 +15,9 @@
 //!   resume. At most twice `limit_bytes` plus one read's worth of replies
 //!   is buffered, plus what the writer has taken and not yet written.
 //! - While the writer waits for the socket (the peer reads slower than it
-//!   is sent to), deliveries stop at
-//!   [`OUTPUT_BEHIND_BLOCKED_SOCKET_BYTES_MAX`] instead: what a consumer
+//!   is sent to), deliveries stop once the buffer holds as much as the
+//!   write in progress, or [`OUTPUT_BEHIND_BLOCKED_SOCKET_BYTES_MAX`] if
+//!   that is more (never above `limit_bytes`): what a consumer
 //!   cannot take stays in its queue, where flow control holds publishers
 //!   back, rather than waiting here as latency.
 //! - Every output byte is counted in [`crate::memory::OUTPUT_BYTES`] (for
@@ -24,7 +25,7 @@
 //! - Only server-sent `basic.cancel`s are ever held back, and only between
 //!   `hold_cancels` and `release_cancels`, which sends them in order.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use berth_broker::channel::Outlet;
@@ -53,6 +54,11 @@ pub struct Outbound {
     congested: AtomicBool,
     /// The writer's last write found the socket full and waits for it.
     socket_blocked: AtomicBool,
+    /// Bytes of the write in progress: behind a full socket, queues may
+    /// add as much again (at least [`OUTPUT_BEHIND_BLOCKED_SOCKET_BYTES_MAX`]),
+    /// so a consumer that drains fast keeps a full write waiting while a
+    /// slow one gets no more than it drains.
+    writing_bytes: AtomicUsize,
     closed: AtomicBool,
     limit_bytes: usize,
     frame_max: AtomicU32,
@@ -74,6 +80,7 @@ impl Outbound {
             drained: Notify::new(),
             congested: AtomicBool::new(false),
             socket_blocked: AtomicBool::new(false),
+            writing_bytes: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
             limit_bytes,
             frame_max: AtomicU32::new(frame_max),
@@ -130,6 +137,11 @@ impl Outbound {
     /// The writer's side: whether it is waiting for the socket to take
     /// more (set when a write could not finish at once, cleared when it
     /// did).
+    /// The writer's side: the size of the write it starts.
+    pub fn set_writing_bytes(&self, bytes: usize) {
+        self.writing_bytes.store(bytes, Ordering::Relaxed);
+    }
+
     pub fn set_socket_blocked(&self, blocked: bool) {
         self.socket_blocked.store(blocked, Ordering::Release);
     }
@@ -249,7 +261,10 @@ impl Outlet for Outbound {
             return true;
         }
         let limit = if self.socket_blocked.load(Ordering::Acquire) {
-            OUTPUT_BEHIND_BLOCKED_SOCKET_BYTES_MAX.min(self.limit_bytes)
+            self.writing_bytes
+                .load(Ordering::Relaxed)
+                .max(OUTPUT_BEHIND_BLOCKED_SOCKET_BYTES_MAX)
+                .min(self.limit_bytes)
         } else {
             self.limit_bytes
         };

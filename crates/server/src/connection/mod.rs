@@ -259,6 +259,7 @@ async fn write_telling_blocked(
     buf: &[u8],
     out: &Outbound,
 ) -> std::io::Result<()> {
+    out.set_writing_bytes(buf.len());
     let mut write = std::pin::pin!(wr.write_all(buf));
     let written = std::future::poll_fn(|cx| {
         let polled = std::future::Future::poll(write.as_mut(), cx);
