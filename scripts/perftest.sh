@@ -6,7 +6,16 @@
 #
 #   scripts/perftest.sh [--runs N] [--time S] [--out DIR] [--no-build]
 #                       [--fanout MESSAGES [--readers R]]
+#                       [--rates "R1 R2 ... max" [--prefetch "100 0"]]
 #                       [-- EXTRA_PERFTEST_ARGS...]
+#
+# --rates (issue 20 goal 3, the latency-vs-rate curve): each run is one
+# PerfTest per offered rate (msg/s over all 4 producers; "max" is
+# unthrottled) and per consumer prefetch in --prefetch (0 = no basic.qos,
+# unlimited; default "100 0"), against both brokers in turn, on fresh
+# queues. runs.tsv then has the offered rate, the prefetch and PerfTest's
+# consumer latency p50 and p99 too; `berth bench curve --tsv OUT/runs.tsv
+# --svg FILE` draws it.
 #
 # --fanout (streams, issue 18): instead of the publish run, each run first
 # fills a fresh stream (x-queue-type=stream) with MESSAGES 1 KB persistent
@@ -31,7 +40,7 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
-runs=3 time_s=20 out="" build=1 extra=() fanout=0 readers=10
+runs=3 time_s=20 out="" build=1 extra=() fanout=0 readers=10 rates="" prefetches="100 0"
 while [ $# -gt 0 ]; do
   case "$1" in
   --runs) runs=${2:?}; shift ;;
@@ -40,6 +49,8 @@ while [ $# -gt 0 ]; do
   --no-build) build=0 ;;
   --fanout) fanout=${2:?}; shift ;;
   --readers) readers=${2:?}; shift ;;
+  --rates) rates=${2:?}; shift ;;
+  --prefetch) prefetches=${2:?}; shift ;;
   --) shift; extra=("$@"); break ;;
   -h | --help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
   *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -151,6 +162,62 @@ if [ "$fanout" -gt 0 ]; then
     done
   done
   cols='["fill_msgs_per_s", "fanout_recv_msgs_per_s", "broker_cpu_us_per_delivery", "rss_peak_mib"]'
+elif [ -n "$rates" ]; then
+  printf 'run\tbroker\tprefetch\trate\tsend_msgs_per_s\trecv_msgs_per_s\tlatency_median_us\tlatency_p99_us\tbroker_cpu_us_per_msg\n' >"$out/runs.tsv"
+  for run in $(seq 1 "$runs"); do
+    for prefetch in $prefetches; do
+      for rate in $rates; do
+        for broker in berth rabbitmq; do
+          if [ $broker = berth ]; then port=$b_amqp pid=$berth_pid http=$b_http; else port=$r_amqp pid=$rabbit_pid http=$r_http; fi
+          alive "$pid" || { say "$broker (pid $pid) is gone"; exit 1; }
+          q="latency-$run-q$prefetch-$rate" f="$out/$broker-$run-q$prefetch-$rate.txt"
+          a=("${args[@]}")
+          [ "$rate" = max ] || a+=(-r $((rate / 4)))
+          [ "$prefetch" = 0 ] || a+=(-q "$prefetch")
+          c0=$(cpu_s "$pid")
+          say "run $run $broker: PerfTest ${a[*]} -u $q"
+          timeout -k 10 $((time_s + 120)) java -cp "$classpath" com.rabbitmq.perf.PerfTest \
+            -h "amqp://guest:guest@127.0.0.1:$port/%2f" "${a[@]}" -u "$q" -ad false >"$f" 2>&1 ||
+            { say "PerfTest failed; see $f"; exit 1; }
+          c1=$(cpu_s "$pid")
+          send=$(sed -n 's/.*sending rate avg: \([0-9]*\) msg\/s.*/\1/p' "$f" | tail -1)
+          recv=$(sed -n 's/.*receiving rate avg: \([0-9]*\) msg\/s.*/\1/p' "$f" | tail -1)
+          # "consumer latency min/median/75th/95th/99th A/B/C/D/E µs"
+          read -r p50 p99 < <(sed -n 's/.*consumer latency min\/median[^ ]* \([0-9/]*\) .*/\1/p' "$f" | tail -1 |
+            awk -F/ '{ print $2, $5 }')
+          cpm=$(awk -v a="$c0" -v b="$c1" -v r="$recv" -v t="$time_s" 'BEGIN { if (r > 0) printf "%.1f", (b - a) * 1e6 / (r * t); else print "nan" }')
+          printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$run" "$broker" "$prefetch" "$rate" "${send:-nan}" "${recv:-nan}" \
+            "${p50:-nan}" "${p99:-nan}" "$cpm" >>"$out/runs.tsv"
+          say "run $run $broker q$prefetch rate $rate: recv ${recv:-nan} msg/s, latency p50 ${p50:-nan} p99 ${p99:-nan} us"
+          curl -s -o /dev/null -u guest:guest -X DELETE "http://127.0.0.1:$http/api/queues/%2F/$q" || true
+        done
+      done
+    done
+  done
+  python3 - "$out/runs.tsv" >"$out/summary.txt" <<'PY'
+import csv, statistics, sys
+rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
+def key(r):
+    return (int(r["prefetch"]), float("inf") if r["rate"] == "max" else float(r["rate"]))
+groups = sorted({(r["prefetch"], r["rate"]) for r in rows}, key=lambda k: key({"prefetch": k[0], "rate": k[1]}))
+def mmm(vals):
+    v = sorted(vals)
+    return v[0], statistics.median(v), v[-1]
+print(f"{'prefetch':>8} {'rate':>6} {'broker':9} {'recv min/med/max':>26} {'p50 us min/med/max':>26} {'p99 us min/med/max':>28}")
+for pf, rate in groups:
+    med = {}
+    for b in ("berth", "rabbitmq"):
+        rs = [r for r in rows if (r["prefetch"], r["rate"], r["broker"]) == (pf, rate, b) and r["latency_p99_us"] != "nan"]
+        if not rs:
+            continue
+        cols = [mmm(float(r[c]) for r in rs) for c in ("recv_msgs_per_s", "latency_median_us", "latency_p99_us")]
+        med[b] = [c[1] for c in cols]
+        print(f"{pf:>8} {rate:>6} {b:9} " + " ".join(f"{'/'.join(f'{x:.0f}' for x in c):>26}" for c in cols))
+    if len(med) == 2:
+        print(f"{'':>8} {'':>6} {'ratio':9} p50 berth/rabbitmq {med['berth'][1] / med['rabbitmq'][1]:.2f}, p99 {med['berth'][2] / med['rabbitmq'][2]:.2f}")
+PY
+  cat "$out/summary.txt" | tee -a "$log"
+  exit 0
 else
   cols='["send_msgs_per_s", "recv_msgs_per_s", "latency_median_us", "broker_cpu_us_per_msg", "client_cpu_s"]'
 for run in $(seq 1 "$runs"); do

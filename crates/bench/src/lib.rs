@@ -17,6 +17,7 @@
 //! generator, not the broker, is the limit.
 
 pub mod amqp;
+pub mod curve;
 pub mod http;
 pub mod limits;
 pub mod procstat;
@@ -308,8 +309,13 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
 
 /// [`run`] for callers that already have a tokio runtime.
 pub async fn run_async(args: BenchArgs) -> Result<(), BenchError> {
+    let common = match &args.scenario {
+        ScenarioArgs::Curve(a) => return curve::run(a),
+        s => s
+            .common()
+            .expect("every load scenario has the common options"),
+    };
     let plan = scenarios::Plan::from_args(&args.scenario)?;
-    let common = args.scenario.common();
     let confidence = stats::Confidence::parse(&common.confidence).ok_or_else(|| {
         BenchError::Usage(format!(
             "--confidence must be one of 80, 90, 95, 98, 99, 99.5, not {}",
@@ -490,7 +496,7 @@ mod tests {
             "7",
         ])
         .unwrap();
-        let common = cli.bench.scenario.common();
+        let common = cli.bench.scenario.common().unwrap();
         assert_eq!((common.runs, common.pid), (3, Some(7)));
         assert_eq!(common.vs.as_deref(), Some("amqp://b"));
         let plan = scenarios::Plan::from_args(&cli.bench.scenario).unwrap();

@@ -93,6 +93,12 @@ async fn serve_one(
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(%peer, error = %e, "could not set TCP_NODELAY");
     }
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    if let Err(e) = socket2::SockRef::from(&stream)
+        .set_tcp_notsent_lowat(crate::limits::SOCKET_UNSENT_BYTES_MAX)
+    {
+        tracing::debug!(%peer, error = %e, "could not set TCP_NOTSENT_LOWAT");
+    }
     let local = stream.local_addr().unwrap_or(peer);
     let (rd, wr, cert_name) = match tls {
         None => {

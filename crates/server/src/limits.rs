@@ -37,6 +37,23 @@ pub const READ_FREE_BYTES_MIN: usize = 4096;
 /// `limits.connection_output_bytes_max` before consumers are paused.
 pub const OUTPUT_BUFFER_BYTES_INITIAL: usize = 8 * 1024;
 
+/// Unsent bytes the kernel keeps for one AMQP socket (`TCP_NOTSENT_LOWAT`):
+/// beyond this a write waits for the peer to read. Without it the send
+/// buffer grows to `net.ipv4.tcp_wmem`'s maximum (4 MiB here) in front of
+/// a consumer that is behind, and every byte of it is latency (issue 20
+/// goal 3: 4 MB in the send queue at 20,000 msg/s, half a second).
+pub const SOCKET_UNSENT_BYTES_MAX: u32 = 128 * 1024;
+
+/// Output a connection's queues may add while its writer waits for the
+/// socket (the peer is not reading as fast as it is sent to), unless the
+/// write in progress is larger (then as much as it): above this they hold
+/// their messages, where flow control sees them, until the writer took
+/// the buffer. A bound of one write's size keeps a fast consumer's next
+/// write ready (16 KB drains lost a quarter of their rate at a fixed
+/// 64 KiB) and gives a slow one no more than it drained. While the socket takes everything, only
+/// `limits.connection_output_bytes_max` applies.
+pub const OUTPUT_BEHIND_BLOCKED_SOCKET_BYTES_MAX: usize = 64 * 1024;
+
 /// Journal completions pending for one connection (confirm-mode publishes
 /// and `tx.commit` writes waiting for the journal) before the server stops
 /// reading from it: back-pressure instead of unbounded bookkeeping and an

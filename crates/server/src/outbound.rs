@@ -14,12 +14,18 @@
 //!   writer signals `drained` when it has taken the backlog, so both
 //!   resume. At most twice `limit_bytes` plus one read's worth of replies
 //!   is buffered, plus what the writer has taken and not yet written.
+//! - While the writer waits for the socket (the peer reads slower than it
+//!   is sent to), deliveries stop once the buffer holds as much as the
+//!   write in progress, or [`OUTPUT_BEHIND_BLOCKED_SOCKET_BYTES_MAX`] if
+//!   that is more (never above `limit_bytes`): what a consumer
+//!   cannot take stays in its queue, where flow control holds publishers
+//!   back, rather than waiting here as latency.
 //! - Every output byte is counted in [`crate::memory::OUTPUT_BYTES`] (for
 //!   the memory alarm) from its push until it is written or dropped.
 //! - Only server-sent `basic.cancel`s are ever held back, and only between
 //!   `hold_cancels` and `release_cancels`, which sends them in order.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use berth_broker::channel::Outlet;
@@ -29,6 +35,7 @@ use bytes::BytesMut;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use crate::limits::OUTPUT_BEHIND_BLOCKED_SOCKET_BYTES_MAX;
 use crate::memory::{Counted, OUTPUT_BYTES};
 
 /// The buffer and its share of [`OUTPUT_BYTES`].
@@ -45,6 +52,13 @@ pub struct Outbound {
     /// Wakes the connection task when a congested buffer was taken.
     pub drained: Notify,
     congested: AtomicBool,
+    /// The writer's last write found the socket full and waits for it.
+    socket_blocked: AtomicBool,
+    /// Bytes of the write in progress: behind a full socket, queues may
+    /// add as much again (at least [`OUTPUT_BEHIND_BLOCKED_SOCKET_BYTES_MAX`]),
+    /// so a consumer that drains fast keeps a full write waiting while a
+    /// slow one gets no more than it drains.
+    writing_bytes: AtomicUsize,
     closed: AtomicBool,
     limit_bytes: usize,
     frame_max: AtomicU32,
@@ -65,6 +79,8 @@ impl Outbound {
             ready: Notify::new(),
             drained: Notify::new(),
             congested: AtomicBool::new(false),
+            socket_blocked: AtomicBool::new(false),
+            writing_bytes: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
             limit_bytes,
             frame_max: AtomicU32::new(frame_max),
@@ -116,6 +132,18 @@ impl Outbound {
             self.drained.notify_one();
         }
         out
+    }
+
+    /// The writer's side: whether it is waiting for the socket to take
+    /// more (set when a write could not finish at once, cleared when it
+    /// did).
+    /// The writer's side: the size of the write it starts.
+    pub fn set_writing_bytes(&self, bytes: usize) {
+        self.writing_bytes.store(bytes, Ordering::Relaxed);
+    }
+
+    pub fn set_socket_blocked(&self, blocked: bool) {
+        self.socket_blocked.store(blocked, Ordering::Release);
     }
 
     /// Stops accepting output (the connection is going away).
@@ -232,8 +260,20 @@ impl Outlet for Outbound {
         if self.closed.load(Ordering::Relaxed) {
             return true;
         }
-        let over = self.buf.lock().bytes.len() >= self.limit_bytes;
+        let limit = if self.socket_blocked.load(Ordering::Acquire) {
+            self.writing_bytes
+                .load(Ordering::Relaxed)
+                .max(OUTPUT_BEHIND_BLOCKED_SOCKET_BYTES_MAX)
+                .min(self.limit_bytes)
+        } else {
+            self.limit_bytes
+        };
+        let buf = self.buf.lock();
+        let over = buf.bytes.len() >= limit;
         if over {
+            // Under the lock: a `take` after this sees the flag and wakes
+            // the connection (`drained`), one before it left bytes behind
+            // that a later `take` will find.
             self.congested.store(true, Ordering::Release);
         }
         over

@@ -40,18 +40,24 @@ pub enum ScenarioArgs {
     /// publisher alone, then while a large compaction runs (triggered
     /// through the management API; needs --mgmt-url).
     Compaction(compaction::Args),
+    /// Not a load: draws the latency-vs-rate curve of a PerfTest rate
+    /// sweep (`scripts/perftest.sh --rates ...`, its runs.tsv) as SVG.
+    Curve(crate::curve::Args),
 }
 
 impl ScenarioArgs {
+    /// The options every load scenario takes; `None` for `curve`, which
+    /// puts no load on a broker.
     #[must_use]
-    pub fn common(&self) -> &CommonArgs {
+    pub fn common(&self) -> Option<&CommonArgs> {
         match self {
-            ScenarioArgs::Fanin(a) => &a.common,
-            ScenarioArgs::Pagesize(a) => &a.common,
-            ScenarioArgs::Groupcommit(a) => &a.common,
-            ScenarioArgs::Spooler(a) => &a.common,
-            ScenarioArgs::Restart(a) => &a.common,
-            ScenarioArgs::Compaction(a) => &a.common,
+            ScenarioArgs::Fanin(a) => Some(&a.common),
+            ScenarioArgs::Pagesize(a) => Some(&a.common),
+            ScenarioArgs::Groupcommit(a) => Some(&a.common),
+            ScenarioArgs::Spooler(a) => Some(&a.common),
+            ScenarioArgs::Restart(a) => Some(&a.common),
+            ScenarioArgs::Compaction(a) => Some(&a.common),
+            ScenarioArgs::Curve(_) => None,
         }
     }
 }
@@ -76,6 +82,9 @@ impl Plan {
             ScenarioArgs::Spooler(a) => Plan::Spooler(spooler::Config::from_args(a)?),
             ScenarioArgs::Restart(a) => Plan::Restart(Box::new(restart::Config::from_args(a)?)),
             ScenarioArgs::Compaction(a) => Plan::Compaction(compaction::Config::from_args(a)?),
+            ScenarioArgs::Curve(_) => {
+                return Err(BenchError::Usage("curve is not a load scenario".into()))
+            }
         })
     }
 

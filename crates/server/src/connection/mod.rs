@@ -241,7 +241,7 @@ async fn write_loop(mut wr: WriteStream, out: Arc<Outbound>) -> WriteStream {
             }
             continue;
         }
-        let written = wr.write_all(&buf).await;
+        let written = write_telling_blocked(&mut wr, &buf, &out).await;
         in_flight.set(0);
         if written.is_err() {
             out.close();
@@ -249,6 +249,28 @@ async fn write_loop(mut wr: WriteStream, out: Arc<Outbound>) -> WriteStream {
         }
     }
     wr
+}
+
+/// `write_all`, marking `out` as waiting for the socket from the first
+/// time the socket does not take everything until the write is done, so
+/// that queues stop adding deliveries behind a full socket.
+async fn write_telling_blocked(
+    wr: &mut WriteStream,
+    buf: &[u8],
+    out: &Outbound,
+) -> std::io::Result<()> {
+    out.set_writing_bytes(buf.len());
+    let mut write = std::pin::pin!(wr.write_all(buf));
+    let written = std::future::poll_fn(|cx| {
+        let polled = std::future::Future::poll(write.as_mut(), cx);
+        if polled.is_pending() {
+            out.set_socket_blocked(true);
+        }
+        polled
+    })
+    .await;
+    out.set_socket_blocked(false);
+    written
 }
 
 /// Reads more bytes from the socket; EOF is an error (the peer went away).
