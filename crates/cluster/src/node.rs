@@ -513,12 +513,20 @@ impl ClusterNode {
 
     /// Stops Raft, the listener and the node's tasks (the process keeps
     /// running).
+    /// Stops the node; once this returns its peer listener is closed (a
+    /// restart in the same process can bind its address again).
     pub async fn shutdown(self) {
         for task in &self.tasks {
             task.abort();
         }
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "Raft did not stop cleanly");
+        }
+        // An aborted task is dropped (with the listener it owns) only when
+        // the runtime next polls it; on a busy machine that came after a
+        // test bound the address again (`Address already in use`).
+        for task in self.tasks {
+            let _ = task.await; // cancelled, as asked
         }
     }
 }
