@@ -90,8 +90,10 @@ impl StreamIndex {
                     return;
                 }
                 let p = *s.points.last().expect("a span has a point");
-                if offset - p.offset >= STREAM_INDEX_STRIDE_RECORDS
-                    || loc.offset - p.pos >= STREAM_INDEX_STRIDE_BYTES
+                // Saturating: a damaged checkpoint may list positions out
+                // of order (found by the fuzzer: a subtraction overflow).
+                if offset.saturating_sub(p.offset) >= STREAM_INDEX_STRIDE_RECORDS
+                    || loc.offset.saturating_sub(p.pos) >= STREAM_INDEX_STRIDE_BYTES
                 {
                     s.points.push(Point {
                         offset,
