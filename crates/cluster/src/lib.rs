@@ -23,6 +23,7 @@ mod batch;
 mod error;
 pub mod limits;
 pub mod log_file;
+mod log_frame;
 pub mod log_segments;
 pub mod log_store;
 mod node;

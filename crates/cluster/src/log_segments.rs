@@ -26,7 +26,7 @@ use std::sync::mpsc;
 use std::thread;
 
 use crate::error::ClusterError;
-use crate::log_file::{scan, Tail, LOG_FILE};
+use crate::log_frame::{scan, Tail, LOG_FILE};
 
 const PREFIX: &str = "raft.";
 const SUFFIX: &str = ".log";
@@ -342,7 +342,7 @@ fn set_aside(dir: &Path, at: u64, head: &[u8], later: &[u64]) -> io::Result<()> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::log_file::encode_frame;
+    use crate::log_frame::encode_frame;
 
     fn temp_dir(name: &str) -> PathBuf {
         let dir =

@@ -63,13 +63,7 @@ const MULTI: u32 = u32::MAX;
 /// A free slot in `holders`.
 const FREE_HOLDER: u64 = u64::MAX;
 
-/// Where a record is: segment, byte offset, total record length.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Loc {
-    pub seg: u32,
-    pub offset: u32,
-    pub len: u32,
-}
+pub use crate::loc::Loc;
 
 /// One live message.
 #[derive(Clone, Copy, Debug)]

@@ -26,6 +26,7 @@ pub mod index;
 pub mod inspect;
 pub mod journal;
 pub mod limits;
+mod loc;
 pub mod manifest;
 pub mod overlay;
 pub mod record;

@@ -23,8 +23,8 @@
 
 use std::collections::VecDeque;
 
-use crate::index::Loc;
 use crate::limits::{STREAM_INDEX_STRIDE_BYTES, STREAM_INDEX_STRIDE_RECORDS};
+use crate::loc::Loc;
 
 /// A place a read can start: the record of `offset` at byte `pos`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
