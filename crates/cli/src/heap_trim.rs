@@ -12,6 +12,10 @@
 //! *slack*: resident bytes not accounted for by memory in use by malloc
 //! (RSS − (`uordblks` + `hblkhd`), from `mallinfo2`). When the slack grew
 //! by more than [`TRIM_SLACK_BYTES_MIN`] since the last trim, it trims.
+//! When the slack grew by less, but by at least [`IDLE_TRIM_SLACK_BYTES_MIN`],
+//! and stayed where it was since the look before (nothing allocating or
+//! freeing much: the broker went quiet), it trims too, so what a quiet
+//! broker freed last is given back and not kept until the next burst.
 //! What a trim cannot release (pages holding a live chunk, the binary, the
 //! stacks) is the new floor, so a heap that cannot shrink is not trimmed
 //! again and again.
@@ -27,12 +31,19 @@ pub const TRIM_CHECK_INTERVAL_MS: u64 = 2_000;
 /// Slack growth that triggers a trim (a trim walks every arena, so small
 /// amounts are left alone).
 pub const TRIM_SLACK_BYTES_MIN: u64 = 32 * 1024 * 1024;
+/// Slack growth that triggers a trim once the slack holds still.
+pub const IDLE_TRIM_SLACK_BYTES_MIN: u64 = 4 * 1024 * 1024;
+/// How far the slack may move between two looks and still count as
+/// holding still.
+pub const IDLE_SLACK_BYTES_JITTER: u64 = 1024 * 1024;
 
 /// When to trim: remembers the slack a trim could not release.
 #[derive(Debug, Default)]
 pub struct Trimmer {
     /// The slack after the last trim (or at start).
     floor_bytes: u64,
+    /// The slack at the look before this one.
+    last_bytes: u64,
 }
 
 impl Trimmer {
@@ -40,18 +51,28 @@ impl Trimmer {
     pub fn new(slack_bytes: u64) -> Self {
         Self {
             floor_bytes: slack_bytes,
+            last_bytes: slack_bytes,
         }
     }
 
-    /// Whether a trim is due with this much slack now.
+    /// Whether a trim is due with this much slack now (`slack_bytes`
+    /// from the look just taken; call [`Trimmer::looked`] after).
     pub fn due(&self, slack_bytes: u64) -> bool {
-        slack_bytes > self.floor_bytes.saturating_add(TRIM_SLACK_BYTES_MIN)
+        let grown = slack_bytes.saturating_sub(self.floor_bytes);
+        let still = slack_bytes.abs_diff(self.last_bytes) <= IDLE_SLACK_BYTES_JITTER;
+        grown > TRIM_SLACK_BYTES_MIN || (still && grown >= IDLE_TRIM_SLACK_BYTES_MIN)
+    }
+
+    /// Remembers the slack of a look, for the next look's "held still".
+    pub fn looked(&mut self, slack_bytes: u64) {
+        self.last_bytes = slack_bytes;
     }
 
     /// After a trim (or when the slack shrank by itself): what is left is
     /// the new floor.
     pub fn settle(&mut self, slack_bytes: u64) {
         self.floor_bytes = slack_bytes;
+        self.last_bytes = slack_bytes;
     }
 
     /// One look: trims if due. Returns whether it trimmed.
@@ -65,6 +86,7 @@ impl Trimmer {
             return false;
         }
         if !self.due(slack) {
+            self.looked(slack);
             return false;
         }
         trim();
@@ -145,8 +167,29 @@ mod tests {
         // The trim left 20 MiB it could not release: that is no reason
         // to trim again.
         t.settle(20 * mib);
+        t.looked(30 * mib);
         assert!(!t.due(45 * mib));
         assert!(t.due(60 * mib));
+    }
+
+    #[test]
+    fn trims_a_smaller_growth_once_the_slack_holds_still() {
+        let mib = 1024 * 1024;
+        let mut t = Trimmer::new(10 * mib);
+        // 14 MiB freed while the broker is busy: the slack still moves.
+        t.looked(20 * mib);
+        assert!(
+            !t.due(24 * mib),
+            "the slack moved by 4 MiB since the last look"
+        );
+        t.looked(24 * mib);
+        // It held still for a look: the broker went quiet.
+        assert!(t.due(24 * mib) && t.due(25 * mib));
+        // Held still, but grown by less than the idle minimum: left alone.
+        t.settle(20 * mib);
+        assert!(!t.due(23 * mib));
+        t.looked(23 * mib);
+        assert!(!t.due(23 * mib));
     }
 
     #[cfg(all(target_os = "linux", target_env = "gnu"))]

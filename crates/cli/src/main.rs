@@ -92,7 +92,7 @@ fn init_logging(level: &str) -> Result<(), String> {
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
-    malloc_tune::fix_mmap_threshold();
+    malloc_tune::fix_malloc_settings();
     let mut config = match &args.config {
         Some(path) => match Config::from_file(path) {
             Ok(c) => c,

@@ -215,6 +215,15 @@ impl StoreConfig {
 /// restart reads and the checkpoints a group directory holds.
 pub const CHECKPOINT_CHAIN_LINKS_MAX: usize = 256;
 
+/// A checkpoint copies the index (a base, on the writer's path) instead of
+/// reading the journal since the last one when the index holds fewer than
+/// 1/this of the messages it held at the last checkpoint (a drained
+/// backlog) ...
+pub const INDEX_DRAINED_FRACTION: usize = 8;
+/// ... and its heap bytes are at most this (a copy under the index lock
+/// of about a millisecond).
+pub const INDEX_COPY_BYTES_MAX: usize = 4 * 1024 * 1024;
+
 /// A stream's sparse index (`stream_index.rs`) keeps one point every this
 /// many of its records in a segment: a read from any offset scans at most
 /// this many of the stream's records (plus what other queues wrote

@@ -79,8 +79,11 @@ pub struct GroupStats {
     pub gather_us_max: u64,
     pub netted_publishes: u64,
     pub checkpoints: u64,
-    /// Checkpoints that cloned the index on the writer's path (normally 0:
-    /// a checkpoint is rebuilt from the previous one and the journal).
+    /// Checkpoints that cloned the index on the writer's path: when the
+    /// journal cannot rebuild it, or when it was drained since the last
+    /// checkpoint and is at most 4 MiB (cheaper than a delta listing every
+    /// removal). Otherwise a checkpoint is built from the previous one and
+    /// the journal.
     pub checkpoint_snapshots: u64,
     pub segments_deleted: u64,
     pub bytes_compacted: u64,
@@ -99,4 +102,8 @@ pub struct GroupStats {
     pub recovery: Duration,
     /// The newest record known fdatasynced ([`crate::Store::durable_lsn`]).
     pub durable_lsn: u64,
+    /// Heap bytes the writer keeps for encoding batches: up to a batch's
+    /// size while writes come, nothing once the group has been idle for
+    /// `segment_idle_roll_ms`.
+    pub write_buffer_bytes: u64,
 }

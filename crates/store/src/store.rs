@@ -694,6 +694,7 @@ impl Store {
                     bytes_compacted: c.bytes_compacted.load(Ordering::Relaxed),
                     unreadable_records: c.unreadable_records.load(Ordering::Relaxed),
                     durable_lsn: c.durable_lsn.load(Ordering::Acquire),
+                    write_buffer_bytes: c.write_buffer_bytes.load(Ordering::Relaxed),
                 }
             })
             .collect()

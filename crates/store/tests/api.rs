@@ -826,3 +826,75 @@ fn a_completed_write_is_within_the_groups_durable_lsn() {
     assert_eq!(store.stats()[0].durable_lsn, 5);
     store.close().unwrap();
 }
+
+#[test]
+fn an_idle_writer_gives_its_batch_buffer_back() {
+    let fs = FaultStorage::new(15);
+    let mut cfg = config(1);
+    cfg.segment_idle_roll_ms = 20;
+    let (store, _) = open(&fs, &cfg);
+    let m = store.next_msg_id();
+    let body = Bytes::from(vec![7u8; 1024 * 1024]);
+    wait(|d| store.publish(m, &[QueueId(1)], body, Some(d))).unwrap();
+    let busy = store.stats()[0].write_buffer_bytes;
+    assert!(
+        busy >= 1024 * 1024,
+        "a 1 MiB record left a {busy}-byte buffer"
+    );
+    // Idle: the buffer goes back without any further write.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while store.stats()[0].write_buffer_bytes != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the writer kept its {}-byte buffer while idle",
+            store.stats()[0].write_buffer_bytes
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // And the group still writes.
+    let m = store.next_msg_id();
+    wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"x"), Some(d))).unwrap();
+    assert_eq!(store.read(QueueId(1), m).unwrap(), Bytes::from_static(b"x"));
+}
+
+#[test]
+fn a_drained_index_is_checkpointed_as_a_copy_not_as_a_delta_of_its_removals() {
+    let fs = FaultStorage::new(16);
+    let mut cfg = config(1);
+    cfg.checkpoint_journal_bytes = 1 << 40;
+    cfg.checkpoint_interval_ms = 3_600_000;
+    let (store, _) = open(&fs, &cfg);
+    // A first checkpoint with messages in it, so the next could be a delta.
+    let msgs: Vec<MsgId> = (0..2_000).map(|_| store.next_msg_id()).collect();
+    for &m in &msgs {
+        store.publish(
+            m,
+            &[QueueId(1)],
+            Bytes::from(vec![1u8; 512]),
+            Some(Box::new(|r| r.unwrap())),
+        );
+    }
+    wait(|d| store.flush(d)).unwrap();
+    store.checkpoint().unwrap();
+    let before = store.stats()[0].checkpoint_snapshots;
+    // Drained: the journal since holds 2,000 removals, the index nothing.
+    for chunk in msgs.chunks(100) {
+        wait(|d| store.remove(QueueId(1), chunk, Some(d))).unwrap();
+    }
+    store.checkpoint().unwrap();
+    let st = &store.stats()[0];
+    assert_eq!(st.live_messages, 0);
+    assert_eq!(
+        st.checkpoint_snapshots,
+        before + 1,
+        "the checkpoint of an emptied index replayed the journal's removals: {st:?}"
+    );
+    // And a restart from it finds the queue empty.
+    drop(store);
+    let (_store, rec) = open(&fs, &cfg);
+    assert!(
+        rec.queues.get(&QueueId(1)).is_none_or(|q| q.is_empty()),
+        "{:?}",
+        rec.queues
+    );
+}

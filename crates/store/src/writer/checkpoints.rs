@@ -293,6 +293,9 @@ impl Writer {
             {
                 self.seal()?;
             }
+            if now >= self.last_write + Duration::from_millis(self.cfg.segment_idle_roll_ms) {
+                self.release_idle_buffer();
+            }
             Ok(())
         })();
         if let Err(e) = result {
@@ -348,6 +351,7 @@ impl Writer {
             replay: self.position(),
         };
         let source = self.index_source(info);
+        self.note_live_at_checkpoint();
         let snapshot = matches!(source, IndexSource::Snapshot(_));
         let kind = match &source {
             IndexSource::Delta { parent, .. } => Kind::Delta {
@@ -397,10 +401,12 @@ impl Writer {
     /// What the checkpoint at `to` is made from: a delta on the newest
     /// link, from the journal since it (no copy on this path); a base from
     /// the newest chain and the journal when [`Self::base_due`]; a
-    /// snapshot when the journal cannot rebuild the index.
+    /// snapshot when the journal cannot rebuild the index, or when it was
+    /// drained since the last checkpoint and is small
+    /// ([`Self::index_drained_since_checkpoint`]).
     pub(super) fn index_source(&self, to: CheckpointInfo) -> IndexSource {
         let snapshot = |w: &Self| IndexSource::Snapshot(w.shared.inner.lock().index.clone());
-        if self.snapshot_next {
+        if self.snapshot_next || self.index_drained_since_checkpoint() {
             return snapshot(self);
         }
         let chain = match self.checkpoints.len().checked_sub(1) {
@@ -440,6 +446,26 @@ impl Writer {
             Some(&parent) if !self.base_due() => IndexSource::Delta { parent, segments },
             _ => IndexSource::Journal { chain, segments },
         }
+    }
+
+    /// Whether the index was drained since the last checkpoint: it now
+    /// holds less than [`INDEX_DRAINED_FRACTION`] of the messages it held
+    /// then and is small enough to copy on this path
+    /// ([`INDEX_COPY_BYTES_MAX`]). A copy then costs less, in time and in
+    /// memory, than a delta, which would list every removal (tens of MiB
+    /// for a drained backlog of a million messages) to describe an index
+    /// that is nearly empty.
+    pub(super) fn index_drained_since_checkpoint(&self) -> bool {
+        let inner = self.shared.inner.lock();
+        let (live, bytes) = (inner.index.live_messages(), inner.index.heap_bytes());
+        drop(inner);
+        bytes <= INDEX_COPY_BYTES_MAX
+            && live.saturating_mul(INDEX_DRAINED_FRACTION) < self.live_at_last_checkpoint
+    }
+
+    /// Remembers how many messages the index holds as a checkpoint starts.
+    fn note_live_at_checkpoint(&mut self) {
+        self.live_at_last_checkpoint = self.shared.inner.lock().index.live_messages();
     }
 
     /// Collects the checkpoint in flight, if it finished (or waiting for it

@@ -47,8 +47,8 @@ use crate::checkpoint::{
 use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::index::{Index, Loc};
-use crate::limits::CHECKPOINT_CHAIN_LINKS_MAX;
 use crate::limits::{StoreConfig, SyncMode, RECORD_BODY_BYTES_MAX, REMOVE_MSGS_PER_RECORD_MAX};
+use crate::limits::{CHECKPOINT_CHAIN_LINKS_MAX, INDEX_COPY_BYTES_MAX, INDEX_DRAINED_FRACTION};
 use crate::record::{self, Decoded, Record};
 use crate::segment::{self, SEGMENT_HEADER_BYTES};
 use crate::storage::{Storage, StorageFile};
@@ -101,6 +101,9 @@ pub struct GroupCounters {
     /// it from a completion to learn a position at least as far as the
     /// completed record's (under `store.sync = always`).
     pub durable_lsn: AtomicU64,
+    /// Capacity of the writer's encode buffer, bytes (kept between
+    /// batches; released when the group goes idle).
+    pub write_buffer_bytes: AtomicU64,
 }
 
 /// What readers share with the writer.
@@ -159,6 +162,8 @@ pub(crate) struct Writer {
     last_write: Instant,
     last_checkpoint: Instant,
     journal_bytes_since_checkpoint: u64,
+    /// Messages the index held when the last checkpoint started.
+    live_at_last_checkpoint: usize,
     /// Retained checkpoints, oldest first: the chains of the two newest.
     checkpoints: Vec<Link>,
     next_checkpoint_no: u64,
@@ -210,6 +215,7 @@ impl Writer {
         clock: Arc<dyn Clock>,
     ) -> (Self, Arc<GroupShared>) {
         let sealed = init.files.iter().map(|(s, (_, len))| (*s, *len)).collect();
+        let live_at_open = init.index.live_messages();
         let files = init.files.into_iter().map(|(s, (f, _))| (s, f)).collect();
         let shared = Arc::new(GroupShared {
             group,
@@ -239,6 +245,7 @@ impl Writer {
             last_write: now,
             last_checkpoint: now,
             journal_bytes_since_checkpoint: 0,
+            live_at_last_checkpoint: live_at_open,
             checkpoints: init.checkpoints,
             next_checkpoint_no: init.next_checkpoint_no,
             gather: GatherPolicy::default(),
@@ -572,6 +579,10 @@ impl Writer {
             .write_all_at(&self.buf, a.len)
             .map_err(|e| StoreError::io("write", path, e))?;
         a.len += self.buf.len() as u64;
+        self.shared
+            .counters
+            .write_buffer_bytes
+            .store(self.buf.capacity() as u64, Ordering::Relaxed);
         self.journal_bytes_since_checkpoint += self.buf.len() as u64;
         self.shared
             .counters
@@ -581,6 +592,20 @@ impl Writer {
         self.dirty = true;
         self.last_write = self.clock.now();
         Ok(())
+    }
+
+    /// Gives the encode buffer's memory back once the group is idle: it
+    /// grows to a batch's size (up to `batch_bytes_max`) and is reused
+    /// while writes come, so that a busy writer does not fault in fresh
+    /// pages for every batch; a quiet one holds nothing.
+    pub(super) fn release_idle_buffer(&mut self) {
+        if self.buf.is_empty() && self.buf.capacity() > 0 {
+            self.buf = Vec::new();
+            self.shared
+                .counters
+                .write_buffer_bytes
+                .store(0, Ordering::Relaxed);
+        }
     }
 
     fn sync(&mut self) -> Result<(), StoreError> {
@@ -671,6 +696,10 @@ impl Writer {
             .as_ref()
             .is_some_and(|a| a.len > SEGMENT_HEADER_BYTES as u64)
         {
+            consider(self.last_write + Duration::from_millis(self.cfg.segment_idle_roll_ms));
+        }
+        if self.buf.capacity() > 0 {
+            // Released once idle (housekeeping).
             consider(self.last_write + Duration::from_millis(self.cfg.segment_idle_roll_ms));
         }
         if self.checkpoint_in_flight.is_some() {
