@@ -92,7 +92,6 @@ fn init_logging(level: &str) -> Result<(), String> {
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
-    malloc_tune::fix_malloc_settings();
     let mut config = match &args.config {
         Some(path) => match Config::from_file(path) {
             Ok(c) => c,
@@ -104,6 +103,8 @@ fn serve(args: ServeArgs) -> ExitCode {
         None => Config::default(),
     };
     args.apply(&mut config);
+    // Before any thread starts (config parsing above is single-threaded).
+    malloc_tune::fix_malloc_settings(config.cluster.node_id.is_some());
     if let Err(e) = init_logging(&config.log.log_level) {
         eprintln!("berth: {e}");
         return ExitCode::from(EXIT_UNREADABLE);

@@ -36,8 +36,12 @@
 //! drained and its queues deleted, ~100 MiB stayed resident that way
 //! (free in malloc's books, 8 MiB in use; docs/BENCHMARKS.md, "Memory
 //! given back"). Fewer arenas means more threads share an arena's lock
-//! for blocks too large for their thread cache; no difference was
-//! measured on two cores (fanin and pagesize, same run).
+//! for blocks too large for their thread cache: on two cores no
+//! difference was measured for a single node (fanin and pagesize, same
+//! run), but a cluster member, whose Raft threads and connection threads
+//! all pass megabyte entries around, lost 15-25% of its confirmed msg/s
+//! (persist-2k-5q, two A/B pairs). So a cluster member keeps glibc's
+//! number of arenas.
 //!
 //! An operator's own `MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_` or
 //! `MALLOC_ARENA_MAX` (read by glibc at start-up) wins for that setting.
@@ -60,17 +64,19 @@ pub fn arenas_for(cores: usize) -> i32 {
     i32::try_from((cores / CORES_PER_ARENA).max(1)).unwrap_or(i32::MAX)
 }
 
-/// Fixes the thresholds and the number of arenas unless the environment
-/// sets them. Call before any thread starts (mallopt is not meant to race
-/// with allocations).
-pub fn fix_malloc_settings() {
+/// Fixes the thresholds, and the number of arenas unless this is a
+/// cluster member, where the environment does not set them. Call before
+/// any thread starts (mallopt is not meant to race with allocations).
+pub fn fix_malloc_settings(cluster_member: bool) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    fix_for(cores);
+    fix_for((!cluster_member).then_some(cores));
 }
 
+/// `cores`: the arenas are fixed for that many cores; `None`: glibc's.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
-fn fix_for(cores: usize) {
+fn fix_for(cores: Option<usize>) {
+    let arenas = cores.map(arenas_for);
     for (env, param, value, name) in [
         (
             "MALLOC_MMAP_THRESHOLD_",
@@ -87,11 +93,11 @@ fn fix_for(cores: usize) {
         (
             "MALLOC_ARENA_MAX",
             libc::M_ARENA_MAX,
-            arenas_for(cores),
+            arenas.unwrap_or(0),
             "M_ARENA_MAX",
         ),
     ] {
-        if std::env::var_os(env).is_some() {
+        if std::env::var_os(env).is_some() || (param == libc::M_ARENA_MAX && arenas.is_none()) {
             continue;
         }
         // SAFETY: mallopt only sets allocator parameters; it is called
@@ -106,7 +112,7 @@ fn fix_for(cores: usize) {
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn fix_for(_cores: usize) {}
+fn fix_for(_cores: Option<usize>) {}
 
 #[cfg(all(test, target_os = "linux", target_env = "gnu"))]
 mod tests {
@@ -126,7 +132,7 @@ mod tests {
     /// here as that child (the caller then does the real work).
     fn in_child(test: &str) -> bool {
         if std::env::var_os(CHILD).is_some() {
-            super::fix_for(CORES);
+            super::fix_for(Some(CORES));
             return true;
         }
         let out = Command::new(std::env::current_exe().unwrap())
