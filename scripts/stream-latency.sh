@@ -8,7 +8,10 @@
 #
 #   lag = (committed_offset + 1) - deliver_get
 #
-# (the consumer starts at offset 0, so its deliveries are its position).
+# (the consumer starts at offset 0, so its deliveries are its position),
+# and its unacknowledged deliveries: near the prefetch (500) while it lags,
+# berth filled its window and the client is what is slow; far below it,
+# berth is slow to deliver.
 # Prints PerfTest's per-second lines (sent/received rates and consumer
 # latency min/median/75th/95th/99th, µs) and the lag samples, and the
 # broker's CPU per message.
@@ -51,7 +54,7 @@ port, out = sys.argv[1], sys.argv[2]
 auth = "Basic " + base64.b64encode(b"guest:guest").decode()
 t0 = time.time()
 with open(out, "w") as f:
-    f.write("t_s\tcommitted_next\tdelivered\tlag\n")
+    f.write("t_s\tcommitted_next\tdelivered\tlag\tunacked\n")
     while True:
         time.sleep(0.5)
         try:
@@ -63,7 +66,8 @@ with open(out, "w") as f:
             continue
         c = q["committed_offset"] + 1
         d = q.get("message_stats", {}).get("deliver_get", 0)
-        f.write(f"{time.time() - t0:.1f}\t{c}\t{d}\t{c - d}\n")
+        u = q.get("messages_unacknowledged", 0)
+        f.write(f"{time.time() - t0:.1f}\t{c}\t{d}\t{c - d}\t{u}\n")
         f.flush()
 PY
 sp=$!
@@ -78,7 +82,9 @@ grep -E 'time [0-9.]+ ?s|time: [0-9.]+s' "$OUT/perftest.txt" | sed 's/^id: [^,]*
 grep -E 'sending rate avg|receiving rate avg|consumer latency' "$OUT/perftest.txt"
 echo "lag (offsets committed but not yet delivered), every 0.5 s:"
 awk 'NR > 1 { printf "%s ", $4 } END { print "" }' "$OUT/lag.tsv"
-recv=$(awk '/receiving rate avg/ { print $4 }' "$OUT/perftest.txt")
+echo "unacknowledged deliveries (prefetch 500), every 0.5 s:"
+awk 'NR > 1 { printf "%s ", $5 } END { print "" }' "$OUT/lag.tsv"
+recv=$(sed -n 's/.*receiving rate avg: \([0-9]*\) msg.*/\1/p' "$OUT/perftest.txt" | tail -1)
 awk -v c0="$c0" -v c1="$c1" -v r="${recv:-0}" -v t="$TIME" -v load="$(cut -d' ' -f1-3 /proc/loadavg)" \
   'BEGIN { if (r > 0) printf "broker CPU %.1f us/msg; load %s\n", (c1 - c0) * 1e6 / (r * t), load }'
 echo "out: $OUT"
