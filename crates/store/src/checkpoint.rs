@@ -935,6 +935,36 @@ mod tests {
         assert_eq!(ix2.msg_id_hw, 5);
     }
 
+    /// Magic and format version of the golden bases.
+    fn golden_head(version: u8) -> Vec<u8> {
+        [&b"BERTHCKP"[..], &[version, 0, 0, 0]].concat()
+    }
+
+    /// The golden bases' bytes after the format version, up to the end
+    /// of version 2's body ([`golden_index`]); version 3 adds its stream
+    /// section after them.
+    #[rustfmt::skip]
+    const GOLDEN_BODY_V2: &[u8] = &[
+        2, 0, 0, 0,               // group
+        9, 0, 0, 0, 0, 0, 0, 0,       // lsn
+        3, 0, 0, 0, 0, 0, 0, 0,       // replay_seg
+        108, 0, 0, 0, 0, 0, 0, 0,     // replay_offset
+        5, 0, 0, 0, 0, 0, 0, 0,       // msg_id_hw
+        1, 0, 0, 0,  0, 0, 0, 0,      // kind (base), reserved
+        0, 0, 0, 0, 0, 0, 0, 0,       // parent_no
+        0, 0, 0, 0, 0, 0, 0, 0,       // parent_lsn
+        1, 0, 0, 0, 0, 0, 0, 0,       // meta_count
+        1, 0, 0, 0,  2, 0, 0, 0,      // key_len, value_len
+        b'k', b'v', b'v',         // key, value
+        1, 0, 0, 0, 0, 0, 0, 0,       // run_count
+        2, 0, 0, 0,  1, 0, 0, 0,      // queue_count, msg_count
+        1, 0, 0, 0, 0, 0, 0, 0,       // queue
+        2, 0, 0, 0, 0, 0, 0, 0,       // queue
+        5, 0, 0, 0, 0, 0, 0, 0,       // msg
+        3, 0, 0, 0,  59, 0, 0, 0,     // seg, offset
+        49, 0, 0, 0,              // rec_len
+    ];
+
     /// Version 3 base (FORMAT.md's example): version 2's index plus one
     /// stream. Its checksum was computed independently of the crate (a
     /// bitwise CRC32C in Python).
@@ -954,27 +984,7 @@ mod tests {
             },
         );
         #[rustfmt::skip]
-        let expected: &[u8] = &[
-            b'B', b'E', b'R', b'T', b'H', b'C', b'K', b'P', // magic
-            3, 0, 0, 0,                   // format_version
-            2, 0, 0, 0,                   // group
-            9, 0, 0, 0, 0, 0, 0, 0,       // lsn
-            3, 0, 0, 0, 0, 0, 0, 0,       // replay_seg
-            108, 0, 0, 0, 0, 0, 0, 0,     // replay_offset
-            5, 0, 0, 0, 0, 0, 0, 0,       // msg_id_hw
-            1, 0, 0, 0,  0, 0, 0, 0,      // kind (base), reserved
-            0, 0, 0, 0, 0, 0, 0, 0,       // parent_no
-            0, 0, 0, 0, 0, 0, 0, 0,       // parent_lsn
-            1, 0, 0, 0, 0, 0, 0, 0,       // meta_count
-            1, 0, 0, 0,  2, 0, 0, 0,      // key_len, value_len
-            b'k', b'v', b'v',             // key, value
-            1, 0, 0, 0, 0, 0, 0, 0,       // run_count
-            2, 0, 0, 0,  1, 0, 0, 0,      // queue_count, msg_count
-            1, 0, 0, 0, 0, 0, 0, 0,       // queue
-            2, 0, 0, 0, 0, 0, 0, 0,       // queue
-            5, 0, 0, 0, 0, 0, 0, 0,       // msg
-            3, 0, 0, 0,  59, 0, 0, 0,     // seg, offset
-            49, 0, 0, 0,                  // rec_len
+        let tail: &[u8] = &[
             1, 0, 0, 0, 0, 0, 0, 0,       // stream_count
             4, 0, 0, 0, 0, 0, 0, 0,       // queue
             0, 0, 0, 0, 0, 0, 0, 0,       // trimmed_below
@@ -989,6 +999,7 @@ mod tests {
             160, 0, 0, 0,                 // point: pos
             0xd4, 0x54, 0x97, 0xae,       // crc32c over all of the above
         ];
+        let expected = &[&golden_head(3)[..], GOLDEN_BODY_V2, tail].concat()[..];
         assert_eq!(expected.len(), 223);
         let bytes = encode(2, info, &ix);
         assert_eq!(&bytes[..], expected);
@@ -1007,29 +1018,10 @@ mod tests {
     fn golden_bytes_checkpoint_v2_still_reads() {
         let (info, ix) = golden_index();
         #[rustfmt::skip]
-        let expected: &[u8] = &[
-            b'B', b'E', b'R', b'T', b'H', b'C', b'K', b'P', // magic
-            2, 0, 0, 0,                   // format_version
-            2, 0, 0, 0,                   // group
-            9, 0, 0, 0, 0, 0, 0, 0,       // lsn
-            3, 0, 0, 0, 0, 0, 0, 0,       // replay_seg
-            108, 0, 0, 0, 0, 0, 0, 0,     // replay_offset
-            5, 0, 0, 0, 0, 0, 0, 0,       // msg_id_hw
-            1, 0, 0, 0,  0, 0, 0, 0,      // kind (base), reserved
-            0, 0, 0, 0, 0, 0, 0, 0,       // parent_no
-            0, 0, 0, 0, 0, 0, 0, 0,       // parent_lsn
-            1, 0, 0, 0, 0, 0, 0, 0,       // meta_count
-            1, 0, 0, 0,  2, 0, 0, 0,      // key_len, value_len
-            b'k', b'v', b'v',             // key, value
-            1, 0, 0, 0, 0, 0, 0, 0,       // run_count
-            2, 0, 0, 0,  1, 0, 0, 0,      // queue_count, msg_count
-            1, 0, 0, 0, 0, 0, 0, 0,       // queue
-            2, 0, 0, 0, 0, 0, 0, 0,       // queue
-            5, 0, 0, 0, 0, 0, 0, 0,       // msg
-            3, 0, 0, 0,  59, 0, 0, 0,     // seg, offset
-            49, 0, 0, 0,                  // rec_len
+        let crc: &[u8] = &[
             0x1e, 0x19, 0x96, 0xf2,       // crc32c over all of the above
         ];
+        let expected = &[&golden_head(2)[..], GOLDEN_BODY_V2, crc].concat()[..];
         assert_eq!(expected.len(), 147);
         let (i2, ix2) = decode(2, expected, Path::new("c")).unwrap();
         assert_eq!(i2, info);
