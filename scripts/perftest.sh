@@ -6,6 +6,7 @@
 #
 #   scripts/perftest.sh [--runs N] [--time S] [--out DIR] [--no-build]
 #                       [--fanout MESSAGES [--readers R]]
+#                       [--berth-args "ARGS"]
 #                       [--rates "R1 R2 ... max" [--prefetch "100 0"]]
 #                       [-- EXTRA_PERFTEST_ARGS...]
 #
@@ -34,13 +35,17 @@
 # over the run divided by messages received). Results: OUT/summary.txt,
 # OUT/runs.tsv and each run's PerfTest output.
 #
+# --berth-args: more arguments for `berth serve`, e.g. "--sync interval"
+# (RabbitMQ's streams do not fdatasync: the like-for-like setting).
+# Each run's load average (1 min) goes into run.log.
+#
 # Maven resolves PerfTest and its dependencies once into the repo-local
 # cache .cache/m2 (like tests/java/run.sh); warm runs need no network.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
-runs=3 time_s=20 out="" build=1 extra=() fanout=0 readers=10 rates="" prefetches="100 0"
+runs=3 time_s=20 out="" build=1 extra=() fanout=0 readers=10 rates="" prefetches="100 0" berth_args=""
 while [ $# -gt 0 ]; do
   case "$1" in
   --runs) runs=${2:?}; shift ;;
@@ -51,6 +56,7 @@ while [ $# -gt 0 ]; do
   --readers) readers=${2:?}; shift ;;
   --rates) rates=${2:?}; shift ;;
   --prefetch) prefetches=${2:?}; shift ;;
+  --berth-args) berth_args=${2:?}; shift ;;
   --) shift; extra=("$@"); break ;;
   -h | --help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
   *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -97,7 +103,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-setsid sh -c "echo \$\$ >'$bdir/berth.pid'; exec '$bin' serve --amqp-listen 127.0.0.1:$b_amqp --http-listen 127.0.0.1:$b_http --data-dir '$bdir/data' >>'$bdir/berth.log' 2>&1" </dev/null >/dev/null 2>&1 &
+setsid sh -c "echo \$\$ >'$bdir/berth.pid'; exec '$bin' serve --amqp-listen 127.0.0.1:$b_amqp --http-listen 127.0.0.1:$b_http --data-dir '$bdir/data' $berth_args >>'$bdir/berth.log' 2>&1" </dev/null >/dev/null 2>&1 &
 for _ in $(seq 1 300); do listening "$b_amqp" && break; sleep 0.1; done
 listening "$b_amqp" || { say "berth did not start; see $bdir/berth.log"; exit 1; }
 "$root/scripts/rabbitmq.sh" start "$rdir" "$r_amqp" "$r_http" "$r_dist" "$r_epmd" || exit 1
@@ -111,6 +117,7 @@ args=(-x 4 -y 1 -s 1024 -f persistent -c 100 -z "$time_s" -i 5 "${extra[@]}")
   echo "machine: $(nproc) cpus, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), kernel $(uname -r)"
   echo "perf-test $(basename "${classpath%%:*}" .jar), rabbitmq-server $(dpkg-query -W -f='${Version}' rabbitmq-server)"
   echo "PerfTest args per run: ${args[*]} -u <fresh durable queue> -ad false"
+  echo "berth serve arguments added: ${berth_args:-none}"
 } >>"$log"
 printf 'run\tbroker\tsend_msgs_per_s\trecv_msgs_per_s\tlatency_median_us\tbroker_cpu_us_per_msg\tclient_cpu_s\n' >"$out/runs.tsv"
 
@@ -126,7 +133,7 @@ rss_peak_kib() { # PID FLAG_FILE: samples VmRSS until FLAG_FILE goes away
 
 if [ "$fanout" -gt 0 ]; then
   stream=(-qa x-queue-type=stream -ad false -s 1024 -f persistent)
-  printf 'run\tbroker\tfill_msgs_per_s\tfanout_recv_msgs_per_s\tbroker_cpu_us_per_delivery\trss_peak_mib\tdelivered\n' >"$out/runs.tsv"
+  printf 'run\tbroker\tfill_msgs_per_s\tfanout_recv_msgs_per_s\tbroker_cpu_us_per_delivery\tclient_cpu_us_per_delivery\trss_peak_mib\tdelivered\n' >"$out/runs.tsv"
   for run in $(seq 1 "$runs"); do
     for broker in berth rabbitmq; do
       if [ $broker = berth ]; then port=$b_amqp pid=$berth_pid; else port=$r_amqp pid=$rabbit_pid; fi
@@ -144,7 +151,8 @@ if [ "$fanout" -gt 0 ]; then
       rss_peak_kib "$pid" "$flag" >"$work/peak" &
       sampler=$!
       c0=$(cpu_s "$pid"); t2=$(date +%s.%N)
-      timeout -k 10 900 java -cp "$classpath" com.rabbitmq.perf.PerfTest -h "$uri" "${read_[@]}" >"$out/$broker-$run-read.txt" 2>&1 ||
+      timeout -k 10 900 /usr/bin/time -f 'client_cpu_s %U %S' -o "$out/$broker-$run-read.time" \
+        java -cp "$classpath" com.rabbitmq.perf.PerfTest -h "$uri" "${read_[@]}" >"$out/$broker-$run-read.txt" 2>&1 ||
         { rm -f "$flag"; say "PerfTest read failed; see $out/$broker-$run-read.txt"; exit 1; }
       t3=$(date +%s.%N); c1=$(cpu_s "$pid")
       rm -f "$flag"; wait "$sampler"
@@ -156,12 +164,13 @@ if [ "$fanout" -gt 0 ]; then
       fillr=$(awk -v n="$fanout" -v a="$t0" -v b="$t1" 'BEGIN { printf "%.0f", n / (b - a) }')
       cpd=$(awk -v a="$c0" -v b="$c1" -v n="$delivered" 'BEGIN { printf "%.2f", (b - a) * 1e6 / n }')
       peak=$(awk '{ printf "%.0f", $1 / 1024 }' "$work/peak")
-      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$run" "$broker" "$fillr" "$recv" "$cpd" "$peak" "$delivered" >>"$out/runs.tsv"
-      say "run $run $broker: fill $fillr msg/s, fan-out $recv deliveries/s, $cpd us broker CPU per delivery, peak RSS $peak MiB"
+      ccpd=$(awk -v n="$delivered" '/client_cpu_s/ { printf "%.2f", ($2 + $3) * 1e6 / n }' "$out/$broker-$run-read.time")
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$run" "$broker" "$fillr" "$recv" "$cpd" "${ccpd:-nan}" "$peak" "$delivered" >>"$out/runs.tsv"
+      say "run $run $broker: fill $fillr msg/s, fan-out $recv deliveries/s, $cpd us broker CPU per delivery, ${ccpd:-nan} us client CPU per delivery, peak RSS $peak MiB, load $(cut -d' ' -f1 /proc/loadavg)"
       curl -s -o /dev/null -u guest:guest -X DELETE "http://127.0.0.1:$([ $broker = berth ] && echo "$b_http" || echo "$r_http")/api/queues/%2F/$q" || true
     done
   done
-  cols='["fill_msgs_per_s", "fanout_recv_msgs_per_s", "broker_cpu_us_per_delivery", "rss_peak_mib"]'
+  cols='["fill_msgs_per_s", "fanout_recv_msgs_per_s", "broker_cpu_us_per_delivery", "client_cpu_us_per_delivery", "rss_peak_mib"]'
 elif [ -n "$rates" ]; then
   printf 'run\tbroker\tprefetch\trate\tsend_msgs_per_s\trecv_msgs_per_s\tlatency_median_us\tlatency_p99_us\tbroker_cpu_us_per_msg\n' >"$out/runs.tsv"
   for run in $(seq 1 "$runs"); do
@@ -239,6 +248,7 @@ for run in $(seq 1 "$runs"); do
     ccpu=$(awk '/client_cpu_s/ {print $2 + $3}' "$f.time")
     cpm=$(awk -v a="$c0" -v b="$c1" -v r="$recv" -v t="$time_s" 'BEGIN { if (r > 0) printf "%.1f", (b - a) * 1e6 / (r * t); else print "nan" }')
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$run" "$broker" "${send:-nan}" "${recv:-nan}" "${lat:-nan}" "$cpm" "${ccpu:-nan}" >>"$out/runs.tsv"
+    say "run $run $broker: sent ${send:-nan} msg/s, received ${recv:-nan} msg/s, latency median ${lat:-nan} us, broker ${cpm} us/msg, load $(cut -d' ' -f1 /proc/loadavg)"
   done
 done
 fi

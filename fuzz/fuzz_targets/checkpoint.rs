@@ -6,7 +6,13 @@
 //!
 //! Checked besides "no panic": a decoded checkpoint re-encodes to a
 //! checkpoint that decodes to the same position and index, and the index
-//! it builds keeps its own invariants (`Index::check`).
+//! it builds keeps its own invariants (`Index::check`, streams' journal
+//! order included: `StreamIndex::check`).
+//!
+//! A file in `fuzz/corpus/checkpoint/` (or `fuzz/artifacts/`) is the raw
+//! input: to replay one in a unit test, feed it as this target does, with
+//! its CRC32C appended (and, for an odd first byte, the header patched),
+//! or it only fails the checksum (`checkpoint/streams/tests.rs` does so).
 #![no_main]
 
 use std::path::Path;

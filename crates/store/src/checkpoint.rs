@@ -46,8 +46,9 @@ use std::path::Path;
 use crate::error::StoreError;
 use crate::index::{Index, Loc};
 use crate::record::Record;
-use crate::stream_index::{Point, Span, StreamIndex};
 use crate::{MsgId, QueueId};
+
+mod streams;
 
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"BERTHCKP";
 /// The version this build writes (version 1 is still read).
@@ -206,34 +207,8 @@ pub fn encode(group: u32, info: CheckpointInfo, index: &Index) -> Vec<u8> {
         }
     });
     out[run_count_at..run_count_at + 8].copy_from_slice(&runs.to_le_bytes());
-    encode_streams(&mut out, index);
+    streams::encode(&mut out, index);
     seal(out)
-}
-
-/// Version 3's stream section of a base: `stream_count u64`, then per
-/// stream `queue u64 · trimmed_below u64 · span_count u32` and its spans,
-/// each `seg u32 · last u64 · end u32 · count u64 · bytes u64 ·
-/// point_count u32 · (offset u64 · pos u32) × point_count`.
-fn encode_streams(out: &mut Vec<u8>, index: &Index) {
-    let streams: Vec<_> = index.streams().collect();
-    out.extend_from_slice(&(streams.len() as u64).to_le_bytes());
-    for (q, st) in streams {
-        out.extend_from_slice(&q.0.to_le_bytes());
-        out.extend_from_slice(&st.trimmed_below.to_le_bytes());
-        put_len(out, st.spans().len());
-        for span in st.spans() {
-            out.extend_from_slice(&span.seg.to_le_bytes());
-            out.extend_from_slice(&span.last.to_le_bytes());
-            out.extend_from_slice(&span.end.to_le_bytes());
-            out.extend_from_slice(&span.count.to_le_bytes());
-            out.extend_from_slice(&span.bytes.to_le_bytes());
-            put_len(out, span.points.len());
-            for p in &span.points {
-                out.extend_from_slice(&p.offset.to_le_bytes());
-                out.extend_from_slice(&p.pos.to_le_bytes());
-            }
-        }
-    }
 }
 
 /// A delta being built: the index ops of the journal records between its
@@ -519,46 +494,6 @@ impl Parsed {
         Ok(index)
     }
 
-    /// The stream section of a version 3 base ([`encode_streams`]).
-    fn load_streams(&self, r: &mut Reader<'_>, index: &mut Index) -> Result<(), StoreError> {
-        let bad = |r: &Reader<'_>| self.corrupt(r.at, "truncated or inconsistent stream section");
-        let count = r.u64().ok_or_else(|| bad(r))?;
-        for _ in 0..count {
-            let queue = QueueId(r.u64().ok_or_else(|| bad(r))?);
-            let mut st = StreamIndex::trimmed_at(r.u64().ok_or_else(|| bad(r))?);
-            let spans = r.u32().ok_or_else(|| bad(r))?;
-            for _ in 0..spans {
-                let seg = r.u32().ok_or_else(|| bad(r))?;
-                let last = r.u64().ok_or_else(|| bad(r))?;
-                let end = r.u32().ok_or_else(|| bad(r))?;
-                let count = r.u64().ok_or_else(|| bad(r))?;
-                let bytes = r.u64().ok_or_else(|| bad(r))?;
-                let n = r.u32().ok_or_else(|| bad(r))? as usize;
-                // Checked against what is left before anything is reserved.
-                if n == 0 || n.checked_mul(12).is_none_or(|b| b > r.left()) {
-                    return Err(bad(r));
-                }
-                let mut points = Vec::with_capacity(n);
-                for _ in 0..n {
-                    points.push(Point {
-                        offset: r.u64().ok_or_else(|| bad(r))?,
-                        pos: r.u32().ok_or_else(|| bad(r))?,
-                    });
-                }
-                st.push_span(Span {
-                    seg,
-                    last,
-                    end,
-                    count,
-                    bytes,
-                    points,
-                });
-            }
-            index.load_stream(queue, st);
-        }
-        Ok(())
-    }
-
     fn check_queues(&self, at: usize, queues: &[QueueId], what: &str) -> Result<(), StoreError> {
         if queues.is_empty() {
             Err(self.corrupt(at, &format!("{what} with no queue")))
@@ -713,14 +648,7 @@ impl Parsed {
                         offset: r.u32().ok_or_else(|| bad(&r))?,
                         len: r.u32().ok_or_else(|| bad(&r))?,
                     };
-                    index.apply(
-                        &Record::Append {
-                            queue,
-                            offset,
-                            payload: &[],
-                        },
-                        loc,
-                    );
+                    self.apply_append(at, index, queue, offset, loc)?;
                 }
                 OP_TRIM if self.version >= CHECKPOINT_FORMAT_VERSION => {
                     let queue = QueueId(r.u64().ok_or_else(|| bad(&r))?);
@@ -1007,6 +935,36 @@ mod tests {
         assert_eq!(ix2.msg_id_hw, 5);
     }
 
+    /// Magic and format version of the golden bases.
+    fn golden_head(version: u8) -> Vec<u8> {
+        [&b"BERTHCKP"[..], &[version, 0, 0, 0]].concat()
+    }
+
+    /// The golden bases' bytes after the format version, up to the end
+    /// of version 2's body ([`golden_index`]); version 3 adds its stream
+    /// section after them.
+    #[rustfmt::skip]
+    const GOLDEN_BODY_V2: &[u8] = &[
+        2, 0, 0, 0,               // group
+        9, 0, 0, 0, 0, 0, 0, 0,       // lsn
+        3, 0, 0, 0, 0, 0, 0, 0,       // replay_seg
+        108, 0, 0, 0, 0, 0, 0, 0,     // replay_offset
+        5, 0, 0, 0, 0, 0, 0, 0,       // msg_id_hw
+        1, 0, 0, 0,  0, 0, 0, 0,      // kind (base), reserved
+        0, 0, 0, 0, 0, 0, 0, 0,       // parent_no
+        0, 0, 0, 0, 0, 0, 0, 0,       // parent_lsn
+        1, 0, 0, 0, 0, 0, 0, 0,       // meta_count
+        1, 0, 0, 0,  2, 0, 0, 0,      // key_len, value_len
+        b'k', b'v', b'v',         // key, value
+        1, 0, 0, 0, 0, 0, 0, 0,       // run_count
+        2, 0, 0, 0,  1, 0, 0, 0,      // queue_count, msg_count
+        1, 0, 0, 0, 0, 0, 0, 0,       // queue
+        2, 0, 0, 0, 0, 0, 0, 0,       // queue
+        5, 0, 0, 0, 0, 0, 0, 0,       // msg
+        3, 0, 0, 0,  59, 0, 0, 0,     // seg, offset
+        49, 0, 0, 0,              // rec_len
+    ];
+
     /// Version 3 base (FORMAT.md's example): version 2's index plus one
     /// stream. Its checksum was computed independently of the crate (a
     /// bitwise CRC32C in Python).
@@ -1026,27 +984,7 @@ mod tests {
             },
         );
         #[rustfmt::skip]
-        let expected: &[u8] = &[
-            b'B', b'E', b'R', b'T', b'H', b'C', b'K', b'P', // magic
-            3, 0, 0, 0,                   // format_version
-            2, 0, 0, 0,                   // group
-            9, 0, 0, 0, 0, 0, 0, 0,       // lsn
-            3, 0, 0, 0, 0, 0, 0, 0,       // replay_seg
-            108, 0, 0, 0, 0, 0, 0, 0,     // replay_offset
-            5, 0, 0, 0, 0, 0, 0, 0,       // msg_id_hw
-            1, 0, 0, 0,  0, 0, 0, 0,      // kind (base), reserved
-            0, 0, 0, 0, 0, 0, 0, 0,       // parent_no
-            0, 0, 0, 0, 0, 0, 0, 0,       // parent_lsn
-            1, 0, 0, 0, 0, 0, 0, 0,       // meta_count
-            1, 0, 0, 0,  2, 0, 0, 0,      // key_len, value_len
-            b'k', b'v', b'v',             // key, value
-            1, 0, 0, 0, 0, 0, 0, 0,       // run_count
-            2, 0, 0, 0,  1, 0, 0, 0,      // queue_count, msg_count
-            1, 0, 0, 0, 0, 0, 0, 0,       // queue
-            2, 0, 0, 0, 0, 0, 0, 0,       // queue
-            5, 0, 0, 0, 0, 0, 0, 0,       // msg
-            3, 0, 0, 0,  59, 0, 0, 0,     // seg, offset
-            49, 0, 0, 0,                  // rec_len
+        let tail: &[u8] = &[
             1, 0, 0, 0, 0, 0, 0, 0,       // stream_count
             4, 0, 0, 0, 0, 0, 0, 0,       // queue
             0, 0, 0, 0, 0, 0, 0, 0,       // trimmed_below
@@ -1061,6 +999,7 @@ mod tests {
             160, 0, 0, 0,                 // point: pos
             0xd4, 0x54, 0x97, 0xae,       // crc32c over all of the above
         ];
+        let expected = &[&golden_head(3)[..], GOLDEN_BODY_V2, tail].concat()[..];
         assert_eq!(expected.len(), 223);
         let bytes = encode(2, info, &ix);
         assert_eq!(&bytes[..], expected);
@@ -1079,29 +1018,10 @@ mod tests {
     fn golden_bytes_checkpoint_v2_still_reads() {
         let (info, ix) = golden_index();
         #[rustfmt::skip]
-        let expected: &[u8] = &[
-            b'B', b'E', b'R', b'T', b'H', b'C', b'K', b'P', // magic
-            2, 0, 0, 0,                   // format_version
-            2, 0, 0, 0,                   // group
-            9, 0, 0, 0, 0, 0, 0, 0,       // lsn
-            3, 0, 0, 0, 0, 0, 0, 0,       // replay_seg
-            108, 0, 0, 0, 0, 0, 0, 0,     // replay_offset
-            5, 0, 0, 0, 0, 0, 0, 0,       // msg_id_hw
-            1, 0, 0, 0,  0, 0, 0, 0,      // kind (base), reserved
-            0, 0, 0, 0, 0, 0, 0, 0,       // parent_no
-            0, 0, 0, 0, 0, 0, 0, 0,       // parent_lsn
-            1, 0, 0, 0, 0, 0, 0, 0,       // meta_count
-            1, 0, 0, 0,  2, 0, 0, 0,      // key_len, value_len
-            b'k', b'v', b'v',             // key, value
-            1, 0, 0, 0, 0, 0, 0, 0,       // run_count
-            2, 0, 0, 0,  1, 0, 0, 0,      // queue_count, msg_count
-            1, 0, 0, 0, 0, 0, 0, 0,       // queue
-            2, 0, 0, 0, 0, 0, 0, 0,       // queue
-            5, 0, 0, 0, 0, 0, 0, 0,       // msg
-            3, 0, 0, 0,  59, 0, 0, 0,     // seg, offset
-            49, 0, 0, 0,                  // rec_len
+        let crc: &[u8] = &[
             0x1e, 0x19, 0x96, 0xf2,       // crc32c over all of the above
         ];
+        let expected = &[&golden_head(2)[..], GOLDEN_BODY_V2, crc].concat()[..];
         assert_eq!(expected.len(), 147);
         let (i2, ix2) = decode(2, expected, Path::new("c")).unwrap();
         assert_eq!(i2, info);
@@ -1137,9 +1057,11 @@ mod tests {
                 lsn += 1;
                 let q = QueueId(rng.random_range(0..5));
                 let m = MsgId(rng.random_range(1..400));
+                // In journal order, as a delta's records always are: a
+                // new segment every 300 records.
                 let at = Loc {
-                    seg: rng.random_range(1..5),
-                    offset: u32::try_from(lsn).unwrap(),
+                    seg: 1 + u32::try_from(lsn / 300).unwrap(),
+                    offset: 32 + u32::try_from(lsn % 300).unwrap() * 64,
                     len: 64,
                 };
                 let qs = [q, QueueId(rng.random_range(0..5))];

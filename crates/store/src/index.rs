@@ -624,6 +624,7 @@ impl Index {
             self.msgs.values().filter(|e| e.holder == MULTI).count()
         );
         for st in self.streams.values() {
+            st.check();
             for span in st.spans() {
                 let c = counted.entry(span.seg).or_default();
                 c.count += span.count;

@@ -18,6 +18,12 @@
 //! - Every span has at least one point, and its first point is its first
 //!   record (a trim takes whole spans only), so a read from any kept
 //!   offset has a point at or before it in its span.
+//! - Positions grow along the journal: a span's records and points lie in
+//!   ascending positions, later spans in later segments. The journal gives
+//!   records in that order; a checkpoint lists spans and Append ops that a
+//!   loader checks against it first ([`StreamIndex::misplaced`],
+//!   [`StreamIndex::span_misplaced`]; `checkpoint/streams.rs`), and
+//!   [`StreamIndex::check`] asserts it.
 //! - A span's `count` and `bytes` are what `Index::seg_live` counts for the
 //!   stream in that segment: all its records until the whole span goes.
 
@@ -90,8 +96,17 @@ impl StreamIndex {
                     return;
                 }
                 let p = *s.points.last().expect("a span has a point");
-                // Saturating: a damaged checkpoint may list positions out
-                // of order (found by the fuzzer: a subtraction overflow).
+                // The journal gives positions in order, and a checkpoint
+                // that lists them out of order is refused before it gets
+                // here ([`StreamIndex::misplaced`]); saturating all the
+                // same, so a path that forgot to check gets a wrong point,
+                // not a panic, in a release build.
+                debug_assert!(
+                    loc.offset >= s.end,
+                    "append at {} before its span's end {}",
+                    loc.offset,
+                    s.end
+                );
                 if offset.saturating_sub(p.offset) >= STREAM_INDEX_STRIDE_RECORDS
                     || loc.offset.saturating_sub(p.pos) >= STREAM_INDEX_STRIDE_BYTES
                 {
@@ -121,6 +136,97 @@ impl StreamIndex {
                     }],
                 });
             }
+        }
+    }
+
+    /// Why an Append of this stream at `loc` cannot come next in journal
+    /// order (`None` if it can): a checkpoint's delta that lists one is
+    /// damaged, and is refused before [`StreamIndex::append`] sees it.
+    pub fn misplaced(&self, loc: Loc) -> Option<String> {
+        let back = self.spans.back().filter(|s| s.seg >= loc.seg);
+        if let Some(s) = back.filter(|s| s.seg > loc.seg) {
+            return Some(format!(
+                "an Append in segment {} after the stream's records in segment {}: segments go backwards",
+                loc.seg, s.seg
+            ));
+        }
+        if let Some(s) = back.filter(|s| loc.offset < s.end) {
+            return Some(format!(
+                "an Append at position {} of segment {} before the end ({}) of the stream's records there: positions go backwards",
+                loc.offset, loc.seg, s.end
+            ));
+        }
+        let held = back.map_or(0, |s| s.bytes);
+        if loc.len == 0
+            || loc.offset.checked_add(loc.len).is_none()
+            || held + u64::from(loc.len) > u64::from(u32::MAX)
+        {
+            return Some(format!(
+                "an Append of {} bytes at position {} of segment {} does not fit a segment",
+                loc.len, loc.offset, loc.seg
+            ));
+        }
+        None
+    }
+
+    /// Why `span` cannot follow `prev` (the stream's span before it, if
+    /// any) in an index that appends built (`None` if it can): a
+    /// checkpoint's base that lists such a span is damaged.
+    pub fn span_misplaced(prev: Option<&Span>, span: &Span) -> Option<String> {
+        let seg = span.seg;
+        let (Some(first), Some(newest)) = (span.points.first(), span.points.last()) else {
+            return Some(format!("a span in segment {seg} without an index point"));
+        };
+        if span.bytes > u64::from(u32::MAX) || span.count > span.bytes {
+            return Some(format!(
+                "a span in segment {seg} of {} records and {} bytes does not fit a segment",
+                span.count, span.bytes
+            ));
+        }
+        if span.count < span.points.len() as u64 {
+            return Some(format!(
+                "a span in segment {seg} has {} index points for {} records",
+                span.points.len(),
+                span.count
+            ));
+        }
+        if !span
+            .points
+            .windows(2)
+            .all(|w| w[0].offset < w[1].offset && w[0].pos < w[1].pos)
+        {
+            return Some(format!(
+                "a span in segment {seg} has index points out of order"
+            ));
+        }
+        if newest.offset > span.last || newest.pos >= span.end {
+            return Some(format!(
+                "a span in segment {seg} has an index point (offset {}, position {}) past its newest record (offset {}, end {})",
+                newest.offset, newest.pos, span.last, span.end
+            ));
+        }
+        match prev {
+            Some(p) if p.seg >= seg => Some(format!(
+                "a span in segment {seg} after one in segment {}: segments go backwards",
+                p.seg
+            )),
+            Some(p) if first.offset < p.last => Some(format!(
+                "a span in segment {seg} starts at offset {} below the previous span's newest offset {}",
+                first.offset, p.last
+            )),
+            _ => None,
+        }
+    }
+
+    /// Asserts what appends and trims keep true of every span (tests and
+    /// the checkpoint fuzzer, through `Index::check`).
+    pub fn check(&self) {
+        let mut prev = None;
+        for s in &self.spans {
+            if let Some(why) = Self::span_misplaced(prev, s) {
+                panic!("{why}");
+            }
+            prev = Some(s);
         }
     }
 
