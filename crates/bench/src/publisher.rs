@@ -146,9 +146,10 @@ enum Outcome {
 /// One AMQP connection with one channel in confirm mode.
 pub struct Publisher {
     stream: TcpStream,
-    /// Received bytes not yet parsed: `read_buf[read_at..]`.
+    /// Received bytes not yet parsed: `read_buf[read_at..read_end]`.
     read_buf: Vec<u8>,
     read_at: usize,
+    read_end: usize,
     /// Publishes encoded for the next write; reused.
     write_buf: Vec<u8>,
     frame_max: u32,
@@ -234,8 +235,9 @@ impl Publisher {
             .map_err(io("set TCP_NODELAY".to_string()))?;
         let mut p = Publisher {
             stream,
-            read_buf: Vec::with_capacity(READ_CHUNK_BYTES),
+            read_buf: vec![0; READ_CHUNK_BYTES],
             read_at: 0,
+            read_end: 0,
             write_buf: Vec::new(),
             frame_max: FRAME_MAX_BYTES,
             confirms: Confirms::default(),
@@ -471,39 +473,36 @@ impl Publisher {
     }
 
     /// Reads more bytes into the buffer (at least one), keeping what is
-    /// not yet parsed.
+    /// not yet parsed. The buffer is zeroed only when it grows (a frame
+    /// larger than it), never per read.
     async fn fill(&mut self) -> Result<(), BenchError> {
         if self.read_at > 0 {
-            self.read_buf.drain(..self.read_at);
+            self.read_buf.copy_within(self.read_at..self.read_end, 0);
+            self.read_end -= self.read_at;
             self.read_at = 0;
         }
-        let len = self.read_buf.len();
         let want = self.frame_len_needed().unwrap_or(0).max(READ_CHUNK_BYTES);
-        self.read_buf.resize(len + want, 0);
-        let n = self.stream.read(&mut self.read_buf[len..]).await;
-        let n = match n {
-            Ok(n) => n,
-            Err(e) => {
-                self.read_buf.truncate(len);
-                return Err(BenchError::Io {
-                    context: "read from broker".into(),
-                    source: e,
-                });
-            }
-        };
-        self.read_buf.truncate(len + n);
+        if self.read_buf.len() < want {
+            self.read_buf.resize(want, 0);
+        }
+        let n = self
+            .stream
+            .read(&mut self.read_buf[self.read_end..])
+            .await
+            .map_err(io("read from broker"))?;
         if n == 0 {
             return Err(BenchError::Io {
                 context: "read from broker".into(),
                 source: std::io::ErrorKind::UnexpectedEof.into(),
             });
         }
+        self.read_end += n;
         Ok(())
     }
 
     /// Bytes of the next whole frame, if its header has arrived.
     fn frame_len_needed(&self) -> Option<usize> {
-        let b = &self.read_buf[self.read_at..];
+        let b = &self.read_buf[self.read_at..self.read_end];
         let size = u32::from_be_bytes(b.get(3..7)?.try_into().ok()?);
         Some(FRAME_HEADER_BYTES + size as usize + 1)
     }
@@ -514,7 +513,7 @@ impl Publisher {
         let Some(len) = self.frame_len_needed() else {
             return Ok(None);
         };
-        let b = &self.read_buf[self.read_at..];
+        let b = &self.read_buf[self.read_at..self.read_end];
         if b.len() < len {
             return Ok(None);
         }
