@@ -402,6 +402,8 @@ pub async fn run_async(args: BenchArgs) -> Result<(), BenchError> {
     if let Some(l) = &limits {
         text.push_str(&limits::section(recorder.samples(), l));
     }
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    text.push_str(&limits::cpu_section(recorder.samples(), cores));
     for n in &notes {
         text.push_str(&format!("\nnote: {n}"));
     }

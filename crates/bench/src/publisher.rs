@@ -143,13 +143,82 @@ enum Outcome {
     Nacked,
 }
 
+/// Bytes received from the broker and the whole frames among them (no
+/// I/O). Zeroed only when it grows (a frame larger than it), never per
+/// read: zeroing 64 KiB per read was 7.6% of the client's profile.
+///
+/// Invariant: `at <= end <= buf.len()`; `buf[at..end]` is what was
+/// received and not yet taken.
+struct ReadBuf {
+    buf: Vec<u8>,
+    at: usize,
+    end: usize,
+}
+
+impl ReadBuf {
+    fn new() -> Self {
+        ReadBuf {
+            buf: vec![0; READ_CHUNK_BYTES],
+            at: 0,
+            end: 0,
+        }
+    }
+
+    /// Where to read next: behind the untaken bytes (moved to the front),
+    /// with room for at least the rest of the next frame.
+    fn room(&mut self) -> &mut [u8] {
+        if self.at > 0 {
+            self.buf.copy_within(self.at..self.end, 0);
+            self.end -= self.at;
+            self.at = 0;
+        }
+        let want = self.next_len().unwrap_or(0).max(READ_CHUNK_BYTES);
+        if self.buf.len() < want {
+            self.buf.resize(want, 0);
+        }
+        &mut self.buf[self.end..]
+    }
+
+    /// `n` bytes were read into [`ReadBuf::room`].
+    fn filled(&mut self, n: usize) {
+        self.end += n;
+        debug_assert!(self.end <= self.buf.len());
+    }
+
+    /// Bytes of the next whole frame, if its header has arrived.
+    fn next_len(&self) -> Option<usize> {
+        let b = &self.buf[self.at..self.end];
+        let size = u32::from_be_bytes(b.get(3..7)?.try_into().ok()?);
+        Some(FRAME_HEADER_BYTES + size as usize + 1)
+    }
+
+    /// The next whole frame, taken: (type, channel, payload range in
+    /// `buf`, valid until the next [`ReadBuf::room`]).
+    fn take(&mut self) -> Result<Option<(u8, u16, std::ops::Range<usize>)>, BenchError> {
+        let Some(len) = self.next_len() else {
+            return Ok(None);
+        };
+        let b = &self.buf[self.at..self.end];
+        if b.len() < len {
+            return Ok(None);
+        }
+        if b[len - 1] != FRAME_END {
+            return Err(protocol(format!("frame end byte is {:#04x}", b[len - 1])));
+        }
+        let kind = b[0];
+        let channel = u16::from_be_bytes([b[1], b[2]]);
+        let start = self.at + FRAME_HEADER_BYTES;
+        let range = start..self.at + len - 1;
+        self.at += len;
+        Ok(Some((kind, channel, range)))
+    }
+}
+
 /// One AMQP connection with one channel in confirm mode.
 pub struct Publisher {
     stream: TcpStream,
-    /// Received bytes not yet parsed: `read_buf[read_at..read_end]`.
-    read_buf: Vec<u8>,
-    read_at: usize,
-    read_end: usize,
+    /// Received bytes not yet parsed.
+    read_buf: ReadBuf,
     /// Publishes encoded for the next write; reused.
     write_buf: Vec<u8>,
     frame_max: u32,
@@ -235,9 +304,7 @@ impl Publisher {
             .map_err(io("set TCP_NODELAY".to_string()))?;
         let mut p = Publisher {
             stream,
-            read_buf: vec![0; READ_CHUNK_BYTES],
-            read_at: 0,
-            read_end: 0,
+            read_buf: ReadBuf::new(),
             write_buf: Vec::new(),
             frame_max: FRAME_MAX_BYTES,
             confirms: Confirms::default(),
@@ -472,22 +539,12 @@ impl Publisher {
             .map_err(io("send method"))
     }
 
-    /// Reads more bytes into the buffer (at least one), keeping what is
-    /// not yet parsed. The buffer is zeroed only when it grows (a frame
-    /// larger than it), never per read.
+    /// Reads more bytes (at least one, as many as have arrived) into the
+    /// buffer behind what is not yet parsed.
     async fn fill(&mut self) -> Result<(), BenchError> {
-        if self.read_at > 0 {
-            self.read_buf.copy_within(self.read_at..self.read_end, 0);
-            self.read_end -= self.read_at;
-            self.read_at = 0;
-        }
-        let want = self.frame_len_needed().unwrap_or(0).max(READ_CHUNK_BYTES);
-        if self.read_buf.len() < want {
-            self.read_buf.resize(want, 0);
-        }
         let n = self
             .stream
-            .read(&mut self.read_buf[self.read_end..])
+            .read(self.read_buf.room())
             .await
             .map_err(io("read from broker"))?;
         if n == 0 {
@@ -496,46 +553,18 @@ impl Publisher {
                 source: std::io::ErrorKind::UnexpectedEof.into(),
             });
         }
-        self.read_end += n;
+        self.read_buf.filled(n);
         Ok(())
-    }
-
-    /// Bytes of the next whole frame, if its header has arrived.
-    fn frame_len_needed(&self) -> Option<usize> {
-        let b = &self.read_buf[self.read_at..self.read_end];
-        let size = u32::from_be_bytes(b.get(3..7)?.try_into().ok()?);
-        Some(FRAME_HEADER_BYTES + size as usize + 1)
-    }
-
-    /// The next whole frame in the buffer, consumed: (type, channel,
-    /// payload range in `read_buf`).
-    fn take_frame(&mut self) -> Result<Option<(u8, u16, std::ops::Range<usize>)>, BenchError> {
-        let Some(len) = self.frame_len_needed() else {
-            return Ok(None);
-        };
-        let b = &self.read_buf[self.read_at..self.read_end];
-        if b.len() < len {
-            return Ok(None);
-        }
-        if b[len - 1] != FRAME_END {
-            return Err(protocol(format!("frame end byte is {:#04x}", b[len - 1])));
-        }
-        let kind = b[0];
-        let channel = u16::from_be_bytes([b[1], b[2]]);
-        let start = self.read_at + FRAME_HEADER_BYTES;
-        let range = start..self.read_at + len - 1;
-        self.read_at += len;
-        Ok(Some((kind, channel, range)))
     }
 
     /// Handles every whole frame buffered: acks and nacks, heartbeats;
     /// a close from the broker is an error carrying its reply.
     fn drain_frames(&mut self) -> Result<(), BenchError> {
-        while let Some((kind, ch, range)) = self.take_frame()? {
+        while let Some((kind, ch, range)) = self.read_buf.take()? {
             match kind {
                 FRAME_HEARTBEAT => {}
                 FRAME_METHOD => {
-                    let p = &self.read_buf[range.clone()];
+                    let p = &self.read_buf.buf[range.clone()];
                     if ch == CHANNEL
                         && p.len() >= 13
                         && p[..2] == CLASS_BASIC.to_be_bytes()
@@ -563,7 +592,7 @@ impl Publisher {
         frame_start: usize,
         payload: std::ops::Range<usize>,
     ) -> Result<AMQPClass, BenchError> {
-        let whole = &self.read_buf[frame_start..=payload.end];
+        let whole = &self.read_buf.buf[frame_start..=payload.end];
         match parse_frame(whole) {
             Ok((_, AMQPFrame::Method(_, class))) => Ok(class),
             Ok((_, other)) => Err(protocol(format!("expected a method frame, got {other:?}"))),
@@ -604,7 +633,7 @@ impl Publisher {
     /// close; heartbeats are skipped, a connection.close is an error.
     async fn next_method(&mut self, expect_channel: u16) -> Result<AMQPClass, BenchError> {
         loop {
-            while let Some((kind, ch, range)) = self.take_frame()? {
+            while let Some((kind, ch, range)) = self.read_buf.take()? {
                 match kind {
                     FRAME_HEARTBEAT => {}
                     FRAME_METHOD => {
@@ -728,6 +757,189 @@ mod tests {
         c.sent(2);
         c.settle(7, true, Outcome::Acked).unwrap();
         assert_eq!((c.unconfirmed(), c.acked), (0, 6));
+    }
+
+    /// Frames cut at every boundary pattern (1 byte at a time, a frame
+    /// and a half per read, one frame larger than the buffer) come out
+    /// whole and in order.
+    #[test]
+    fn read_buf_reassembles_frames_cut_anywhere() {
+        let ack = |tag| {
+            frame(
+                CHANNEL,
+                AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack {
+                    delivery_tag: tag,
+                    multiple: false,
+                })),
+            )
+        };
+        let mut big = vec![FRAME_BODY, 0, 1];
+        big.extend_from_slice(&100_000u32.to_be_bytes());
+        big.extend((0..100_000u32).map(|i| (i % 253) as u8));
+        big.push(FRAME_END);
+        let frames = [ack(1), ack(2), big, ack(3)];
+        let stream = frames.concat();
+        for cut in [1, 7, 13, 20, 21, 30, 4096, 70_000, stream.len()] {
+            let mut r = ReadBuf::new();
+            let mut got = Vec::new();
+            let mut fed = 0;
+            while fed < stream.len() {
+                let room = r.room();
+                let n = cut.min(room.len()).min(stream.len() - fed);
+                room[..n].copy_from_slice(&stream[fed..fed + n]);
+                r.filled(n);
+                fed += n;
+                while let Some((kind, ch, range)) = r.take().unwrap() {
+                    got.push((kind, ch, r.buf[range].to_vec()));
+                }
+            }
+            assert_eq!(got.len(), frames.len(), "cut {cut}");
+            for (f, (kind, ch, payload)) in frames.iter().zip(&got) {
+                assert_eq!((*kind, *ch), (f[0], CHANNEL), "cut {cut}");
+                assert!(
+                    payload[..] == f[FRAME_HEADER_BYTES..f.len() - 1],
+                    "cut {cut}: a payload differs"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_bad_frame_end_is_an_error() {
+        let mut r = ReadBuf::new();
+        let mut f = frame(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})),
+        );
+        *f.last_mut().unwrap() = 0;
+        r.room()[..f.len()].copy_from_slice(&f);
+        r.filled(f.len());
+        assert!(r.take().is_err());
+    }
+
+    fn frame(channel: u16, m: AMQPClass) -> Vec<u8> {
+        cookie_factory::gen_simple(gen_frame(&AMQPFrame::Method(channel, m)), Vec::new()).unwrap()
+    }
+
+    async fn read_frame(s: &mut TcpStream) -> Vec<u8> {
+        let mut h = [0u8; 7];
+        s.read_exact(&mut h).await.unwrap();
+        let size = u32::from_be_bytes(h[3..7].try_into().unwrap()) as usize;
+        let mut rest = vec![0u8; size + 1];
+        s.read_exact(&mut rest).await.unwrap();
+        [h.to_vec(), rest].concat()
+    }
+
+    /// A broker that answers the handshake, takes three publishes and acks
+    /// them with frames cut into pieces across writes (one ack byte by
+    /// byte): the publisher must reassemble frames that span reads.
+    #[tokio::test]
+    async fn handshake_then_acks_split_across_reads() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let template = PublishTemplate::new("q", &[7u8; 5000], 4096).unwrap();
+        let publishes_len = template.bytes().len() * 3;
+        let broker = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut header = [0u8; 8];
+            s.read_exact(&mut header).await.unwrap();
+            assert_eq!(&header, PROTOCOL_HEADER);
+            let start = connection::Start {
+                version_major: 0,
+                version_minor: 9,
+                server_properties: FieldTable::default(),
+                mechanisms: LongString::from("AMQPLAIN PLAIN"),
+                locales: LongString::from("en_US"),
+            };
+            s.write_all(&frame(
+                0,
+                AMQPClass::Connection(connection::AMQPMethod::Start(start)),
+            ))
+            .await
+            .unwrap();
+            let start_ok = read_frame(&mut s).await;
+            assert!(
+                start_ok.windows(5).any(|w| w == b"\0u\0pw"),
+                "PLAIN response with the URI's user and password"
+            );
+            let tune = connection::Tune {
+                channel_max: 0,
+                frame_max: 4096,
+                heartbeat: 60,
+            };
+            s.write_all(&frame(
+                0,
+                AMQPClass::Connection(connection::AMQPMethod::Tune(tune)),
+            ))
+            .await
+            .unwrap();
+            let _tune_ok = read_frame(&mut s).await;
+            let _open = read_frame(&mut s).await;
+            s.write_all(&frame(
+                0,
+                AMQPClass::Connection(connection::AMQPMethod::OpenOk(connection::OpenOk {})),
+            ))
+            .await
+            .unwrap();
+            let _channel_open = read_frame(&mut s).await;
+            s.write_all(&frame(
+                CHANNEL,
+                AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),
+            ))
+            .await
+            .unwrap();
+            let _select = read_frame(&mut s).await;
+            s.write_all(&frame(
+                CHANNEL,
+                AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {})),
+            ))
+            .await
+            .unwrap();
+            let mut publishes = vec![0u8; publishes_len];
+            s.read_exact(&mut publishes).await.unwrap();
+            let ack = |tag, multiple| {
+                frame(
+                    CHANNEL,
+                    AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack {
+                        delivery_tag: tag,
+                        multiple,
+                    })),
+                )
+            };
+            // The first ack byte by byte but its last byte, which goes
+            // with the start of the second: one read then holds a whole
+            // frame and a partial one that the next read completes.
+            let (first, last) = (ack(2, true), ack(3, false));
+            for b in &first[..first.len() - 1] {
+                s.write_all(&[*b]).await.unwrap();
+                s.flush().await.unwrap();
+                tokio::task::yield_now().await;
+            }
+            s.write_all(&[&first[first.len() - 1..], &last[..5]].concat())
+                .await
+                .unwrap();
+            s.flush().await.unwrap();
+            tokio::task::yield_now().await;
+            s.write_all(&last[5..]).await.unwrap();
+            publishes
+        });
+        let uri = format!("amqp://u:pw@127.0.0.1:{port}/%2f");
+        let mut p = Publisher::connect(&uri, "test").await.unwrap();
+        assert_eq!(
+            p.frame_max(),
+            4096,
+            "the broker's smaller frame_max is taken"
+        );
+        p.publish(&template, 3).await.unwrap();
+        assert_eq!(p.unconfirmed(), 3);
+        p.wait_confirms(0).await.unwrap();
+        assert_eq!((p.published(), p.acked(), p.nacked()), (3, 3, 0));
+        let sent = broker.await.unwrap();
+        assert_eq!(
+            sent,
+            template.bytes().repeat(3),
+            "three publishes, one after another"
+        );
     }
 
     #[test]
