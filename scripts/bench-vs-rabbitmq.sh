@@ -6,6 +6,7 @@
 #   scripts/bench-vs-rabbitmq.sh [--quick] [--runs N] [--out DIR]
 #                                [--scenarios "fanin pagesize ..."] [--no-build]
 #                                [--no-drop-cache] [--set SCENARIO "BENCH ARGS"]
+#                                [--bench-bin PATH]...
 #
 # Default sizes fit a 2-core machine: a full run takes ~20 minutes; --quick
 # (~5 minutes) runs 2 repetitions of smaller sizes and keeps the page cache
@@ -15,11 +16,16 @@
 # temporary directory removed at exit; both brokers are stopped on exit,
 # whatever happens. --set replaces this script's size arguments for one
 # scenario (e.g. --set restart "--messages 50000 --cache warm"); repeatable.
+# --bench-bin runs the load generator of another build (e.g. an older
+# client) against the same two brokers; repeatable: each scenario is then
+# run once per bench binary, in the order given, into OUT/SCENARIO.N
+# (default: this tree's berth drives the bench too, into OUT/SCENARIO).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
 quick=0 runs="" out="" build=1 drop_cache=1
+bench_bins=()
 scenarios="fanin pagesize groupcommit spooler restart"
 declare -A custom=()
 while [ $# -gt 0 ]; do
@@ -30,6 +36,7 @@ while [ $# -gt 0 ]; do
   --scenarios) scenarios=${2:?--scenarios LIST}; shift ;;
   --no-build) build=0 ;;
   --no-drop-cache) drop_cache=0 ;;
+  --bench-bin) bench_bins+=("$(realpath "${2:?--bench-bin PATH}")"); shift ;;
   --set) custom[${2:?--set SCENARIO ARGS}]=${3?--set SCENARIO ARGS}; shift 2 ;;
   -h | --help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
   *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -154,7 +161,7 @@ for s in $scenarios; do
   # A broker that died in an earlier scenario is started again (and noted).
   alive "$(berth_pid)" && listening "$b_amqp" || { say "berth was down before $s: starting it"; start_berth || exit 1; }
   alive "$(rabbit_pid)" && listening "$r_amqp" || { say "rabbitmq was down before $s: starting it"; start_rabbit || exit 1; }
-  args=(bench "$s" --uri "$uri_b" --vs "$uri_r" --runs "$runs" --out "$out/$s" --quiet)
+  args=(bench "$s" --uri "$uri_b" --vs "$uri_r" --runs "$runs" --quiet)
   case "$s" in
   restart)
     # Pids change at every restart: kill through the pid files, no CPU figure.
@@ -171,15 +178,20 @@ for s in $scenarios; do
   esac
   # shellcheck disable=SC2207
   args+=($(sizes "$s"))
-  say "== $s: berth ${args[*]}"
-  t0=$SECONDS
-  timeout -k 10 "$timeout_s" "$bin" "${args[@]}" >"$out/$s.out" 2>&1
-  rc=$?
-  say "== $s: exit $rc after $((SECONDS - t0)) s"
-  if [ $rc -ne 0 ]; then
-    failed+=("$s")
-    tail -n 20 "$out/$s.out" | tee -a "$log" >&2
-  fi
+  clients=("${bench_bins[@]:-$bin}")
+  for i in "${!clients[@]}"; do
+    name=$s
+    [ ${#bench_bins[@]} -gt 1 ] && name=$s.$((i + 1))
+    say "== $name: ${clients[$i]} ${args[*]} --out $out/$name"
+    t0=$SECONDS
+    timeout -k 10 "$timeout_s" "${clients[$i]}" "${args[@]}" --out "$out/$name" >"$out/$name.out" 2>&1
+    rc=$?
+    say "== $name: exit $rc after $((SECONDS - t0)) s"
+    if [ $rc -ne 0 ]; then
+      failed+=("$name")
+      tail -n 20 "$out/$name.out" | tee -a "$log" >&2
+    fi
+  done
   # After restart the brokers running are the ones the bench started;
   # the pid files name them, so cleanup stops them as usual.
 done

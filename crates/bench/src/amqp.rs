@@ -155,34 +155,24 @@ pub async fn confirmed(confirm: lapin::PublisherConfirm) -> Result<(), BenchErro
     }
 }
 
-/// Publishes `n` copies of `body` to `queue` with at most `window`
-/// confirms outstanding, ticking `pb` per confirm; returns (published,
-/// confirmed).
+/// Connects a [`Publisher`](crate::publisher::Publisher) as `role` and
+/// publishes `n` persistent copies of `body` to `queue` with at most
+/// `window` confirms outstanding, ticking `pb` per confirm; returns
+/// (published, confirmed).
 pub async fn publish_windowed(
-    ch: &Channel,
+    uri: &str,
+    role: &str,
     queue: &str,
     body: &[u8],
     n: u64,
     window: usize,
     pb: &indicatif::ProgressBar,
 ) -> Result<(u64, u64), BenchError> {
-    let mut pending = std::collections::VecDeque::with_capacity(window);
-    let (mut published, mut confirmed_n) = (0u64, 0u64);
-    for _ in 0..n {
-        pending.push_back(publish(ch, queue, body).await?);
-        published += 1;
-        if pending.len() >= window {
-            confirmed(pending.pop_front().expect("non-empty")).await?;
-            confirmed_n += 1;
-            pb.inc(1);
-        }
-    }
-    while let Some(c) = pending.pop_front() {
-        confirmed(c).await?;
-        confirmed_n += 1;
-        pb.inc(1);
-    }
-    Ok((published, confirmed_n))
+    let mut p = crate::publisher::Publisher::connect(uri, role).await?;
+    let template = crate::publisher::PublishTemplate::new(queue, body, p.frame_max())?;
+    let counts = p.publish_windowed(&template, n, window as u64, pb).await?;
+    p.close().await?;
+    Ok(counts)
 }
 
 fn epoch() -> Instant {

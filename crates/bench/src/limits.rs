@@ -202,6 +202,54 @@ pub fn section(samples: &[Sample], limits: &Limits) -> String {
     out
 }
 
+/// The median of `metric` over `target`'s runs.
+fn median_of(samples: &[Sample], metric: &str, target: &str) -> Option<f64> {
+    let mut v: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.metric == metric && s.target == target)
+        .map(|s| s.value)
+        .collect();
+    v.sort_by(f64::total_cmp);
+    (!v.is_empty()).then(|| percentile_sorted(&v, 0.5))
+}
+
+/// CPU per message of the load generator beside the broker's (issue 20
+/// goal 8), per target: medians of `client_cpu_us_per_msg` and
+/// `broker_cpu_us_per_msg`, and the rate at which the two together would
+/// fill `cores` (the machine's CPU bound when both share it). Empty when
+/// no run reported the client's CPU.
+#[must_use]
+pub fn cpu_section(samples: &[Sample], cores: usize) -> String {
+    let mut out = String::new();
+    for target in ["a", "b"] {
+        let Some(client) = median_of(samples, "client_cpu_us_per_msg", target) else {
+            continue;
+        };
+        if out.is_empty() {
+            let _ = writeln!(
+                out,
+                "\nCPU per message (medians): client = this bench, broker = --pid; bound = {cores} cores / (client + broker)"
+            );
+            let _ = writeln!(
+                out,
+                "{:<8} {:>14} {:>14} {:>16}",
+                "target", "client us/msg", "broker us/msg", "CPU bound msg/s"
+            );
+        }
+        let broker = median_of(samples, "broker_cpu_us_per_msg", target);
+        #[allow(clippy::cast_precision_loss)] // a core count
+        let bound = broker.map(|b| cores as f64 * 1e6 / (client + b));
+        let _ = writeln!(
+            out,
+            "{target:<8} {:>14} {:>14} {:>16}",
+            g6(client),
+            broker.map_or("-".into(), g6),
+            bound.map_or("-".into(), g6)
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,6 +293,32 @@ mod tests {
         );
         assert!(!text.contains("enqueue_ms"), "{text}");
         assert_eq!(section(&samples[2..], &limits), "");
+    }
+
+    #[test]
+    fn cpu_per_message_of_client_and_broker_side_by_side() {
+        let mut samples = Vec::new();
+        for (client, broker) in [(10.0, 40.0), (12.0, 38.0), (30.0, 90.0)] {
+            samples.push(sample("a", "client_cpu_us_per_msg", client));
+            samples.push(sample("a", "broker_cpu_us_per_msg", broker));
+        }
+        samples.push(sample("b", "client_cpu_us_per_msg", 11.0));
+        let text = cpu_section(&samples, 2);
+        let row = |t: &str| {
+            text.lines()
+                .find(|l| l.starts_with(t))
+                .unwrap_or_else(|| panic!("no row for {t}: {text}"))
+                .split_whitespace()
+                .collect::<Vec<_>>()
+        };
+        // Medians 12 and 40: 2 cores / 52 us = 38,461.5 msg/s.
+        assert_eq!(row("a "), ["a", "12", "40", "38461.5"], "{text}");
+        assert_eq!(row("b "), ["b", "11", "-", "-"], "{text}");
+        assert_eq!(
+            cpu_section(&samples[1..2], 2),
+            "",
+            "no client figure, no section"
+        );
     }
 
     #[test]

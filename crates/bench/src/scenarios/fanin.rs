@@ -11,7 +11,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::amqp::{self, Ctx as _};
+use crate::amqp;
+use crate::publisher::{PublishTemplate, Publisher};
 use crate::scenarios::{join_all, latency_metrics, parse_list, secs};
 use crate::{Accounting, BenchError, CommonArgs, Metric, Outcome, Scale, Target, Ui};
 
@@ -145,9 +146,9 @@ async fn level(
     producers: usize,
 ) -> Result<(Accounting, Vec<Metric>, u64), BenchError> {
     // Connect everyone before the clock starts.
-    let mut chans = Vec::with_capacity(producers);
+    let mut publishers = Vec::with_capacity(producers);
     for i in 0..producers {
-        chans.push(amqp::connect_channel(&target.uri, &format!("fanin producer {i}"), true).await?);
+        publishers.push(Publisher::connect(&target.uri, &format!("fanin producer {i}")).await?);
     }
     let pb = match cfg.messages {
         Some(n) => ui.bar(n * producers as u64, format!("fanin {phase}")),
@@ -160,9 +161,12 @@ async fn level(
     let started = Instant::now();
     let deadline = started + cfg.duration;
     let mut tasks = Vec::with_capacity(producers);
-    for (i, (conn, ch)) in chans.into_iter().enumerate() {
-        let queue = queues[i % queues.len()].clone();
-        let body = amqp::body(cfg.size, 0);
+    for (i, mut p) in publishers.into_iter().enumerate() {
+        let template = PublishTemplate::new(
+            &queues[i % queues.len()],
+            &amqp::body(cfg.size, 0),
+            p.frame_max(),
+        )?;
         let limit = cfg.messages;
         let pb = pb.clone();
         tasks.push(tokio::spawn(async move {
@@ -180,17 +184,19 @@ async fn level(
                     break;
                 }
                 let t0 = Instant::now();
-                let confirm = amqp::publish(&ch, &queue, &body).await?;
+                p.publish(&template, 1).await?;
                 r.published += 1;
-                amqp::confirmed(confirm).await?;
+                p.wait_confirms(0).await?;
+                if p.nacked() > 0 {
+                    return Err(BenchError::Accounting("broker nacked a publish".into()));
+                }
                 r.confirmed += 1;
                 r.enqueue_ms.push(amqp::ms(t0.elapsed()));
                 if limit.is_some() {
                     pb.inc(1);
                 }
             }
-            ch.close(200, "done".into()).await.ctx("close channel")?;
-            amqp::close(&conn).await;
+            p.close().await?;
             Ok(r)
         }));
     }

@@ -15,6 +15,7 @@ use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, B
 use lapin::types::FieldTable;
 
 use crate::amqp::{self, Ctx as _};
+use crate::publisher::{PublishTemplate, Publisher};
 use crate::scenarios::{join_all, parse_list};
 use crate::{Accounting, BenchError, CommonArgs, Metric, Outcome, Scale, Target, Ui};
 
@@ -163,11 +164,10 @@ async fn produce(
     tag: &str,
     out: &mut Outcome,
 ) -> Result<f64, BenchError> {
-    let mut chans = Vec::new();
+    // Connect everyone before the clock starts.
+    let mut producers = Vec::new();
     for i in 0..queues.len() {
-        chans.push(
-            amqp::connect_channel(&target.uri, &format!("pagesize producer {i}"), true).await?,
-        );
+        producers.push(Publisher::connect(&target.uri, &format!("pagesize producer {i}")).await?);
     }
     let pb = ui.bar(
         cfg.messages * queues.len() as u64,
@@ -175,13 +175,12 @@ async fn produce(
     );
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for ((conn, ch), q) in chans.into_iter().zip(queues.iter().cloned()) {
-        let (n, window, pb) = (cfg.messages, cfg.confirm_window, pb.clone());
-        let body = amqp::body(size, 0);
+    for (mut p, q) in producers.into_iter().zip(queues.iter()) {
+        let (n, window, pb) = (cfg.messages, cfg.confirm_window as u64, pb.clone());
+        let template = PublishTemplate::new(q, &amqp::body(size, 0), p.frame_max())?;
         tasks.push(tokio::spawn(async move {
-            let (published, confirmed) =
-                amqp::publish_windowed(&ch, &q, &body, n, window, &pb).await?;
-            amqp::close(&conn).await;
+            let (published, confirmed) = p.publish_windowed(&template, n, window, &pb).await?;
+            p.close().await?;
             Ok(Accounting {
                 published,
                 confirmed,

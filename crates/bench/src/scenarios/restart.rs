@@ -480,13 +480,9 @@ async fn fill(
     for (i, q) in queues.iter().cloned().enumerate() {
         let (uri, n, size, pb) = (target.uri.clone(), cfg.messages, cfg.size, pb.clone());
         tasks.push(tokio::spawn(async move {
-            let (conn, ch) =
-                amqp::connect_channel(&uri, &format!("restart filler {i}"), true).await?;
             let body = amqp::body(size, 0);
-            let (published, confirmed) =
-                amqp::publish_windowed(&ch, &q, &body, n, 256, &pb).await?;
-            amqp::close(&conn).await;
-            Ok((published, confirmed))
+            let role = format!("restart filler {i}");
+            amqp::publish_windowed(&uri, &role, &q, &body, n, 256, &pb).await
         }));
     }
     join_all(tasks).await
