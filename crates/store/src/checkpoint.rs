@@ -494,11 +494,21 @@ impl Parsed {
         Ok(index)
     }
 
-    fn check_queues(&self, at: usize, queues: &[QueueId], what: &str) -> Result<(), StoreError> {
+    /// `what` names the entry for the error, formatted only when there is
+    /// one: this runs for every message of a delta at every restart.
+    fn check_queues(
+        &self,
+        at: usize,
+        queues: &[QueueId],
+        what: impl FnOnce() -> String,
+    ) -> Result<(), StoreError> {
         if queues.is_empty() {
-            Err(self.corrupt(at, &format!("{what} with no queue")))
+            Err(self.corrupt(at, &format!("{} with no queue", what())))
         } else if queues.contains(&QueueId(u64::MAX)) {
-            Err(self.corrupt(at, &format!("{what} names the reserved queue id u64::MAX")))
+            Err(self.corrupt(
+                at,
+                &format!("{} names the reserved queue id u64::MAX", what()),
+            ))
         } else {
             Ok(())
         }
@@ -517,7 +527,7 @@ impl Parsed {
                 .ok_or_else(|| bad(r))?;
             queues.clear();
             queues.extend(raw.chunks_exact(8).map(|c| QueueId(le_u64(c))));
-            self.check_queues(at, &queues, "a run")?;
+            self.check_queues(at, &queues, || "a run".to_string())?;
             if !queues.windows(2).all(|w| w[0] < w[1]) {
                 return Err(self.corrupt(at, "a run's queues are not ascending"));
             }
@@ -561,7 +571,7 @@ impl Parsed {
             queues.extend(raw.chunks_exact(8).map(|c| QueueId(le_u64(c))));
             // The encoder wrote each live message once, with its queues; an
             // entry the index could not hold consistently is damage or a bug.
-            self.check_queues(r.at, &queues, &format!("message {}", msg.0))?;
+            self.check_queues(r.at, &queues, || format!("message {}", msg.0))?;
             if index.contains(msg) {
                 return Err(self.corrupt(r.at, &format!("message {} listed twice", msg.0)));
             }
@@ -597,7 +607,7 @@ impl Parsed {
                         .ok_or_else(|| bad(&r))?;
                     queues.clear();
                     queues.extend(raw.chunks_exact(8).map(|c| QueueId(le_u64(c))));
-                    self.check_queues(at, &queues, &format!("message {}", msg.0))?;
+                    self.check_queues(at, &queues, || format!("message {}", msg.0))?;
                     index.apply(
                         &Record::Relocate {
                             msg,
