@@ -13,6 +13,7 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
+pub use crate::uri::redact;
 use crate::BenchError;
 
 /// Attaches what we were doing to a lapin error.
@@ -63,21 +64,6 @@ pub async fn close(conn: &Connection) {
         // A failed close of a finished connection has no consequence for
         // the measurement; the broker cleans up on socket close.
         conn.close(200, "bench done".into()).await.ok();
-    }
-}
-
-/// The URI with its password hidden, for messages and result files.
-#[must_use]
-pub fn redact(uri: &str) -> String {
-    let Some((scheme, rest)) = uri.split_once("://") else {
-        return uri.to_string();
-    };
-    match rest.split_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:***@{host}")
-        }
-        None => uri.to_string(),
     }
 }
 

@@ -27,6 +27,7 @@ pub mod publisher;
 pub mod report;
 pub mod scenarios;
 pub mod stats;
+pub mod uri;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

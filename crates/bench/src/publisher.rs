@@ -291,7 +291,7 @@ impl Publisher {
     /// Connects (PLAIN login), opens channel 1 and selects confirm mode.
     /// `name` is shown as the connection's name by the broker.
     pub async fn connect(uri: &str, name: &str) -> Result<Publisher, BenchError> {
-        let shown = crate::amqp::redact(uri);
+        let shown = crate::uri::redact(uri);
         let parsed: AMQPUri = uri
             .parse()
             .map_err(|e| BenchError::Usage(format!("AMQP URI {shown}: {e}")))?;

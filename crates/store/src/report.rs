@@ -29,7 +29,7 @@ pub struct Recovered {
     pub queues: BTreeMap<QueueId, Vec<RecoveredMessage>>,
     /// Per stream (queues written with `Store::append`), its bounds and
     /// size from the sparse index: no record is read.
-    pub streams: BTreeMap<QueueId, crate::store::RecoveredStream>,
+    pub streams: BTreeMap<QueueId, RecoveredStream>,
     /// Damage found and quarantined (empty after a clean run).
     pub damage: Vec<DamageReport>,
     pub stats: RecoveryStats,
@@ -106,4 +106,21 @@ pub struct GroupStats {
     /// size while writes come, nothing once the group has been idle for
     /// `segment_idle_roll_ms`.
     pub write_buffer_bytes: u64,
+}
+
+/// A stream as recovery found it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveredStream {
+    /// The first offset kept, and the offset after the newest record.
+    pub first: u64,
+    pub end: u64,
+    /// Records kept (the first offsets' estimated from offsets when the
+    /// head span was cut by a trim).
+    pub messages: u64,
+    /// Record bytes kept.
+    pub bytes: u64,
+    /// Ascending `(offset, bytes of the stream before it)` at each index
+    /// point (bytes estimated within a segment): where a caller can cut the
+    /// stream into pieces of a given size without reading it.
+    pub marks: Vec<(u64, u64)>,
 }

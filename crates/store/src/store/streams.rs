@@ -38,22 +38,7 @@ struct SpanRead {
     end: u32,
 }
 
-/// A stream as recovery found it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RecoveredStream {
-    /// The first offset kept, and the offset after the newest record.
-    pub first: u64,
-    pub end: u64,
-    /// Records kept (the first offsets' estimated from offsets when the
-    /// head span was cut by a trim).
-    pub messages: u64,
-    /// Record bytes kept.
-    pub bytes: u64,
-    /// Ascending `(offset, bytes of the stream before it)` at each index
-    /// point (bytes estimated within a segment): where a caller can cut the
-    /// stream into pieces of a given size without reading it.
-    pub marks: Vec<(u64, u64)>,
-}
+pub use crate::report::RecoveredStream;
 
 impl Store {
     /// Appends a stream's message at `offset` of stream `queue`: one
