@@ -177,15 +177,7 @@ pub fn section(samples: &[Sample], limits: &Limits) -> String {
     );
     for (metric, n) in rows {
         let bound = limits.fanin_bound_per_s(n);
-        let median = |target: &str| {
-            let mut v: Vec<f64> = samples
-                .iter()
-                .filter(|s| s.metric == metric && s.target == target)
-                .map(|s| s.value)
-                .collect();
-            v.sort_by(f64::total_cmp);
-            (!v.is_empty()).then(|| percentile_sorted(&v, 0.5))
-        };
+        let median = |target: &str| median_of(samples, &metric, target);
         let cell = |m: Option<f64>| {
             m.map_or(("-".into(), "-".into()), |m| {
                 (g6(m), format!("{:.0}%", 100.0 * m / bound))
