@@ -31,6 +31,11 @@ pub const DELAYED_RETRY_DELIVERY_LIMIT_DEFAULT: u64 = 20;
 /// times).
 pub const RESTORE_READ_BATCH_MESSAGES: usize = 1024;
 
+/// Restored messages whose bodies stay on disk put back into their queue
+/// under one lock: the queue is scheduled and reported once per run, not
+/// per message (10,000,000 messages at a restart).
+pub const RESTORE_PAGED_RUN_MESSAGES: usize = 65_536;
+
 /// Enqueues between two paging scans of a queue past its resident window.
 pub const PAGE_SCAN_EVERY_MESSAGES: u64 = 64;
 

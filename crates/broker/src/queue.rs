@@ -791,26 +791,41 @@ impl Queue {
     /// its body stays on disk until it is delivered. `bytes` is its stored
     /// size; `priority` matters only with `x-max-priority`.
     pub fn restore_paged(self: &Arc<Self>, stored: u64, bytes: u32, priority: u8, now: Instant) {
+        self.restore_paged_many(&[(stored, bytes)], priority, now);
+    }
+
+    /// [`Self::restore_paged`] of each of `msgs` (stored id, payload
+    /// bytes), in order, under one lock: a restart puts millions back,
+    /// and the queue is scheduled and its totals reported once per call,
+    /// not once per message.
+    pub fn restore_paged_many(self: &Arc<Self>, msgs: &[(u64, u32)], priority: u8, now: Instant) {
+        if msgs.is_empty() {
+            return;
+        }
         self.with_state(now, |q, s, _fx| {
             s.pager.restored_at.get_or_insert(now);
-            let seq = s.next_seq;
-            s.next_seq += 1;
-            s.pager.page_mark = seq;
-            s.ready.push_back(Entry {
-                body: Body::Paged {
-                    bytes,
-                    priority,
-                    restored: true,
-                },
-                seq,
-                returns: 0,
-                redelivered: true,
-                expires_at: q
-                    .args()
-                    .message_ttl_ms
-                    .map(|ms| now + Duration::from_millis(ms)),
-                stored: Some(stored),
-            });
+            let expires_at = q
+                .args()
+                .message_ttl_ms
+                .map(|ms| now + Duration::from_millis(ms));
+            s.ready.reserve(usize::from(priority), msgs.len());
+            for &(stored, bytes) in msgs {
+                let seq = s.next_seq;
+                s.next_seq += 1;
+                s.pager.page_mark = seq;
+                s.ready.push_back(Entry {
+                    body: Body::Paged {
+                        bytes,
+                        priority,
+                        restored: true,
+                    },
+                    seq,
+                    returns: 0,
+                    redelivered: true,
+                    expires_at,
+                    stored: Some(stored),
+                });
+            }
         });
     }
 

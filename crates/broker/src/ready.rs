@@ -155,6 +155,12 @@ impl Ready {
         }
     }
 
+    /// Room for `n` more entries of priority level `level`.
+    pub(crate) fn reserve(&mut self, level: usize, n: usize) {
+        let l = level.min(self.levels.len() - 1);
+        self.levels[l].reserve(n);
+    }
+
     pub(crate) fn push_back(&mut self, e: Entry) {
         let l = self.level_of(&e);
         self.count_in(&e);

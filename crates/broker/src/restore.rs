@@ -23,7 +23,7 @@ use berth_protocol::codec::decode_field_table;
 
 use crate::broker::Broker;
 use crate::durable::decode_delayed;
-use crate::limits::RESTORE_READ_BATCH_MESSAGES;
+use crate::limits::{RESTORE_PAGED_RUN_MESSAGES, RESTORE_READ_BATCH_MESSAGES};
 use crate::message::Message;
 use crate::meta::{key_kind, queue_id_of, ExchangeDef, MetaCommand};
 use crate::queue::{Queue, StoredEntry};
@@ -280,18 +280,31 @@ impl Broker {
         now: Instant,
         report: &mut RestoreReport,
     ) {
+        // Runs of bodies still on disk go back under one lock each.
+        let mut paged: Vec<(u64, u32)> = Vec::new();
+        let flush = |paged: &mut Vec<(u64, u32)>, report: &mut RestoreReport| {
+            q.restore_paged_many(paged, 0, now);
+            report.messages += paged.len();
+            paged.clear();
+        };
         for (mid, body) in stored {
             // A priority queue needs each message's priority now; other
             // queues read bodies on delivery.
             let body = match body {
                 StoredBody::OnDisk { len } if q.declared_args.max_priority.is_none() => {
-                    q.restore_paged(mid, len, 0, now);
-                    report.messages += 1;
+                    paged.push((mid, len));
+                    if paged.len() >= RESTORE_PAGED_RUN_MESSAGES {
+                        flush(&mut paged, report);
+                    }
                     continue;
                 }
                 StoredBody::OnDisk { .. } => self.journal().read(id, mid),
                 StoredBody::Payload(p) => Ok(p),
             };
+            // In order: the paged ones before this one go in first.
+            if !paged.is_empty() {
+                flush(&mut paged, report);
+            }
             match body
                 .map_err(|e| e.to_string())
                 .and_then(|p| Message::from_stored(&p))
@@ -305,5 +318,6 @@ impl Broker {
                     .push(format!("message {mid} of queue '{}': {why}", q.name)),
             }
         }
+        flush(&mut paged, report);
     }
 }

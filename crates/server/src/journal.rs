@@ -239,8 +239,8 @@ pub fn broker_from(
             })
             .collect(),
     };
-    let (_, next_queue) = br.next_ids();
-    let next_msg = recovered.next_msg_id.0.max(br.next_ids().0);
+    let (next_recovered, next_queue) = br.next_ids();
+    let next_msg = recovered.next_msg_id.0.max(next_recovered);
     for q in &paging {
         journal.store.purge(*q, None);
     }

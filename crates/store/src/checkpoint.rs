@@ -308,6 +308,7 @@ impl DeltaBuilder {
     }
 }
 
+#[derive(Clone)]
 struct Reader<'a> {
     buf: &'a [u8],
     at: usize,
@@ -517,6 +518,11 @@ impl Parsed {
     fn load_runs(&self, r: &mut Reader<'_>, index: &mut Index) -> Result<(), StoreError> {
         let bad = |r: &Reader<'_>| self.corrupt(r.at, "truncated or inconsistent body");
         let runs = r.u64().ok_or_else(|| bad(r))?;
+        // The table sized once for every run, not regrown run by run
+        // (a damaged body is reported by the loop below, not here).
+        if let Some(total) = Self::messages_in_runs(r.clone(), runs) {
+            index.reserve_messages(total);
+        }
         let mut queues: Vec<QueueId> = Vec::new();
         for _ in 0..runs {
             let at = r.at;
@@ -550,6 +556,21 @@ impl Parsed {
             }
         }
         Ok(())
+    }
+
+    /// How many messages `runs` runs from `r` on list, if they parse.
+    fn messages_in_runs(mut r: Reader<'_>, runs: u64) -> Option<usize> {
+        let mut total = 0usize;
+        for _ in 0..runs {
+            let qn = r.u32()? as usize;
+            let n = r.u32()? as usize;
+            r.take(
+                qn.checked_mul(8)?
+                    .checked_add(n.checked_mul(RUN_ENTRY_BYTES)?)?,
+            )?;
+            total = total.checked_add(n)?;
+        }
+        Some(total)
     }
 
     fn load_v1_messages(&self, r: &mut Reader<'_>, index: &mut Index) -> Result<(), StoreError> {

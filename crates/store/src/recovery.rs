@@ -33,6 +33,7 @@ use crate::journal::{
 use crate::limits::RECORD_BODY_BYTES_MAX;
 use crate::manifest::read_all;
 use crate::record::{self, Decoded, Record, RECORD_HEADER_BYTES};
+use crate::report::RecoveredMessage;
 use crate::segment::{self, HeaderCheck};
 use crate::storage::{Storage, StorageFile};
 use crate::{MsgId, QueueId};
@@ -81,6 +82,9 @@ pub struct GroupRecovery {
     /// The index is exactly the chosen checkpoint plus the journal after
     /// it: false when messages of a missing segment were dropped.
     pub index_from_journal: bool,
+    /// Each queue's live messages in id order (`Index::live_by_queue`),
+    /// made here so that the groups' threads share the work.
+    pub queues: Vec<(QueueId, Vec<RecoveredMessage>)>,
 }
 
 /// Shared progress counters for the recovery log lines.
@@ -483,6 +487,7 @@ pub fn recover_group(
         .map_or(1, |s| s + 1)
         .max(replay.seg);
     r.checkpoints.reverse();
+    let queues = index.live_by_queue();
     Ok(GroupRecovery {
         next_lsn: walked.last_lsn.unwrap_or(0) + 1,
         index,
@@ -497,6 +502,7 @@ pub fn recover_group(
         checkpoint_used,
         checkpoints_ignored: r.ignored,
         index_from_journal,
+        queues,
     })
 }
 
@@ -525,24 +531,14 @@ impl Recovering<'_> {
     /// Returns whether the index is exactly checkpoint + journal.
     fn drop_missing(&mut self, index: &mut Index, accept: bool) -> Result<bool, StoreError> {
         let (group, dir) = (self.group, self.dir);
-        let stream_segs: Vec<u32> = index
-            .streams()
-            .flat_map(|(_, st)| st.spans().map(|s| s.seg).collect::<Vec<_>>())
-            .collect();
+        // The segments' live counts (messages and stream records) say
+        // which are needed: a walk of the segments, not of the messages.
         let missing: Vec<u32> = index
-            .iter_live()
-            .map(|m| m.loc.seg)
-            .chain(stream_segs)
+            .live_segments()
             .filter(|s| !self.segments.contains_key(s))
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
             .collect();
         if let (Some(&first), false) = (missing.first(), accept) {
-            let held = index
-                .iter_live()
-                .filter(|m| missing.contains(&m.loc.seg))
-                .count() as u64
-                + index.stream_records_in(&missing);
+            let held: u64 = missing.iter().map(|&s| index.seg_live(s).count).sum();
             let names: Vec<String> = missing.iter().map(|&s| segment::segment_name(s)).collect();
             return Err(StoreError::Recovery {
                 group,

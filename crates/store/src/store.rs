@@ -11,7 +11,7 @@
 //!   on disk (checkpoint high-water marks included), so they are unique
 //!   across restarts.
 
-use std::collections::BTreeMap;
+use std::collections::{btree_map, BTreeMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -26,7 +26,7 @@ use rand::Rng;
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::StoreError;
-use crate::index::{payload_len, Loc};
+use crate::index::Loc;
 use crate::manifest::{self, Manifest, MANIFEST_NAME};
 use crate::record;
 use crate::recovery::{self, GroupRecovery, Progress};
@@ -173,22 +173,45 @@ fn recover_groups(
     })
 }
 
+/// Two lists of messages in id order, as one in id order.
+fn merge_by_id(a: Vec<RecoveredMessage>, b: Vec<RecoveredMessage>) -> Vec<RecoveredMessage> {
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let (mut a, mut b) = (a.into_iter().peekable(), b.into_iter().peekable());
+    loop {
+        let next = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) if x.msg <= y.msg => a.next(),
+            (Some(_), Some(_)) => b.next(),
+            (Some(_), None) => a.next(),
+            (None, _) => b.next(),
+        };
+        match next {
+            Some(m) => out.push(m),
+            None => return out,
+        }
+    }
+}
+
 impl Recovered {
     /// Adds what one group's recovery found: its metadata, its live
     /// messages (per queue), its statistics and damage.
-    fn add_group(&mut self, rec: &GroupRecovery) {
+    fn add_group(&mut self, rec: &mut GroupRecovery) {
         for (k, v) in &rec.index.meta {
             self.metadata
                 .insert(Bytes::copy_from_slice(k), Bytes::copy_from_slice(v));
         }
         self.streams.extend(streams::recovered_streams(&rec.index));
-        for m in rec.index.iter_live() {
-            let len = payload_len(m.loc.len, m.queues.len());
-            for q in &m.queues {
-                self.queues.entry(*q).or_default().push(RecoveredMessage {
-                    msg: m.msg,
-                    payload_len: len,
-                });
+        // Each group's lists are in id order already (made by its
+        // recovery thread); a queue with messages in several groups gets
+        // them merged, not sorted.
+        for (q, msgs) in std::mem::take(&mut rec.queues) {
+            match self.queues.entry(q) {
+                btree_map::Entry::Vacant(v) => {
+                    v.insert(msgs);
+                }
+                btree_map::Entry::Occupied(mut o) => {
+                    let mine = std::mem::take(o.get_mut());
+                    *o.get_mut() = merge_by_id(mine, msgs);
+                }
             }
         }
         let st = &mut self.stats;
@@ -245,10 +268,10 @@ impl Store {
         for (r, took) in results {
             per_group.push((r?, took));
         }
-        for (g, (rec, recovery)) in per_group.into_iter().enumerate() {
+        for (g, (mut rec, recovery)) in per_group.into_iter().enumerate() {
             let g = u32::try_from(g).expect("validated");
             msg_id_hw = msg_id_hw.max(rec.index.msg_id_hw);
-            recovered.add_group(&rec);
+            recovered.add_group(&mut rec);
             let (tx, rx) = writer::inbox(config.channel_requests_max);
             let init = WriterInit {
                 files: rec
@@ -283,9 +306,6 @@ impl Store {
                 shared,
                 thread: Some(thread),
             });
-        }
-        for msgs in recovered.queues.values_mut() {
-            msgs.sort_unstable_by_key(|m| m.msg);
         }
         recovered.stats.groups = group_count;
         recovered.next_msg_id = MsgId(msg_id_hw + 1);
