@@ -155,6 +155,15 @@ impl Cluster {
         }
     }
 
+    /// Proposes each of `commands` at `leader`, one after another, each
+    /// committed before the next.
+    pub async fn propose_each(&self, leader: NodeId, commands: &[Vec<u8>]) {
+        let node = &self.nodes[&leader].0;
+        for c in commands {
+            node.propose(c.clone(), WAIT).await.unwrap();
+        }
+    }
+
     /// Waits until every live member applied exactly `expected`, in order.
     pub async fn agree(&self, expected: &[Vec<u8>]) {
         let deadline = Instant::now() + WAIT;
@@ -189,4 +198,15 @@ impl Cluster {
 
 pub fn commands(to: u32) -> Vec<Vec<u8>> {
     (0..to).map(|i| format!("c{i}").into_bytes()).collect()
+}
+
+/// `count` commands of `bytes` bytes each: `c{i}:` padded with `x`.
+pub fn big_commands(count: u32, bytes: usize) -> Vec<Vec<u8>> {
+    (0..count)
+        .map(|i| {
+            let mut c = format!("c{i}:").into_bytes();
+            c.resize(bytes, b'x');
+            c
+        })
+        .collect()
 }
