@@ -38,7 +38,7 @@ fn index_cost(journal: &berth_server::journal::StoreJournal) -> (u64, u64) {
 fn a_stream_of_many_messages_keeps_no_index_entry_per_message() {
     let dir = TempDir::new("stream-index");
     let mut config = Config::default();
-    config.store.data_dirs = vec![dir.0.clone()];
+    config.store.data_dirs = vec![dir.to_path_buf()];
     config.store.log_groups = 1;
     config.store.segment_size_bytes = 1024 * 1024;
     let now = Instant::now();

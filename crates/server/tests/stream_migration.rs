@@ -28,7 +28,7 @@ const LOST: u64 = 100;
 
 fn config(dir: &TempDir) -> Config {
     let mut config = Config::default();
-    config.store.data_dirs = vec![dir.0.clone()];
+    config.store.data_dirs = vec![dir.to_path_buf()];
     config.store.log_groups = 2;
     config.store.segment_size_bytes = 64 * 1024;
     config

@@ -264,8 +264,8 @@ fn oversized_payload_and_empty_queue_list_are_refused() {
 
 #[test]
 fn real_files_roundtrip() {
-    let dir = std::env::temp_dir().join(format!("berth-store-test-{}", std::process::id()));
-    let mut cfg = berth_store::StoreConfig::new(&dir);
+    let dir = berth_testdir::TestDir::unmade("store-test");
+    let mut cfg = berth_store::StoreConfig::new(dir.path());
     cfg.log_groups = 2;
     let (store, _) = berth_store::Store::open(cfg.clone()).unwrap();
     let m = store.next_msg_id();
@@ -278,7 +278,6 @@ fn real_files_roundtrip() {
         Bytes::from_static(b"disk")
     );
     drop(store);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

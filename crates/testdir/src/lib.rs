@@ -50,6 +50,14 @@ impl TestDir {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// The guard and a copy of its path, for code that wants a `PathBuf`:
+    /// `let (_dir, path) = TestDir::new("x").and_path();` (the guard must
+    /// live as long as the path is used).
+    pub fn and_path(self) -> (TestDir, PathBuf) {
+        let path = self.path.clone();
+        (self, path)
+    }
 }
 
 impl std::ops::Deref for TestDir {

@@ -13,9 +13,7 @@ use berth_testdir::TestDir;
 /// A data directory not made yet: the guard that removes it when the test
 /// ends (passed or failed), and its path.
 fn scratch(name: &str) -> (TestDir, PathBuf) {
-    let d = TestDir::unmade(&format!("reshape-{name}"));
-    let path = d.to_path_buf();
-    (d, path)
+    TestDir::unmade(&format!("reshape-{name}")).and_path()
 }
 
 fn config(dirs: &[PathBuf], groups: u32) -> StoreConfig {
