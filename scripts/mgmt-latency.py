@@ -3,10 +3,10 @@
 queues (docs/BENCHMARKS.md). Run from the repository root with the test
 virtualenv: tests/python/.venv/bin/python scripts/mgmt-latency.py [QUEUES]
 (BERTH_BIN=/path/to/berth to time another build)."""
-import os, re, subprocess, tempfile, time, statistics, sys
+import os, re, shutil, subprocess, tempfile, time, statistics, sys
 sys.path.insert(0, "tests/python")
 import pika, requests
-d = tempfile.mkdtemp()
+d = tempfile.mkdtemp(prefix="berth-mgmt-latency-")
 log = open(d + "/log", "wb")
 BIN = os.environ.get("BERTH_BIN", "target/release/berth")
 QUEUES = int(sys.argv[1]) if len(sys.argv) > 1 else 5000
@@ -42,3 +42,4 @@ try:
     print("berth status (process incl. startup):", timeit(lambda: subprocess.run([BIN, "status", "--url", f"http://guest:guest@127.0.0.1:{http}"], check=True, capture_output=True), 50))
 finally:
     p.terminate(); p.wait(10)
+    shutil.rmtree(d, ignore_errors=True)  # a data dir of 5,000 queues

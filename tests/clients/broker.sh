@@ -2,7 +2,10 @@
 #
 #   . tests/clients/broker.sh
 #   broker_start     # exports BERTH_TEST_URI; returns non-zero if no broker
-#   broker_stop      # stops what broker_start started (safe to call twice)
+#   broker_stop      # stops what broker_start started and removes its
+#                    # directory (safe to call twice); `broker_stop --show-log`
+#                    # (a failed run) prints the log's tail and, with
+#                    # BERTH_KEEP_TEST_DIRS=1, keeps the directory
 #
 # If BERTH_TEST_URI is already set, that broker is used and nothing is
 # started. Otherwise the berth binary ($BERTH_BIN, default
@@ -113,7 +116,13 @@ broker_stop() {
       echo "---- berth log (last 50 lines) ----" >&2
       tail -n 50 "$_broker_dir/berth.log" >&2
     fi
-    rm -rf "$_broker_dir"
+    # --show-log is the failure path: BERTH_KEEP_TEST_DIRS=1 keeps the
+    # data directory and log to look at.
+    if [ "${1:-}" = "--show-log" ] && [ "${BERTH_KEEP_TEST_DIRS:-}" = 1 ]; then
+      echo "BERTH_KEEP_TEST_DIRS: kept $_broker_dir" >&2
+    else
+      rm -rf "$_broker_dir"
+    fi
     _broker_dir=""
   fi
   return 0

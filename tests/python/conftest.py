@@ -11,11 +11,13 @@ fixture ends, whatever the outcome of the tests.
 """
 
 import atexit
+import contextlib
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -38,6 +40,58 @@ ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 # Processes not yet stopped; the atexit hook is a last resort if pytest
 # itself is interrupted before fixtures finalise.
 _live_procs = []
+
+# --------------------------------------------------------------------------
+# Directories of the tests' own
+# --------------------------------------------------------------------------
+# What a test makes under the system temp dir (data directories, logs,
+# certificates) is removed when the test ends, passed or failed. With
+# BERTH_KEEP_TEST_DIRS=1 a failed test's directories are kept, and named
+# on stderr, to look at what it left.
+KEEP_DIRS_ENV = "BERTH_KEEP_TEST_DIRS"
+_failed = {"test": False, "run": False}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    rep = (yield).get_result()
+    if rep.when == "setup":
+        _failed["test"] = rep.failed
+    elif rep.failed:
+        _failed["test"] = True
+    if rep.failed:
+        _failed["run"] = True
+
+
+def current_test_failed(whole_run=False):
+    """Whether the test now ending failed (in its setup or call), or, with
+    `whole_run`, any test so far (for module and session fixtures)."""
+    return _failed["run" if whole_run else "test"]
+
+
+def remove_test_dir(path, failed=None):
+    """Removes a test's directory, unless the test failed (`failed`, or
+    else `current_test_failed()`) and BERTH_KEEP_TEST_DIRS=1 asks to keep
+    it."""
+    if failed is None:
+        failed = current_test_failed()
+    if failed and os.environ.get(KEEP_DIRS_ENV) == "1":
+        print(f"{KEEP_DIRS_ENV}: kept {path}", file=sys.__stderr__)
+        return
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix):
+    """A new directory under the system temp dir for the `with` block,
+    removed when it ends; an exception through it counts as a failure."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield d
+    except BaseException:
+        remove_test_dir(d, failed=True)
+        raise
+    remove_test_dir(d)
 
 
 # --------------------------------------------------------------------------
@@ -111,7 +165,10 @@ class Broker:
 class BerthProcess:
     """A berth child process on a free loopback port with its own data dir."""
 
-    def __init__(self, extra_args=(), data_dir=None):
+    def __init__(self, extra_args=(), data_dir=None, shared=False):
+        # `shared`: serves the whole run (its directory is kept on request
+        # when any test failed, not only the last one).
+        self.shared = shared
         binary = os.environ.get("BERTH_BIN") or os.path.join(ROOT, "target", "release", "berth")
         if not os.access(binary, os.X_OK):
             pytest.exit(f"berth binary {binary} not found (cargo build --release, "
@@ -164,7 +221,7 @@ class BerthProcess:
         self._log.close()
         if self in _live_procs:
             _live_procs.remove(self)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        remove_test_dir(self.dir, failed=current_test_failed(whole_run=self.shared))
 
 
 @atexit.register
@@ -185,7 +242,7 @@ def broker():
         p = pika.URLParameters(uri)
         yield Broker(p.host, p.port, is_berth=False)
         return
-    proc = BerthProcess()
+    proc = BerthProcess(shared=True)
     try:
         yield proc.broker
     finally:

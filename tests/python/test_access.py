@@ -11,7 +11,6 @@ import base64
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -24,7 +23,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from conftest import ANSI_RE, READY_TIMEOUT_S, ROOT, STOP_GRACE_S, external_uri
+from conftest import ANSI_RE, READY_TIMEOUT_S, ROOT, STOP_GRACE_S, external_uri, remove_test_dir
 from helpers import channel_error
 
 READY_HTTP_RE = re.compile(r"berth ready amqp=(\S+?) http=(\S+)")
@@ -38,7 +37,13 @@ class AuthBerth:
         self.binary = os.environ.get("BERTH_BIN") or os.path.join(ROOT, "target", "release", "berth")
         self.dir = tempfile.mkdtemp(prefix="berth-pytest-access-")
         self.proc = None
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            # A berth that would not start (some tests expect that): its
+            # log is in the exception; nothing may stay behind.
+            self.close()
+            raise
 
     def start(self):
         self.log_path = os.path.join(self.dir, f"berth-{time.monotonic_ns()}.log")
@@ -82,6 +87,14 @@ class AuthBerth:
                 self.proc.kill()
                 self.proc.wait(STOP_GRACE_S)
         self._log.close()
+
+    def close(self):
+        """Stops berth for good and removes its directory (see
+        conftest.remove_test_dir)."""
+        try:
+            self.stop()
+        finally:
+            remove_test_dir(self.dir)
 
     def api(self, method, path, body=None, user="guest", password="guest"):
         """(status, parsed JSON or None)."""
@@ -131,8 +144,7 @@ def berth():
     try:
         yield b
     finally:
-        b.stop()
-        shutil.rmtree(b.dir, ignore_errors=True)
+        b.close()
 
 
 @pytest.fixture
@@ -147,10 +159,11 @@ def berths():
         b = AuthBerth(flags)
         started.append(b)
         return b
-    yield start
-    for b in started:
-        b.stop()
-        shutil.rmtree(b.dir, ignore_errors=True)
+    try:
+        yield start
+    finally:
+        for b in started:
+            b.close()
 
 
 def refused(kind, name, user, vhost="/"):

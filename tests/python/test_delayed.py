@@ -6,7 +6,6 @@ every one routed once, none early, lateness reported."""
 
 import json
 import os
-import tempfile
 import time
 import urllib.request
 
@@ -16,7 +15,7 @@ import pika
 import pytest
 
 import amqp_wire as w
-from conftest import BerthProcess, external_uri
+from conftest import BerthProcess, external_uri, scratch_dir
 from helpers import channel_error, drain, unique
 
 PRECONDITION_FAILED = 406
@@ -167,66 +166,64 @@ def publish_delayed_confirmed(broker, exchange, key, messages, timeout_s=60):
 def test_pending_delayed_messages_survive_kill_9_and_are_routed_once_never_early():
     if external_uri():
         pytest.skip("needs a berth of its own to kill")
-    data = tempfile.mkdtemp(prefix="berth-delayed-")
-    flags = ["--http-listen", "127.0.0.1:0"]
-    x, q = unique("delayed"), unique("q")
-    proc = BerthProcess(flags, data_dir=data)
-    due = {}
-    try:
-        b = proc.broker
-        conn = b.connect()
-        ch = conn.channel()
-        declare_delayed(ch, x, "direct", durable=True)
-        ch.queue_declare(q, durable=True)
-        ch.queue_bind(q, x, "k")
-        start = time.time()
-        messages = []
-        for i in range(PENDING):
-            delay = 6000 + (i * 7919) % 3000  # 6..9 s, out of order
-            body = str(i).encode()
-            due[body] = time.time() + delay / 1000.0
-            messages.append((body, delay))
-        publish_delayed_confirmed(b, x, "k", messages)
-        published_s = time.time() - start
-        assert time.time() < min(due.values()), "publishing took longer than the delays"
-        ex = api(b.http_port, f"/api/exchanges/%2F/{x}")
-        assert ex["type"] == "x-delayed-message"
-        assert ex["messages_delayed"] == PENDING, ex
-        assert ch.queue_declare(q, passive=True).method.message_count == 0
-        conn.close()
-        proc.proc.kill()  # kill -9: only what the confirms promised counts
-        proc.proc.wait(10)
-    finally:
-        proc.stop()
+    with scratch_dir("berth-delayed-") as data:
+        flags = ["--http-listen", "127.0.0.1:0"]
+        x, q = unique("delayed"), unique("q")
+        proc = BerthProcess(flags, data_dir=data)
+        due = {}
+        try:
+            b = proc.broker
+            conn = b.connect()
+            ch = conn.channel()
+            declare_delayed(ch, x, "direct", durable=True)
+            ch.queue_declare(q, durable=True)
+            ch.queue_bind(q, x, "k")
+            start = time.time()
+            messages = []
+            for i in range(PENDING):
+                delay = 6000 + (i * 7919) % 3000  # 6..9 s, out of order
+                body = str(i).encode()
+                due[body] = time.time() + delay / 1000.0
+                messages.append((body, delay))
+            publish_delayed_confirmed(b, x, "k", messages)
+            published_s = time.time() - start
+            assert time.time() < min(due.values()), "publishing took longer than the delays"
+            ex = api(b.http_port, f"/api/exchanges/%2F/{x}")
+            assert ex["type"] == "x-delayed-message"
+            assert ex["messages_delayed"] == PENDING, ex
+            assert ch.queue_declare(q, passive=True).method.message_count == 0
+            conn.close()
+            proc.proc.kill()  # kill -9: only what the confirms promised counts
+            proc.proc.wait(10)
+        finally:
+            proc.stop()
 
-    proc = BerthProcess(flags, data_dir=data)
-    try:
-        b = proc.broker
-        restarted = time.time()
-        ex = api(b.http_port, f"/api/exchanges/%2F/{x}")
-        assert ex["messages_delayed"] == PENDING, "every confirmed one is back"
-        conn = b.connect()
-        ch = conn.channel()
-        ch.basic_qos(prefetch_count=1000)
-        got = receive(conn, ch, q, PENDING, timeout_s=max(due.values()) - time.time() + 30)
-        wall_offset = time.time() - time.monotonic()
-        bodies = [body for body, _ in got]
-        assert len(bodies) == PENDING, f"{len(bodies)} of {PENDING} routed after the restart"
-        assert len(set(bodies)) == PENDING, "routed more than once"
-        lateness = sorted((at + wall_offset) - due[body] for body, at in got)
-        assert lateness[0] >= -0.05, f"routed {-lateness[0]:.3f} s early"
-        metrics = api(b.http_port, "/metrics")
-        assert f'berth_exchange_messages_delayed{{vhost="/",exchange="{x}"}} 0' in metrics
-        print(f"\n{PENDING} delayed persistent messages: published in {published_s:.2f} s; "
-              f"after kill -9 and restart ({restarted - start:.1f} s after the first publish) "
-              f"lateness p50 {lateness[len(lateness) // 2] * 1000:.0f} ms, "
-              f"p99 {lateness[len(lateness) * 99 // 100] * 1000:.0f} ms, "
-              f"max {lateness[-1] * 1000:.0f} ms")
-        conn.close()
-    finally:
-        proc.stop()
-        import shutil
-        shutil.rmtree(data, ignore_errors=True)
+        proc = BerthProcess(flags, data_dir=data)
+        try:
+            b = proc.broker
+            restarted = time.time()
+            ex = api(b.http_port, f"/api/exchanges/%2F/{x}")
+            assert ex["messages_delayed"] == PENDING, "every confirmed one is back"
+            conn = b.connect()
+            ch = conn.channel()
+            ch.basic_qos(prefetch_count=1000)
+            got = receive(conn, ch, q, PENDING, timeout_s=max(due.values()) - time.time() + 30)
+            wall_offset = time.time() - time.monotonic()
+            bodies = [body for body, _ in got]
+            assert len(bodies) == PENDING, f"{len(bodies)} of {PENDING} routed after the restart"
+            assert len(set(bodies)) == PENDING, "routed more than once"
+            lateness = sorted((at + wall_offset) - due[body] for body, at in got)
+            assert lateness[0] >= -0.05, f"routed {-lateness[0]:.3f} s early"
+            metrics = api(b.http_port, "/metrics")
+            assert f'berth_exchange_messages_delayed{{vhost="/",exchange="{x}"}} 0' in metrics
+            print(f"\n{PENDING} delayed persistent messages: published in {published_s:.2f} s; "
+                  f"after kill -9 and restart ({restarted - start:.1f} s after the first publish) "
+                  f"lateness p50 {lateness[len(lateness) // 2] * 1000:.0f} ms, "
+                  f"p99 {lateness[len(lateness) * 99 // 100] * 1000:.0f} ms, "
+                  f"max {lateness[-1] * 1000:.0f} ms")
+            conn.close()
+        finally:
+            proc.stop()
 
 
 def test_deleting_a_delayed_exchange_discards_its_pending_messages(start_berth):
@@ -307,25 +304,23 @@ def test_delayed_retry_arguments_fail_with_406(conn, names, berth_only):
 def test_store_scan_names_a_delayed_exchanges_stored_messages():
     if external_uri():
         pytest.skip("needs a berth of its own and its data directory")
-    data = tempfile.mkdtemp(prefix="berth-delayed-scan-")
-    proc = BerthProcess([], data_dir=data)
-    try:
-        ch = proc.broker.connect().channel()
-        x = unique("delayed")
-        declare_delayed(ch, x, "direct", durable=True)
-        ch.confirm_delivery()
-        ch.basic_publish(x, "k", b"m", delayed_props(600_000, persistent=True))
-    finally:
-        proc.stop()
-    binary = os.environ.get("BERTH_BIN") or os.path.join(
-        os.path.dirname(__file__), "..", "..", "target", "release", "berth")
-    import subprocess
-    out = subprocess.run([binary, "store", "scan", "--data-dir", data, "--json"],
-                         capture_output=True, text=True, timeout=30)
-    import shutil
-    shutil.rmtree(data, ignore_errors=True)
-    assert out.returncode == 0, out.stderr
-    assert f"delayed exchange '{x}' in vhost '/'" in out.stdout, out.stdout[:2000]
+    with scratch_dir("berth-delayed-scan-") as data:
+        proc = BerthProcess([], data_dir=data)
+        try:
+            ch = proc.broker.connect().channel()
+            x = unique("delayed")
+            declare_delayed(ch, x, "direct", durable=True)
+            ch.confirm_delivery()
+            ch.basic_publish(x, "k", b"m", delayed_props(600_000, persistent=True))
+        finally:
+            proc.stop()
+        binary = os.environ.get("BERTH_BIN") or os.path.join(
+            os.path.dirname(__file__), "..", "..", "target", "release", "berth")
+        import subprocess
+        out = subprocess.run([binary, "store", "scan", "--data-dir", data, "--json"],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        assert f"delayed exchange '{x}' in vhost '/'" in out.stdout, out.stdout[:2000]
 
 
 def test_a_waiting_retry_is_ready_at_once_after_a_restart_and_its_count_starts_again():
@@ -336,42 +331,40 @@ def test_a_waiting_retry_is_ready_at_once_after_a_restart_and_its_count_starts_a
     its next return waits the first backoff again."""
     if external_uri():
         pytest.skip("needs a berth of its own to restart")
-    data = tempfile.mkdtemp(prefix="berth-retry-restart-")
-    flags = ["--http-listen", "127.0.0.1:0"]
-    q = unique("q")
-    args = {"x-delayed-retry-min": 60_000, "x-delayed-retry-multiplier": 1}
-    proc = BerthProcess(flags, data_dir=data)
-    try:
-        conn = proc.broker.connect()
-        ch = conn.channel()
-        ch.queue_declare(q, durable=True, arguments=args)
-        ch.confirm_delivery()
-        ch.basic_publish("", q, b"m", pika.BasicProperties(delivery_mode=2))
-        m, _props, _body = ch.basic_get(q)
-        ch.basic_nack(m.delivery_tag, requeue=True)
-        time.sleep(0.2)
-        got = api(proc.broker.http_port, f"/api/queues/%2F/{q}")
-        assert got["messages_delayed"] == 1, got
-        conn.close()
-        proc.proc.kill()  # kill -9
-        proc.proc.wait(10)
-    finally:
-        proc.stop()
-    proc = BerthProcess(flags, data_dir=data)
-    try:
-        conn = proc.broker.connect()
-        ch = conn.channel()
-        got = api(proc.broker.http_port, f"/api/queues/%2F/{q}")
-        assert (got["messages_ready"], got["messages_delayed"]) == (1, 0), got
-        m, props, body = ch.basic_get(q)
-        assert body == b"m" and m.redelivered, (m, props)
-        assert "x-delivery-count" not in (props.headers or {}), props.headers
-        ch.basic_nack(m.delivery_tag, requeue=True)
-        time.sleep(0.2)
-        assert ch.basic_get(q)[0] is None, "the first backoff (60 s) applies again"
-        assert api(proc.broker.http_port, f"/api/queues/%2F/{q}")["messages_delayed"] == 1
-        conn.close()
-    finally:
-        proc.stop()
-        import shutil
-        shutil.rmtree(data, ignore_errors=True)
+    with scratch_dir("berth-retry-restart-") as data:
+        flags = ["--http-listen", "127.0.0.1:0"]
+        q = unique("q")
+        args = {"x-delayed-retry-min": 60_000, "x-delayed-retry-multiplier": 1}
+        proc = BerthProcess(flags, data_dir=data)
+        try:
+            conn = proc.broker.connect()
+            ch = conn.channel()
+            ch.queue_declare(q, durable=True, arguments=args)
+            ch.confirm_delivery()
+            ch.basic_publish("", q, b"m", pika.BasicProperties(delivery_mode=2))
+            m, _props, _body = ch.basic_get(q)
+            ch.basic_nack(m.delivery_tag, requeue=True)
+            time.sleep(0.2)
+            got = api(proc.broker.http_port, f"/api/queues/%2F/{q}")
+            assert got["messages_delayed"] == 1, got
+            conn.close()
+            proc.proc.kill()  # kill -9
+            proc.proc.wait(10)
+        finally:
+            proc.stop()
+        proc = BerthProcess(flags, data_dir=data)
+        try:
+            conn = proc.broker.connect()
+            ch = conn.channel()
+            got = api(proc.broker.http_port, f"/api/queues/%2F/{q}")
+            assert (got["messages_ready"], got["messages_delayed"]) == (1, 0), got
+            m, props, body = ch.basic_get(q)
+            assert body == b"m" and m.redelivered, (m, props)
+            assert "x-delivery-count" not in (props.headers or {}), props.headers
+            ch.basic_nack(m.delivery_tag, requeue=True)
+            time.sleep(0.2)
+            assert ch.basic_get(q)[0] is None, "the first backoff (60 s) applies again"
+            assert api(proc.broker.http_port, f"/api/queues/%2F/{q}")["messages_delayed"] == 1
+            conn.close()
+        finally:
+            proc.stop()

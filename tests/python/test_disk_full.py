@@ -37,8 +37,8 @@ def small_fs():
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     d = tempfile.mkdtemp(prefix="berth-diskfull-")
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FS_BYTES}", "tmpfs", d], check=True)
     try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FS_BYTES}", "tmpfs", d], check=True)
         yield d
     finally:
         subprocess.run(["umount", "-l", d], check=False)

@@ -13,7 +13,6 @@ The guess counts are printed (`-s`): the figures docs/SECURITY.md quotes.
 import base64
 import http.client
 import os
-import shutil
 import socket
 import ssl
 import statistics
@@ -40,9 +39,10 @@ def guessed_berth():
     if external_uri():
         pytest.skip("starts its own berth")
     b = AuthBerth(["--login-failures-per-s-max", str(RATE)])
-    yield b
-    b.stop()
-    shutil.rmtree(b.dir, ignore_errors=True)
+    try:
+        yield b
+    finally:
+        b.close()
 
 
 def run_guessers(guess_once):
@@ -186,10 +186,11 @@ def https_only(certs):  # noqa: F811
                    "--tls-cert-file", os.path.join(certs, "server.crt"),
                    "--tls-key-file", os.path.join(certs, "server.key"),
                    "--tls-handshake-timeout-ms", str(TLS_HANDSHAKE_TIMEOUT_MS)])
-    b.https_port = https_port(b)
-    yield b
-    b.stop()
-    shutil.rmtree(b.dir, ignore_errors=True)
+    try:
+        b.https_port = https_port(b)
+        yield b
+    finally:
+        b.close()
 
 
 def https_overview(port, ctx, source, timeout_s):

@@ -5,11 +5,9 @@ fail_if_no_peer_cert as for AMQPS; rabbitmqadmin --ssl and the berth CLI
 
 import os
 import re
-import shutil
 import socket
 import ssl
 import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -18,7 +16,7 @@ import json
 
 import pytest
 
-from conftest import ANSI_RE, ROOT, external_uri
+from conftest import ANSI_RE, ROOT, external_uri, scratch_dir
 from test_access import AuthBerth
 from test_tls import certs, context  # noqa: F401 (certs is a fixture)
 
@@ -50,10 +48,11 @@ def https_berth(certs):  # noqa: F811
         b.https_port = https_port(b)
         return b
 
-    yield start
-    for b in started:
-        b.stop()
-        shutil.rmtree(b.dir, ignore_errors=True)
+    try:
+        yield start
+    finally:
+        for b in started:
+            b.close()
 
 
 def get(port, path, ctx, user="guest", password="guest"):
@@ -127,8 +126,7 @@ def test_the_berth_cli_manages_users_over_https_with_a_ca_file(https_berth, cert
 
 
 def test_https_without_a_certificate_or_with_a_wrong_key_fails_at_startup(certs):  # noqa: F811
-    d = tempfile.mkdtemp(prefix="berth-pytest-https-bad-")
-    try:
+    with scratch_dir("berth-pytest-https-bad-") as d:
         base = [BINARY, "serve", "--amqp-listen", "127.0.0.1:0", "--https-listen", "127.0.0.1:0",
                 "--data-dir", d]
         r = subprocess.run(base, capture_output=True, timeout=30)
@@ -137,5 +135,3 @@ def test_https_without_a_certificate_or_with_a_wrong_key_fails_at_startup(certs)
         r = subprocess.run(base + ["--tls-cert-file", os.path.join(certs, "server.crt"),
                                    "--tls-key-file", key], capture_output=True, timeout=30)
         assert r.returncode != 0 and key in r.stderr.decode(), r.stderr
-    finally:
-        shutil.rmtree(d, ignore_errors=True)

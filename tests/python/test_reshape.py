@@ -20,7 +20,7 @@ import urllib.request
 import pika
 import pytest
 
-from conftest import ROOT, BerthProcess, external_uri
+from conftest import ROOT, BerthProcess, external_uri, scratch_dir
 
 QUEUES = 8
 PER_QUEUE = 500
@@ -120,9 +120,8 @@ def check_everything(b):
 def test_reshape_to_6_groups_onto_two_dirs_and_back_keeps_every_message_and_definition():
     if external_uri():
         pytest.skip("needs berths of its own")
-    base = tempfile.mkdtemp(prefix="berth-reshape-")
-    a, b_dir = os.path.join(base, "a"), os.path.join(base, "b")
-    try:
+    with scratch_dir("berth-reshape-") as base:
+        a, b_dir = os.path.join(base, "a"), os.path.join(base, "b")
         proc = BerthProcess([*BASE_FLAGS, "--log-groups", "2"], data_dir=a)
         try:
             conn = fill(proc.broker)
@@ -160,8 +159,6 @@ def test_reshape_to_6_groups_onto_two_dirs_and_back_keeps_every_message_and_defi
             check_everything(proc.broker)
         finally:
             proc.stop()
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 FS_BYTES = 16 << 20
@@ -172,10 +169,11 @@ def small_fs():
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     d = tempfile.mkdtemp(prefix="berth-reshape-fs-")
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FS_BYTES}", "tmpfs", d], check=True)
     try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FS_BYTES}", "tmpfs", d], check=True)
         yield d
     finally:
+        # What was on the tmpfs goes with it: nothing to keep.
         subprocess.run(["umount", "-l", d], check=False)
         shutil.rmtree(d, ignore_errors=True)
 

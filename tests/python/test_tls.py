@@ -18,7 +18,7 @@ import pika
 import pika.credentials
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, scratch_dir
 from test_access import berths  # noqa: F401 (the fixture: berths of their own)
 
 
@@ -43,13 +43,16 @@ def make_cert(d, name, cn, ca=True, san=None):
 @pytest.fixture(scope="module")
 def certs():
     d = tempfile.mkdtemp(prefix="berth-pytest-certs-")
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
-            "ca.crt", "-days", "2", "-subj", "/CN=berth-test-ca", cwd=d)
-    make_cert(d, "server", "localhost", san="DNS:localhost,IP:127.0.0.1")
-    make_cert(d, "server2", "localhost", san="DNS:localhost,IP:127.0.0.1")
-    make_cert(d, "client", "tls-user")
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+    try:
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
+                "ca.crt", "-days", "2", "-subj", "/CN=berth-test-ca", cwd=d)
+        make_cert(d, "server", "localhost", san="DNS:localhost,IP:127.0.0.1")
+        make_cert(d, "server2", "localhost", san="DNS:localhost,IP:127.0.0.1")
+        make_cert(d, "client", "tls-user")
+        yield d
+    finally:
+        # Made afresh each run: nothing worth keeping.
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
@@ -167,8 +170,7 @@ def test_a_client_without_certificate_is_refused_with_fail_if_no_peer_cert(tls_b
 
 def test_a_key_that_does_not_fit_its_certificate_is_a_startup_error_naming_the_file(certs):
     binary = os.environ.get("BERTH_BIN") or os.path.join(ROOT, "target", "release", "berth")
-    d = tempfile.mkdtemp(prefix="berth-pytest-badkey-")
-    try:
+    with scratch_dir("berth-pytest-badkey-") as d:
         key = os.path.join(certs, "server2.key")
         r = subprocess.run(
             [binary, "serve", "--amqp-listen", "127.0.0.1:0", "--amqps-listen", "127.0.0.1:0",
@@ -182,13 +184,10 @@ def test_a_key_that_does_not_fit_its_certificate_is_a_startup_error_naming_the_f
              "--data-dir", d, "--tls-cert-file", missing, "--tls-key-file", key],
             capture_output=True, timeout=30)
         assert r.returncode != 0 and missing in r.stderr.decode(), r.stderr.decode()
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_sighup_reloads_the_certificate_without_dropping_connections(tls_berth, certs):
-    d = tempfile.mkdtemp(prefix="berth-pytest-reload-")
-    try:
+    with scratch_dir("berth-pytest-reload-") as d:
         for f in ("server.crt", "server.key"):
             shutil.copy(os.path.join(certs, f), os.path.join(d, f))
         b = tls_berth(cert_dir=d)
@@ -211,5 +210,3 @@ def test_sighup_reloads_the_certificate_without_dropping_connections(tls_berth, 
         ch = c.channel()  # the old connection still works
         ch.queue_declare("", exclusive=True)
         c.close()
-    finally:
-        shutil.rmtree(d, ignore_errors=True)

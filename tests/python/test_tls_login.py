@@ -8,7 +8,6 @@ import shutil
 import signal
 import ssl
 import subprocess
-import tempfile
 import time
 import urllib.parse
 
@@ -17,6 +16,7 @@ import pika.credentials
 import pika.exceptions
 import pytest
 
+from conftest import scratch_dir
 from test_access import AuthBerth, berths  # noqa: F401 (berths is a fixture)
 from test_tls import certs, openssl  # noqa: F401 (certs is a fixture)
 
@@ -114,8 +114,7 @@ def test_a_bad_cert_login_setting_is_refused_at_startup(certs):  # noqa: F811
 
 
 def test_sighup_rereads_the_ca_file_keeping_open_connections(start, certs):  # noqa: F811
-    d = tempfile.mkdtemp(prefix="berth-pytest-ca-reload-")
-    try:
+    with scratch_dir("berth-pytest-ca-reload-") as d:
         openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca2.key", "-out",
                 "ca2.crt", "-days", "2", "-subj", "/CN=berth-test-ca-2", cwd=d)
         client_cert(d, "tls-user", "/CN=tls-user", ca="ca2")
@@ -139,5 +138,3 @@ def test_sighup_rereads_the_ca_file_keeping_open_connections(start, certs):  # n
                 time.sleep(0.1)
         old.channel().queue_declare("", exclusive=True)  # still open
         old.close()
-    finally:
-        shutil.rmtree(d, ignore_errors=True)

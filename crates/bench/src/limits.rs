@@ -315,9 +315,8 @@ mod tests {
 
     #[test]
     fn the_limits_are_measured() {
-        let dir = std::env::temp_dir().join(format!("berth-limits-{}", std::process::id()));
+        let dir = berth_testdir::TestDir::unmade("limits");
         let l = measure(&dir).expect("measure");
-        std::fs::remove_dir_all(&dir).ok();
         assert!(
             l.fsync_s_median > 0.0 && l.fsync_s_p99 >= l.fsync_s_median,
             "{l:?}"

@@ -821,6 +821,11 @@ mod tests {
         cookie_factory::gen_simple(gen_frame(&AMQPFrame::Method(channel, m)), Vec::new()).unwrap()
     }
 
+    /// Writes one method frame to the publisher.
+    async fn send(s: &mut TcpStream, channel: u16, m: AMQPClass) {
+        s.write_all(&frame(channel, m)).await.unwrap();
+    }
+
     async fn read_frame(s: &mut TcpStream) -> Vec<u8> {
         let mut h = [0u8; 7];
         s.read_exact(&mut h).await.unwrap();
@@ -851,12 +856,12 @@ mod tests {
                 mechanisms: LongString::from("AMQPLAIN PLAIN"),
                 locales: LongString::from("en_US"),
             };
-            s.write_all(&frame(
+            send(
+                &mut s,
                 0,
                 AMQPClass::Connection(connection::AMQPMethod::Start(start)),
-            ))
-            .await
-            .unwrap();
+            )
+            .await;
             let start_ok = read_frame(&mut s).await;
             assert!(
                 start_ok.windows(5).any(|w| w == b"\0u\0pw"),
@@ -867,34 +872,32 @@ mod tests {
                 frame_max: 4096,
                 heartbeat: 60,
             };
-            s.write_all(&frame(
+            send(
+                &mut s,
                 0,
                 AMQPClass::Connection(connection::AMQPMethod::Tune(tune)),
-            ))
-            .await
-            .unwrap();
+            )
+            .await;
             let _tune_ok = read_frame(&mut s).await;
-            let _open = read_frame(&mut s).await;
-            s.write_all(&frame(
-                0,
-                AMQPClass::Connection(connection::AMQPMethod::OpenOk(connection::OpenOk {})),
-            ))
-            .await
-            .unwrap();
-            let _channel_open = read_frame(&mut s).await;
-            s.write_all(&frame(
-                CHANNEL,
-                AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),
-            ))
-            .await
-            .unwrap();
-            let _select = read_frame(&mut s).await;
-            s.write_all(&frame(
-                CHANNEL,
-                AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {})),
-            ))
-            .await
-            .unwrap();
+            // connection.open, channel.open and confirm.select, each
+            // answered with its -ok.
+            for (ch, ok) in [
+                (
+                    0,
+                    AMQPClass::Connection(connection::AMQPMethod::OpenOk(connection::OpenOk {})),
+                ),
+                (
+                    CHANNEL,
+                    AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),
+                ),
+                (
+                    CHANNEL,
+                    AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {})),
+                ),
+            ] {
+                let _request = read_frame(&mut s).await;
+                send(&mut s, ch, ok).await;
+            }
             let mut publishes = vec![0u8; publishes_len];
             s.read_exact(&mut publishes).await.unwrap();
             let ack = |tag, multiple| {

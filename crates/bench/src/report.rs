@@ -200,7 +200,7 @@ mod tests {
 
     #[test]
     fn recorder_appends_json_lines() {
-        let dir = std::env::temp_dir().join(format!("berth-bench-rec-{}", std::process::id()));
+        let dir = berth_testdir::TestDir::unmade("bench-rec");
         let mut r = Recorder::create(&dir).unwrap();
         r.record(sample("a", 1, 5.0)).unwrap();
         r.record(sample("a", 2, 6.0)).unwrap();
@@ -212,6 +212,5 @@ mod tests {
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[1]["value"], 6.0);
         assert_eq!(lines[0]["metric"], "shared.c1.msgs_per_s");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

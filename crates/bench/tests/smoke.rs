@@ -7,7 +7,9 @@
 //! either, the tests print why and pass as skipped.
 
 use std::io::{BufRead as _, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use berth_testdir::TestDir;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -19,7 +21,9 @@ use berth_bench::{CommonArgs, Outcome, Target, Ui};
 struct Broker {
     uri: String,
     child: Option<Child>,
-    data_dir: Option<PathBuf>,
+    /// Held for its drop: removed after the broker is stopped (see
+    /// berth-testdir).
+    _data_dir: Option<TestDir>,
 }
 
 impl Drop for Broker {
@@ -28,9 +32,6 @@ impl Drop for Broker {
             // The process may already be gone (a restart test killed it).
             c.kill().ok();
             c.wait().ok();
-        }
-        if let Some(d) = self.data_dir.take() {
-            std::fs::remove_dir_all(d).ok();
         }
     }
 }
@@ -42,26 +43,8 @@ fn berth_bin() -> PathBuf {
     )
 }
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "berth-bench-{tag}-{}-{:08x}",
-        std::process::id(),
-        rand_u32()
-    ));
-    std::fs::create_dir_all(&d).expect("create temp dir");
-    d
-}
-
-fn rand_u32() -> u32 {
-    // Good enough for unique names in tests; no need for a crate.
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    t.subsec_nanos() ^ std::process::id().rotate_left(16)
-}
-
 /// Starts `berth serve` with `listen` and waits for its ready line.
-fn start_berth(listen: &str, data_dir: &PathBuf) -> Result<(Child, String), String> {
+fn start_berth(listen: &str, data_dir: &Path) -> Result<(Child, String), String> {
     let bin = berth_bin();
     let mut child = Command::new(&bin)
         .args(["serve", "--amqp-listen", listen, "--data-dir"])
@@ -106,7 +89,7 @@ fn broker(test: &str) -> Option<Broker> {
         return Some(Broker {
             uri,
             child: None,
-            data_dir: None,
+            _data_dir: None,
         });
     }
     let bin = berth_bin();
@@ -118,12 +101,12 @@ fn broker(test: &str) -> Option<Broker> {
         );
         return None;
     }
-    let dir = temp_dir(test);
+    let dir = TestDir::new(&format!("bench-{test}"));
     let (child, addr) = start_berth("127.0.0.1:0", &dir).expect("start berth");
     Some(Broker {
         uri: format!("amqp://guest:guest@{addr}/%2f"),
         child: Some(child),
-        data_dir: Some(dir),
+        _data_dir: Some(dir),
     })
 }
 
@@ -283,12 +266,12 @@ fn restart_smoke_recovers_every_confirmed_message() {
         .expect("free port")
         .port();
     let listen = format!("127.0.0.1:{port}");
-    let dir = temp_dir("restart");
+    let dir = TestDir::new("bench-restart");
     let (child, addr) = start_berth(&listen, &dir).expect("start berth");
     let b = Broker {
         uri: format!("amqp://guest:guest@{addr}/%2f"),
         child: Some(child),
-        data_dir: Some(dir.clone()),
+        _data_dir: None,
     };
     let args = restart::Args {
         common: common(&b.uri),

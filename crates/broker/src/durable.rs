@@ -29,7 +29,7 @@ mod memory;
 mod payload;
 mod stored_stream;
 
-pub use completion::{all_of, split_done, Done};
+pub use completion::{all_of, complete, split_done, Done};
 pub use delayed_payload::{decode_delayed, encode_delayed};
 pub use durability::{Durability, PAGING_BIT};
 pub use error::JournalError;

@@ -10,11 +10,14 @@ use berth_broker::channel::{Channel, Outlet, Session};
 use berth_broker::durable::{Done, JournalError, MemoryJournal, PAGING_BIT};
 use berth_broker::message::Message;
 use berth_broker::vhost::{ExchangeDeclare, QueueDeclare};
-use berth_broker::{Broker, Recovered, StoredBody};
+use berth_broker::Broker;
 use berth_protocol::codec::encode_properties;
 use berth_protocol::{AMQPProperties, FieldTable};
 use bytes::Bytes;
 use parking_lot::Mutex;
+
+mod common;
+use common::{recovered, restart, Bodies};
 
 #[derive(Default)]
 struct Sink(Mutex<Vec<(u64, bool, Vec<u8>)>>);
@@ -84,30 +87,6 @@ fn journaled_broker() -> (
     (journal, broker, v, Instant::now())
 }
 
-fn recovered(j: &MemoryJournal) -> Recovered {
-    Recovered {
-        streams: j.stored_streams(),
-        meta: j
-            .meta
-            .lock()
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        messages: j
-            .messages
-            .lock()
-            .iter()
-            .map(|(q, m)| {
-                let list = m
-                    .iter()
-                    .map(|(id, p)| (*id, StoredBody::Payload(p.clone())))
-                    .collect();
-                (*q, list)
-            })
-            .collect(),
-    }
-}
-
 #[test]
 fn persistent_messages_in_durable_queues_survive_a_restart_and_acked_ones_do_not() {
     let (journal, broker, v, t0) = journaled_broker();
@@ -164,10 +143,7 @@ fn persistent_messages_in_durable_queues_survive_a_restart_and_acked_ones_do_not
     assert!(ch.get(&q, false, t0));
 
     // "Crash": a new broker from what the journal holds.
-    let r = recovered(&journal);
-    let (next_msg, next_queue) = r.next_ids();
-    let broker2 = Broker::with_journal(["/"], journal.clone(), next_msg, next_queue);
-    let report = broker2.restore(r, t0);
+    let (broker2, report) = restart(&journal, Bodies::InMemory, t0);
     assert!(report.skipped.is_empty(), "{:?}", report.skipped);
     assert_eq!(
         (
@@ -294,21 +270,6 @@ fn tx_commit_waits_for_the_removal_of_acked_stored_messages() {
             .sum::<usize>(),
         0
     );
-}
-
-/// What a restart of the real store gives: ids and sizes, bodies on disk.
-fn recovered_lazily(j: &MemoryJournal) -> Recovered {
-    let mut r = recovered(j);
-    for list in r.messages.values_mut() {
-        for (_, body) in list.iter_mut() {
-            if let StoredBody::Payload(p) = body {
-                *body = StoredBody::OnDisk {
-                    len: u32::try_from(p.len()).unwrap(),
-                };
-            }
-        }
-    }
-    r
 }
 
 fn durable_queue(v: &berth_broker::vhost::VHost, name: &str, arguments: FieldTable, t0: Instant) {
@@ -459,10 +420,7 @@ fn a_restart_reads_no_bodies_until_delivery_and_keeps_priorities() {
     );
 
     // Restart: the journal gives back ids and sizes only.
-    let r = recovered_lazily(&journal);
-    let (next_msg, next_queue) = r.next_ids();
-    let broker2 = Broker::with_journal(["/"], journal.clone(), next_msg, next_queue);
-    let report = broker2.restore(r, t0);
+    let (broker2, report) = restart(&journal, Bodies::OnDisk, t0);
     assert!(report.skipped.is_empty(), "{:?}", report.skipped);
     assert_eq!(report.messages, 53);
     let v2 = broker2.vhost("/").unwrap();
@@ -521,7 +479,7 @@ fn a_restored_message_expires_after_the_shorter_of_queue_ttl_and_its_own_expirat
     // Restored with its body in memory (as the journal hands back a
     // payload it has already read).
     let restarted = Broker::with_journal(["/"], journal.clone(), 1_000, 1_000);
-    let report = restarted.restore(recovered(&journal), t0);
+    let report = restarted.restore(recovered(&journal, Bodies::InMemory), t0);
     assert_eq!(report.messages, 1, "{report:?}");
     restarted.run_timers(t0 + Duration::from_millis(200));
     assert_eq!(

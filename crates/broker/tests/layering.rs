@@ -135,13 +135,12 @@ fn the_checker_sees_a_circle() {
 
 #[test]
 fn a_circle_through_a_submodule_is_seen() {
-    let dir = std::env::temp_dir().join(format!("berth-layering-{}", std::process::id()));
+    let dir = berth_testdir::TestDir::new("layering");
     std::fs::create_dir_all(dir.join("b")).expect("temp dir");
     std::fs::write(dir.join("a.rs"), "use crate::b::Thing;\n").expect("write a.rs");
     std::fs::write(dir.join("b.rs"), "mod inner;\n").expect("write b.rs");
     std::fs::write(dir.join("b/inner.rs"), "use crate::a::Other;\n").expect("write inner.rs");
     let graph = module_graph(&dir);
-    std::fs::remove_dir_all(&dir).expect("clean up");
     assert_eq!(
         find_cycle(&graph).map(|c| c.len()),
         Some(3),

@@ -12,12 +12,15 @@ use berth_broker::channel::{Channel, Outlet, Session};
 use berth_broker::durable::{Done, MemoryJournal};
 use berth_broker::message::Message;
 use berth_broker::vhost::{ExchangeDeclare, QueueDeclare, VHost};
-use berth_broker::{AmqpResult, Broker, Recovered, StoredBody};
+use berth_broker::{AmqpResult, Broker};
 use berth_protocol::codec::encode_properties;
 use berth_protocol::{AMQPProperties, AMQPValue, FieldTable};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use proptest::prelude::*;
+
+mod common;
+use common::{recovered, Bodies};
 
 /// (exchange, routing key, body) of every message handed out.
 #[derive(Default)]
@@ -57,30 +60,6 @@ fn channel(broker: &Broker, out: &Arc<Sink>) -> Arc<Channel> {
             events: None,
         }),
     )
-}
-
-fn recovered(j: &MemoryJournal) -> Recovered {
-    Recovered {
-        streams: j.stored_streams(),
-        meta: j
-            .meta
-            .lock()
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        messages: j
-            .messages
-            .lock()
-            .iter()
-            .map(|(q, m)| {
-                let list = m
-                    .iter()
-                    .map(|(id, p)| (*id, StoredBody::Payload(p.clone())))
-                    .collect();
-                (*q, list)
-            })
-            .collect(),
-    }
 }
 
 /// Names as a user might type them, and as an attacker might: zero
@@ -256,7 +235,7 @@ fn check(x: &str, q: &str, rk: &str) {
     let want = entrances(&v, &broker, x, q, rk, t0);
 
     // "Crash": a new broker from what the journal holds.
-    let r = recovered(&journal);
+    let r = recovered(&journal, Bodies::InMemory);
     let (next_msg, next_queue) = r.next_ids();
     let stored_ids: Vec<u64> = v.queues().iter().filter_map(|q| q.store_id).collect();
     assert!(

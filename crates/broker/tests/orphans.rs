@@ -11,10 +11,13 @@ use std::time::Instant;
 use berth_broker::durable::{Done, Journal, JournalError, MemoryJournal};
 use berth_broker::message::Message;
 use berth_broker::vhost::{QueueDeclare, VHost};
-use berth_broker::{Broker, Recovered, StoredBody};
+use berth_broker::Broker;
 use berth_protocol::codec::encode_properties;
 use berth_protocol::AMQPProperties;
 use bytes::Bytes;
+
+mod common;
+use common::{recovered, restart, Bodies};
 
 const CONNECTION: u64 = 1;
 
@@ -36,31 +39,6 @@ fn durable() -> QueueDeclare {
     }
 }
 
-fn recovered(j: &MemoryJournal) -> Recovered {
-    Recovered {
-        streams: j.stored_streams(),
-        meta: j
-            .meta
-            .lock()
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        messages: j
-            .messages
-            .lock()
-            .iter()
-            .filter(|(_, m)| !m.is_empty())
-            .map(|(q, m)| {
-                let list = m
-                    .iter()
-                    .map(|(id, p)| (*id, StoredBody::Payload(p.clone())))
-                    .collect();
-                (*q, list)
-            })
-            .collect(),
-    }
-}
-
 fn no_completion() -> Done {
     Box::new(|r: Result<(), JournalError>| r.expect("stored"))
 }
@@ -77,10 +55,7 @@ fn messages_of_a_queue_without_definition_are_reported_orphaned_at_restore() {
     // What a publish that raced the deletion of queue 77 leaves behind.
     journal.publish(900, &[77], Bytes::from_static(b"orphan"), None);
 
-    let r = recovered(&journal);
-    let (next_msg, next_queue) = r.next_ids();
-    let restarted = Broker::with_journal(["/"], journal.clone(), next_msg, next_queue);
-    let report = restarted.restore(r, t0);
+    let (_restarted, report) = restart(&journal, Bodies::InMemory, t0);
     assert_eq!(
         report.orphaned_queues,
         vec![77],
@@ -104,7 +79,7 @@ fn messages_of_a_queue_whose_definition_is_unreadable_are_kept_and_reported() {
         .put_meta(b"q\0/\0broken", b"not a field table")
         .unwrap();
     journal.publish(900, &[77], Bytes::from_static(b"whose?"), None);
-    let r = recovered(&journal);
+    let r = recovered(&journal, Bodies::InMemory);
     let broker = Broker::with_journal(["/"], journal.clone(), 1000, 100);
     let report = broker.restore(r, Instant::now());
     assert!(

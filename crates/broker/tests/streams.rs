@@ -11,11 +11,14 @@ use berth_broker::clock::{Clock, ManualClock};
 use berth_broker::durable::{Done, Durability, Journal, JournalError, MemoryJournal};
 use berth_broker::message::Message;
 use berth_broker::vhost::{QueueDeclare, VHost};
-use berth_broker::{Broker, Recovered, StoredBody};
+use berth_broker::Broker;
 use berth_protocol::codec::encode_properties;
 use berth_protocol::{AMQPProperties, AMQPValue, FieldTable};
 use bytes::Bytes;
 use parking_lot::Mutex;
+
+mod common;
+use common::{restart, Bodies};
 
 /// (x-stream-offset header, body) of every delivery, with its tag; and
 /// how often a queue asked whether it may deliver.
@@ -94,16 +97,34 @@ fn publish(v: &VHost, queue: &str, body: &str, now: Instant) {
     assert_eq!(v.publish("", &m, now, &mut done).unwrap().queues, 1);
 }
 
-/// Consumes `queue` from `offset` with prefetch 100; returns what arrived.
-fn read_from(v: &Arc<VHost>, queue: &str, offset: AMQPValue, now: Instant) -> Vec<(i64, Vec<u8>)> {
+/// A reader of stream `queue` from `offset` (an `x-stream-offset`) on a
+/// channel of its own with prefetch `prefetch`: the channel (the caller
+/// keeps it open) and what reaches it.
+fn reader(
+    v: &Arc<VHost>,
+    queue: &str,
+    offset: AMQPValue,
+    prefetch: u16,
+    now: Instant,
+) -> (Arc<Channel>, Arc<Sink>) {
     let out = Arc::new(Sink::default());
     let ch = channel(v, &out);
-    ch.qos(100, false, now);
+    ch.qos(prefetch, false, now);
     let mut args = FieldTable::default();
     args.insert("x-stream-offset".into(), offset);
     let q = v.queue(1, queue).unwrap();
     ch.consume_with(q, "", false, false, &args, now, |_| {})
         .expect("consume");
+    (ch, out)
+}
+
+fn first() -> AMQPValue {
+    AMQPValue::LongString("first".into())
+}
+
+/// Consumes `queue` from `offset` with prefetch 100; returns what arrived.
+fn read_from(v: &Arc<VHost>, queue: &str, offset: AMQPValue, now: Instant) -> Vec<(i64, Vec<u8>)> {
+    let (ch, out) = reader(v, queue, offset, 100, now);
     let got = out
         .0
         .lock()
@@ -112,37 +133,6 @@ fn read_from(v: &Arc<VHost>, queue: &str, offset: AMQPValue, now: Instant) -> Ve
         .collect();
     ch.close(now);
     got
-}
-
-fn recovered(j: &MemoryJournal) -> Recovered {
-    Recovered {
-        streams: j.stored_streams(),
-        meta: j
-            .meta
-            .lock()
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        messages: j
-            .messages
-            .lock()
-            .iter()
-            .map(|(q, m)| {
-                let list = m
-                    .iter()
-                    .map(|(id, p)| {
-                        (
-                            *id,
-                            StoredBody::OnDisk {
-                                len: p.len() as u32,
-                            },
-                        )
-                    })
-                    .collect();
-                (*q, list)
-            })
-            .collect(),
-    }
 }
 
 #[test]
@@ -162,14 +152,11 @@ fn a_gap_left_by_a_crash_keeps_every_later_offset() {
         let q = &mut m.values_mut().next().expect("the stream's messages").1;
         assert!(q.remove(&3).is_some(), "offset 3 was appended");
     }
-    let r = recovered(&journal);
-    let (next_msg, next_queue) = r.next_ids();
-    let broker2 = Broker::with_journal(["/"], journal.clone(), next_msg, next_queue);
-    let report = broker2.restore(r, t0);
+    let (broker2, report) = restart(&journal, Bodies::OnDisk, t0);
     assert!(report.skipped.is_empty(), "{:?}", report.skipped);
     assert_eq!(report.messages, 9);
     let v2 = broker2.vhost("/").unwrap();
-    let got = read_from(&v2, "s", AMQPValue::LongString("first".into()), t0);
+    let got = read_from(&v2, "s", first(), t0);
     let want: Vec<(i64, Vec<u8>)> = [0, 1, 2, 4, 5, 6, 7, 8, 9]
         .iter()
         .map(|i| (*i, format!("m{i}").into_bytes()))
@@ -216,10 +203,7 @@ fn a_stream_stored_one_publish_each_moves_to_appends_at_a_restart() {
         .next()
         .unwrap()
         .remove(&103);
-    let r = recovered(&journal);
-    let (next_msg, next_queue) = r.next_ids();
-    let broker2 = Broker::with_journal(["/"], journal.clone(), next_msg, next_queue);
-    let report = broker2.restore(r, t0);
+    let (broker2, report) = restart(&journal, Bodies::OnDisk, t0);
     assert!(report.skipped.is_empty(), "{:?}", report.skipped);
     assert_eq!(report.messages, 9);
     // Appended at their offsets, and the old records gone.
@@ -236,7 +220,7 @@ fn a_stream_stored_one_publish_each_moves_to_appends_at_a_restart() {
     assert_eq!(appended, vec![0, 1, 2, 4, 5, 6, 7, 8, 9]);
     assert!(journal.messages.lock().values().all(|m| m.is_empty()));
     let v2 = broker2.vhost("/").unwrap();
-    let got = read_from(&v2, "s", AMQPValue::LongString("first".into()), t0);
+    let got = read_from(&v2, "s", first(), t0);
     assert_eq!(
         got.iter().map(|(o, _)| *o).collect::<Vec<_>>(),
         vec![0, 1, 2, 4, 5, 6, 7, 8, 9]
@@ -267,10 +251,7 @@ fn a_legacy_entry_far_past_the_others_is_reported_not_filled() {
         bad[1..9].copy_from_slice(&(1u64 << 40).to_le_bytes());
         q.insert(ids[2], Bytes::from(bad));
     }
-    let r = recovered(&journal);
-    let (next_msg, next_queue) = r.next_ids();
-    let broker2 = Broker::with_journal(["/"], journal.clone(), next_msg, next_queue);
-    let report = broker2.restore(r, t0);
+    let (broker2, report) = restart(&journal, Bodies::OnDisk, t0);
     assert_eq!(report.skipped.len(), 1, "{:?}", report.skipped);
     assert!(
         report.skipped[0].contains("past a gap"),
@@ -278,7 +259,7 @@ fn a_legacy_entry_far_past_the_others_is_reported_not_filled() {
         report.skipped
     );
     let v2 = broker2.vhost("/").unwrap();
-    let got = read_from(&v2, "s", AMQPValue::LongString("first".into()), t0);
+    let got = read_from(&v2, "s", first(), t0);
     assert_eq!(got, vec![(0, b"m0".to_vec()), (1, b"m1".to_vec())]);
 }
 
@@ -297,24 +278,7 @@ fn retention_by_age_follows_the_clock_and_moves_readers_to_the_new_first_offset(
     ]);
     declare(&v, "aged", args, t0);
     // A reader that stalls at offset 0 (prefetch 1, never acks).
-    let out = Arc::new(Sink::default());
-    let ch = channel(&v, &out);
-    ch.qos(1, false, t0);
-    let mut first = FieldTable::default();
-    first.insert(
-        "x-stream-offset".into(),
-        AMQPValue::LongString("first".into()),
-    );
-    ch.consume_with(
-        v.queue(1, "aged").unwrap(),
-        "",
-        false,
-        false,
-        &first,
-        t0,
-        |_| {},
-    )
-    .unwrap();
+    let (ch, out) = reader(&v, "aged", first(), 1, t0);
     for i in 0..5 {
         publish(&v, "aged", &format!("old{i}"), clock.now());
     }
@@ -323,37 +287,13 @@ fn retention_by_age_follows_the_clock_and_moves_readers_to_the_new_first_offset(
     let now = clock.now();
     // The old segments went; the active one (the new message) stayed.
     assert_eq!(journal.streams.lock().values().next().unwrap().1.len(), 1);
-    let got = read_from(&v, "aged", AMQPValue::LongString("first".into()), now);
+    let got = read_from(&v, "aged", first(), now);
     assert_eq!(got, vec![(5, b"new".to_vec())]);
     // The stalled reader had offset 0; once it acks, it goes on at 5.
     let tag = out.0.lock()[0].0;
     ch.ack(tag, false, now).unwrap();
     let seen: Vec<i64> = out.0.lock().iter().map(|(_, o, _)| *o).collect();
     assert_eq!(seen, vec![0, 5]);
-}
-
-/// A consumer of `queue` from `next` with prefetch 100: what it gets,
-/// and its channel (kept open by the caller).
-fn consume_next(v: &Arc<VHost>, queue: &str, now: Instant) -> (Arc<Sink>, Arc<Channel>) {
-    let out = Arc::new(Sink::default());
-    let ch = channel(v, &out);
-    ch.qos(100, false, now);
-    let mut next = FieldTable::default();
-    next.insert(
-        "x-stream-offset".into(),
-        AMQPValue::LongString("next".into()),
-    );
-    ch.consume_with(
-        v.queue(1, queue).unwrap(),
-        "",
-        false,
-        false,
-        &next,
-        now,
-        |_| {},
-    )
-    .unwrap();
-    (out, ch)
 }
 
 /// A journal whose publish completions wait until the test runs them (a
@@ -419,7 +359,7 @@ fn consumers_get_only_messages_whose_write_is_durable() {
     let broker = Broker::with_journal(["/"], journal.clone(), 1, 1);
     let v = broker.vhost("/").unwrap();
     declare(&v, "s", stream_args(&[]), t0);
-    let (out, _ch) = consume_next(&v, "s", t0);
+    let (_ch, out) = reader(&v, "s", AMQPValue::LongString("next".into()), 100, t0);
     let mut unconfirmed = || -> Done { Box::new(|_| {}) };
     for i in 0..3 {
         let m = Message::new(
@@ -472,7 +412,7 @@ fn a_commit_a_caught_up_reader_waits_for_wakes_the_stream_once() {
     journal.complete(3);
     assert_eq!(wakes.load(SeqCst), 0, "no reader waits: no wake-up");
 
-    let (out, _ch) = consume_next(&v, "s", t0);
+    let (_ch, out) = reader(&v, "s", AMQPValue::LongString("next".into()), 100, t0);
     let offsets = || -> Vec<i64> { out.0.lock().iter().map(|(_, o, _)| *o).collect() };
     publish(&v, "s", "m3", t0);
     assert_eq!(wakes.load(SeqCst), 0, "not durable yet");
@@ -560,21 +500,8 @@ fn ten_readers_behind_share_what_is_read_back_instead_of_reading_it_each() {
     for i in 0..MESSAGES {
         publish(&v, "fan", &format!("m{i}"), t0);
     }
-    let q = v.queue(1, "fan").unwrap();
     let readers: Vec<(Arc<Channel>, Arc<Sink>)> = (0..READERS)
-        .map(|_| {
-            let out = Arc::new(Sink::default());
-            let ch = channel(&v, &out);
-            ch.qos(50, false, t0);
-            let mut first = FieldTable::default();
-            first.insert(
-                "x-stream-offset".into(),
-                AMQPValue::LongString("first".into()),
-            );
-            ch.consume_with(Arc::clone(&q), "", false, false, &first, t0, |_| {})
-                .unwrap();
-            (ch, out)
-        })
+        .map(|_| reader(&v, "fan", first(), 50, t0))
         .collect();
     // Readers go at different speeds (the odd ones ack every other
     // round), so they drift apart as PerfTest's consumers do.
@@ -620,21 +547,8 @@ fn an_ack_on_a_stream_offers_deliveries_only_to_readers_with_credit() {
     for i in 0..100 {
         publish(&v, "s", &format!("m{i}"), t0);
     }
-    let q = v.queue(1, "s").unwrap();
     let readers: Vec<(Arc<Channel>, Arc<Sink>)> = (0..READERS)
-        .map(|_| {
-            let out = Arc::new(Sink::default());
-            let ch = channel(&v, &out);
-            ch.qos(1, false, t0);
-            let mut first = FieldTable::default();
-            first.insert(
-                "x-stream-offset".into(),
-                AMQPValue::LongString("first".into()),
-            );
-            ch.consume_with(Arc::clone(&q), "", false, false, &first, t0, |_| {})
-                .unwrap();
-            (ch, out)
-        })
+        .map(|_| reader(&v, "s", first(), 1, t0))
         .collect();
     let asked = || -> Vec<usize> {
         readers

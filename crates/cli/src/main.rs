@@ -16,6 +16,7 @@ mod events_cmd;
 mod exit;
 mod heap_trim;
 mod https_client;
+mod log_filter;
 mod malloc_tune;
 mod serve_args;
 mod status;
@@ -83,10 +84,15 @@ fn init_logging(level: &str) -> Result<(), String> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
         .map_err(|e| format!("invalid log level {level:?}: {e}"))?;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let quiet = log_filter::QuietPeerRetries::unless_named_in(&filter.to_string());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(false)
+        .finish()
+        .with(quiet)
         .init();
     Ok(())
 }

@@ -200,7 +200,6 @@ async fn confirmed_messages_survive_sigkill_and_committed_acks_stay_acked() {
         );
         drop(conn);
     }
-    let _best_effort_cleanup = std::fs::remove_dir_all(&dir);
 }
 
 /// Transient messages paged out of a deep queue are written to the store
@@ -252,5 +251,4 @@ async fn paged_out_transient_messages_do_not_survive_a_restart() {
     }
     assert_eq!(bodies, ["p-99", "p-199", "p-299", "p-399"]);
     drop(broker);
-    let _cleanup_is_best_effort = std::fs::remove_dir_all(&dir);
 }

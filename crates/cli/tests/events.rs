@@ -274,7 +274,6 @@ async fn concurrent_publishers_merge_in_time_order_and_every_kind_is_reported() 
     let (after, code) = events_json(&dir, &[]);
     assert_eq!(code, 0, "a torn tail of the newest file is normal");
     assert_eq!(after.len(), events.len());
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -349,5 +348,4 @@ async fn rotation_keeps_each_group_within_its_size_bound() {
         "old events retired"
     );
     drop(broker);
-    let _ = std::fs::remove_dir_all(&dir);
 }

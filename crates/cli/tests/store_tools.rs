@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
+use berth_testdir::TestDir;
 use lapin::options::{
     BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
     QueueDeclareOptions,
@@ -98,10 +99,18 @@ impl Drop for Broker {
     }
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("berth-tools-{}-{name}", std::process::id()));
-    let _may_not_exist = std::fs::remove_dir_all(&d);
-    d
+/// A test's directories (none made yet), removed when it drops: when the
+/// test ends, passed or failed (see berth-testdir). Declared first in a
+/// test, so it drops after the brokers using them.
+#[derive(Default)]
+struct Scratch(Vec<TestDir>);
+
+impl Scratch {
+    fn dir(&mut self, name: &str) -> PathBuf {
+        let (guard, path) = TestDir::unmade(&format!("tools-{name}")).and_path();
+        self.0.push(guard);
+        path
+    }
 }
 
 fn berth(args: &[&str], dirs: &[PathBuf]) -> Output {
@@ -239,7 +248,8 @@ async fn make_store(dir: &Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scan_and_verify_report_a_real_store() {
-    let dir = temp_dir("scan");
+    let mut scratch = Scratch::default();
+    let dir = scratch.dir("scan");
     make_store(&dir).await;
     let dirs = [dir.clone()];
 
@@ -287,17 +297,17 @@ async fn scan_and_verify_report_a_real_store() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("'tools-a' in vhost '/'"), "{text}");
     assert!(text.contains("because"), "{text}");
-    let _cleanup = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_reports_bit_flips_truncations_and_missing_segments() {
-    let dir = temp_dir("damage");
+    let mut scratch = Scratch::default();
+    let dir = scratch.dir("damage");
     make_store(&dir).await;
     let verify = |d: &Path| berth(&["store", "verify"], &[d.to_path_buf()]);
 
     // A flipped bit inside the first record of group 0's first segment.
-    let flipped = temp_dir("flipped");
+    let flipped = scratch.dir("flipped");
     copy_dir(&dir, &flipped);
     let seg = flipped.join(live_sealed_segment(&dir).strip_prefix(&dir).unwrap());
     let mut bytes = std::fs::read(&seg).unwrap();
@@ -312,7 +322,7 @@ async fn verify_reports_bit_flips_truncations_and_missing_segments() {
     );
 
     // A sealed segment cut in the middle of a record.
-    let cut = temp_dir("cut");
+    let cut = scratch.dir("cut");
     copy_dir(&dir, &cut);
     let seg = cut.join(live_sealed_segment(&dir).strip_prefix(&dir).unwrap());
     let len = std::fs::metadata(&seg).unwrap().len();
@@ -331,7 +341,7 @@ async fn verify_reports_bit_flips_truncations_and_missing_segments() {
     );
 
     // A missing segment holding live messages.
-    let missing = temp_dir("missing");
+    let missing = scratch.dir("missing");
     copy_dir(&dir, &missing);
     let seg = missing.join(live_sealed_segment(&dir).strip_prefix(&dir).unwrap());
     std::fs::remove_file(&seg).unwrap();
@@ -344,18 +354,15 @@ async fn verify_reports_bit_flips_truncations_and_missing_segments() {
     );
 
     // Not a store at all: exit 2 with what is wrong.
-    let out = verify(&temp_dir("empty"));
+    let out = verify(&scratch.dir("empty"));
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no berth store"));
-
-    for d in [&dir, &flipped, &cut, &missing] {
-        let _cleanup = std::fs::remove_dir_all(d);
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_and_scan_work_on_a_running_broker_while_it_publishes() {
-    let dir = temp_dir("live");
+    let mut scratch = Scratch::default();
+    let dir = scratch.dir("live");
     let broker = Broker::start(std::slice::from_ref(&dir), 2);
     let uri = broker.uri.clone();
     let publisher = tokio::spawn(async move {
@@ -376,7 +383,6 @@ async fn verify_and_scan_work_on_a_running_broker_while_it_publishes() {
     assert!(out.status.success());
     assert!(runs >= 2, "verify ran {runs} times during publishing");
     broker.stop();
-    let _cleanup = std::fs::remove_dir_all(&dir);
 }
 
 /// Gets every message of `queue`, acking each; returns their bodies.
@@ -400,12 +406,13 @@ async fn drain(uri: &str, queue: &str) -> Vec<Vec<u8>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn online_backup_while_publishing_restores_every_confirmed_message() {
+    let mut scratch = Scratch::default();
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
     const Q: &str = "backup-q";
     const BODY: usize = 900;
-    let dir = temp_dir("bk-src");
-    let out = temp_dir("bk-out");
+    let dir = scratch.dir("bk-src");
+    let out = scratch.dir("bk-out");
     let broker = Broker::start(std::slice::from_ref(&dir), 3);
     let confirmed = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -504,7 +511,7 @@ async fn online_backup_while_publishing_restores_every_confirmed_message() {
 
     // Restore into two directories (the source had one), start, and check
     // message by message.
-    let r = [temp_dir("bk-r1"), temp_dir("bk-r2")];
+    let r = [scratch.dir("bk-r1"), scratch.dir("bk-r2")];
     let restored = berth(&["store", "restore", out.to_str().unwrap()], &r);
     assert!(
         restored.status.success(),
@@ -554,7 +561,7 @@ async fn online_backup_while_publishing_restores_every_confirmed_message() {
     let mut bytes = std::fs::read(&seg).unwrap();
     bytes[40] ^= 1;
     std::fs::write(&seg, &bytes).unwrap();
-    let target = temp_dir("bk-r3");
+    let target = scratch.dir("bk-r3");
     let res = berth(
         &["store", "restore", out.to_str().unwrap()],
         std::slice::from_ref(&target),
@@ -575,23 +582,20 @@ async fn online_backup_while_publishing_restores_every_confirmed_message() {
     std::fs::write(&manifest, text.replace("berth-backup 1", "berth-backup 9")).unwrap();
     let res = berth(
         &["store", "restore", out.to_str().unwrap()],
-        &[temp_dir("bk-r4")],
+        &[scratch.dir("bk-r4")],
     );
     let err = String::from_utf8_lossy(&res.stderr);
     assert_eq!(res.status.code(), Some(2), "{err}");
     assert!(err.contains("format version 9"), "{err}");
-
-    for d in [&dir, &out, &r[0], &r[1], &target] {
-        let _cleanup = std::fs::remove_dir_all(d);
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compact_frees_mostly_dead_segments_keeps_every_live_message_and_refuses_a_running_broker()
 {
+    let mut scratch = Scratch::default();
     const KEEP: usize = 80;
     const DROP_PER_KEEP: usize = 4;
-    let dir = temp_dir("compact");
+    let dir = scratch.dir("compact");
     let dirs = [dir.clone()];
     let broker = Broker::start(&dirs, 1);
     {
@@ -660,13 +664,13 @@ async fn compact_frees_mostly_dead_segments_keeps_every_live_message_and_refuses
     broker.stop();
     let expected: Vec<Vec<u8>> = (0..KEEP).map(|i| body("keep", i, 1000)).collect();
     assert_eq!(bodies, expected, "every kept message, intact and in order");
-    let _cleanup = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scan_shows_a_streams_segments_with_their_offsets() {
+    let mut scratch = Scratch::default();
     const MESSAGES: u64 = 300;
-    let dir = temp_dir("stream-scan");
+    let dir = scratch.dir("stream-scan");
     let dirs = [dir.clone()];
     let broker = Broker::start(&dirs, 1);
     {
@@ -733,5 +737,4 @@ async fn scan_shows_a_streams_segments_with_their_offsets() {
     let text = String::from_utf8_lossy(&berth(&["store", "scan"], &dirs).stdout).into_owned();
     assert!(text.contains("'events' in vhost '/': 300 msgs"), "{text}");
     assert!(text.contains("offsets 0.."), "{text}");
-    let _cleanup = std::fs::remove_dir_all(&dir);
 }

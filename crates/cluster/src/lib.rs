@@ -24,6 +24,7 @@ mod error;
 pub mod limits;
 pub mod log_file;
 mod log_frame;
+mod log_noise;
 pub mod log_segments;
 pub mod log_store;
 mod node;
@@ -37,6 +38,7 @@ mod types;
 pub mod untrusted;
 
 pub use error::ClusterError;
+pub use log_noise::is_peer_retry_noise;
 pub use node::{ClusterNode, NodeConfig, ProposeError, Reply};
 pub use state_machine::Apply;
 pub use status::{ClusterStatus, MemberStatus, Role};

@@ -407,6 +407,7 @@ impl WriterThread {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use berth_testdir::TestDir;
 
     fn seg0(dir: &Path) -> PathBuf {
         dir.join(crate::log_segments::segment_name(0))
@@ -465,10 +466,7 @@ mod tests {
 
     #[test]
     fn a_torn_tail_is_cut_and_a_damaged_frame_is_set_aside_and_cut() {
-        let dir =
-            std::env::temp_dir().join(format!("berth-cluster-logfile-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
+        let dir = TestDir::new("cluster-logfile");
         let good = frames(&[b"alpha", b"beta"]);
         let mut torn = good.clone();
         torn.extend_from_slice(&encode_frame(b"gamma")[..6]);
@@ -497,7 +495,6 @@ mod tests {
             damaged[second as usize..],
             "the damaged bytes are kept for inspection"
         );
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -520,8 +517,7 @@ mod tests {
 
     #[test]
     fn a_log_shorter_than_what_was_synced_is_found_even_on_a_frame_boundary() {
-        let dir = std::env::temp_dir().join(format!("berth-cluster-synced-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
+        let dir = TestDir::unmade("cluster-synced");
         let (_, w) = open(&dir, SyncGate::default()).unwrap();
         let good = frames(&[b"alpha", b"beta", b"gamma"]);
         append_synced(&w, 0, good.clone());
@@ -552,7 +548,6 @@ mod tests {
         let (loaded, _w) = open(&dir, SyncGate::default()).unwrap();
         assert_eq!(loaded.entries.len(), 1);
         assert_eq!(loaded.damaged_at, None, "a log Raft truncated is whole");
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     /// The purge of a log's head used to copy every kept byte into a new
@@ -562,8 +557,7 @@ mod tests {
     #[test]
     fn dropping_the_head_deletes_whole_segments_and_copies_nothing() {
         use std::os::unix::fs::MetadataExt;
-        let dir = std::env::temp_dir().join(format!("berth-cluster-drop-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
+        let dir = TestDir::unmade("cluster-drop");
         let (_, w) = open_with(&dir, SyncGate::default(), 1024).unwrap();
         let mut at = 0;
         let mut offsets = Vec::new();
@@ -610,13 +604,11 @@ mod tests {
             "{firsts:?}"
         );
         assert_eq!(loaded.entries.last().unwrap().0, offsets[39]);
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn completions_wait_for_the_gate_and_keep_their_order() {
-        let dir = std::env::temp_dir().join(format!("berth-cluster-gate-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
+        let dir = TestDir::unmade("cluster-gate");
         let gate = SyncGate::default();
         let (_, writer) = open(&dir, gate.clone()).unwrap();
         let (tx, rx) = mpsc::channel();
@@ -643,6 +635,5 @@ mod tests {
         drop(writer);
         let (loaded, _w) = open(&dir, SyncGate::default()).unwrap();
         assert_eq!(loaded.entries.len(), 3);
-        fs::remove_dir_all(&dir).unwrap();
     }
 }

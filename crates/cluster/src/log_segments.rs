@@ -343,13 +343,10 @@ fn set_aside(dir: &Path, at: u64, head: &[u8], later: &[u64]) -> io::Result<()> 
 mod tests {
     use super::*;
     use crate::log_frame::encode_frame;
+    use berth_testdir::TestDir;
 
-    fn temp_dir(name: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("berth-segments-{name}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        dir
+    fn temp_dir(name: &str) -> TestDir {
+        TestDir::new(&format!("segments-{name}"))
     }
 
     fn append(s: &mut Segments, payload: &[u8]) -> u64 {
@@ -382,7 +379,6 @@ mod tests {
         let got: Vec<(u64, u8)> = opened.entries.iter().map(|(o, p)| (*o, p[0])).collect();
         let want: Vec<(u64, u8)> = offsets.into_iter().zip(0..10u8).collect();
         assert_eq!(got, want);
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -397,7 +393,6 @@ mod tests {
         let opened = Segments::open(&dir, 100).unwrap();
         let firsts: Vec<u8> = opened.entries.iter().map(|(_, p)| p[0]).collect();
         assert_eq!(firsts, vec![0, 1, 2, 99]);
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -418,7 +413,6 @@ mod tests {
         assert!(dir
             .join(format!("{LOG_FILE}.damaged-{}", offsets[1]))
             .exists());
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -435,7 +429,6 @@ mod tests {
         let first_len = fs::metadata(&paths[0]).unwrap().len();
         assert_eq!(opened.damaged_at, Some(first_len));
         assert_eq!(opened.segments.end(), first_len);
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -451,6 +444,5 @@ mod tests {
         assert_eq!(opened.segments.end(), frames.len() as u64);
         assert!(!dir.join(LOG_FILE).exists());
         assert!(dir.join(segment_name(0)).exists());
-        fs::remove_dir_all(&dir).unwrap();
     }
 }

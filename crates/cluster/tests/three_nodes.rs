@@ -1,14 +1,13 @@
 //! Three members on loopback in one process: what Raft promises berth.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use berth_cluster::{ClusterNode, NodeConfig, NodeId, ProposeError, SyncGate};
+use berth_cluster::{NodeId, ProposeError, SyncGate};
 use tokio::net::TcpListener;
 
 mod common;
-use common::{commands, Cluster, Recorder, SECRET, WAIT};
+use common::{big_commands, commands, Cluster, SECRET, WAIT};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_apply_one_order_and_survive_the_leader_stopping() {
@@ -157,64 +156,22 @@ async fn a_whole_cluster_restart_keeps_every_committed_command() {
 /// deleted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_behind_the_purged_log_catches_up_by_snapshot() {
-    let root = std::env::temp_dir().join(format!("berth-cluster-snap-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    let mut listeners = BTreeMap::new();
-    for id in 1..=3u64 {
-        listeners.insert(id, TcpListener::bind("127.0.0.1:0").await.unwrap());
-    }
-    let members: BTreeMap<NodeId, String> = listeners
-        .iter()
-        .map(|(id, l)| (*id, l.local_addr().unwrap().to_string()))
-        .collect();
-    let mut cluster = Cluster {
-        root: root.clone(),
-        members,
-        tune: |_| {},
-        nodes: BTreeMap::new(),
-    };
-    let config = |cluster: &Cluster, id: NodeId| {
-        let mut c = NodeConfig::new(
-            id,
-            cluster.root.join(format!("n{id}")),
-            cluster.members.clone(),
-            SECRET.to_vec(),
-        );
-        c.election_timeout_ms = (600, 1_200);
-        c.heartbeat_ms = 150;
+    let mut cluster = Cluster::start_tuned("snap", &BTreeMap::new(), |c| {
         c.snapshot_after_entries = 20;
         c.log_segment_bytes = 64 * 1024;
-        c
-    };
-    for (id, listener) in listeners {
-        let app = Arc::new(Recorder::default());
-        let node = ClusterNode::start(config(&cluster, id), listener, app.clone())
-            .await
-            .unwrap();
-        cluster.nodes.insert(id, (node, app));
-    }
+    })
+    .await;
     let leader = cluster.leader().await;
     let away = *cluster.nodes.keys().find(|id| **id != leader).unwrap();
     let (node, _) = cluster.nodes.remove(&away).unwrap();
     node.shutdown().await;
 
     // 16 KiB commands: 200 of them fill ~50 segments of 64 KiB.
-    let big = |i: u32| {
-        let mut c = format!("c{i}:").into_bytes();
-        c.resize(16 * 1024, b'x');
-        c
-    };
-    let expected: Vec<Vec<u8>> = (0..200).map(big).collect();
-    for c in &expected {
-        cluster.nodes[&leader]
-            .0
-            .propose(c.clone(), WAIT)
-            .await
-            .unwrap();
-    }
+    let expected = big_commands(200, 16 * 1024);
+    cluster.propose_each(leader, &expected).await;
     cluster.agree(&expected).await;
     // Snapshot, purge and rewrite follow the apply asynchronously.
-    let dir = root.join(format!("n{leader}"));
+    let dir = cluster.root.join(format!("n{leader}"));
     let deadline = Instant::now() + WAIT;
     loop {
         let log_bytes = log_bytes(&dir);
@@ -229,14 +186,12 @@ async fn a_member_behind_the_purged_log_catches_up_by_snapshot() {
     }
 
     let listener = TcpListener::bind(&cluster.members[&away]).await.unwrap();
-    let app = Arc::new(Recorder::default());
-    let node = ClusterNode::start(config(&cluster, away), listener, app.clone())
-        .await
-        .unwrap();
-    cluster.nodes.insert(away, (node, app));
+    cluster
+        .start_node(away, listener, SyncGate::default(), SECRET)
+        .await;
     cluster.agree(&expected).await;
     assert!(
-        root.join(format!("n{away}/raft.snapshot")).exists(),
+        cluster.root.join(format!("n{away}/raft.snapshot")).exists(),
         "the member caught up without a snapshot"
     );
     cluster.stop().await;
@@ -316,19 +271,8 @@ async fn a_log_of_few_large_entries_is_snapshotted_by_its_bytes() {
     })
     .await;
     let leader = cluster.leader().await;
-    let big = |i: u32| {
-        let mut c = format!("c{i}:").into_bytes();
-        c.resize(16 * 1024, b'x');
-        c
-    };
-    let expected: Vec<Vec<u8>> = (0..200).map(big).collect();
-    for c in &expected {
-        cluster.nodes[&leader]
-            .0
-            .propose(c.clone(), WAIT)
-            .await
-            .unwrap();
-    }
+    let expected = big_commands(200, 16 * 1024);
+    cluster.propose_each(leader, &expected).await;
     cluster.agree(&expected).await;
     // 200 entries of 16 KiB: 3.2 MB of log, far fewer than 10,000
     // entries. (The test's state machine keeps every command, so its

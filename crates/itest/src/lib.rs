@@ -29,6 +29,7 @@ mod publishing;
 pub use publishing::*;
 mod consuming;
 pub use consuming::*;
+pub mod load;
 mod raw;
 pub use raw::*;
 /// Environment variable naming an already running broker to test instead of

@@ -24,7 +24,7 @@ fn wait(f: impl FnOnce(berth_store::Done)) {
 fn records_of_a_queue_without_definition_are_purged_at_startup_and_their_segments_reclaimed() {
     let dir = TempDir::new("orphans");
     let mut config = Config::default();
-    config.store.data_dirs = vec![dir.0.clone()];
+    config.store.data_dirs = vec![dir.to_path_buf()];
     config.store.log_groups = 1;
     config.store.segment_size_bytes = 64 * 1024;
 

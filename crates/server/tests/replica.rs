@@ -22,7 +22,7 @@ mod common;
 use common::TempDir;
 
 fn replica(dir: &TempDir, groups: u32) -> Replica {
-    let mut c = StoreConfig::new(dir.0.clone());
+    let mut c = StoreConfig::new(dir.to_path_buf());
     c.log_groups = groups;
     let (store, _) = Store::open(c).expect("open store");
     let journal = Arc::new(StoreJournal {

@@ -62,7 +62,7 @@ async fn overview_and_metrics_visit_no_queue_and_agree_with_the_queues() {
     let mut config = Config::default();
     config.net.amqp_listen = vec!["127.0.0.1:0".into()];
     config.net.http_listen = vec!["127.0.0.1:0".into()];
-    config.store.data_dirs = vec![dir.0.clone()];
+    config.store.data_dirs = vec![dir.to_path_buf()];
     let running = berth_server::start(config).await.expect("start");
     let http = running.http_addrs[0];
 

@@ -10,16 +10,15 @@ use std::time::Instant;
 
 use berth_broker::durable::Done;
 use berth_broker::message::Message;
-use berth_broker::vhost::QueueDeclare;
 use berth_protocol::codec::encode_properties;
-use berth_protocol::{AMQPProperties, AMQPValue, FieldTable};
+use berth_protocol::AMQPProperties;
 use berth_server::journal::open_broker;
 use berth_server::Config;
 use berth_store::Ticket;
 use bytes::Bytes;
 
 mod common;
-use common::TempDir;
+use common::{declare_stream, TempDir};
 
 const MESSAGES: u64 = 20_000;
 
@@ -39,24 +38,14 @@ fn index_cost(journal: &berth_server::journal::StoreJournal) -> (u64, u64) {
 fn a_stream_of_many_messages_keeps_no_index_entry_per_message() {
     let dir = TempDir::new("stream-index");
     let mut config = Config::default();
-    config.store.data_dirs = vec![dir.0.clone()];
+    config.store.data_dirs = vec![dir.to_path_buf()];
     config.store.log_groups = 1;
     config.store.segment_size_bytes = 1024 * 1024;
     let now = Instant::now();
     {
         let (broker, journal) = open_broker(&config).expect("open broker");
+        declare_stream(&broker, "s");
         let v = broker.vhost("/").expect("default vhost");
-        let mut args = FieldTable::default();
-        args.insert(
-            "x-queue-type".into(),
-            AMQPValue::LongString("stream".into()),
-        );
-        let d = QueueDeclare {
-            durable: true,
-            arguments: args,
-            ..Default::default()
-        };
-        v.declare_queue(1, "s", &d, now).expect("declare a stream");
         for i in 0..MESSAGES {
             let m = Message::new(
                 String::new(),

@@ -10,17 +10,16 @@ use std::time::{Duration, Instant};
 
 use berth_broker::durable::Done;
 use berth_broker::message::Message;
-use berth_broker::vhost::QueueDeclare;
 use berth_broker::Broker;
 use berth_protocol::codec::encode_properties;
-use berth_protocol::{AMQPProperties, AMQPValue, FieldTable};
+use berth_protocol::AMQPProperties;
 use berth_server::journal::{open_broker, StoreJournal};
 use berth_server::Config;
 use berth_store::{QueueId, Store, Ticket};
 use bytes::Bytes;
 
 mod common;
-use common::TempDir;
+use common::{declare_stream, TempDir};
 
 const MESSAGES: u64 = 300;
 /// Offsets old retention had removed, and one write a crash lost.
@@ -29,7 +28,7 @@ const LOST: u64 = 100;
 
 fn config(dir: &TempDir) -> Config {
     let mut config = Config::default();
-    config.store.data_dirs = vec![dir.0.clone()];
+    config.store.data_dirs = vec![dir.to_path_buf()];
     config.store.log_groups = 2;
     config.store.segment_size_bytes = 64 * 1024;
     config
@@ -39,27 +38,6 @@ fn wait(f: impl FnOnce(berth_store::Done)) {
     let (done, ticket) = Ticket::new();
     f(done);
     ticket.wait().expect("durable");
-}
-
-/// Declares stream `s` and returns its queue id in the store.
-fn declare_stream(broker: &Broker) -> u64 {
-    let v = broker.vhost("/").expect("default vhost");
-    let mut args = FieldTable::default();
-    args.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("stream".into()),
-    );
-    let d = QueueDeclare {
-        durable: true,
-        arguments: args,
-        ..Default::default()
-    };
-    v.declare_queue(1, "s", &d, Instant::now())
-        .expect("declare a stream");
-    v.queue(1, "s")
-        .expect("the stream")
-        .store_id
-        .expect("durable")
 }
 
 /// Every record of stream `q` as the store reads it back, from offset 0.
@@ -88,7 +66,7 @@ fn close(broker: Arc<Broker>, journal: Arc<StoreJournal>) {
 fn entries() -> Vec<(u64, Bytes)> {
     let dir = TempDir::new("stream-migration-entries");
     let (broker, journal) = open_broker(&config(&dir)).expect("open broker");
-    let q = declare_stream(&broker);
+    let q = declare_stream(&broker, "s");
     let v = broker.vhost("/").expect("default vhost");
     for i in 0..MESSAGES {
         let m = Message::new(
@@ -121,7 +99,7 @@ fn a_stream_stored_one_publish_each_is_moved_to_appends_at_its_offsets() {
     let config = config(&dir);
     let q = {
         let (broker, journal) = open_broker(&config).expect("open broker");
-        let q = declare_stream(&broker);
+        let q = declare_stream(&broker, "s");
         close(broker, journal);
         q
     };

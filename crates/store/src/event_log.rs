@@ -561,11 +561,11 @@ pub fn decode_file(bytes: &[u8]) -> (Vec<EventRecord>, bool) {
 mod tests {
     use super::*;
     use crate::events::read_all_groups;
+    use berth_testdir::TestDir;
 
     #[test]
     fn concurrent_appends_are_ordered_per_group_and_the_last_merge_holds_them_all() {
-        let dir = std::env::temp_dir().join(format!("berth-event-log-{}", std::process::id()));
-        let _may_not_exist = std::fs::remove_dir_all(&dir);
+        let (_dir, dir) = TestDir::unmade("event-log").and_path();
         let group_dirs: Vec<PathBuf> = (0..3).map(|g| dir.join(format!("g{g}"))).collect();
         let config = EventLogConfig {
             group_dirs: group_dirs.clone(),
@@ -623,6 +623,5 @@ mod tests {
             merged.extend(decode_file(&bytes).0);
         }
         assert_eq!(merged, all);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

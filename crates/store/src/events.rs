@@ -405,9 +405,7 @@ mod tests {
 
     #[test]
     fn damage_in_an_older_file_is_skipped_and_reported_torn_newest_tail_waits() {
-        let dir = std::env::temp_dir().join(format!("berth-event-tail-{}", std::process::id()));
-        let _may_not_exist = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let (_dir, dir) = berth_testdir::TestDir::new("event-tail").and_path();
         let name = |n| dir.join(event_file_name(GROUP_EVENT_FILE_PREFIX, n));
         // File 1: a good record, a corrupt one, a good one (never trusted).
         let mut one = file_with(&[(1, 1), (2, 2), (3, 3)]);
@@ -434,7 +432,6 @@ mod tests {
         tail.poll(&storage, &mut out).unwrap();
         assert_eq!(out.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![6]);
         assert_eq!(tail.damaged.len(), 1, "a torn newest tail is not damage");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use berth_store::fault::FaultStorage;
 use berth_store::{MsgId, QueueId, StoreError};
 use bytes::Bytes;
-use common::{config, open, wait};
+use common::{config, fresh, open, wait};
 
 #[test]
 fn published_message_reads_back_and_survives_restart() {
@@ -41,9 +41,8 @@ fn published_message_reads_back_and_survives_restart() {
 
 #[test]
 fn acked_message_is_gone_after_restart_and_ids_stay_unique() {
-    let fs = FaultStorage::new(2);
     let cfg = config(3);
-    let (store, _) = open(&fs, &cfg);
+    let (fs, store) = fresh(2, &cfg);
     let mut last = MsgId(0);
     for i in 0..50u64 {
         let m = store.next_msg_id();
@@ -65,9 +64,8 @@ fn acked_message_is_gone_after_restart_and_ids_stay_unique() {
 
 #[test]
 fn multi_queue_publish_spans_groups_and_is_acked_per_queue() {
-    let fs = FaultStorage::new(3);
     let cfg = config(4);
-    let (store, _) = open(&fs, &cfg);
+    let (fs, store) = fresh(3, &cfg);
     let queues: Vec<QueueId> = (0..8).map(QueueId).collect();
     let groups: std::collections::BTreeSet<u32> =
         queues.iter().map(|q| store.group_of(*q)).collect();
@@ -98,9 +96,8 @@ fn multi_queue_publish_spans_groups_and_is_acked_per_queue() {
 
 #[test]
 fn metadata_last_write_wins_and_deletes_stick() {
-    let fs = FaultStorage::new(4);
     let cfg = config(2);
-    let (store, _) = open(&fs, &cfg);
+    let (fs, store) = fresh(4, &cfg);
     for v in ["a", "b", "c"] {
         wait(|d| store.put_meta(Bytes::from_static(b"queue/x"), Bytes::from(v), Some(d))).unwrap();
     }
@@ -124,9 +121,8 @@ fn metadata_last_write_wins_and_deletes_stick() {
 
 #[test]
 fn purge_removes_every_message_of_the_queue_only() {
-    let fs = FaultStorage::new(5);
     let cfg = config(1);
-    let (store, _) = open(&fs, &cfg);
+    let (fs, store) = fresh(5, &cfg);
     for _ in 0..10 {
         let m = store.next_msg_id();
         wait(|d| {
@@ -148,9 +144,8 @@ fn purge_removes_every_message_of_the_queue_only() {
 
 #[test]
 fn recovered_queue_order_is_publish_order() {
-    let fs = FaultStorage::new(6);
     let cfg = config(2);
-    let (store, _) = open(&fs, &cfg);
+    let (fs, store) = fresh(6, &cfg);
     let mut ids = Vec::new();
     for i in 0..200u32 {
         let m = store.next_msg_id();
@@ -181,10 +176,9 @@ fn recovered_queue_order_is_publish_order() {
 
 #[test]
 fn dead_segments_are_deleted_and_mostly_dead_ones_compacted() {
-    let fs = FaultStorage::new(7);
     let mut cfg = config(1);
     cfg.segment_size_bytes = 8 * 1024;
-    let (store, _) = open(&fs, &cfg);
+    let (fs, store) = fresh(7, &cfg);
     let payload = Bytes::from(vec![1u8; 1000]);
     let mut ids = Vec::new();
     for _ in 0..100 {
@@ -221,9 +215,8 @@ fn dead_segments_are_deleted_and_mostly_dead_ones_compacted() {
 
 #[test]
 fn failed_fsync_poisons_the_group_and_fails_pending_and_later_writes() {
-    let fs = FaultStorage::new(9);
     let cfg = config(1);
-    let (store, _) = open(&fs, &cfg);
+    let (fs, store) = fresh(9, &cfg);
     let m = store.next_msg_id();
     wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"ok"), Some(d))).unwrap();
     fs.fail_syncs_after(Some(0));
@@ -255,10 +248,9 @@ fn failed_fsync_poisons_the_group_and_fails_pending_and_later_writes() {
 
 #[test]
 fn oversized_payload_and_empty_queue_list_are_refused() {
-    let fs = FaultStorage::new(10);
     let mut cfg = config(1);
     cfg.payload_bytes_max = 10;
-    let (store, _) = open(&fs, &cfg);
+    let (_fs, store) = fresh(10, &cfg);
     let m = store.next_msg_id();
     assert!(matches!(
         wait(|d| store.publish(m, &[QueueId(1)], Bytes::from(vec![0; 11]), Some(d))),
@@ -272,8 +264,8 @@ fn oversized_payload_and_empty_queue_list_are_refused() {
 
 #[test]
 fn real_files_roundtrip() {
-    let dir = std::env::temp_dir().join(format!("berth-store-test-{}", std::process::id()));
-    let mut cfg = berth_store::StoreConfig::new(&dir);
+    let dir = berth_testdir::TestDir::unmade("store-test");
+    let mut cfg = berth_store::StoreConfig::new(dir.path());
     cfg.log_groups = 2;
     let (store, _) = berth_store::Store::open(cfg.clone()).unwrap();
     let m = store.next_msg_id();
@@ -286,16 +278,14 @@ fn real_files_roundtrip() {
         Bytes::from_static(b"disk")
     );
     drop(store);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn interval_mode_completes_before_sync_and_syncs_in_the_background() {
-    let fs = FaultStorage::new(11);
     let mut cfg = config(1);
     cfg.sync = berth_store::SyncMode::Interval;
     cfg.sync_interval_ms = 20;
-    let (store, _) = open(&fs, &cfg);
+    let (fs, store) = fresh(11, &cfg);
     let m = store.next_msg_id();
     wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"x"), Some(d))).unwrap();
     let syncs_before = store.stats()[0].syncs;
@@ -314,10 +304,9 @@ fn interval_mode_completes_before_sync_and_syncs_in_the_background() {
 
 #[test]
 fn flush_forces_durability_in_never_mode() {
-    let fs = FaultStorage::new(12);
     let mut cfg = config(2);
     cfg.sync = berth_store::SyncMode::Never;
-    let (store, _) = open(&fs, &cfg);
+    let (fs, store) = fresh(12, &cfg);
     let m = store.next_msg_id();
     wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"x"), Some(d))).unwrap();
     wait(|d| store.flush(d)).unwrap();
@@ -330,11 +319,10 @@ fn flush_forces_durability_in_never_mode() {
 
 #[test]
 fn idle_active_segment_is_rolled_so_its_space_can_be_freed() {
-    let fs = FaultStorage::new(13);
     let mut cfg = config(1);
     cfg.segment_idle_roll_ms = 20;
     cfg.checkpoint_interval_ms = 20;
-    let (store, _) = open(&fs, &cfg);
+    let (_fs, store) = fresh(13, &cfg);
     let m = store.next_msg_id();
     wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"x"), Some(d))).unwrap();
     wait(|d| store.remove(QueueId(1), &[m], Some(d))).unwrap();
@@ -354,10 +342,9 @@ fn idle_active_segment_is_rolled_so_its_space_can_be_freed() {
 
 #[test]
 fn index_ram_per_message_is_small() {
-    let fs = FaultStorage::new(14);
     let mut cfg = config(1);
     cfg.segment_size_bytes = 1 << 30;
-    let (store, _) = open(&fs, &cfg);
+    let (_fs, store) = fresh(14, &cfg);
     let n = 100_000u64;
     for _ in 0..n - 1 {
         let m = store.next_msg_id();
@@ -381,10 +368,9 @@ fn index_ram_per_message_is_small() {
 
 #[test]
 fn groups_spread_over_data_dirs_and_a_misordered_dir_list_is_refused() {
-    let fs = FaultStorage::new(15);
     let mut cfg = config(4);
     cfg.data_dirs = vec!["/disk-a".into(), "/disk-b".into()];
-    let (store, _) = open(&fs, &cfg);
+    let (fs, store) = fresh(15, &cfg);
     let m = store.next_msg_id();
     let all: Vec<QueueId> = (0..16).map(QueueId).collect();
     wait(|d| store.publish(m, &all, Bytes::from_static(b"x"), Some(d))).unwrap();
@@ -418,12 +404,11 @@ fn groups_spread_over_data_dirs_and_a_misordered_dir_list_is_refused() {
 /// next checkpoint is being written) + two segments of slack.
 #[test]
 fn space_amplification_stays_bounded_under_churn() {
-    let fs = FaultStorage::new(16);
     let mut cfg = config(1);
     cfg.segment_size_bytes = 8 * 1024;
     cfg.checkpoint_journal_bytes = 32 * 1024;
     cfg.compaction_pause_ms = 0;
-    let (store, _) = open(&fs, &cfg);
+    let (fs, store) = fresh(16, &cfg);
     let payload = Bytes::from(vec![3u8; 500]);
     let mut live = std::collections::VecDeque::new();
     let mut rng = 0x1234_5678_u64;
@@ -474,9 +459,8 @@ fn space_amplification_stays_bounded_under_churn() {
 
 #[test]
 fn read_many_reads_neighbours_together_and_checks_each_record() {
-    let fs = FaultStorage::new(7);
     let cfg = config(1); // one group: the two queues' records interleave
-    let (store, _) = open(&fs, &cfg);
+    let (fs, store) = fresh(7, &cfg);
     let mut mine = Vec::new();
     let mut theirs = Vec::new();
     for i in 0..120u32 {
@@ -548,9 +532,8 @@ fn read_many_reads_neighbours_together_and_checks_each_record() {
 /// is written as several records, and the group keeps working.
 #[test]
 fn remove_of_millions_of_ids_is_split_into_several_records_not_fatal() {
-    let fs = FaultStorage::new(17);
     let cfg = config(1);
-    let (store, _) = open(&fs, &cfg);
+    let (fs, store) = fresh(17, &cfg);
     let keep = store.next_msg_id();
     let gone = store.next_msg_id();
     for m in [keep, gone] {
@@ -578,9 +561,8 @@ fn remove_of_millions_of_ids_is_split_into_several_records_not_fatal() {
 /// refused (the publisher gets a nack), and the group keeps working.
 #[test]
 fn publish_too_large_for_one_record_is_refused_not_fatal() {
-    let fs = FaultStorage::new(18);
     let cfg = config(1);
-    let (store, _) = open(&fs, &cfg);
+    let (_fs, store) = fresh(18, &cfg);
     let payload = Bytes::from(vec![5u8; cfg.payload_bytes_max as usize]);
     let queues: Vec<QueueId> = (0..10_000).map(QueueId).collect();
     let m = store.next_msg_id();
@@ -597,9 +579,8 @@ fn publish_too_large_for_one_record_is_refused_not_fatal() {
 /// reports it.
 #[test]
 fn dead_writer_poisons_its_group_fails_every_waiter_and_close_reports_it() {
-    let fs = FaultStorage::new(19);
     let cfg = config(1);
-    let (store, _) = open(&fs, &cfg);
+    let (fs, store) = fresh(19, &cfg);
     let m = store.next_msg_id();
     wait(|d| store.publish(m, &[QueueId(1)], Bytes::from_static(b"ok"), Some(d))).unwrap();
     fs.panic_on_next_sync();
@@ -619,11 +600,10 @@ fn dead_writer_poisons_its_group_fails_every_waiter_and_close_reports_it() {
 /// retrying that one forever.
 #[test]
 fn corrupt_live_record_does_not_stop_background_compaction() {
-    let fs = FaultStorage::new(20);
     let mut cfg = config(1);
     cfg.segment_size_bytes = 8 * 1024;
     cfg.compaction_pause_ms = 1;
-    let (store, _) = open(&fs, &cfg);
+    let (fs, store) = fresh(20, &cfg);
     let payload = Bytes::from(vec![1u8; 1000]);
     let mut ids = Vec::new();
     for _ in 0..100 {
@@ -746,12 +726,11 @@ fn gathering_happens_under_concurrency_is_capped_and_never_for_a_lone_committer(
 /// those checkpoints recover every live message and nothing else.
 #[test]
 fn checkpoints_are_rebuilt_from_the_journal_not_cloned_on_the_writer_path() {
-    let fs = FaultStorage::new(22);
     let mut cfg = config(2);
     cfg.segment_size_bytes = 8 * 1024;
     cfg.checkpoint_journal_bytes = 16 * 1024;
     cfg.compaction_pause_ms = 0;
-    let (store, _) = open(&fs, &cfg);
+    let (fs, store) = fresh(22, &cfg);
     let mut live: std::collections::BTreeMap<MsgId, Vec<QueueId>> = Default::default();
     let mut rng = 0x9E37_79B9_u64;
     for i in 0..3_000u64 {
@@ -813,9 +792,8 @@ fn checkpoints_are_rebuilt_from_the_journal_not_cloned_on_the_writer_path() {
 fn a_completed_write_is_within_the_groups_durable_lsn() {
     // The journal seam's positions: explicit, monotonic, and reached by
     // the time a write under `sync = always` completes.
-    let fs = FaultStorage::new(41);
     let cfg = config(1);
-    let (store, _) = open(&fs, &cfg);
+    let (_fs, store) = fresh(41, &cfg);
     assert_eq!(store.durable_lsn(0), 0, "nothing synced yet");
     for i in 1..=5u64 {
         let m = store.next_msg_id();
@@ -829,10 +807,9 @@ fn a_completed_write_is_within_the_groups_durable_lsn() {
 
 #[test]
 fn an_idle_writer_gives_its_batch_buffer_back() {
-    let fs = FaultStorage::new(15);
     let mut cfg = config(1);
     cfg.segment_idle_roll_ms = 20;
-    let (store, _) = open(&fs, &cfg);
+    let (_fs, store) = fresh(15, &cfg);
     let m = store.next_msg_id();
     let body = Bytes::from(vec![7u8; 1024 * 1024]);
     wait(|d| store.publish(m, &[QueueId(1)], body, Some(d))).unwrap();
@@ -859,11 +836,10 @@ fn an_idle_writer_gives_its_batch_buffer_back() {
 
 #[test]
 fn a_drained_index_is_checkpointed_as_a_copy_not_as_a_delta_of_its_removals() {
-    let fs = FaultStorage::new(16);
     let mut cfg = config(1);
     cfg.checkpoint_journal_bytes = 1 << 40;
     cfg.checkpoint_interval_ms = 3_600_000;
-    let (store, _) = open(&fs, &cfg);
+    let (fs, store) = fresh(16, &cfg);
     // A first checkpoint with messages in it, so the next could be a delta.
     let msgs: Vec<MsgId> = (0..2_000).map(|_| store.next_msg_id()).collect();
     for &m in &msgs {

@@ -15,12 +15,12 @@ use std::time::Duration;
 
 use berth_store::storage::{OsStorage, Storage, StorageFile};
 use berth_store::{backup, MsgId, QueueId, Recovered, Store, StoreConfig, SyncMode, Ticket};
+use berth_testdir::TestDir;
 use bytes::Bytes;
 
-fn temp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("berth-backup-cut-{name}-{}", std::process::id()));
-    let _may_not_exist = std::fs::remove_dir_all(&d);
-    d
+/// A directory not made yet, removed when the test ends (see berth-testdir).
+fn temp(name: &str) -> TestDir {
+    TestDir::unmade(&format!("backup-cut-{name}"))
 }
 
 type Hook = Box<dyn FnOnce() + Send>;
@@ -115,12 +115,10 @@ fn dead_letter(store: &Store, msg: MsgId, from: QueueId, to: QueueId) -> MsgId {
 
 /// What a backup holds: restored into a new directory and opened.
 fn open_backup(out: &Path) -> Recovered {
-    let restored = PathBuf::from(format!("{}-restored", out.display()));
-    let _may_not_exist = std::fs::remove_dir_all(&restored);
+    let (_restored, restored) = TestDir::unmade("backup-cut-restored").and_path();
     backup::restore(&OsStorage, out, std::slice::from_ref(&restored), &|_| {}).expect("restore");
     let (store, rec) = Store::open(config(&restored, SyncMode::Always)).expect("open restored");
     store.close().expect("close restored");
-    let _cleanup = std::fs::remove_dir_all(&restored);
     rec
 }
 
@@ -204,9 +202,6 @@ fn a_dead_letter_between_the_cuts_of_two_groups_is_in_the_backup() {
         .expect("one owner")
         .close()
         .unwrap();
-    for d in [&dir, &out] {
-        let _cleanup = std::fs::remove_dir_all(d);
-    }
 }
 
 #[test]
@@ -294,8 +289,4 @@ fn backups_taken_while_dead_letters_cross_groups_hold_every_message() {
         .expect("one owner")
         .close()
         .unwrap();
-    let _cleanup = std::fs::remove_dir_all(&dir);
-    for out in &outs {
-        let _cleanup = std::fs::remove_dir_all(out);
-    }
 }

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use berth_store::inspect::{inspect_group, Layout};
 use berth_store::storage::OsStorage;
 use berth_store::{Store, StoreConfig};
+use berth_testdir::TestDir;
 
 fn copy_image(to: &Path) {
     fn copy(from: &Path, to: &Path) {
@@ -33,8 +34,7 @@ fn copy_image(to: &Path) {
 
 #[test]
 fn golden_store_image_of_format_1_opens_with_every_message_and_verifies() {
-    let dir = std::env::temp_dir().join(format!("berth-golden-{}", std::process::id()));
-    let _may_not_exist = std::fs::remove_dir_all(&dir);
+    let (_dir, dir) = TestDir::unmade("golden").and_path();
     copy_image(&dir);
 
     let layout = Layout::open(&OsStorage, std::slice::from_ref(&dir)).unwrap();
@@ -87,7 +87,6 @@ fn golden_store_image_of_format_1_opens_with_every_message_and_verifies() {
     let expected: Vec<usize> = (0..40).filter(|i| i % 2 == 1 || *i >= 20).collect();
     assert_eq!(numbers, expected);
     store.close().unwrap();
-    let _cleanup = std::fs::remove_dir_all(&dir);
 }
 
 /// The golden image (written by berth 0.1.0) reshapes to another group
@@ -97,8 +96,7 @@ fn golden_store_image_of_format_1_reshapes_with_every_message() {
     use berth_store::reshape;
     use std::sync::Arc;
 
-    let base = std::env::temp_dir().join(format!("berth-golden-reshape-{}", std::process::id()));
-    let _may_not_exist = std::fs::remove_dir_all(&base);
+    let base = TestDir::unmade("golden-reshape");
     let (a, b) = (base.join("a"), base.join("b"));
     copy_image(&a);
     let read_all = |dirs: &[PathBuf]| {
@@ -126,5 +124,4 @@ fn golden_store_image_of_format_1_reshapes_with_every_message() {
     let layout = Layout::open(&OsStorage, &dirs).unwrap();
     assert_eq!(layout.manifest.group_count, 5);
     assert_eq!(read_all(&dirs), before);
-    let _cleanup = std::fs::remove_dir_all(&base);
 }

@@ -14,7 +14,7 @@ use berth_store::manifest::Manifest;
 use berth_store::storage::Storage;
 use berth_store::{MsgId, QueueId, Store, StoreConfig, StoreError};
 use bytes::Bytes;
-use common::{config, group_dir, open, wait};
+use common::{config, fresh, group_dir, open, wait};
 
 fn reopen(
     fs: &FaultStorage,
@@ -43,10 +43,9 @@ fn publish(store: &Store, queue: u64) -> MsgId {
 
 #[test]
 fn missing_journal_tail_after_the_replay_start_refuses_to_start() {
-    let fs = FaultStorage::new(21);
     let mut cfg = config(1);
     cfg.segment_size_bytes = 4096;
-    let (store, _) = open(&fs, &cfg);
+    let (fs, store) = fresh(21, &cfg);
     let acked: Vec<MsgId> = (0..40).map(|_| publish(&store, 1)).collect();
     wait(|d| store.remove(QueueId(1), &acked, Some(d))).unwrap();
     // Replay now starts past the header of the active segment, with an
@@ -75,9 +74,8 @@ fn missing_journal_tail_after_the_replay_start_refuses_to_start() {
 
 #[test]
 fn missing_group_directory_refuses_to_start() {
-    let fs = FaultStorage::new(22);
     let cfg = config(2);
-    let (store, _) = open(&fs, &cfg);
+    let (fs, store) = fresh(22, &cfg);
     for q in 0..8 {
         publish(&store, q);
     }

@@ -11,12 +11,12 @@ use berth_store::inspect::{inspect_group, Layout};
 use berth_store::manifest::{self, Manifest, MANIFEST_NAME};
 use berth_store::storage::OsStorage;
 use berth_store::{backup, reshape, MsgId, QueueId, Store, StoreConfig, Ticket};
+use berth_testdir::TestDir;
 use bytes::Bytes;
 
-fn temp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("berth-resalt-{name}-{}", std::process::id()));
-    let _may_not_exist = std::fs::remove_dir_all(&d);
-    d
+/// A directory not made yet, removed when the test ends (see berth-testdir).
+fn temp(name: &str) -> TestDir {
+    TestDir::unmade(&format!("resalt-{name}"))
 }
 
 /// Creates, in `dir`, a 2-group store with a version-1 manifest (salt 0),
@@ -89,7 +89,6 @@ fn restore_of_an_unsalted_store_gives_it_a_salt_and_reseals_every_record() {
     backup::backup(&OsStorage, &layout, &out, "test", 0, &|_| {}).unwrap();
     backup::restore(&OsStorage, &out, std::slice::from_ref(&new), &|_| {}).unwrap();
     assert_salted_with(std::slice::from_ref(&new), &sent);
-    let _cleanup = std::fs::remove_dir_all(&base);
 }
 
 #[test]
@@ -105,5 +104,4 @@ fn reshape_of_an_unsalted_store_gives_it_a_salt() {
     cfg.data_dirs.clone_from(&dirs);
     reshape::run(&plan, &cfg, Arc::new(OsStorage), 1).unwrap();
     assert_salted_with(&dirs, &sent);
-    let _cleanup = std::fs::remove_dir_all(&base);
 }

@@ -12,12 +12,12 @@ use berth_store::checkpoint::CHECKPOINT_TMP_NAME;
 use berth_store::reshape::{self, STAGING_DIR};
 use berth_store::storage::OsStorage;
 use berth_store::{MsgId, QueueId, Store, StoreConfig, Ticket};
+use berth_testdir::TestDir;
 use bytes::Bytes;
 
-fn temp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("berth-reshape-ro-{name}-{}", std::process::id()));
-    let _may_not_exist = std::fs::remove_dir_all(&d);
-    d
+/// A directory not made yet, removed when the test ends (see berth-testdir).
+fn temp(name: &str) -> TestDir {
+    TestDir::unmade(&format!("reshape-ro-{name}"))
 }
 
 fn config(dir: &Path, groups: u32) -> StoreConfig {
@@ -59,7 +59,7 @@ fn segments(group_dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn reshape_leaves_the_old_store_byte_for_byte_unchanged_whatever_its_recovery_repairs() {
-    let dir = temp("old");
+    let (_dir, dir) = temp("old").and_path();
     let (store, _) = Store::open(config(&dir, 2)).unwrap();
     for q in 1..=6u64 {
         for i in 0..40u64 {
@@ -144,5 +144,4 @@ fn reshape_leaves_the_old_store_byte_for_byte_unchanged_whatever_its_recovery_re
     assert!(rec.damage.is_empty(), "the copy is clean: {:?}", rec.damage);
     assert!(rec.queues.values().flatten().all(|m| m.msg > MsgId(0)));
     copy.close().unwrap();
-    let _cleanup = std::fs::remove_dir_all(&dir);
 }

@@ -5,11 +5,10 @@
 
 mod common;
 
-use berth_store::fault::FaultStorage;
 use berth_store::limits::STREAM_INDEX_STRIDE_RECORDS;
 use berth_store::{MsgId, QueueId, Store};
 use bytes::Bytes;
-use common::{config, open, wait};
+use common::{config, fresh, open, wait};
 
 const STREAM: QueueId = QueueId(5);
 const OTHER: QueueId = QueueId(6);
@@ -43,9 +42,8 @@ fn offsets_from(store: &Store, from: u64, n: usize) -> Vec<u64> {
 
 #[test]
 fn a_stream_is_read_from_any_offset_through_a_sparse_index() {
-    let fs = FaultStorage::new(1);
     let cfg = config(1);
-    let (store, _) = open(&fs, &cfg);
+    let (_fs, store) = fresh(1, &cfg);
     let n = 2_000u64;
     fill(&store, 0..n);
     let st = &store.stats()[0];
@@ -84,9 +82,8 @@ fn a_stream_is_read_from_any_offset_through_a_sparse_index() {
 
 #[test]
 fn a_trim_removes_the_head_and_its_segments_go() {
-    let fs = FaultStorage::new(2);
     let cfg = config(1);
-    let (store, _) = open(&fs, &cfg);
+    let (fs, store) = fresh(2, &cfg);
     fill(&store, 0..2_000);
     // The classic messages leave; only the stream keeps segments alive.
     let ids: Vec<MsgId> = (0..2_000u64)
@@ -117,9 +114,8 @@ fn a_trim_removes_the_head_and_its_segments_go() {
 
 #[test]
 fn a_stream_comes_back_the_same_after_a_restart_and_a_crash() {
-    let fs = FaultStorage::new(3);
     let cfg = config(1);
-    let (store, _) = open(&fs, &cfg);
+    let (fs, store) = fresh(3, &cfg);
     fill(&store, 0..600);
     store.checkpoint().expect("checkpoint");
     // After the checkpoint: replayed, not loaded.
@@ -165,9 +161,8 @@ fn a_stream_comes_back_the_same_after_a_restart_and_a_crash() {
 /// every appended record is read back at its offset.
 #[test]
 fn a_checkpoint_listing_stream_positions_backwards_is_ignored_and_nothing_is_lost() {
-    let fs = FaultStorage::new(4);
     let cfg = config(1);
-    let (store, _) = open(&fs, &cfg);
+    let (fs, store) = fresh(4, &cfg);
     fill(&store, 0..300);
     store.checkpoint().expect("checkpoint");
     // Only Appends since the base: the delta's ops are 29 bytes each.

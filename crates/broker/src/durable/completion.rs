@@ -17,6 +17,14 @@ use super::JournalError;
 /// writer): keep it short, and never call back into the journal from it.
 pub type Done = Box<dyn FnOnce(Result<(), JournalError>) + Send + 'static>;
 
+/// Runs `done`, if there is one, with `result`: how a journal reports a
+/// write it finished (or refused) at once.
+pub fn complete(done: Option<Done>, result: Result<(), JournalError>) {
+    if let Some(d) = done {
+        d(result);
+    }
+}
+
 /// One completion that runs each of `dones` with the same result (`None`
 /// if there are none).
 pub fn all_of(dones: Vec<Done>) -> Option<Done> {

@@ -14,7 +14,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
-use super::{all_of, Done, EventSink, Journal, JournalError};
+use super::{all_of, complete, Done, EventSink, Journal, JournalError};
 
 /// Marks a journal queue id, or a queued message's journal id, as a
 /// paging copy: a body written only to leave memory (a transient message,
@@ -64,17 +64,16 @@ impl Durability {
         Box::new(move |r: Result<(), JournalError>| match (r, me.upgrade()) {
             (Ok(()), Some(dur)) => dur.deferred.lock().push((queue, msg, done)),
             (Ok(()), None) => {
-                if let Some(d) = done {
-                    d(Err(JournalError::new(
+                complete(
+                    done,
+                    Err(JournalError::new(
                         "the broker stopped before the removal was journaled",
-                    )));
-                }
+                    )),
+                );
             }
             (Err(e), _) => {
                 tracing::error!(queue, msg, error = %e, "a dead-lettered copy was not stored; the message stays in its queue and returns after a restart");
-                if let Some(d) = done {
-                    d(Err(e));
-                }
+                complete(done, Err(e));
             }
         })
     }

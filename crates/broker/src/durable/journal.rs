@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 
-use super::{Done, JournalError};
+use super::{complete, Done, JournalError};
 use crate::meta::MetaCommand;
 
 /// Durable storage as the broker needs it.
@@ -92,16 +92,15 @@ pub trait Journal: Send + Sync {
     /// are given in increasing order. `done` as for [`Journal::publish`].
     fn stream_append(&self, queue: u64, offset: u64, payload: Bytes, done: Option<Done>) {
         let _ = (queue, offset, payload);
-        if let Some(d) = done {
-            d(Err(JournalError::new("this journal keeps no streams")));
-        }
+        complete(
+            done,
+            Err(JournalError::new("this journal keeps no streams")),
+        );
     }
     /// Removes stream `queue`'s messages below `below` (retention).
     fn stream_trim(&self, queue: u64, below: u64, done: Option<Done>) {
         let _ = (queue, below);
-        if let Some(d) = done {
-            d(Ok(()));
-        }
+        complete(done, Ok(()));
     }
     /// Reads stream `queue` from offset `from` (the first message at or
     /// after it): at most `count_max` messages, stopping once `bytes_max`

@@ -9,26 +9,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use bytes::Bytes;
 use parking_lot::Mutex;
 
-use super::{Done, Journal, JournalError};
+use super::{complete, Done, Journal, JournalError};
 
 /// A journal that keeps nothing (the broker without a store).
 pub struct NoJournal;
 
 impl Journal for NoJournal {
     fn publish(&self, _msg: u64, _queues: &[u64], _payload: Bytes, done: Option<Done>) {
-        if let Some(d) = done {
-            d(Ok(()));
-        }
+        complete(done, Ok(()));
     }
     fn remove(&self, _queue: u64, _msgs: &[u64], done: Option<Done>) {
-        if let Some(d) = done {
-            d(Ok(()));
-        }
+        complete(done, Ok(()));
     }
     fn purge(&self, _queue: u64, done: Option<Done>) {
-        if let Some(d) = done {
-            d(Ok(()));
-        }
+        complete(done, Ok(()));
     }
     fn put_meta(&self, _key: &[u8], _value: &[u8]) -> Result<(), JournalError> {
         Ok(())
@@ -37,9 +31,7 @@ impl Journal for NoJournal {
         Ok(())
     }
     fn stream_append(&self, _queue: u64, _offset: u64, _payload: Bytes, done: Option<Done>) {
-        if let Some(d) = done {
-            d(Ok(()));
-        }
+        complete(done, Ok(()));
     }
 }
 
@@ -73,9 +65,7 @@ impl Journal for MemoryJournal {
             m.entry(*q).or_default().insert(msg, payload.clone());
         }
         drop(m);
-        if let Some(d) = done {
-            d(Ok(()));
-        }
+        complete(done, Ok(()));
     }
     fn remove(&self, queue: u64, msgs: &[u64], done: Option<Done>) {
         if let Some(q) = self.messages.lock().get_mut(&queue) {
@@ -83,16 +73,12 @@ impl Journal for MemoryJournal {
                 q.remove(id);
             }
         }
-        if let Some(d) = done {
-            d(Ok(()));
-        }
+        complete(done, Ok(()));
     }
     fn purge(&self, queue: u64, done: Option<Done>) {
         self.messages.lock().remove(&queue);
         self.streams.lock().remove(&queue);
-        if let Some(d) = done {
-            d(Ok(()));
-        }
+        complete(done, Ok(()));
     }
     fn put_meta(&self, key: &[u8], value: &[u8]) -> Result<(), JournalError> {
         self.check_meta_write()?;
@@ -122,18 +108,14 @@ impl Journal for MemoryJournal {
             .or_default()
             .1
             .insert(offset, payload);
-        if let Some(d) = done {
-            d(Ok(()));
-        }
+        complete(done, Ok(()));
     }
     fn stream_trim(&self, queue: u64, below: u64, done: Option<Done>) {
         let mut m = self.streams.lock();
         let q = m.entry(queue).or_default();
         q.0 = q.0.max(below);
         q.1.retain(|o, _| *o >= below);
-        if let Some(d) = done {
-            d(Ok(()));
-        }
+        complete(done, Ok(()));
     }
     fn stream_read(
         &self,

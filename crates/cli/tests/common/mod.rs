@@ -15,11 +15,12 @@
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use berth_testdir::TestDir;
 use lapin::{Connection, ConnectionProperties};
 
 /// How long a broker may take to recover and report ready.
@@ -141,11 +142,10 @@ pub async fn connect(uri: &str) -> Connection {
         .expect("connect")
 }
 
-/// A fresh directory for one test run (removed first if left over).
-pub fn temp_dir(name: &str, seed: u64) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("berth-{name}-{}-{seed}", std::process::id()));
-    let _may_not_exist = std::fs::remove_dir_all(&d);
-    d
+/// A directory for one test run, not made yet, removed when the test
+/// ends, passed or failed (see berth-testdir).
+pub fn temp_dir(name: &str, seed: u64) -> TestDir {
+    TestDir::unmade(&format!("{name}-{seed}"))
 }
 
 /// The seed of a seeded test: `BERTH_TEST_SEED` if set, else random.

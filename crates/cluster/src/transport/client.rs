@@ -3,7 +3,7 @@
 
 use std::io;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
@@ -37,18 +37,65 @@ pub(crate) struct Network {
 }
 
 /// When each peer last answered a call of this node (for the members'
-/// `running` in status: a leader calls every member every heartbeat).
+/// `running` in status: a leader calls every member every heartbeat), and
+/// since when its calls fail: the log says once that a peer became
+/// unreachable and once that it answers again, however often openraft
+/// retries in between (its own per-attempt reports are dropped by the
+/// binary's log filter, see [`crate::is_peer_retry_noise`]).
 #[derive(Default)]
-pub struct Heard(parking_lot::Mutex<std::collections::BTreeMap<NodeId, std::time::Instant>>);
+pub struct Heard(parking_lot::Mutex<std::collections::BTreeMap<NodeId, Reach>>);
+
+#[derive(Default)]
+struct Reach {
+    answered: Option<Instant>,
+    /// When its calls began to fail; `None` while they are answered.
+    failing_since: Option<Instant>,
+}
 
 impl Heard {
-    fn now(&self, peer: NodeId) {
-        self.0.lock().insert(peer, std::time::Instant::now());
+    fn answered(&self, peer: NodeId, addr: &str) {
+        let now = Instant::now();
+        let was_failing = {
+            let mut m = self.0.lock();
+            let r = m.entry(peer).or_default();
+            r.answered = Some(now);
+            r.failing_since.take()
+        };
+        if let Some(since) = was_failing {
+            tracing::info!(
+                peer,
+                addr,
+                unreachable_ms = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX),
+                "cluster peer reachable again"
+            );
+        }
+    }
+
+    fn failed(&self, peer: NodeId, addr: &str, error: &io::Error) {
+        let first = {
+            let mut m = self.0.lock();
+            let r = m.entry(peer).or_default();
+            let first = r.failing_since.is_none();
+            r.failing_since.get_or_insert_with(Instant::now);
+            first
+        };
+        if first {
+            tracing::warn!(
+                peer,
+                addr,
+                %error,
+                "cluster peer unreachable; retrying, and saying so again only once it answers"
+            );
+        }
     }
 
     /// How long ago `peer` last answered, if it ever did.
     pub fn since(&self, peer: NodeId) -> Option<Duration> {
-        self.0.lock().get(&peer).map(std::time::Instant::elapsed)
+        self.0
+            .lock()
+            .get(&peer)
+            .and_then(|r| r.answered)
+            .map(|t| t.elapsed())
     }
 }
 
@@ -96,18 +143,20 @@ impl Peer {
             let stream = super::dial(&self.addr, self.source)
                 .await
                 .map_err(CallError::Unreachable)?;
+            // Why a handshake failed is in the error, which the log shows
+            // once (`Heard::failed`), not at every retry.
             let stream = match &self.tls {
-                Some(tls) => super::tls_connect(tls, &self.addr, stream).await.map_err(|e| {
-                    tracing::warn!(peer = self.target, addr = %self.addr, error = %e, "cluster TLS handshake failed");
-                    CallError::Unreachable(e)
-                })?,
+                Some(tls) => super::tls_connect(tls, &self.addr, stream)
+                    .await
+                    .map_err(|e| {
+                        CallError::Unreachable(context("cluster TLS handshake failed", e))
+                    })?,
                 None => super::plain(stream),
             };
             let mut conn = framed(stream);
-            handshake::connect(&mut conn, &self.secret, self.node).await.map_err(|e| {
-                tracing::warn!(peer = self.target, addr = %self.addr, error = %e, "cluster handshake failed");
-                CallError::Unreachable(e)
-            })?;
+            handshake::connect(&mut conn, &self.secret, self.node)
+                .await
+                .map_err(|e| CallError::Unreachable(context("cluster handshake failed", e)))?;
             super::authenticated(&mut conn, self.frame_max);
             self.conn = Some(conn);
         }
@@ -150,10 +199,12 @@ impl Peer {
                 "no answer in time",
             )))
         });
-        if result.is_err() {
-            self.conn = None; // a half-used connection cannot be trusted to line up answers
-        } else {
-            self.heard.now(self.target);
+        match &result {
+            Err(CallError::Unreachable(e) | CallError::Network(e)) => {
+                self.conn = None; // a half-used connection cannot be trusted to line up answers
+                self.heard.failed(self.target, &self.addr, e);
+            }
+            Ok(_) => self.heard.answered(self.target, &self.addr),
         }
         result
     }
@@ -229,6 +280,11 @@ impl RaftNetwork<TypeConfig> for Peer {
             Err(e) => Err(self.shape(e)),
         }
     }
+}
+
+/// `e` with what was being done in front, its kind kept.
+fn context(what: &str, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
 /// How many of `entries`, from the first, fit in about `target` encoded

@@ -3,11 +3,11 @@
 #![allow(dead_code)] // each test file uses part of it
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use berth_cluster::{Apply, ClusterNode, NodeConfig, NodeId, SyncGate};
+use berth_testdir::TestDir;
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
 
@@ -45,11 +45,13 @@ impl Apply for Recorder {
 }
 
 pub struct Cluster {
-    pub root: PathBuf,
     pub members: BTreeMap<NodeId, String>,
     /// Tunes each member's settings before it starts.
     pub tune: fn(&mut NodeConfig),
     pub nodes: BTreeMap<NodeId, (ClusterNode, Arc<Recorder>)>,
+    /// The members' directories (`n{id}`), removed when the cluster drops,
+    /// also when a test fails; last, so the members drop first.
+    pub root: TestDir,
 }
 
 pub const SECRET: &[u8] = b"a cluster secret of enough bytes";
@@ -78,9 +80,7 @@ impl Cluster {
         secrets: &BTreeMap<NodeId, &[u8]>,
         tune: fn(&mut NodeConfig),
     ) -> Self {
-        let root =
-            std::env::temp_dir().join(format!("berth-cluster-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
+        let root = TestDir::new(&format!("cluster-{name}"));
         let mut listeners = BTreeMap::new();
         for id in 1..=3u64 {
             let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -91,10 +91,10 @@ impl Cluster {
             .map(|(id, l)| (*id, l.local_addr().unwrap().to_string()))
             .collect();
         let mut cluster = Self {
-            root,
             members,
             tune,
             nodes: BTreeMap::new(),
+            root,
         };
         for (id, listener) in listeners {
             let gate = gates.get(&id).cloned().unwrap_or_default();
@@ -155,6 +155,15 @@ impl Cluster {
         }
     }
 
+    /// Proposes each of `commands` at `leader`, one after another, each
+    /// committed before the next.
+    pub async fn propose_each(&self, leader: NodeId, commands: &[Vec<u8>]) {
+        let node = &self.nodes[&leader].0;
+        for c in commands {
+            node.propose(c.clone(), WAIT).await.unwrap();
+        }
+    }
+
     /// Waits until every live member applied exactly `expected`, in order.
     pub async fn agree(&self, expected: &[Vec<u8>]) {
         let deadline = Instant::now() + WAIT;
@@ -183,10 +192,20 @@ impl Cluster {
         for (_, (node, _)) in std::mem::take(&mut self.nodes) {
             node.shutdown().await;
         }
-        let _ = std::fs::remove_dir_all(&self.root);
     }
 }
 
 pub fn commands(to: u32) -> Vec<Vec<u8>> {
     (0..to).map(|i| format!("c{i}").into_bytes()).collect()
+}
+
+/// `count` commands of `bytes` bytes each: `c{i}:` padded with `x`.
+pub fn big_commands(count: u32, bytes: usize) -> Vec<Vec<u8>> {
+    (0..count)
+        .map(|i| {
+            let mut c = format!("c{i}:").into_bytes();
+            c.resize(bytes, b'x');
+            c
+        })
+        .collect()
 }

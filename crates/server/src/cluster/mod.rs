@@ -18,3 +18,6 @@ pub mod redirect;
 pub mod replica;
 pub mod replicated;
 pub mod view;
+
+/// For the binary's log filter (`berth_cluster::log_noise`).
+pub use berth_cluster::is_peer_retry_noise;

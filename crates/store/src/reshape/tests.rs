@@ -8,11 +8,12 @@ use super::*;
 use crate::storage::OsStorage;
 use crate::store::{Store, Ticket};
 use crate::{MsgId, QueueId, StoreConfig};
+use berth_testdir::TestDir;
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("berth-reshape-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// A data directory not made yet: the guard that removes it when the test
+/// ends (passed or failed), and its path.
+fn scratch(name: &str) -> (TestDir, PathBuf) {
+    TestDir::unmade(&format!("reshape-{name}")).and_path()
 }
 
 fn config(dirs: &[PathBuf], groups: u32) -> StoreConfig {
@@ -105,7 +106,7 @@ fn contents(dirs: &[PathBuf]) -> Contents {
 
 #[test]
 fn same_shape_and_new_store_need_no_reshape() {
-    let d = scratch("same");
+    let (_d, d) = scratch("same");
     assert_eq!(
         plan(&OsStorage, std::slice::from_ref(&d), Some(3)).unwrap(),
         None
@@ -130,12 +131,11 @@ fn same_shape_and_new_store_need_no_reshape() {
         "{}",
         p.describe()
     );
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn a_store_directory_left_out_is_refused_with_its_index() {
-    let (a, b) = (scratch("out-a"), scratch("out-b"));
+    let ((_a, a), (_b, b)) = (scratch("out-a"), scratch("out-b"));
     fill(&[a.clone(), b.clone()], 2);
     let e = plan(&OsStorage, std::slice::from_ref(&a), None)
         .unwrap_err()
@@ -146,14 +146,11 @@ fn a_store_directory_left_out_is_refused_with_its_index() {
         .unwrap()
         .unwrap();
     assert_eq!(p.old_dirs, vec![a.clone(), b.clone()]);
-    for d in [a, b] {
-        std::fs::remove_dir_all(d).unwrap();
-    }
 }
 
 #[test]
 fn free_space_check_refuses_before_writing() {
-    let d = scratch("free");
+    let (_d, d) = scratch("free");
     fill(std::slice::from_ref(&d), 2);
     let p = plan(&OsStorage, std::slice::from_ref(&d), Some(4))
         .unwrap()
@@ -165,12 +162,11 @@ fn free_space_check_refuses_before_writing() {
     assert!(e.contains("refused before writing anything"), "{e}");
     assert_eq!(OsStorage.list(&d).unwrap(), before);
     check_free_space(&p, &|_| Ok(p.bytes_needed())).unwrap();
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn reshape_2_to_6_groups_and_onto_two_dirs_and_back_keeps_everything() {
-    let (a, b) = (scratch("rt-a"), scratch("rt-b"));
+    let ((_a, a), (_b, b)) = (scratch("rt-a"), scratch("rt-b"));
     let hw = fill(std::slice::from_ref(&a), 2);
     let (want, meta, next) = contents(std::slice::from_ref(&a));
     assert!(next.0 > hw);
@@ -198,14 +194,11 @@ fn reshape_2_to_6_groups_and_onto_two_dirs_and_back_keeps_everything() {
     }
     assert!(a.join(format!("{OLD_DIR_PREFIX}1006/MANIFEST")).exists());
     assert!(a.join(format!("{OLD_DIR_PREFIX}1006-1/MANIFEST")).exists());
-    for d in [a, b] {
-        std::fs::remove_dir_all(d).unwrap();
-    }
 }
 
 #[test]
 fn crash_before_commit_keeps_the_old_store_and_discards_the_copy() {
-    let d = scratch("precommit");
+    let (_d, d) = scratch("precommit");
     fill(std::slice::from_ref(&d), 2);
     let (want, ..) = contents(std::slice::from_ref(&d));
     let p = plan(&OsStorage, std::slice::from_ref(&d), Some(5))
@@ -235,7 +228,6 @@ fn crash_before_commit_keeps_the_old_store_and_discards_the_copy() {
         finish_interrupted(&OsStorage, std::slice::from_ref(&d)).unwrap(),
         Interrupted::None
     );
-    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -243,7 +235,7 @@ fn crash_after_commit_at_every_step_finishes_on_the_new_store() {
     // Crash points: after the commit record; after some old entries moved;
     // after phase 2; after some staging entries moved.
     for crash_at in 0..4 {
-        let (a, b) = (
+        let ((_a, a), (_b, b)) = (
             scratch(&format!("post-a{crash_at}")),
             scratch(&format!("post-b{crash_at}")),
         );
@@ -287,9 +279,6 @@ fn crash_after_commit_at_every_step_finishes_on_the_new_store() {
         );
         assert_eq!(contents(&dirs).0, want, "crash point {crash_at}");
         assert!(aside.join(MANIFEST_NAME).exists());
-        for d in [a, b] {
-            std::fs::remove_dir_all(d).unwrap();
-        }
     }
 }
 
@@ -358,7 +347,7 @@ fn append(store: &Store, q: u64, offsets: impl Iterator<Item = u64>) {
 /// taking appends after its newest offset.
 #[test]
 fn reshape_keeps_every_stream_record_at_its_offset() {
-    let a = scratch("streams");
+    let (_a, a) = scratch("streams");
     let dirs = std::slice::from_ref(&a);
     {
         let (store, _) = Store::open(config(dirs, 2)).unwrap();
@@ -423,5 +412,4 @@ fn reshape_keeps_every_stream_record_at_its_offset() {
         got[&QueueId(101)].1.iter().map(|r| r.0).collect::<Vec<_>>(),
         (120..310).collect::<Vec<_>>()
     );
-    std::fs::remove_dir_all(a).unwrap();
 }

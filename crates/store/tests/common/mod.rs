@@ -19,6 +19,14 @@ pub fn open(fs: &FaultStorage, cfg: &StoreConfig) -> (Store, Recovered) {
     Store::open_with(cfg.clone(), Arc::new(fs.clone())).expect("open")
 }
 
+/// A store opened on new in-memory storage seeded with `seed`: the
+/// storage (to crash, damage and reopen) and the store.
+pub fn fresh(seed: u64, cfg: &StoreConfig) -> (FaultStorage, Store) {
+    let fs = FaultStorage::new(seed);
+    let (store, _) = open(&fs, cfg);
+    (fs, store)
+}
+
 pub fn wait(f: impl FnOnce(berth_store::Done)) -> Result<(), StoreError> {
     let (done, ticket) = Ticket::new();
     f(done);
