@@ -36,6 +36,10 @@ pub const RESTORE_READ_BATCH_MESSAGES: usize = 1024;
 /// per message (10,000,000 messages at a restart).
 pub const RESTORE_PAGED_RUN_MESSAGES: usize = 65_536;
 
+/// Threads that put queues' messages back at a restart (at most one per
+/// core): queues are independent, so a restart uses the cores it has.
+pub const RESTORE_THREADS_MAX: usize = 8;
+
 /// Enqueues between two paging scans of a queue past its resident window.
 pub const PAGE_SCAN_EVERY_MESSAGES: u64 = 64;
 

@@ -16,17 +16,22 @@
 //!   delivered before the crash).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use berth_protocol::codec::decode_field_table;
+use parking_lot::Mutex;
 
 use crate::broker::Broker;
 use crate::durable::decode_delayed;
-use crate::limits::{RESTORE_PAGED_RUN_MESSAGES, RESTORE_READ_BATCH_MESSAGES};
+use crate::limits::{RESTORE_PAGED_RUN_MESSAGES, RESTORE_READ_BATCH_MESSAGES, RESTORE_THREADS_MAX};
 use crate::message::Message;
 use crate::meta::{key_kind, queue_id_of, ExchangeDef, MetaCommand};
 use crate::queue::{Queue, StoredEntry};
+
+/// A queue and its stored messages, to be put back.
+type QueueJob = (Arc<Queue>, u64, Vec<(u64, StoredBody)>);
 
 /// What a journal gave back after a restart.
 #[derive(Default)]
@@ -144,6 +149,9 @@ impl Broker {
             skipped,
             ..RestoreReport::default()
         };
+        // Queues' messages go back after every definition, several
+        // queues at once (a restart of millions is otherwise one core's).
+        let mut queued: Vec<QueueJob> = Vec::new();
         for (parts, cmd) in &cmds {
             if let Err(why) = self.apply(cmd, now) {
                 report.skipped.push(format!("{parts:?}: {why}"));
@@ -167,12 +175,13 @@ impl Broker {
                         let appended = streams.remove(&d.id);
                         self.restore_stream(&q, appended.as_ref(), stored, &mut report);
                     } else {
-                        self.restore_messages(&q, d.id, stored, now, &mut report);
+                        queued.push((q, d.id, stored));
                     }
                 }
                 _ => {}
             }
         }
+        self.restore_queues(queued, now, &mut report);
         let mut left: Vec<(u64, usize)> = messages
             .into_iter()
             .filter(|(_, msgs)| !msgs.is_empty())
@@ -268,6 +277,42 @@ impl Broker {
             q.report_totals();
             report.messages += n;
             report.skipped.extend(skipped);
+        }
+    }
+
+    /// Puts each job's messages back in its queue, on up to
+    /// [`RESTORE_THREADS_MAX`] threads (one per core), largest queues
+    /// first; what each reports is added in the jobs' order.
+    fn restore_queues(&self, mut jobs: Vec<QueueJob>, now: Instant, report: &mut RestoreReport) {
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(RESTORE_THREADS_MAX)
+            .min(jobs.len());
+        if threads <= 1 {
+            for (q, id, stored) in jobs {
+                self.restore_messages(&q, id, stored, now, report);
+            }
+            return;
+        }
+        jobs.sort_by_key(|(_, _, stored)| std::cmp::Reverse(stored.len()));
+        let slots: Vec<Mutex<Option<QueueJob>>> =
+            jobs.into_iter().map(|j| Mutex::new(Some(j))).collect();
+        let done: Vec<Mutex<RestoreReport>> = slots.iter().map(|_| Mutex::default()).collect();
+        let next = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(slot) = slots.get(i) else { break };
+                    let (q, id, stored) = slot.lock().take().expect("each job taken once");
+                    self.restore_messages(&q, id, stored, now, &mut done[i].lock());
+                });
+            }
+        });
+        for r in done {
+            let r = r.into_inner();
+            report.messages += r.messages;
+            report.skipped.extend(r.skipped);
         }
     }
 
