@@ -591,11 +591,34 @@ impl Index {
     /// recovery thread. It walks each queue's list, sorting it in place
     /// (after a checkpoint load a list is already in id order, so the
     /// sort is one pass), with one table lookup per message and no
-    /// allocation per message; queues ascending.
-    pub fn live_by_queue(&mut self) -> Vec<(QueueId, Vec<RecoveredMessage>)> {
-        let (msgs, multi, holders) = (&self.msgs, &self.multi, &self.holders);
-        let mut out = Vec::with_capacity(self.by_queue.len());
-        for (&q, list) in &mut self.by_queue {
+    /// allocation per message; queues ascending. Lists are shared out
+    /// over up to `threads` threads, largest first (one group often holds
+    /// most queues and finishes last).
+    pub fn live_by_queue(&mut self, threads: usize) -> Vec<(QueueId, Vec<RecoveredMessage>)> {
+        let Index {
+            msgs,
+            multi,
+            holders,
+            by_queue,
+            ..
+        } = self;
+        let (msgs, multi, holders) = (&*msgs, &*multi, holders.as_slice());
+        let mut lists: Vec<(u64, &mut QueueList)> =
+            by_queue.iter_mut().map(|(q, l)| (*q, l)).collect();
+        lists.sort_unstable_by_key(|(_, l)| std::cmp::Reverse(l.ids.len()));
+        let threads = threads.clamp(1, lists.len().max(1));
+        // Largest first to the least loaded share.
+        let mut shares: Vec<(usize, Vec<(u64, &mut QueueList)>)> =
+            (0..threads).map(|_| (0, Vec::new())).collect();
+        for (q, l) in lists {
+            let share = shares
+                .iter_mut()
+                .min_by_key(|(load, _)| *load)
+                .expect("at least one share");
+            share.0 += l.ids.len();
+            share.1.push((q, l));
+        }
+        let list_one = |q: u64, list: &mut QueueList| {
             list.ids.sort_unstable();
             list.ids.dedup();
             let mut held = Vec::with_capacity(usize::try_from(list.live).unwrap_or(0));
@@ -617,10 +640,28 @@ impl Index {
                     payload_len: payload_len(e.loc.len, queues),
                 });
             }
-            if !held.is_empty() {
-                out.push((QueueId(q), held));
+            (QueueId(q), held)
+        };
+        let list_share = |share: Vec<(u64, &mut QueueList)>| {
+            share
+                .into_iter()
+                .map(|(q, l)| list_one(q, l))
+                .filter(|(_, held)| !held.is_empty())
+                .collect::<Vec<_>>()
+        };
+        let mut shares = shares.into_iter().map(|(_, s)| s);
+        let first = shares.next().unwrap_or_default();
+        let mut out = std::thread::scope(|s| {
+            let others: Vec<_> = shares
+                .filter(|share| !share.is_empty())
+                .map(|share| s.spawn(move || list_share(share)))
+                .collect();
+            let mut out = list_share(first);
+            for h in others {
+                out.extend(h.join().expect("listing thread panicked"));
             }
-        }
+            out
+        });
         out.sort_unstable_by_key(|(q, _)| *q);
         out
     }
@@ -835,7 +876,7 @@ mod tests {
             v.sort_unstable_by_key(|m| m.msg);
         }
         let got: BTreeMap<QueueId, Vec<RecoveredMessage>> =
-            ix.live_by_queue().into_iter().collect();
+            ix.live_by_queue(3).into_iter().collect();
         assert_eq!(
             got.len(),
             4,

@@ -30,7 +30,7 @@ use crate::index::Index;
 use crate::journal::{
     CheckpointBytes, CheckpointSeen, Damage, Found, Journal, Listing, Seg, Span, Verdict, Visit,
 };
-use crate::limits::RECORD_BODY_BYTES_MAX;
+use crate::limits::{LISTING_THREADS, RECORD_BODY_BYTES_MAX};
 use crate::manifest::read_all;
 use crate::record::{self, Decoded, Record, RECORD_HEADER_BYTES};
 use crate::report::RecoveredMessage;
@@ -487,7 +487,7 @@ pub fn recover_group(
         .map_or(1, |s| s + 1)
         .max(replay.seg);
     r.checkpoints.reverse();
-    let queues = index.live_by_queue();
+    let queues = index.live_by_queue(LISTING_THREADS);
     Ok(GroupRecovery {
         next_lsn: walked.last_lsn.unwrap_or(0) + 1,
         index,
