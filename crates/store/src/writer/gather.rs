@@ -18,6 +18,12 @@ const RECENT_BATCHES_MAX: usize = 16;
 /// round trips shorter than an fsync, none twice.
 const RECENT_SYNCS: u32 = 2;
 
+/// Batches after which a cap set by a wait that ran out is dropped, so
+/// that committers who joined since (and formed batches no larger than
+/// the cap) are counted again: at most one wasted wait per this many
+/// batches when the window keeps counting too many.
+const CAP_BATCHES_MAX: u32 = 64;
+
 /// Adaptive group commit's memory of recent batches, and its one decision:
 /// whether to hold a batch open for more committers, for how long.
 ///
@@ -37,7 +43,8 @@ const RECENT_SYNCS: u32 = 2;
 /// 20); waiting for all who were recently served merges the waves into one
 /// batch. Should that count more committers than come (one came twice
 /// within the window, or some stopped), the wait runs out, and the number
-/// that did come caps `expected` until a batch forms with more than it.
+/// that did come caps `expected` until a batch forms with more than it,
+/// or for [`CAP_BATCHES_MAX`] batches.
 #[derive(Debug)]
 pub(super) struct GatherPolicy {
     /// Smoothed writes per batch.
@@ -48,9 +55,10 @@ pub(super) struct GatherPolicy {
     last_batch_done: Option<Instant>,
     /// Completed batches, oldest first: when, and how many writes.
     recent: VecDeque<(Instant, usize)>,
-    /// Writes the last gathering that ran out of time had got: no more are
-    /// expected until a batch forms with more than that.
-    came_at_most: Option<usize>,
+    /// Writes the last gathering that ran out of time had got, and the
+    /// batches completed since: no more are expected until a batch forms
+    /// with more than that, or [`CAP_BATCHES_MAX`] batches have passed.
+    came_at_most: Option<(usize, u32)>,
     /// Smoothed fdatasync duration, µs.
     sync_us_ewma: f64,
 }
@@ -79,6 +87,9 @@ impl GatherPolicy {
             self.recent.pop_front();
         }
         self.recent.push_back((now, writes));
+        if let Some((_, batches)) = &mut self.came_at_most {
+            *batches += 1;
+        }
     }
 
     pub(super) fn sync_took(&mut self, us: u64) {
@@ -90,7 +101,7 @@ impl GatherPolicy {
     /// A gathering planned for `expected` writes ran out of time with
     /// `got`: that many is what comes, for now.
     pub(super) fn ran_out(&mut self, got: usize) {
-        self.came_at_most = Some(got);
+        self.came_at_most = Some((got, 0));
     }
 
     /// Committers expected at `now`: writes completed within the window,
@@ -109,7 +120,8 @@ impl GatherPolicy {
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let smoothed = self.committers_ewma.round() as usize;
         let expected = recent.max(smoothed);
-        self.came_at_most.map_or(expected, |cap| expected.min(cap))
+        self.came_at_most
+            .map_or(expected, |(cap, _)| expected.min(cap))
     }
 
     /// For a batch of `writes` formed at `now`: how many writes to wait
@@ -123,8 +135,12 @@ impl GatherPolicy {
         if cfg.sync != SyncMode::Always || cfg.commit_delay_us_max == 0 || writes == 0 {
             return None;
         }
-        if self.came_at_most.is_some_and(|cap| writes > cap) {
-            // More came on their own than the cap: it no longer holds.
+        if self
+            .came_at_most
+            .is_some_and(|(cap, batches)| writes > cap || batches >= CAP_BATCHES_MAX)
+        {
+            // More came on their own than the cap, or it is old: count
+            // the committers again.
             self.came_at_most = None;
         }
         if self.last_batch_writes < 2 {
@@ -238,5 +254,17 @@ mod tests {
         p.batch_done(10, us(660));
         assert_eq!(p.plan(12, us(670), &cfg).map(|x| x.0), Some(20));
         assert!(p.came_at_most.is_none());
+        // A cap also expires: after CAP_BATCHES_MAX batches of no more
+        // than it, the window counts again.
+        p.ran_out(10);
+        let mut t = 660;
+        for _ in 1..CAP_BATCHES_MAX {
+            t += 220;
+            p.batch_done(10, us(t));
+            assert_eq!(p.plan(4, us(t + 10), &cfg).map(|x| x.0), Some(10));
+        }
+        t += 220;
+        p.batch_done(10, us(t));
+        assert_eq!(p.plan(4, us(t + 10), &cfg).map(|x| x.0), Some(20));
     }
 }
