@@ -219,9 +219,9 @@ mod tests {
             p.batch_done(7, us(220 * k));
         }
         let at = us(220 * 29 + 10);
-        let (expected, delay) = p.plan(7, at, &cfg).expect(
-            "a wave of 7 must wait for the committers served in the last two fsyncs",
-        );
+        let (expected, delay) = p
+            .plan(7, at, &cfg)
+            .expect("a wave of 7 must wait for the committers served in the last two fsyncs");
         assert_eq!(expected, 14, "the two waves served within the window");
         assert!(
             (190..=200).contains(&delay.as_micros()),
