@@ -202,18 +202,25 @@ mod tests {
         assert_eq!(p.plan(1, at, &cfg), None);
     }
 
-    /// Issue 20: 20 committers with one request in flight each settled in
-    /// waves of ~7 per fsync, because the policy waited only for the
-    /// smoothed batch size (7): a wave of 7 never waited for the others.
-    #[test]
-    fn waves_of_committers_are_gathered_into_one_batch() {
-        let cfg = StoreConfig::new("/x");
+    /// A policy whose smoothed fsync has settled at 200 µs, and a clock in
+    /// µs from now.
+    fn settled_at_200_us() -> (StoreConfig, GatherPolicy, impl Fn(u64) -> Instant) {
         let mut p = GatherPolicy::default();
         for _ in 0..100 {
             p.sync_took(200);
         }
         let t0 = Instant::now();
-        let us = |n: u64| t0 + Duration::from_micros(n);
+        (StoreConfig::new("/x"), p, move |n| {
+            t0 + Duration::from_micros(n)
+        })
+    }
+
+    /// Issue 20: 20 committers with one request in flight each settled in
+    /// waves of ~7 per fsync, because the policy waited only for the
+    /// smoothed batch size (7): a wave of 7 never waited for the others.
+    #[test]
+    fn waves_of_committers_are_gathered_into_one_batch() {
+        let (cfg, mut p, us) = settled_at_200_us();
         // Three waves of 7, one per fsync (200 µs + writing).
         for k in 0..30 {
             p.batch_done(7, us(220 * k));
@@ -235,13 +242,7 @@ mod tests {
 
     #[test]
     fn a_wait_that_ran_out_caps_what_is_expected_until_more_come() {
-        let cfg = StoreConfig::new("/x");
-        let mut p = GatherPolicy::default();
-        for _ in 0..100 {
-            p.sync_took(200);
-        }
-        let t0 = Instant::now();
-        let us = |n: u64| t0 + Duration::from_micros(n);
+        let (cfg, mut p, us) = settled_at_200_us();
         p.batch_done(10, us(0));
         p.batch_done(10, us(220));
         assert_eq!(p.plan(4, us(230), &cfg).map(|x| x.0), Some(20));
