@@ -435,11 +435,33 @@ pub struct Walked {
 /// `last_lsn` (or a Hole), if any. Every offset is tried, payload bytes
 /// included: only the record salt (secret from publishers) keeps a record
 /// embedded in a payload from being taken for one of the journal's.
+///
+/// Offsets whose header bytes are all zero are skipped without decoding:
+/// no record's header is all zeros (its kind byte is never 0, see
+/// `record::tests::no_record_kind_is_zero`), so the answer is the same,
+/// but a zero-filled stretch (what a crash can leave at the end of a
+/// file) costs a byte scan instead of a checksum per offset — 64 MiB of
+/// zeros took 2.45 s per segment to judge before.
 pub fn next_valid(salt: u32, buf: &[u8], from: usize, last_lsn: u64) -> Option<usize> {
-    (from..buf.len().saturating_sub(RECORD_HEADER_BYTES - 1)).find(|&o| {
-        matches!(record::decode(salt, &buf[o..]),
+    let end = buf.len().saturating_sub(RECORD_HEADER_BYTES - 1);
+    let mut at = from;
+    while at < end {
+        // Every start whose header lies wholly before the next non-zero
+        // byte is all zeros; none after the last non-zero byte can be valid.
+        let nonzero = at + buf[at..].iter().position(|&b| b != 0)?;
+        let first_possible = (nonzero + 1).saturating_sub(RECORD_HEADER_BYTES);
+        if first_possible > at {
+            at = first_possible;
+            continue;
+        }
+        if matches!(record::decode(salt, &buf[at..]),
             Decoded::Record { lsn, record, .. } if lsn > last_lsn || matches!(record, Record::Hole { .. }))
-    })
+        {
+            return Some(at);
+        }
+        at += 1;
+    }
+    None
 }
 
 /// The walk's position in the journal's numbering.
@@ -633,5 +655,83 @@ impl Walker<'_> {
         // The records lost there explain a gap in the numbers.
         self.after_damage = true;
         Ok(Some(damage.end))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{MsgId, QueueId};
+
+    /// `next_valid` as it was: a decode at every offset.
+    fn next_valid_every_offset(salt: u32, buf: &[u8], from: usize, last_lsn: u64) -> Option<usize> {
+        (from..buf.len().saturating_sub(RECORD_HEADER_BYTES - 1)).find(|&o| {
+            matches!(record::decode(salt, &buf[o..]),
+                Decoded::Record { lsn, record, .. } if lsn > last_lsn || matches!(record, Record::Hole { .. }))
+        })
+    }
+
+    #[test]
+    fn skipping_zeros_finds_what_a_decode_at_every_offset_finds() {
+        let salt = 0x5eed_1234;
+        let publish = |lsn: u64, payload: &[u8], out: &mut Vec<u8>| {
+            let queues = [QueueId(7)];
+            record::encode(
+                salt,
+                lsn,
+                &Record::Publish {
+                    msg: MsgId(lsn),
+                    queues: queues.as_slice().into(),
+                    payload,
+                },
+                out,
+            );
+        };
+        // Zero runs shorter than, equal to and longer than a header, a
+        // record whose payload is zeros, garbage, records at the very end.
+        for zeros in [
+            0,
+            1,
+            RECORD_HEADER_BYTES - 1,
+            RECORD_HEADER_BYTES,
+            100,
+            4096,
+        ] {
+            let mut buf = vec![0u8; zeros];
+            publish(1, b"first", &mut buf);
+            buf.extend(std::iter::repeat_n(0u8, zeros));
+            publish(2, &[0u8; 64], &mut buf);
+            buf.extend_from_slice(&[0, 0, 0xff, 0, 0, 0, 0x13]);
+            buf.extend(std::iter::repeat_n(0u8, zeros));
+            publish(3, b"", &mut buf);
+            buf.extend(std::iter::repeat_n(0u8, zeros));
+            // Every start for short runs; a sample for the long one (a
+            // decode at every offset of every start is quadratic).
+            let step = if zeros > 100 { 61 } else { 1 };
+            for last_lsn in [0, 2, 3] {
+                for from in (0..=buf.len()).step_by(step) {
+                    assert_eq!(
+                        next_valid(salt, &buf, from, last_lsn),
+                        next_valid_every_offset(salt, &buf, from, last_lsn),
+                        "zeros {zeros}, from {from}, last_lsn {last_lsn}"
+                    );
+                }
+            }
+            // Torn in the middle of the last record: the same too.
+            let torn = &buf[..buf.len() - zeros - 3];
+            assert_eq!(
+                next_valid(salt, torn, 0, 2),
+                next_valid_every_offset(salt, torn, 0, 2)
+            );
+        }
+    }
+
+    #[test]
+    fn a_zero_filled_tail_has_no_valid_record() {
+        let mut buf = Vec::new();
+        record::encode(1, 1, &Record::Purge { queue: QueueId(1) }, &mut buf);
+        buf.resize(1 << 20, 0);
+        assert_eq!(next_valid(1, &buf, 1, 1), None);
+        assert_eq!(next_valid(1, &buf, 0, 0), Some(0));
     }
 }

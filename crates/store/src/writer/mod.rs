@@ -395,7 +395,8 @@ impl Writer {
     /// Adaptive group commit: when the previous batch was shared by several
     /// committers who came straight back, wait (at most
     /// `commit_delay_us_max`, and at most about one fsync) for as many as
-    /// usually come. A lone committer never waits.
+    /// were served within the last two fsyncs (see [`GatherPolicy`]). A
+    /// lone committer never waits.
     fn gather(&mut self, batch: &mut Vec<Cmd>) {
         let writes = batch
             .iter()
@@ -428,6 +429,9 @@ impl Writer {
                 }
                 Err(_) => break,
             }
+        }
+        if got < expected && bytes < self.cfg.batch_bytes_max {
+            self.gather.ran_out(got);
         }
     }
 
