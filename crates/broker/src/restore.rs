@@ -88,7 +88,12 @@ impl Recovered {
     /// (next message id, next queue id): one past the largest recovered.
     pub fn next_ids(&self) -> (u64, u64) {
         let stored = self.messages.values().flatten().map(|(m, _)| *m);
-        let paged = self.paged.values().flatten().map(|(m, _)| *m);
+        // Paged lists are in id order: the last id is the largest.
+        let paged = self
+            .paged
+            .values()
+            .filter_map(|v| v.last())
+            .map(|(m, _)| *m);
         let msg = stored.chain(paged).max().unwrap_or(0) + 1;
         let queue = self
             .meta

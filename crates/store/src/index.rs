@@ -110,13 +110,24 @@ fn holds(
     queue: QueueId,
     msg: u64,
 ) -> bool {
-    msgs.get(&msg).is_some_and(|e| {
-        if e.holder == MULTI {
-            multi[&msg].contains(&queue)
-        } else {
-            holders[e.holder as usize] == queue.0
-        }
-    })
+    held_by(msgs, multi, holders, queue, msg).is_some()
+}
+
+/// `msg`'s entry and how many queues hold it, if `queue` is one of them.
+fn held_by<'a>(
+    msgs: &'a IdMap<Entry>,
+    multi: &IdMap<Vec<QueueId>>,
+    holders: &[u64],
+    queue: QueueId,
+    msg: u64,
+) -> Option<(&'a Entry, usize)> {
+    let e = msgs.get(&msg)?;
+    if e.holder == MULTI {
+        let qs = &multi[&msg];
+        qs.contains(&queue).then_some((e, qs.len()))
+    } else {
+        (holders[e.holder as usize] == queue.0).then_some((e, 1))
+    }
 }
 
 #[derive(Default, Clone)]
@@ -238,16 +249,6 @@ impl Index {
     /// such a segment alone).
     pub fn segment_has_streams(&self, seg: u32) -> bool {
         self.streams.values().any(|s| s.in_segment(seg))
-    }
-
-    /// Stream records kept in any of `segs`.
-    pub fn stream_records_in(&self, segs: &[u32]) -> u64 {
-        self.streams
-            .values()
-            .flat_map(StreamIndex::spans)
-            .filter(|s| segs.contains(&s.seg))
-            .map(|s| s.count)
-            .sum()
     }
 
     /// Forgets the streams' records in segment `seg` (its file is gone);
@@ -661,24 +662,13 @@ impl Index {
             list.ids.sort_unstable();
             list.ids.dedup();
             let mut held = Vec::with_capacity(usize::try_from(list.live).unwrap_or(0));
-            for &m in &list.ids {
-                let Some(e) = msgs.get(&m) else { continue };
-                let queues = if e.holder == MULTI {
-                    let qs = &multi[&m];
-                    if !qs.contains(&QueueId(q)) {
-                        continue;
-                    }
-                    qs.len()
-                } else if holders[e.holder as usize] == q {
-                    1
-                } else {
-                    continue;
-                };
-                held.push(RecoveredMessage {
+            held.extend(list.ids.iter().filter_map(|&m| {
+                let (e, queues) = held_by(msgs, multi, holders, QueueId(q), m)?;
+                Some(RecoveredMessage {
                     msg: MsgId(m),
                     payload_len: payload_len(e.loc.len, queues),
-                });
-            }
+                })
+            }));
             (QueueId(q), held)
         };
         let list_share = |share: Vec<(u64, &mut QueueList)>| {

@@ -33,7 +33,7 @@ use crate::journal::{
 use crate::limits::{LISTING_THREADS, RECORD_BODY_BYTES_MAX};
 use crate::manifest::read_all;
 use crate::record::{self, Decoded, Record, RECORD_HEADER_BYTES};
-pub use crate::report::DamageReport;
+use crate::report::DamageReport;
 use crate::report::RecoveredMessage;
 use crate::segment::{self, HeaderCheck};
 use crate::storage::{Storage, StorageFile};
