@@ -223,15 +223,6 @@ impl Recovering<'_> {
 }
 
 impl Visit for Recovering<'_> {
-    fn will_read(&mut self, paths: &[PathBuf]) {
-        for path in paths {
-            // A file that does not open now is reported when it is read.
-            if let Ok(f) = self.storage.open(path) {
-                f.will_need();
-            }
-        }
-    }
-
     fn read_checkpoint(&mut self, path: &Path) -> CheckpointBytes {
         // An unreadable checkpoint is one more invalid one: fall back.
         Ok(read_all(self.storage, path))

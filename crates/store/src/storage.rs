@@ -64,10 +64,6 @@ pub trait StorageFile: Send + Sync {
     fn len(&self) -> io::Result<u64>;
     /// Truncates or extends.
     fn set_len(&self, len: u64) -> io::Result<()>;
-    /// A hint that the whole file will be read soon: the OS may start
-    /// reading it into its cache now (`posix_fadvise(WILLNEED)`), so the
-    /// read overlaps other work. Only a hint: nothing may depend on it.
-    fn will_need(&self) {}
 }
 
 /// The real thing: `std::fs` with `pread`/`pwrite`/`fdatasync`.
@@ -91,10 +87,6 @@ impl StorageFile for OsFile {
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.0.set_len(len)
-    }
-    fn will_need(&self) {
-        // A refused hint costs only the overlap it would have bought.
-        let _ = rustix::fs::fadvise(&self.0, 0, None, rustix::fs::Advice::WillNeed);
     }
 }
 
