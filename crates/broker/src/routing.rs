@@ -135,33 +135,59 @@ pub(crate) fn deliver_to(
 ) -> PublishResult {
     let mut r = PublishResult::default();
     // A stream stores every message, persistent or not, as its own entry
-    // (`queue/stream.rs`); the others share one record.
+    // (`queue/stream.rs`); the others share one record. A publish to one
+    // queue (the common case) names it without a list on the heap: every
+    // allocation here is freed on the store's writer thread, where malloc
+    // is slowest (issue 20 goal 2).
     let streams = targets.iter().filter(|q| q.is_stream()).count();
-    let stored_in: Vec<u64> = if msg.persistent {
-        targets
-            .iter()
-            .filter(|q| !q.is_stream())
-            .filter_map(|q| q.store_id)
-            .collect()
-    } else {
-        Vec::new()
+    let stored_one: u64;
+    let stored_many: Vec<u64>;
+    let stored_in: &[u64] = match targets {
+        _ if !msg.persistent => &[],
+        [q] => match q.store_id.filter(|_| !q.is_stream()) {
+            Some(id) => {
+                stored_one = id;
+                std::slice::from_ref(&stored_one)
+            }
+            None => &[],
+        },
+        _ => {
+            stored_many = targets
+                .iter()
+                .filter(|q| !q.is_stream())
+                .filter_map(|q| q.store_id)
+                .collect();
+            &stored_many
+        }
     };
     let writes = usize::from(!stored_in.is_empty()) + streams;
-    let mut dones: Vec<Done> = match (writes, durable) {
-        (0, _) | (_, None) => Vec::new(),
+    // The record's completion, and one per stream entry; one write takes
+    // the publisher's completion as it is.
+    let (record_done, mut stream_dones): (Option<Done>, Vec<Done>) = match (writes, durable) {
+        (0, _) | (_, None) => (None, Vec::new()),
+        (1, Some(f)) if !stored_in.is_empty() => {
+            r.durable = true;
+            (Some(f()), Vec::new())
+        }
         (n, Some(f)) => {
             r.durable = true;
-            split_done(f(), n)
+            let mut dones = split_done(f(), n);
+            let record = if stored_in.is_empty() {
+                None
+            } else {
+                dones.pop()
+            };
+            (record, dones)
         }
     };
     let stored = if stored_in.is_empty() {
         None
     } else {
-        let done = dones.pop();
+        let done = record_done;
         match encode_message(&msg.exchange, &msg.routing_key, &msg.properties, &msg.body) {
             Ok(payload) => {
                 let id = dur.new_message_id();
-                dur.journal().publish(id, &stored_in, payload, done);
+                dur.journal().publish(id, stored_in, payload, done);
                 Some(id)
             }
             // Entrances refuse such names (`names.rs`); should one get
@@ -177,7 +203,7 @@ pub(crate) fn deliver_to(
     };
     for q in targets {
         let accepted = if q.is_stream() {
-            q.stream_append(msg, now, dones.pop(), origin)
+            q.stream_append(msg, now, stream_dones.pop(), origin)
         } else {
             let id = stored.filter(|_| q.store_id.is_some());
             q.enqueue_from(Arc::clone(msg), id, now, origin)

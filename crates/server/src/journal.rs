@@ -71,6 +71,12 @@ fn wait_durable(f: impl FnOnce(berth_store::Done)) -> Result<(), JournalError> {
 
 impl Journal for StoreJournal {
     fn publish(&self, msg: u64, queues: &[u64], payload: Bytes, done: Option<Done>) {
+        // One queue (the common case) needs no list on the heap.
+        if let [q] = queues {
+            self.store
+                .publish(MsgId(msg), &[QueueId(*q)], payload, adapt(done));
+            return;
+        }
         let queues: Vec<QueueId> = queues.iter().map(|q| QueueId(*q)).collect();
         self.store
             .publish(MsgId(msg), &queues, payload, adapt(done));

@@ -444,6 +444,21 @@ impl Store {
             );
             return;
         }
+        // One queue (the common case) is one group's write: no map of
+        // groups, whose allocations the writer thread would free.
+        if let [q] = queues {
+            if let Some(why) = writer::publish_invalid(1, payload.len()) {
+                fail(done, StoreError::Invalid(why));
+                return;
+            }
+            let op = Op::Publish {
+                msg,
+                queues: vec![*q],
+                payload,
+            };
+            self.send(self.group_of(*q), op, done);
+            return;
+        }
         let mut by_group: BTreeMap<u32, Vec<QueueId>> = BTreeMap::new();
         for q in queues {
             by_group.entry(self.group_of(*q)).or_default().push(*q);

@@ -42,6 +42,10 @@ pub fn all_of(dones: Vec<Done>) -> Option<Done> {
 /// with the first error any of them got.
 pub fn split_done(done: Done, n: usize) -> Vec<Done> {
     assert!(n > 0, "a completion splits into at least one part");
+    if n == 1 {
+        // Nothing to count down: the completion is its own only part.
+        return vec![done];
+    }
     struct Countdown {
         left: usize,
         result: Result<(), JournalError>,
