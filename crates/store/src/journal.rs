@@ -611,8 +611,9 @@ impl Walker<'_> {
         Ok(())
     }
 
-    /// Shows damage at `at` to the visitor; returns where the walk resumes,
-    /// or `None` when the rest of the segment is a tail to truncate.
+    /// Shows damage (or the zeros of a prepared segment's unwritten rest)
+    /// at `at` to the visitor; returns where the walk resumes, or `None`
+    /// when the rest of the segment is a tail to truncate.
     fn damage<'b>(
         &mut self,
         seg: &Seg<'b>,
@@ -625,6 +626,11 @@ impl Walker<'_> {
             Decoded::Corrupt(_) => (Frame::Corrupt, Body::Parses),
             Decoded::Incomplete { .. } => (Frame::Short, Body::Parses),
             Decoded::Record { .. } => unreachable!("records are walked, not damage"),
+        };
+        let frame = if frame != Frame::Intact && seg.bytes[at..].iter().all(|&b| b == 0) {
+            Frame::Zeros
+        } else {
+            frame
         };
         let later = next_valid(
             self.salt,
@@ -649,7 +655,7 @@ impl Walker<'_> {
             verdict,
         };
         v.damage(seg, &damage)?;
-        if verdict.action == Action::Truncate {
+        if matches!(verdict.action, Action::Truncate | Action::End) {
             return Ok(None);
         }
         // The records lost there explain a gap in the numbers.
