@@ -119,6 +119,12 @@ pub struct StoreConfig {
     /// An active segment idle this long is sealed so its space can be
     /// reclaimed. Default 10 000 ms.
     pub segment_idle_roll_ms: u64,
+    /// Each group writer prepares its next segment on a helper thread:
+    /// a file written with zeros to `segment_size_bytes` and fdatasynced,
+    /// renamed into place at the roll. An fdatasync into it then changes
+    /// no file size, so it writes no inode (88-120 µs for an 8 KB write on
+    /// the reference disk, 164-226 µs into a growing file). Default true.
+    pub segment_prepare: bool,
     /// A sealed segment whose live bytes are below this fraction (in
     /// percent) of its size is compacted. Default 50.
     pub compaction_live_percent_max: u8,
@@ -162,6 +168,7 @@ impl StoreConfig {
             checkpoint_journal_bytes: 64 * 1024 * 1024,
             checkpoint_interval_ms: 30_000,
             segment_idle_roll_ms: 10_000,
+            segment_prepare: true,
             compaction_live_percent_max: 50,
             compaction_bytes_per_turn: 1024 * 1024,
             compaction_pause_ms: 10,

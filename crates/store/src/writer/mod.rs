@@ -59,6 +59,7 @@ mod compact;
 mod gather;
 mod inbox;
 pub(crate) mod pause;
+mod prepare;
 mod requests;
 mod space;
 
@@ -185,6 +186,8 @@ pub(crate) struct Writer {
     unmovable: BTreeMap<u32, Vec<(MsgId, Loc)>>,
     /// Set while a write found the disk full and space has not returned.
     space: Option<space::SpaceWait>,
+    /// The next segment, prepared (zero-filled) by a helper thread.
+    prepared: prepare::Slot,
     /// Compaction requested with [`Cmd::Compact`], run a bounded step per
     /// turn of the loop (see `compact.rs`).
     compaction: compact::Requested,
@@ -230,6 +233,7 @@ impl Writer {
             counters: GroupCounters::default(),
         });
         let now = clock.now();
+        let prepared = prepare::Slot::new(Arc::clone(&storage), &shared.dir);
         let w = Writer {
             shared: Arc::clone(&shared),
             storage,
@@ -255,6 +259,7 @@ impl Writer {
             snapshot_next: !init.index_from_journal,
             unmovable: BTreeMap::new(),
             space: None,
+            prepared,
             compaction: compact::Requested::default(),
         };
         (w, shared)
@@ -318,6 +323,7 @@ impl Writer {
     }
 
     fn run(&mut self) {
+        self.prepare_next();
         let mut batch: Vec<Cmd> = Vec::new();
         loop {
             let first = match self.next_deadline() {
@@ -549,15 +555,27 @@ impl Writer {
     fn open_segment(&mut self) -> Result<(), StoreError> {
         let seq = self.next_seq;
         let path = segment::segment_path(&self.shared.dir, seq);
-        let file = self
-            .storage
-            .create(&path)
-            .map_err(self.err("create", &path))?;
+        let file = match self.prepared.take() {
+            Some(file) => {
+                // Zeros to the segment size, already fdatasynced: only its
+                // name changes. Its header is written with its first records.
+                let from = segment::prepared_segment_path(&self.shared.dir);
+                self.storage
+                    .rename(&from, &path)
+                    .map_err(self.err("rename", &from))?;
+                file
+            }
+            None => self
+                .storage
+                .create(&path)
+                .map_err(self.err("create", &path))?,
+        };
         // The entry must be durable before any record in it is completed.
         self.storage
             .sync_dir(&self.shared.dir)
             .map_err(self.err("fsync dir", &self.shared.dir))?;
         self.next_seq += 1;
+        self.prepare_next();
         self.buf
             .extend_from_slice(&segment::encode_header(self.group(), seq));
         self.shared
@@ -567,6 +585,33 @@ impl Writer {
             .insert(seq, Arc::clone(&file));
         self.active = Some(Active { seq, file, len: 0 });
         tracing::debug!(group = self.group(), seq, "segment opened");
+        Ok(())
+    }
+
+    /// Starts preparing the segment after the active one (off this thread).
+    fn prepare_next(&mut self) {
+        if self.cfg.segment_prepare {
+            self.prepared.start(self.cfg.segment_size_bytes);
+        }
+    }
+
+    /// Cuts a prepared segment's unwritten zeros off (and with `sync`,
+    /// fdatasyncs the new size), so that the file ends at its last record,
+    /// as one that grew does. Everything buffered must be written first.
+    fn cut_to_written(&self, a: &Active, sync: bool) -> Result<(), StoreError> {
+        debug_assert!(self.buf.is_empty(), "cut past buffered bytes");
+        let path = segment::segment_path(&self.shared.dir, a.seq);
+        let size = a.file.len().map_err(|e| StoreError::io("stat", &path, e))?;
+        if size > a.len {
+            a.file
+                .set_len(a.len)
+                .map_err(|e| StoreError::io("truncate", &path, e))?;
+            if sync {
+                a.file
+                    .sync_data()
+                    .map_err(|e| StoreError::io("fdatasync", &path, e))?;
+            }
+        }
         Ok(())
     }
 
@@ -648,6 +693,11 @@ impl Writer {
     fn seal(&mut self) -> Result<(), StoreError> {
         self.write_buf()?;
         self.sync()?;
+        if let Some(a) = &self.active {
+            // Before the next segment takes a record: a crash between the
+            // two leaves zeros only at the end of the newest segment.
+            self.cut_to_written(a, true)?;
+        }
         if let Some(a) = self.active.take() {
             tracing::debug!(
                 group = self.group(),
@@ -677,7 +727,14 @@ impl Writer {
         match cmd {
             Cmd::Checkpoint { done } => done(self.checkpoint()),
             Cmd::Compact { done } => self.compaction_requested(done),
-            Cmd::Pause(barrier) => barrier.hold(self.group()),
+            Cmd::Pause(barrier) => {
+                // A backup copies the newest segment as long as the file
+                // is at its cut: a prepared one must end at its records.
+                match self.active.as_ref().map(|a| self.cut_to_written(a, false)) {
+                    Some(Err(e)) => barrier.refuse(self.group(), e.to_string()),
+                    Some(Ok(())) | None => barrier.hold(self.group()),
+                }
+            }
             Cmd::Write { .. } | Cmd::Shutdown { .. } => unreachable!("handled by run"),
         }
     }
@@ -727,6 +784,12 @@ impl Writer {
         }
         if let Err(e) = self.write_buf().and_then(|()| self.sync()) {
             return Err(self.poison(e));
+        }
+        if let Some(a) = &self.active {
+            // The next start finds the segment as a grown one ends.
+            if let Err(e) = self.cut_to_written(a, true) {
+                return Err(self.poison(e));
+            }
         }
         if self
             .checkpoints

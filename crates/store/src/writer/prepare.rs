@@ -1,0 +1,139 @@
+//! The next segment, prepared off the write path: a helper thread writes
+//! [`PREPARED_SEGMENT_NAME`] with zeros to the segment size and
+//! fdatasyncs it, so that at the roll the writer only renames it into
+//! place. Appends then overwrite zeros, and an fdatasync changes no file
+//! size: it writes no inode.
+//!
+//! Invariants:
+//! - The writer never waits for a preparation: at a roll it takes the
+//!   file only if the helper has finished with it, and otherwise creates
+//!   a growing segment as it always did (the helper's file is kept for a
+//!   later roll).
+//! - A prepared file is whole (every byte zero, the size fdatasynced)
+//!   before it is handed over; a failed preparation (ENOSPC included)
+//!   removes its file and hands nothing over.
+//! - The prepared file holds no record and is never read: a crash at any
+//!   point leaves at most a file recovery removes.
+//! - Dropping the slot stops and joins the helper.
+
+use std::sync::atomic::AtomicBool;
+use std::thread::JoinHandle;
+
+use super::*;
+
+/// Zeros written per call while preparing.
+const PREPARE_CHUNK_BYTES: usize = 1 << 20;
+
+type Prepared = Result<Arc<dyn StorageFile>, StoreError>;
+
+/// The helper preparing the next segment, or the file it prepared.
+pub(super) struct Slot {
+    storage: Arc<dyn Storage>,
+    /// Where the helper writes.
+    path: PathBuf,
+    job: Option<(JoinHandle<Prepared>, Arc<AtomicBool>)>,
+}
+
+impl Slot {
+    pub(super) fn new(storage: Arc<dyn Storage>, dir: &std::path::Path) -> Slot {
+        Slot {
+            storage,
+            path: segment::prepared_segment_path(dir),
+            job: None,
+        }
+    }
+
+    /// Starts preparing unless a preparation is under way or done.
+    pub(super) fn start(&mut self, bytes: u64) {
+        if self.job.is_some() {
+            return;
+        }
+        let storage = Arc::clone(&self.storage);
+        let path = self.path.clone();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop_helper = Arc::clone(&stop);
+        let spawned = std::thread::Builder::new()
+            .name("berth-segprep".into())
+            .spawn(move || {
+                let made = prepare(&*storage, &path, bytes, &stop_helper);
+                if made.is_err() {
+                    match storage.remove(&path) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(e) => tracing::warn!(file = %path.display(), error = %e,
+                            "removing a failed segment preparation"),
+                    }
+                }
+                made
+            });
+        match spawned {
+            Ok(handle) => self.job = Some((handle, stop)),
+            Err(e) => tracing::warn!(error = %e, "no thread to prepare the next segment"),
+        }
+    }
+
+    /// The prepared file, if the helper has finished making it.
+    pub(super) fn take(&mut self) -> Option<Arc<dyn StorageFile>> {
+        if !self.job.as_ref().is_some_and(|(h, _)| h.is_finished()) {
+            return None;
+        }
+        let (handle, _) = self.job.take().expect("checked");
+        match handle.join() {
+            Ok(Ok(file)) => Some(file),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e,
+                    "preparing the next segment failed: it grows as it is written");
+                None
+            }
+            Err(_) => {
+                tracing::error!("the segment preparation helper panicked");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some((handle, stop)) = self.job.take() {
+            stop.store(true, Ordering::Relaxed);
+            if let Ok(Ok(_)) = handle.join() {
+                // A failed one removed its file. If this fails (or the
+                // process dies first), the next start removes it.
+                if let Err(e) = self.storage.remove(&self.path) {
+                    tracing::warn!(file = %self.path.display(), error = %e,
+                        "removing the unused prepared segment");
+                }
+            }
+        }
+    }
+}
+
+fn prepare(
+    storage: &dyn Storage,
+    path: &std::path::Path,
+    bytes: u64,
+    stop: &AtomicBool,
+) -> Prepared {
+    let file = storage
+        .create(path)
+        .map_err(|e| StoreError::io("create", path, e))?;
+    let zeros = vec![0u8; PREPARE_CHUNK_BYTES];
+    let mut at = 0u64;
+    while at < bytes {
+        if stop.load(Ordering::Relaxed) {
+            return Err(StoreError::io(
+                "prepare",
+                path,
+                std::io::Error::new(std::io::ErrorKind::Interrupted, "writer closing"),
+            ));
+        }
+        let n = usize::try_from((bytes - at).min(zeros.len() as u64)).expect("at most a chunk");
+        file.write_all_at(&zeros[..n], at)
+            .map_err(|e| StoreError::io("write", path, e))?;
+        at += n as u64;
+    }
+    file.sync_data()
+        .map_err(|e| StoreError::io("fdatasync", path, e))?;
+    Ok(file)
+}
