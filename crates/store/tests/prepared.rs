@@ -254,3 +254,28 @@ fn zeros_at_the_end_of_a_sealed_segment_stay_damage() {
     let (_s, rec) = Store::open_with(cfg, Arc::new(fs.clone())).unwrap();
     assert_eq!(rec.damage.len(), 1, "{:?}", rec.damage);
 }
+
+#[test]
+fn a_newest_segment_ending_in_zeros_is_no_torn_tail() {
+    // The image alone (records, then zeros to the segment size), whoever
+    // wrote it: the zeros end the segment, they are not damage.
+    let fs = FaultStorage::new(16);
+    let mut cfg = config(1);
+    cfg.segment_prepare = false;
+    let (store, _) = open(&fs, &cfg);
+    let ids = publish(&store, 10);
+    fs.crash();
+    drop(store);
+    fs.power_on();
+    let mut bytes = fs.contents(&seg(1)).unwrap();
+    let written = bytes.len();
+    bytes.resize(SEGMENT_BYTES as usize, 0);
+    fs.put_durable(&seg(1), &bytes).unwrap();
+    let rep = inspect(&fs);
+    assert!(rep.problems.is_empty(), "{:?}", rep.problems);
+    assert!(rep.notes.is_empty(), "{:?}", rep.notes);
+    let (_s, rec) = Store::open_with(cfg, Arc::new(fs.clone())).unwrap();
+    assert_eq!(msgs(&rec), ids);
+    assert_eq!(rec.stats.truncated_bytes, 0);
+    assert_eq!(fs.contents(&seg(1)).unwrap().len(), written, "zeros cut off");
+}
