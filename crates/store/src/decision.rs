@@ -71,9 +71,10 @@ pub enum Frame {
     Corrupt,
     /// The file ends before the frame does.
     Short,
-    /// Every byte from here to the end of the file is zero (no record's
-    /// header is all zeros: its kind byte is never 0). Only checked where
-    /// the frame is not intact.
+    /// Every byte from here to the end of the file is zero: no record
+    /// (its kind byte is never 0), whatever the checksum says. Checked
+    /// wherever a position does not decode as a record, before the
+    /// other frame cases.
     Zeros,
 }
 
