@@ -188,6 +188,11 @@ pub(crate) struct Writer {
     space: Option<space::SpaceWait>,
     /// The next segment, prepared (zero-filled) by a helper thread.
     prepared: prepare::Slot,
+    /// The next segment opened takes the prepared file: the first one
+    /// after start, and one after a segment filled up. A segment sealed
+    /// because it sat idle is followed by one that grows, so a trickle of
+    /// writes does not cost a segment of zeros per idle roll.
+    use_prepared: bool,
     /// Compaction requested with [`Cmd::Compact`], run a bounded step per
     /// turn of the loop (see `compact.rs`).
     compaction: compact::Requested,
@@ -260,6 +265,7 @@ impl Writer {
             unmovable: BTreeMap::new(),
             space: None,
             prepared,
+            use_prepared: true,
             compaction: compact::Requested::default(),
         };
         (w, shared)
@@ -534,6 +540,7 @@ impl Writer {
             if cur + len > self.cfg.segment_size_bytes && cur > SEGMENT_HEADER_BYTES as u64 {
                 self.write_buf()?;
                 self.seal()?;
+                self.use_prepared = true;
             }
         }
         if self.active.is_none() {
@@ -555,7 +562,13 @@ impl Writer {
     fn open_segment(&mut self) -> Result<(), StoreError> {
         let seq = self.next_seq;
         let path = segment::segment_path(&self.shared.dir, seq);
-        let file = match self.prepared.take() {
+        let prepared = if self.use_prepared {
+            self.prepared.take()
+        } else {
+            None
+        };
+        self.use_prepared = false;
+        let file = match prepared {
             Some(file) => {
                 // Zeros to the segment size, already fdatasynced: only its
                 // name changes. Its header is written with its first records.
