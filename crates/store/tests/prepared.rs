@@ -55,7 +55,10 @@ fn msgs(rec: &berth_store::Recovered) -> Vec<MsgId> {
 fn wait_prepared(len_of: impl Fn() -> Option<u64>, bytes: u64) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while len_of() != Some(bytes) {
-        assert!(Instant::now() < deadline, "the next segment was never prepared");
+        assert!(
+            Instant::now() < deadline,
+            "the next segment was never prepared"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     std::thread::sleep(Duration::from_millis(100));
@@ -100,17 +103,28 @@ fn a_confirmed_write_into_a_prepared_segment_leaves_its_size_alone() {
     let (store, _) = Store::open_with(cfg.clone(), Arc::new(OsStorage)).unwrap();
     let gdir = dir.join("group-0000");
     wait_prepared(
-        || std::fs::metadata(gdir.join(PREPARED_SEGMENT_NAME)).ok().map(|m| m.len()),
+        || {
+            std::fs::metadata(gdir.join(PREPARED_SEGMENT_NAME))
+                .ok()
+                .map(|m| m.len())
+        },
         cfg.segment_size_bytes,
     );
     let first = publish(&store, 1);
     let seg1 = gdir.join("0000000001.seg");
     let size = || std::fs::metadata(&seg1).unwrap().len();
     let before = size();
-    assert_eq!(before, cfg.segment_size_bytes, "the first segment is the prepared one");
+    assert_eq!(
+        before, cfg.segment_size_bytes,
+        "the first segment is the prepared one"
+    );
     // No size change, so fdatasync has no inode to write.
     let more = publish(&store, 50);
-    assert_eq!(size(), before, "a confirmed write changed the segment's size");
+    assert_eq!(
+        size(),
+        before,
+        "a confirmed write changed the segment's size"
+    );
     drop(store);
     // A clean close leaves the segment as a grown one ends, and no
     // prepared file behind.
@@ -133,7 +147,11 @@ fn zeros_ending_the_newest_segment_are_cut_off_without_a_report() {
     );
     let rep = inspect(&fs);
     assert!(rep.problems.is_empty(), "{:?}", rep.problems);
-    assert!(rep.notes.is_empty(), "a prepared segment's rest is no torn tail: {:?}", rep.notes);
+    assert!(
+        rep.notes.is_empty(),
+        "a prepared segment's rest is no torn tail: {:?}",
+        rep.notes
+    );
     let (store, rec) = Store::open_with(config(1), Arc::new(fs.clone())).unwrap();
     assert_eq!(msgs(&rec), ids);
     assert!(rec.damage.is_empty(), "{:?}", rec.damage);
@@ -150,7 +168,10 @@ fn a_prepared_file_left_by_a_crash_is_removed_and_never_read() {
     for (what, bytes) in [
         ("prepared, never used", vec![0u8; SEGMENT_BYTES as usize]),
         ("crash in the middle of preparing", vec![0u8; 5000]),
-        ("torn while preparing", [vec![0u8; 4096], vec![0xa5; 300]].concat()),
+        (
+            "torn while preparing",
+            [vec![0u8; 4096], vec![0xa5; 300]].concat(),
+        ),
     ] {
         let fs = FaultStorage::new(12);
         let mut cfg = config(1);
@@ -167,7 +188,9 @@ fn a_prepared_file_left_by_a_crash_is_removed_and_never_read() {
         assert_eq!(msgs(&rec), ids, "{what}");
         assert!(rec.damage.is_empty(), "{what}: {:?}", rec.damage);
         assert!(
-            !fs.names(&group_dir(0)).iter().any(|n| n == PREPARED_SEGMENT_NAME),
+            !fs.names(&group_dir(0))
+                .iter()
+                .any(|n| n == PREPARED_SEGMENT_NAME),
             "{what}: recovery left the prepared file"
         );
         drop(store);
@@ -251,7 +274,10 @@ fn zeros_at_the_end_of_a_sealed_segment_stay_damage() {
     bytes.resize(4096 + 512, 0);
     fs.put_durable(&seg(1), &bytes).unwrap();
     let rep = inspect(&fs);
-    assert!(!rep.problems.is_empty(), "zeros in a sealed segment reported as nothing");
+    assert!(
+        !rep.problems.is_empty(),
+        "zeros in a sealed segment reported as nothing"
+    );
     let (_s, rec) = Store::open_with(cfg, Arc::new(fs.clone())).unwrap();
     assert_eq!(rec.damage.len(), 1, "{:?}", rec.damage);
 }
@@ -278,7 +304,11 @@ fn a_newest_segment_ending_in_zeros_is_no_torn_tail() {
     let (_s, rec) = Store::open_with(cfg, Arc::new(fs.clone())).unwrap();
     assert_eq!(msgs(&rec), ids);
     assert_eq!(rec.stats.truncated_bytes, 0);
-    assert_eq!(fs.contents(&seg(1)).unwrap().len(), written, "zeros cut off");
+    assert_eq!(
+        fs.contents(&seg(1)).unwrap().len(),
+        written,
+        "zeros cut off"
+    );
 }
 
 #[test]
