@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -66,7 +66,7 @@ fn wait_prepared(len_of: impl Fn() -> Option<u64>, bytes: u64) {
 
 /// Creates `path` holding `bytes`, file and entry durable: what a crash
 /// left there.
-fn put_new(fs: &FaultStorage, path: &PathBuf, bytes: &[u8]) {
+fn put_new(fs: &FaultStorage, path: &Path, bytes: &[u8]) {
     let f = fs.create(path).unwrap();
     f.write_all_at(bytes, 0).unwrap();
     f.sync_data().unwrap();
