@@ -31,7 +31,33 @@ use crate::meta::{key_kind, queue_id_of, ExchangeDef, MetaCommand};
 use crate::queue::{Queue, StoredEntry};
 
 /// A queue and its stored messages, to be put back.
-type QueueJob = (Arc<Queue>, u64, Vec<(u64, StoredBody)>);
+type QueueJob = (Arc<Queue>, u64, Held);
+
+/// One queue's (or delayed exchange's) stored messages, in id order.
+enum Held {
+    Stored(Vec<(u64, StoredBody)>),
+    /// Every body still on disk: (id, payload bytes).
+    Paged(Vec<(u64, u32)>),
+}
+
+impl Held {
+    fn len(&self) -> usize {
+        match self {
+            Held::Stored(v) => v.len(),
+            Held::Paged(v) => v.len(),
+        }
+    }
+
+    fn into_stored(self) -> Vec<(u64, StoredBody)> {
+        match self {
+            Held::Stored(v) => v,
+            Held::Paged(v) => v
+                .into_iter()
+                .map(|(id, len)| (id, StoredBody::OnDisk { len }))
+                .collect(),
+        }
+    }
+}
 
 /// What a journal gave back after a restart.
 #[derive(Default)]
@@ -40,6 +66,10 @@ pub struct Recovered {
     pub meta: Vec<(Vec<u8>, Vec<u8>)>,
     /// Per durable queue id, its messages (journal id, body) in order.
     pub messages: HashMap<u64, Vec<(u64, StoredBody)>>,
+    /// Per durable queue id, messages whose bodies are all still on disk:
+    /// (journal id, payload bytes) in order. What a store gives back after
+    /// a restart: 16 bytes a message, where `messages` takes 40.
+    pub paged: HashMap<u64, Vec<(u64, u32)>>,
     /// Per stream's queue id, what the journal holds of it
     /// (`Journal::stream_append`).
     pub streams: HashMap<u64, crate::durable::StoredStream>,
@@ -57,14 +87,14 @@ pub enum StoredBody {
 impl Recovered {
     /// (next message id, next queue id): one past the largest recovered.
     pub fn next_ids(&self) -> (u64, u64) {
-        let msg = self
-            .messages
+        let stored = self.messages.values().flatten().map(|(m, _)| *m);
+        // Paged lists are in id order: the last id is the largest.
+        let paged = self
+            .paged
             .values()
-            .flatten()
-            .map(|(m, _)| *m)
-            .max()
-            .unwrap_or(0)
-            + 1;
+            .filter_map(|v| v.last())
+            .map(|(m, _)| *m);
+        let msg = stored.chain(paged).max().unwrap_or(0) + 1;
         let queue = self
             .meta
             .iter()
@@ -73,7 +103,10 @@ impl Recovered {
             .max()
             .unwrap_or(0)
             + 1;
-        let stored = self.messages.keys().chain(self.streams.keys()).max();
+        let stored = (self.messages.keys())
+            .chain(self.paged.keys())
+            .chain(self.streams.keys())
+            .max();
         (msg, queue.max(stored.map_or(1, |m| m + 1)))
     }
 }
@@ -142,6 +175,23 @@ impl Broker {
     /// the journal and reported, never silently dropped.
     pub fn restore(&self, recovered: Recovered, now: Instant) -> RestoreReport {
         let mut messages = recovered.messages;
+        let mut paged = recovered.paged;
+        // A queue given both ways gets one list, in id order.
+        let both: Vec<u64> = paged
+            .keys()
+            .filter(|q| messages.contains_key(q))
+            .copied()
+            .collect();
+        for q in both {
+            let p = paged.remove(&q).expect("listed above");
+            let m = messages.get_mut(&q).expect("listed above");
+            m.extend(Held::Paged(p).into_stored());
+            m.sort_by_key(|(id, _)| *id);
+        }
+        let mut take = |id: u64| match paged.remove(&id) {
+            Some(p) => Held::Paged(p),
+            None => Held::Stored(messages.remove(&id).unwrap_or_default()),
+        };
         let mut streams = recovered.streams;
         let claims = QueueClaims::of(&recovered.meta);
         let (cmds, skipped) = crate::broker::decode_stored(&recovered.meta, b"xqb");
@@ -161,31 +211,31 @@ impl Broker {
                 MetaCommand::PutExchange(x) => {
                     report.exchanges += 1;
                     if let Some(id) = x.delayed_id {
-                        let stored = messages.remove(&id).unwrap_or_default();
+                        let stored = take(id).into_stored();
                         self.restore_delayed(x, id, stored, &mut report);
                     }
                 }
                 MetaCommand::PutBinding(_) => report.bindings += 1,
                 MetaCommand::PutQueue(d) => {
                     report.queues += 1;
-                    let stored = messages.remove(&d.id).unwrap_or_default();
+                    let held = take(d.id);
                     let v = self.vhost(&d.vhost).expect("applied in this vhost");
                     let q = v.find_queue(&d.name).expect("just applied");
                     if q.is_stream() {
                         let appended = streams.remove(&d.id);
-                        self.restore_stream(&q, appended.as_ref(), stored, &mut report);
+                        self.restore_stream(&q, appended.as_ref(), held.into_stored(), &mut report);
                     } else {
-                        queued.push((q, d.id, stored));
+                        queued.push((q, d.id, held));
                     }
                 }
                 _ => {}
             }
         }
         self.restore_queues(queued, now, &mut report);
-        let mut left: Vec<(u64, usize)> = messages
-            .into_iter()
-            .filter(|(_, msgs)| !msgs.is_empty())
+        let mut left: Vec<(u64, usize)> = (messages.into_iter())
             .map(|(qid, msgs)| (qid, msgs.len()))
+            .chain(paged.into_iter().map(|(qid, msgs)| (qid, msgs.len())))
+            .filter(|(_, n)| *n > 0)
             .chain(
                 streams
                     .into_iter()
@@ -289,12 +339,12 @@ impl Broker {
             .min(RESTORE_THREADS_MAX)
             .min(jobs.len());
         if threads <= 1 {
-            for (q, id, stored) in jobs {
-                self.restore_messages(&q, id, stored, now, report);
+            for (q, id, held) in jobs {
+                self.restore_messages(&q, id, held, now, report);
             }
             return;
         }
-        jobs.sort_by_key(|(_, _, stored)| std::cmp::Reverse(stored.len()));
+        jobs.sort_by_key(|(_, _, held)| std::cmp::Reverse(held.len()));
         let slots: Vec<Mutex<Option<QueueJob>>> =
             jobs.into_iter().map(|j| Mutex::new(Some(j))).collect();
         let done: Vec<Mutex<RestoreReport>> = slots.iter().map(|_| Mutex::default()).collect();
@@ -304,8 +354,8 @@ impl Broker {
                 s.spawn(|| loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(slot) = slots.get(i) else { break };
-                    let (q, id, stored) = slot.lock().take().expect("each job taken once");
-                    self.restore_messages(&q, id, stored, now, &mut done[i].lock());
+                    let (q, id, held) = slot.lock().take().expect("each job taken once");
+                    self.restore_messages(&q, id, held, now, &mut done[i].lock());
                 });
             }
         });
@@ -321,10 +371,22 @@ impl Broker {
         &self,
         q: &Arc<Queue>,
         id: u64,
-        stored: Vec<(u64, StoredBody)>,
+        held: Held,
         now: Instant,
         report: &mut RestoreReport,
     ) {
+        let stored = match held {
+            // The common case after a restart: a list of ids and sizes,
+            // put back as it is.
+            Held::Paged(list) if q.declared_args.max_priority.is_none() => {
+                for run in list.chunks(RESTORE_PAGED_RUN_MESSAGES) {
+                    q.restore_paged_many(run, 0, now);
+                    report.messages += run.len();
+                }
+                return;
+            }
+            held => held.into_stored(),
+        };
         // Runs of bodies still on disk go back under one lock each.
         let mut paged: Vec<(u64, u32)> = Vec::new();
         let flush = |paged: &mut Vec<(u64, u32)>, report: &mut RestoreReport| {

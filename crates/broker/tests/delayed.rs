@@ -94,6 +94,7 @@ impl World {
                     (*q, list.collect())
                 })
                 .collect(),
+            paged: Default::default(),
         };
         let (msg, queue) = r.next_ids();
         let w = Self::over(self.journal.clone(), self.clock.clone(), msg, queue);

@@ -588,3 +588,40 @@ fn a_dead_lettered_message_leaves_its_queue_only_after_its_copy_is_durable() {
     assert!(stored.get(&1).is_none_or(BTreeMap::is_empty), "left src");
     assert_eq!(stored.get(&2).map(BTreeMap::len), Some(1), "is in dead");
 }
+
+/// A journal may give one queue's messages both ways, some with bodies
+/// (`Recovered::messages`) and some as ids and sizes (`Recovered::paged`):
+/// they go back as one queue, in publish order.
+#[test]
+fn a_queue_given_back_both_ways_is_restored_in_order() {
+    let (journal, _broker, v, t0) = journaled_broker();
+    durable_queue(&v, "mixed", FieldTable::default(), t0);
+    for i in 0..40 {
+        let m = msg("mixed", &format!("m{i}"), true);
+        v.publish("amq.direct", &m, t0, &mut || Box::new(|r| r.unwrap()))
+            .unwrap();
+    }
+    let mut r = recovered(&journal, Bodies::OnDisk);
+    let (&qid, list) = r.paged.iter_mut().next().expect("the queue's list");
+    // Every other message moves to the list with bodies, as a journal
+    // that kept some bodies in memory would give them.
+    let bodies = journal.messages.lock()[&qid].clone();
+    let (odd, even): (Vec<_>, Vec<_>) = list.drain(..).partition(|(id, _)| id % 2 == 1);
+    *list = even;
+    r.messages.insert(
+        qid,
+        odd.iter()
+            .map(|(id, _)| (*id, berth_broker::StoredBody::Payload(bodies[id].clone())))
+            .collect(),
+    );
+    let (next_msg, next_queue) = r.next_ids();
+    let broker2 = Broker::with_journal(["/"], journal.clone(), next_msg, next_queue);
+    let report = broker2.restore(r, t0);
+    assert!(report.skipped.is_empty(), "{:?}", report.skipped);
+    assert_eq!(report.messages, 40);
+    let got = drain(&broker2, "mixed", t0);
+    let want: Vec<(bool, Vec<u8>)> = (0..40)
+        .map(|i| (true, format!("m{i}").into_bytes()))
+        .collect();
+    assert_eq!(got, want);
+}

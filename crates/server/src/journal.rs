@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use berth_broker::durable::StoredStream;
 use berth_broker::durable::{Done, Journal, JournalError, PAGING_BIT};
-use berth_broker::{Broker, Recovered as BrokerRecovered, StoredBody};
+use berth_broker::{Broker, Recovered as BrokerRecovered};
 use berth_store::{MsgId, QueueId, StoreError};
 use berth_store::{Store, Ticket};
 use bytes::Bytes;
@@ -175,20 +175,20 @@ pub fn open_broker_with(
     let started = Instant::now();
     let sc = config.store_config();
     crate::reshape::apply(config, &sc)?;
-    let (store, recovered) =
+    let (store, mut recovered) =
         Store::open(sc).map_err(|source| crate::ServerError::Store { source })?;
     let journal = Arc::new(StoreJournal {
         store,
         events: std::sync::OnceLock::new(),
     });
-    broker_from(config, journal, &recovered, started, wrap)
+    broker_from(config, journal, &mut recovered, started, wrap)
 }
 
 /// Builds the broker from what an opened store `recovered`.
 pub fn broker_from(
     config: &crate::Config,
     journal: Arc<StoreJournal>,
-    recovered: &berth_store::Recovered,
+    recovered: &mut berth_store::Recovered,
     started: Instant,
     wrap: impl FnOnce(&Arc<StoreJournal>) -> Arc<dyn Journal>,
 ) -> Result<(Arc<Broker>, Arc<StoreJournal>), crate::ServerError> {
@@ -205,15 +205,13 @@ pub fn broker_from(
         .filter(|q| q.0 & PAGING_BIT != 0)
         .copied()
         .collect();
-    let messages = recovered
-        .queues
-        .iter()
+    // Taken, not copied: (id, size) pairs are the store's own lists, each
+    // converted where it lies (the same 16 bytes a message).
+    let paged = std::mem::take(&mut recovered.queues)
+        .into_iter()
         .filter(|(qid, _)| qid.0 & PAGING_BIT == 0)
         .map(|(qid, msgs)| {
-            let list = msgs
-                .iter()
-                .map(|m| (m.msg.0, StoredBody::OnDisk { len: m.payload_len }))
-                .collect();
+            let list = msgs.into_iter().map(|m| (m.msg.0, m.payload_len)).collect();
             (qid.0, list)
         })
         .collect();
@@ -223,7 +221,8 @@ pub fn broker_from(
             .iter()
             .map(|(k, v)| (k.to_vec(), v.to_vec()))
             .collect(),
-        messages,
+        messages: Default::default(),
+        paged,
         streams: recovered
             .streams
             .iter()

@@ -405,8 +405,8 @@ async fn lead(
                     }))
                 })
                 .map_err(ServerError::Startup)?;
-            let recovered = recovered.expect("set when reopened");
-            journal::broker_from(&config, journal, &recovered, started, |j| {
+            let mut recovered = recovered.expect("set when reopened");
+            journal::broker_from(&config, journal, &mut recovered, started, |j| {
                 Arc::new(cluster::replicated::ReplicatedJournal::start(
                     node,
                     Arc::clone(j),

@@ -28,8 +28,9 @@
 //!   records stay where the points say they are).
 
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 
+use crate::limits::LOAD_SLOT_ORDER_CHUNK;
 use crate::record::{Record, PUBLISH_OFF_QUEUES, RECORD_HEADER_BYTES};
 use crate::report::RecoveredMessage;
 use crate::stream_index::{Span, StreamIndex};
@@ -109,13 +110,24 @@ fn holds(
     queue: QueueId,
     msg: u64,
 ) -> bool {
-    msgs.get(&msg).is_some_and(|e| {
-        if e.holder == MULTI {
-            multi[&msg].contains(&queue)
-        } else {
-            holders[e.holder as usize] == queue.0
-        }
-    })
+    held_by(msgs, multi, holders, queue, msg).is_some()
+}
+
+/// `msg`'s entry and how many queues hold it, if `queue` is one of them.
+fn held_by<'a>(
+    msgs: &'a IdMap<Entry>,
+    multi: &IdMap<Vec<QueueId>>,
+    holders: &[u64],
+    queue: QueueId,
+    msg: u64,
+) -> Option<(&'a Entry, usize)> {
+    let e = msgs.get(&msg)?;
+    if e.holder == MULTI {
+        let qs = &multi[&msg];
+        qs.contains(&queue).then_some((e, qs.len()))
+    } else {
+        (holders[e.holder as usize] == queue.0).then_some((e, 1))
+    }
 }
 
 #[derive(Default, Clone)]
@@ -239,16 +251,6 @@ impl Index {
         self.streams.values().any(|s| s.in_segment(seg))
     }
 
-    /// Stream records kept in any of `segs`.
-    pub fn stream_records_in(&self, segs: &[u32]) -> u64 {
-        self.streams
-            .values()
-            .flat_map(StreamIndex::spans)
-            .filter(|s| segs.contains(&s.seg))
-            .map(|s| s.count)
-            .sum()
-    }
-
     /// Forgets the streams' records in segment `seg` (its file is gone);
     /// returns how many there were.
     pub fn drop_stream_segment(&mut self, seg: u32) -> u64 {
@@ -328,6 +330,15 @@ impl Index {
     /// each held by exactly `queues` (sorted, no duplicates, not empty).
     /// Refuses (and leaves the index partly loaded, to be dropped) a
     /// message already live: a checkpoint lists each message once.
+    ///
+    /// The table's writes go in slot order: up to [`LOAD_SLOT_ORDER_CHUNK`]
+    /// messages at a time are sorted by where the table will put them and
+    /// inserted so, one sweep through memory instead of a cache and TLB
+    /// miss per message (7,000,000 ids: 0.71-0.81 s in id order, 0.51 s in
+    /// slot order by chunks of 1,048,576, sort included; docs/BENCHMARKS.md
+    /// "Restart at ten million, again"). The slot is the hash's low bits,
+    /// as std's table places entries; were that to change, only the speed
+    /// would. A message listed twice is found by the insert.
     pub fn load_run(
         &mut self,
         queues: &[QueueId],
@@ -350,16 +361,22 @@ impl Index {
             [q] => Some(self.list_mut(*q).holder),
             _ => None,
         };
+        let slot_mask = self.slot_mask();
+        let mut pending: Vec<(u64, u64, Entry)> =
+            Vec::with_capacity(entries.size_hint().0.min(LOAD_SLOT_ORDER_CHUNK));
         for (msg, loc) in entries {
-            if self.msgs.contains_key(&msg.0) {
-                result = Err(msg);
-                break;
-            }
             let holder = single.unwrap_or_else(|| {
                 self.multi.insert(msg.0, queues.to_vec());
                 MULTI
             });
-            self.msgs.insert(msg.0, Entry { holder, loc });
+            let slot = self.msgs.hasher().hash_one(msg.0) & slot_mask;
+            pending.push((slot, msg.0, Entry { holder, loc }));
+            if pending.len() == LOAD_SLOT_ORDER_CHUNK {
+                if let Err(m) = self.insert_in_slot_order(&mut pending) {
+                    result = Err(m);
+                    break;
+                }
+            }
             for q in queues {
                 self.list_mut(*q).ids.push(msg.0);
             }
@@ -382,11 +399,34 @@ impl Index {
                 }
             }
         }
+        if result.is_ok() {
+            result = self.insert_in_slot_order(&mut pending);
+        }
         flush(self, seg_cache);
         for q in queues {
             self.list_mut(*q).live += loaded;
         }
         result
+    }
+
+    /// The low bits of a hash that pick a slot of the message table as it
+    /// is sized now (std's table: a power of two of slots, 7/8 of them
+    /// usable).
+    fn slot_mask(&self) -> u64 {
+        let slots = (self.msgs.capacity().max(8) / 7 * 8).next_power_of_two();
+        slots as u64 - 1
+    }
+
+    /// Inserts `pending` (slot, id, entry) in slot order and empties it;
+    /// an id already in the table is refused.
+    fn insert_in_slot_order(&mut self, pending: &mut Vec<(u64, u64, Entry)>) -> Result<(), MsgId> {
+        pending.sort_unstable_by_key(|(slot, _, _)| *slot);
+        for (_, msg, e) in pending.drain(..) {
+            if self.msgs.insert(msg, e).is_some() {
+                return Err(MsgId(msg));
+            }
+        }
+        Ok(())
     }
 
     /// Every live message grouped in runs of one queue set, each run's ids
@@ -622,24 +662,13 @@ impl Index {
             list.ids.sort_unstable();
             list.ids.dedup();
             let mut held = Vec::with_capacity(usize::try_from(list.live).unwrap_or(0));
-            for &m in &list.ids {
-                let Some(e) = msgs.get(&m) else { continue };
-                let queues = if e.holder == MULTI {
-                    let qs = &multi[&m];
-                    if !qs.contains(&QueueId(q)) {
-                        continue;
-                    }
-                    qs.len()
-                } else if holders[e.holder as usize] == q {
-                    1
-                } else {
-                    continue;
-                };
-                held.push(RecoveredMessage {
+            held.extend(list.ids.iter().filter_map(|&m| {
+                let (e, queues) = held_by(msgs, multi, holders, QueueId(q), m)?;
+                Some(RecoveredMessage {
                     msg: MsgId(m),
                     payload_len: payload_len(e.loc.len, queues),
-                });
-            }
+                })
+            }));
             (QueueId(q), held)
         };
         let list_share = |share: Vec<(u64, &mut QueueList)>| {
@@ -804,6 +833,33 @@ mod tests {
         assert!(
             drained * 20 < full,
             "index of 200,000 messages: {full} bytes; with 1,000 left: {drained} bytes"
+        );
+    }
+
+    /// A run inserts in table-slot order, not id order: a message listed
+    /// twice in one run, or already loaded by an earlier run, is still
+    /// refused, and a run's messages all load.
+    #[test]
+    fn load_run_refuses_a_message_listed_twice_and_loads_the_rest() {
+        let run = |ids: &[u64]| -> Vec<(MsgId, Loc)> {
+            ids.iter().map(|&i| (MsgId(i), loc(1, i as u32))).collect()
+        };
+        let mut ix = Index::default();
+        let ids: Vec<u64> = (1..=3_000).map(|i| i * 7).collect();
+        ix.load_run(&[QueueId(1)], run(&ids).into_iter()).unwrap();
+        assert_eq!(ix.live_messages(), 3_000);
+        assert!(ids.iter().all(|&i| ix.contains(MsgId(i))));
+        ix.check();
+        assert_eq!(
+            ix.load_run(&[QueueId(2)], run(&[5, 6, 700]).into_iter()),
+            Err(MsgId(700)),
+            "already loaded by the first run"
+        );
+        let mut ix = Index::default();
+        assert_eq!(
+            ix.load_run(&[QueueId(1)], run(&[1, 2, 3, 2]).into_iter()),
+            Err(MsgId(2)),
+            "twice in one run"
         );
     }
 

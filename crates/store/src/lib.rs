@@ -41,7 +41,7 @@ mod writer;
 
 pub use error::StoreError;
 pub use limits::{StoreConfig, SyncMode, PAYLOAD_BYTES_MAX};
-pub use recovery::DamageReport;
+pub use report::DamageReport;
 pub use store::{
     GroupStats, LiveState, Recovered, RecoveredMessage, RecoveredStream, RecoveryStats, Store,
     Ticket,

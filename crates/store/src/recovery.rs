@@ -33,29 +33,11 @@ use crate::journal::{
 use crate::limits::{LISTING_THREADS, RECORD_BODY_BYTES_MAX};
 use crate::manifest::read_all;
 use crate::record::{self, Decoded, Record, RECORD_HEADER_BYTES};
+use crate::report::DamageReport;
 use crate::report::RecoveredMessage;
 use crate::segment::{self, HeaderCheck};
 use crate::storage::{Storage, StorageFile};
-use crate::{MsgId, QueueId};
-
-/// A damaged range found and quarantined during recovery.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DamageReport {
-    pub group: u32,
-    pub file: PathBuf,
-    pub offset: u64,
-    pub len: u64,
-    /// Where the damaged bytes were copied.
-    pub quarantine_file: PathBuf,
-    /// Records known lost (from the sequence-number gap), if a valid
-    /// record followed in the same segment.
-    pub records_lost: Option<u64>,
-    /// Messages (and their queues) named by damaged publish headers that
-    /// could still be read; unverified, for the operator.
-    pub messages: Vec<MsgId>,
-    pub queues: Vec<QueueId>,
-    pub reason: String,
-}
+use crate::QueueId;
 
 /// A segment file known after recovery.
 pub struct SegFile {

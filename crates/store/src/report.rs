@@ -7,8 +7,26 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::recovery::DamageReport;
 use crate::{MsgId, QueueId};
+
+/// A damaged range found and quarantined during recovery.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DamageReport {
+    pub group: u32,
+    pub file: PathBuf,
+    pub offset: u64,
+    pub len: u64,
+    /// Where the damaged bytes were copied.
+    pub quarantine_file: PathBuf,
+    /// Records known lost (from the sequence-number gap), if a valid
+    /// record followed in the same segment.
+    pub records_lost: Option<u64>,
+    /// Messages (and their queues) named by damaged publish headers that
+    /// could still be read; unverified, for the operator.
+    pub messages: Vec<MsgId>,
+    pub queues: Vec<QueueId>,
+    pub reason: String,
+}
 
 /// One message of a recovered queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -22,11 +22,29 @@ pub enum Bodies {
 /// messages of every queue that has any (a store keeps no entry for a
 /// queue without messages).
 pub fn recovered(j: &MemoryJournal, bodies: Bodies) -> Recovered {
-    let body = |p: &bytes::Bytes| match bodies {
-        Bodies::InMemory => StoredBody::Payload(p.clone()),
-        Bodies::OnDisk => StoredBody::OnDisk {
-            len: u32::try_from(p.len()).expect("a test payload fits in u32"),
-        },
+    let lists = j.messages.lock();
+    let lists = lists.iter().filter(|(_, m)| !m.is_empty());
+    // On disk, a queue's messages come back as a store gives them: ids
+    // and sizes only (`Recovered::paged`).
+    let size = |p: &bytes::Bytes| u32::try_from(p.len()).expect("a test payload fits in u32");
+    let (messages, paged) = match bodies {
+        Bodies::InMemory => (
+            lists
+                .map(|(q, m)| {
+                    let list = m
+                        .iter()
+                        .map(|(id, p)| (*id, StoredBody::Payload(p.clone())));
+                    (*q, list.collect())
+                })
+                .collect(),
+            Default::default(),
+        ),
+        Bodies::OnDisk => (
+            Default::default(),
+            lists
+                .map(|(q, m)| (*q, m.iter().map(|(id, p)| (*id, size(p))).collect()))
+                .collect(),
+        ),
     };
     Recovered {
         streams: j.stored_streams(),
@@ -36,13 +54,8 @@ pub fn recovered(j: &MemoryJournal, bodies: Bodies) -> Recovered {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
-        messages: j
-            .messages
-            .lock()
-            .iter()
-            .filter(|(_, m)| !m.is_empty())
-            .map(|(q, m)| (*q, m.iter().map(|(id, p)| (*id, body(p))).collect()))
-            .collect(),
+        messages,
+        paged,
     }
 }
 

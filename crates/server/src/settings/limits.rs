@@ -256,6 +256,9 @@ pub(super) static LOG: &[Setting] = &[Setting {
     value_name: "LEVEL",
     default_note: "",
     doc: "`error`, `warn`, `info`, `debug`, `trace` or a tracing filter; `RUST_LOG` overrides \
-          it. Logs go to stderr.",
+          it. Logs go to stderr. A cluster member logs one warning when a peer becomes \
+          unreachable and one line when it answers again; openraft's report of every failed \
+          attempt in between is left out unless the filter names `openraft` (e.g. \
+          `info,openraft=warn`). See CLUSTERING.md.",
     slot: &one(field!(log.log_level), || "info".into()),
 }];
