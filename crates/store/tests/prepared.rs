@@ -341,3 +341,46 @@ fn a_torn_write_inside_the_zeros_is_a_torn_tail() {
         assert!(rec.damage.is_empty(), "seed {seed}: {:?}", rec.damage);
     }
 }
+
+/// The first segment after start is created before its prepared file can
+/// be ready (the helper starts with the writer); once the file is ready,
+/// the next batch rolls into it instead of growing the first segment to
+/// its end, so a lone committer's fdatasyncs write no inode from then on.
+#[test]
+fn the_first_segment_rolls_early_into_the_prepared_one_once_it_is_ready() {
+    let (_dir, path) = berth_testdir::TestDir::new("prepared-early-roll").and_path();
+    let mut cfg = StoreConfig::new(&path);
+    cfg.log_groups = 1;
+    // Big enough that the helper is still writing zeros when the first
+    // publish lands.
+    cfg.segment_size_bytes = 32 << 20;
+    let (store, _) = Store::open_with(cfg.clone(), Arc::new(OsStorage)).unwrap();
+    let first = publish(&store, 1);
+    let gdir = path.join("group-0000");
+    let size = |n: u32| {
+        std::fs::metadata(gdir.join(format!("{n:010}.seg")))
+            .ok()
+            .map(|m| m.len())
+    };
+    assert!(
+        size(1).unwrap() < cfg.segment_size_bytes,
+        "the helper finished before the first publish: the premise failed"
+    );
+    wait_prepared(
+        || {
+            std::fs::metadata(gdir.join(PREPARED_SEGMENT_NAME))
+                .ok()
+                .map(|m| m.len())
+        },
+        cfg.segment_size_bytes,
+    );
+    let more = publish(&store, 20);
+    assert_eq!(
+        size(2),
+        Some(cfg.segment_size_bytes),
+        "the writes after the preparation went on growing segment 1"
+    );
+    drop(store);
+    let (_s, rec) = Store::open_with(cfg, Arc::new(OsStorage)).unwrap();
+    assert_eq!(msgs(&rec), [first, more].concat());
+}

@@ -193,6 +193,10 @@ pub(crate) struct Writer {
     /// because it sat idle is followed by one that grows, so a trickle of
     /// writes does not cost a segment of zeros per idle roll.
     use_prepared: bool,
+    /// The active segment grows only because the prepared file was not
+    /// ready when it was opened (a busy start): once it is, the next
+    /// batch rolls into it rather than filling 64 MiB the slow way.
+    awaiting_prepared: bool,
     /// Compaction requested with [`Cmd::Compact`], run a bounded step per
     /// turn of the loop (see `compact.rs`).
     compaction: compact::Requested,
@@ -266,6 +270,7 @@ impl Writer {
             space: None,
             prepared,
             use_prepared: true,
+            awaiting_prepared: false,
             compaction: compact::Requested::default(),
         };
         (w, shared)
@@ -500,6 +505,15 @@ impl Writer {
         writes: &[(Op, Option<Waiter>)],
         force_sync: bool,
     ) -> Result<(), StoreError> {
+        if self.awaiting_prepared
+            && self.active.is_some()
+            && self.buf.is_empty()
+            && self.prepared.is_ready()
+        {
+            // Between batches: an early roll into the prepared segment.
+            self.seal()?;
+            self.use_prepared = true;
+        }
         let mut placed: Vec<(Record<'_>, Loc)> = Vec::with_capacity(writes.len());
         for (op, _) in writes {
             for rec in op.records() {
@@ -567,6 +581,7 @@ impl Writer {
         } else {
             None
         };
+        self.awaiting_prepared = self.use_prepared && prepared.is_none();
         self.use_prepared = false;
         let file = match prepared {
             Some(file) => {

@@ -8,7 +8,7 @@
 //! - The writer never waits for a preparation: at a roll it takes the
 //!   file only if the helper has finished with it, and otherwise creates
 //!   a growing segment as it always did (the helper's file is kept for a
-//!   later roll).
+//!   later roll; see `Writer::awaiting_prepared` for the early one).
 //! - A prepared file is whole (every byte zero, the size fdatasynced)
 //!   before it is handed over; a failed preparation (ENOSPC included)
 //!   removes its file and hands nothing over.
@@ -32,6 +32,8 @@ pub(super) struct Slot {
     /// Where the helper writes.
     path: PathBuf,
     job: Option<(JoinHandle<Prepared>, Arc<AtomicBool>)>,
+    /// What a finished job made, until a roll takes it.
+    ready: Option<Arc<dyn StorageFile>>,
 }
 
 impl Slot {
@@ -40,12 +42,13 @@ impl Slot {
             storage,
             path: segment::prepared_segment_path(dir),
             job: None,
+            ready: None,
         }
     }
 
     /// Starts preparing unless a preparation is under way or done.
     pub(super) fn start(&mut self, bytes: u64) {
-        if self.job.is_some() {
+        if self.job.is_some() || self.ready.is_some() {
             return;
         }
         let storage = Arc::clone(&self.storage);
@@ -72,23 +75,31 @@ impl Slot {
         }
     }
 
+    /// Whether a prepared file is ready to take.
+    pub(super) fn is_ready(&mut self) -> bool {
+        self.collect();
+        self.ready.is_some()
+    }
+
     /// The prepared file, if the helper has finished making it.
     pub(super) fn take(&mut self) -> Option<Arc<dyn StorageFile>> {
+        self.collect();
+        self.ready.take()
+    }
+
+    /// Joins a finished helper, keeping what it made.
+    fn collect(&mut self) {
         if !self.job.as_ref().is_some_and(|(h, _)| h.is_finished()) {
-            return None;
+            return;
         }
         let (handle, _) = self.job.take().expect("checked");
         match handle.join() {
-            Ok(Ok(file)) => Some(file),
+            Ok(Ok(file)) => self.ready = Some(file),
             Ok(Err(e)) => {
                 tracing::warn!(error = %e,
                     "preparing the next segment failed: it grows as it is written");
-                None
             }
-            Err(_) => {
-                tracing::error!("the segment preparation helper panicked");
-                None
-            }
+            Err(_) => tracing::error!("the segment preparation helper panicked"),
         }
     }
 }
@@ -97,13 +108,16 @@ impl Drop for Slot {
     fn drop(&mut self) {
         if let Some((handle, stop)) = self.job.take() {
             stop.store(true, Ordering::Relaxed);
-            if let Ok(Ok(_)) = handle.join() {
-                // A failed one removed its file. If this fails (or the
-                // process dies first), the next start removes it.
-                if let Err(e) = self.storage.remove(&self.path) {
-                    tracing::warn!(file = %self.path.display(), error = %e,
-                        "removing the unused prepared segment");
-                }
+            if let Ok(Ok(file)) = handle.join() {
+                self.ready = Some(file);
+            }
+        }
+        if self.ready.take().is_some() {
+            // A failed one removed its file. If this fails (or the
+            // process dies first), the next start removes it.
+            if let Err(e) = self.storage.remove(&self.path) {
+                tracing::warn!(file = %self.path.display(), error = %e,
+                    "removing the unused prepared segment");
             }
         }
     }
