@@ -15,6 +15,9 @@
 //! - The prepared file holds no record and is never read: a crash at any
 //!   point leaves at most a file recovery removes.
 //! - Dropping the slot stops and joins the helper.
+//! - The helper has at most `PREPARE_WRITE_BACK_BYTES` of zeros on their
+//!   way to the device at a time, and rests between write-backs: it takes
+//!   the device's spare time, not the committers'.
 
 use std::sync::atomic::AtomicBool;
 use std::thread::JoinHandle;
@@ -23,6 +26,18 @@ use super::*;
 
 /// Zeros written per call while preparing.
 const PREPARE_CHUNK_BYTES: usize = 1 << 20;
+
+/// Zeros written out to the device (and waited for) at a time. Left to
+/// the kernel, 64 MiB of dirty zeros go out in one burst, at the latest at
+/// the final fdatasync, and every committer's fdatasync in the meantime
+/// queues behind them; written back a few MiB at a time, the device
+/// queue never holds more than this of the helper's.
+const PREPARE_WRITE_BACK_BYTES: u64 = 4 << 20;
+
+/// After each write-back the helper rests this many times as long as it
+/// took, so it uses at most 1 / (1 + this) of the device's time and the
+/// committers' fdatasyncs find the device idle the rest of it.
+const PREPARE_REST_PER_WRITE_BACK: u32 = 1;
 
 type Prepared = Result<Arc<dyn StorageFile>, StoreError>;
 
@@ -134,6 +149,8 @@ fn prepare(
         .map_err(|e| StoreError::io("create", path, e))?;
     let zeros = vec![0u8; PREPARE_CHUNK_BYTES];
     let mut at = 0u64;
+    // Start of the zeros not yet written back.
+    let mut behind = 0u64;
     while at < bytes {
         if stop.load(Ordering::Relaxed) {
             return Err(StoreError::io(
@@ -146,6 +163,15 @@ fn prepare(
         file.write_all_at(&zeros[..n], at)
             .map_err(|e| StoreError::io("write", path, e))?;
         at += n as u64;
+        if at - behind >= PREPARE_WRITE_BACK_BYTES || at == bytes {
+            let started = std::time::Instant::now();
+            file.write_back(behind, at - behind)
+                .map_err(|e| StoreError::io("sync_file_range", path, e))?;
+            behind = at;
+            if at < bytes {
+                std::thread::sleep(started.elapsed() * PREPARE_REST_PER_WRITE_BACK);
+            }
+        }
     }
     file.sync_data()
         .map_err(|e| StoreError::io("fdatasync", path, e))?;
