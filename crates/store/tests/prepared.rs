@@ -384,3 +384,31 @@ fn the_first_segment_rolls_early_into_the_prepared_one_once_it_is_ready() {
     let (_s, rec) = Store::open_with(cfg, Arc::new(OsStorage)).unwrap();
     assert_eq!(msgs(&rec), [first, more].concat());
 }
+
+/// Preparation pays for small fdatasyncs (the inode write it saves is a
+/// large share of each) and costs disk bandwidth for large ones (the
+/// segment is written twice): a writer whose fdatasyncs carry ~100 KB
+/// each stops preparing, and starts again once they are small.
+#[test]
+fn bulk_fdatasyncs_stop_the_preparation_and_small_ones_start_it_again() {
+    let fs = FaultStorage::new(31);
+    let mut cfg = config(1);
+    cfg.segment_size_bytes = 1 << 20;
+    let (store, _) = open(&fs, &cfg);
+    let big = Bytes::from(vec![7u8; 100 * 1024]);
+    for _ in 0..40 {
+        let m = store.next_msg_id();
+        wait(|d| store.publish(m, &[QueueId(1)], big.clone(), Some(d))).unwrap();
+    }
+    // Any preparation started before the syncs grew was taken by a roll.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        fs.contents(&prepared_path()).is_err(),
+        "the next segment is prepared under fdatasyncs of ~100 KB"
+    );
+    publish(&store, 30);
+    wait_prepared(
+        || fs.contents(&prepared_path()).ok().map(|b| b.len() as u64),
+        cfg.segment_size_bytes,
+    );
+}

@@ -197,6 +197,11 @@ pub(crate) struct Writer {
     /// ready when it was opened (a busy start): once it is, the next
     /// batch rolls into it rather than filling 64 MiB the slow way.
     awaiting_prepared: bool,
+    /// Bytes written since the last fdatasync.
+    unsynced_bytes: u64,
+    /// Bytes per fdatasync, a moving average (weight 1/8): preparation
+    /// pays only while it is small (`PREPARE_SYNC_BYTES_MAX`).
+    sync_bytes_avg: u64,
     /// Compaction requested with [`Cmd::Compact`], run a bounded step per
     /// turn of the loop (see `compact.rs`).
     compaction: compact::Requested,
@@ -271,6 +276,8 @@ impl Writer {
             prepared,
             use_prepared: true,
             awaiting_prepared: false,
+            unsynced_bytes: 0,
+            sync_bytes_avg: 0,
             compaction: compact::Requested::default(),
         };
         (w, shared)
@@ -616,9 +623,12 @@ impl Writer {
         Ok(())
     }
 
-    /// Starts preparing the segment after the active one (off this thread).
+    /// Starts preparing the segment after the active one (off this
+    /// thread), unless preparation is off or the recent fdatasyncs were
+    /// large enough that its zeros would cost more than they save.
     fn prepare_next(&mut self) {
-        if self.cfg.segment_prepare {
+        if self.cfg.segment_prepare && self.sync_bytes_avg <= crate::limits::PREPARE_SYNC_BYTES_MAX
+        {
             self.prepared.start(self.cfg.segment_size_bytes);
         }
     }
@@ -661,6 +671,7 @@ impl Writer {
             .write_buffer_bytes
             .store(self.buf.capacity() as u64, Ordering::Relaxed);
         self.journal_bytes_since_checkpoint += self.buf.len() as u64;
+        self.unsynced_bytes += self.buf.len() as u64;
         self.shared
             .counters
             .bytes_written
@@ -714,6 +725,10 @@ impl Writer {
         }
         self.dirty = false;
         self.last_sync = self.clock.now();
+        self.sync_bytes_avg = (self.sync_bytes_avg * 7 + self.unsynced_bytes) / 8;
+        self.unsynced_bytes = 0;
+        // Syncs small again after bulk writes: prepare from now on.
+        self.prepare_next();
         Ok(())
     }
 
