@@ -48,13 +48,21 @@ pub const EVENT_GATHER_MS: u64 = 10;
 pub const NO_SPACE_RETRY_MS: u64 = 250;
 
 /// A group writer prepares its next segment (zeros written ahead, see
-/// `StoreConfig::segment_prepare`) only while its fdatasyncs carry at most
-/// this many bytes on average. A prepared segment saves each fdatasync its
-/// inode write (~80 µs on the reference disk) at the price of writing the
-/// segment twice; with 64 MiB segments it pays for itself below ~30 KB
-/// per fdatasync (lone and concurrent confirmed publishers: a few KB),
-/// and costs disk bandwidth above it (bulk publishing: hundreds of KB).
+/// `StoreConfig::segment_prepare`) only while the fdatasyncs its recent
+/// bytes went out with carried at most this many bytes (an average
+/// weighted by bytes, over about `PREPARE_SYNC_AVG_BYTES`). A prepared
+/// segment saves each fdatasync its inode write (~80 µs on the reference
+/// disk) at the price of writing every byte of the segment twice: it pays
+/// for itself below ~30 KB per fdatasync (lone and concurrent confirmed
+/// publishers: a few KB) and costs bandwidth and CPU above it (bulk
+/// publishing: hundreds of KB).
 pub const PREPARE_SYNC_BYTES_MAX: u64 = 64 * 1024;
+
+/// The bytes over which that average is taken. Weighted by bytes, so a
+/// burst of small fdatasyncs that writes little (acks removing what a
+/// bulk publish wrote) does not start a preparation whose segment the
+/// next bulk publish would fill.
+pub const PREPARE_SYNC_AVG_BYTES: u64 = 4 * 1024 * 1024;
 
 /// Largest record body the decoder accepts. Bounded so that a corrupt length
 /// field can never make recovery allocate gigabytes. 129 MiB: the largest

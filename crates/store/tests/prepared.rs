@@ -396,7 +396,8 @@ fn bulk_fdatasyncs_stop_the_preparation_and_small_ones_start_it_again() {
     cfg.segment_size_bytes = 1 << 20;
     let (store, _) = open(&fs, &cfg);
     let big = Bytes::from(vec![7u8; 100 * 1024]);
-    for _ in 0..40 {
+    // 10 MB, enough for the bytes-weighted average (over 4 MiB).
+    for _ in 0..100 {
         let m = store.next_msg_id();
         wait(|d| store.publish(m, &[QueueId(1)], big.clone(), Some(d))).unwrap();
     }
@@ -406,7 +407,12 @@ fn bulk_fdatasyncs_stop_the_preparation_and_small_ones_start_it_again() {
         fs.contents(&prepared_path()).is_err(),
         "the next segment is prepared under fdatasyncs of ~100 KB"
     );
-    publish(&store, 30);
+    // Small fdatasyncs of 4 KB, for a few MB.
+    let small = Bytes::from(vec![8u8; 4096]);
+    for _ in 0..1000 {
+        let m = store.next_msg_id();
+        wait(|d| store.publish(m, &[QueueId(1)], small.clone(), Some(d))).unwrap();
+    }
     wait_prepared(
         || fs.contents(&prepared_path()).ok().map(|b| b.len() as u64),
         cfg.segment_size_bytes,

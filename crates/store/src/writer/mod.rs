@@ -199,8 +199,9 @@ pub(crate) struct Writer {
     awaiting_prepared: bool,
     /// Bytes written since the last fdatasync.
     unsynced_bytes: u64,
-    /// Bytes per fdatasync, a moving average (weight 1/8): preparation
-    /// pays only while it is small (`PREPARE_SYNC_BYTES_MAX`).
+    /// The size of the fdatasync a recently written byte went out with, a
+    /// moving average weighted by bytes (over `PREPARE_SYNC_AVG_BYTES`):
+    /// preparation pays only while it is small (`PREPARE_SYNC_BYTES_MAX`).
     sync_bytes_avg: u64,
     /// Compaction requested with [`Cmd::Compact`], run a bounded step per
     /// turn of the loop (see `compact.rs`).
@@ -725,7 +726,7 @@ impl Writer {
         }
         self.dirty = false;
         self.last_sync = self.clock.now();
-        self.sync_bytes_avg = (self.sync_bytes_avg * 7 + self.unsynced_bytes) / 8;
+        self.sync_bytes_avg = sync_bytes_avg_next(self.sync_bytes_avg, self.unsynced_bytes);
         self.unsynced_bytes = 0;
         // Syncs small again after bulk writes: prepare from now on.
         self.prepare_next();
@@ -842,5 +843,45 @@ impl Writer {
             self.checkpoint()?;
         }
         Ok(())
+    }
+}
+
+/// The next value of `Writer::sync_bytes_avg` after an fdatasync of
+/// `synced` bytes: each byte moves the average by 1 / `PREPARE_SYNC_AVG_BYTES`
+/// of the way to the size of its fdatasync. Both are capped at that
+/// window, beyond which every fdatasync counts as bulk.
+fn sync_bytes_avg_next(avg: u64, synced: u64) -> u64 {
+    let window = crate::limits::PREPARE_SYNC_AVG_BYTES;
+    let b = synced.min(window);
+    let avg = avg.min(window);
+    // avg + (b - avg) * b / window, in integers: at most 2^44, no overflow.
+    (avg * (window - b) + b * b) / window
+}
+
+#[cfg(test)]
+mod sync_avg_tests {
+    use super::sync_bytes_avg_next;
+    use crate::limits::{PREPARE_SYNC_AVG_BYTES, PREPARE_SYNC_BYTES_MAX};
+
+    fn after(mut avg: u64, syncs: usize, bytes: u64) -> u64 {
+        for _ in 0..syncs {
+            avg = sync_bytes_avg_next(avg, bytes);
+        }
+        avg
+    }
+
+    #[test]
+    fn bulk_syncs_raise_the_average_and_a_few_small_ones_do_not_lower_it() {
+        // 8 MiB in fdatasyncs of 200 KB (a bulk publish): well above.
+        let bulk = after(0, 40, 200 * 1024);
+        assert!(bulk > 2 * PREPARE_SYNC_BYTES_MAX, "{bulk}");
+        // 1 MiB of acks in fdatasyncs of 2 KB: still above.
+        let drained = after(bulk, 512, 2048);
+        assert!(drained > PREPARE_SYNC_BYTES_MAX, "{drained}");
+        // A steady stream of small fdatasyncs brings it down.
+        let small = after(drained, 10_000, 4096);
+        assert!(small < PREPARE_SYNC_BYTES_MAX / 4, "{small}");
+        // One fdatasync beyond the window counts as the whole window.
+        assert_eq!(sync_bytes_avg_next(0, u64::MAX), PREPARE_SYNC_AVG_BYTES);
     }
 }
