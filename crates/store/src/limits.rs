@@ -140,7 +140,9 @@ pub struct StoreConfig {
     /// a file written with zeros to `segment_size_bytes` and fdatasynced,
     /// renamed into place at the roll. An fdatasync into it then changes
     /// no file size, so it writes no inode (88-120 µs for an 8 KB write on
-    /// the reference disk, 164-226 µs into a growing file). Default true.
+    /// the reference disk, 164-226 µs into a growing file). Only while
+    /// the group's fdatasyncs are small (`PREPARE_SYNC_BYTES_MAX`): under
+    /// bulk writes the zeros would cost more than they save. Default true.
     pub segment_prepare: bool,
     /// A sealed segment whose live bytes are below this fraction (in
     /// percent) of its size is compacted. Default 50.
