@@ -27,6 +27,7 @@ mod error;
 mod journal;
 mod memory;
 mod payload;
+mod placement;
 mod stored_stream;
 
 pub use completion::{all_of, complete, split_done, Done};
@@ -36,6 +37,7 @@ pub use error::JournalError;
 pub use journal::{EventSink, Journal};
 pub use memory::{MemoryJournal, MetaWrite, NoJournal};
 pub use payload::{decode_message, encode_message, NameTooLong, StoredMessage};
+pub use placement::Placement;
 pub use stored_stream::StoredStream;
 
 // The metadata key namespace lives with the metadata commands; these stay

@@ -152,8 +152,27 @@ impl VHost {
     /// Adds a queue as it is (restore after a restart).
     pub(crate) fn insert_queue(&self, q: Arc<Queue>) {
         self.apply_policies_to_queue(&q, self.clock.now());
-        self.queues.write().insert(q.name.clone(), Arc::clone(&q));
+        let replaced = self.queues.write().insert(q.name.clone(), Arc::clone(&q));
+        if let Some(old) = replaced {
+            self.unplaced(&old);
+        }
+        self.placed(&q);
         q.report_totals();
+    }
+
+    /// A stored queue joined this vhost: its log group counts it (see
+    /// [`crate::durable::Placement`]).
+    pub(crate) fn placed(&self, q: &Queue) {
+        if let Some(id) = q.store_id {
+            self.dur.queue_added(id);
+        }
+    }
+
+    /// A stored queue left this vhost.
+    pub(crate) fn unplaced(&self, q: &Queue) {
+        if let Some(id) = q.store_id {
+            self.dur.queue_removed(id);
+        }
     }
 
     /// A queue by name, whoever owns it.
@@ -510,6 +529,7 @@ impl VHost {
         ));
         self.apply_policies_to_queue(&q, now);
         self.queues.write().insert(name.clone(), Arc::clone(&q));
+        self.placed(&q);
         q.report_totals();
         // Again, now that it is in the map: a policy change that ran
         // meanwhile did not see it (see `vhost/policies.rs`).
@@ -582,7 +602,9 @@ impl VHost {
                 name: name.to_owned(),
             })?;
         }
-        self.queues.write().remove(name);
+        if self.queues.write().remove(name).is_some() {
+            self.unplaced(&q);
+        }
         let (count, consumers, paging_id) = q.mark_deleted();
         // After the definition: a purge without it would empty a queue
         // that a restart brings back. Messages left by a crash in between

@@ -85,6 +85,14 @@ impl Journal for StoreJournal {
         self.store.purge(QueueId(queue), adapt(done));
     }
 
+    fn groups(&self) -> u32 {
+        self.store.group_count()
+    }
+
+    fn group_of(&self, queue: u64) -> u32 {
+        self.store.group_of(QueueId(queue))
+    }
+
     fn put_meta(&self, key: &[u8], value: &[u8]) -> Result<(), JournalError> {
         wait_durable(|d| {
             self.store.put_meta(

@@ -18,7 +18,7 @@
 //!   checkpoint's lsn, exactly as recovery judges them, whichever part of
 //!   the journal the reader started at.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::checkpoint::{
     self, CheckpointInfo, Kind, Link, Parsed, ReplayFrom, CHECKPOINT_TMP_NAME,
@@ -259,6 +259,12 @@ pub struct Damage<'a> {
 /// walk (recovery on `Fail`); returning `Ok` after a `Fail` goes on as
 /// inspection does: past a bad record, on to the next segment.
 pub trait Visit {
+    /// These files will be read whole soon (checkpoints before they are
+    /// read, the segments to replay before the chain loads): a chance to
+    /// start reading them while the walk works on something else.
+    fn will_read(&mut self, paths: &[PathBuf]) {
+        let _ = paths;
+    }
     fn read_checkpoint(&mut self, path: &Path) -> CheckpointBytes;
     fn unfinished_checkpoint(&mut self, path: &Path, verdict: Verdict) -> Result<(), StoreError>;
     fn checkpoint(&mut self, seen: CheckpointSeen<'_>) -> Result<(), StoreError>;
@@ -295,12 +301,25 @@ impl Journal<'_> {
         // Every file first, oldest first: a delta is valid only with its
         // whole chain down to a base.
         let mut files: Vec<(u64, std::path::PathBuf, u64, Result<Parsed, StoreError>)> = Vec::new();
-        for &no in &listing.checkpoints {
-            let path = dir.join(checkpoint::checkpoint_name(no));
+        let paths: Vec<PathBuf> = (listing.checkpoints.iter())
+            .map(|&no| dir.join(checkpoint::checkpoint_name(no)))
+            .collect();
+        v.will_read(&paths);
+        for (&no, path) in listing.checkpoints.iter().zip(paths) {
             let bytes = v.read_checkpoint(&path)?;
             let len = bytes.as_ref().map_or(0, |b| b.len() as u64);
             let parsed = bytes.and_then(|b| checkpoint::parse(group, b, &path));
             files.push((no, path, len, parsed));
+        }
+        // Most likely the newest valid file is chosen: its replay's
+        // segments can be on their way in while its chain loads.
+        if let Some(Ok(p)) = files.iter().rev().map(|f| &f.3).find(|p| p.is_ok()) {
+            let from = p.info.replay.seg;
+            let segments: Vec<PathBuf> = (listing.segments.iter())
+                .filter(|&&s| s >= from)
+                .map(|&s| segment::segment_path(dir, s))
+                .collect();
+            v.will_read(&segments);
         }
         let mut chosen: Option<(u64, CheckpointInfo, Index)> = None;
         loop {

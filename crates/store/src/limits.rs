@@ -265,11 +265,13 @@ pub const STREAM_INDEX_STRIDE_BYTES: u32 = 256 * 1024;
 /// this size (a larger record gets a block of its own).
 pub const STREAM_READ_BLOCK_BYTES: usize = 256 * 1024;
 
-/// Threads each group's recovery uses to list its queues' messages for
-/// the broker (`Index::live_by_queue`). Groups recover in parallel, but
-/// queues are rarely spread evenly over them: on the 2-core VM the group
-/// holding 7 of 10 queues ran alone for most of a restart.
-pub const LISTING_THREADS: usize = 2;
+/// Threads each group's recovery uses at most to list its queues'
+/// messages for the broker (`Index::live_by_queue`): one per core up to
+/// this. Groups recover in parallel, but a group can hold more queues
+/// than another (queues made before the broker balanced its placement:
+/// on the 2-core VM the group holding 7 of 10 queues ran alone for most
+/// of a restart).
+pub const LISTING_THREADS_MAX: usize = 8;
 
 /// Messages of a checkpoint's run sorted by table slot before they are
 /// inserted (`Index::load_run`): 32 bytes each, so 32 MiB at most while a

@@ -30,7 +30,7 @@ use crate::index::Index;
 use crate::journal::{
     CheckpointBytes, CheckpointSeen, Damage, Found, Journal, Listing, Seg, Span, Verdict, Visit,
 };
-use crate::limits::{LISTING_THREADS, RECORD_BODY_BYTES_MAX};
+use crate::limits::{LISTING_THREADS_MAX, RECORD_BODY_BYTES_MAX};
 use crate::manifest::read_all;
 use crate::record::{self, Decoded, Record, RECORD_HEADER_BYTES};
 use crate::report::DamageReport;
@@ -223,6 +223,15 @@ impl Recovering<'_> {
 }
 
 impl Visit for Recovering<'_> {
+    fn will_read(&mut self, paths: &[PathBuf]) {
+        for path in paths {
+            // A file that does not open now is reported when it is read.
+            if let Ok(f) = self.storage.open(path) {
+                f.will_need();
+            }
+        }
+    }
+
     fn read_checkpoint(&mut self, path: &Path) -> CheckpointBytes {
         // An unreadable checkpoint is one more invalid one: fall back.
         Ok(read_all(self.storage, path))
@@ -488,7 +497,8 @@ pub fn recover_group(
         .map_or(1, |s| s + 1)
         .max(replay.seg);
     r.checkpoints.reverse();
-    let queues = index.live_by_queue(LISTING_THREADS);
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let queues = index.live_by_queue(cores.min(LISTING_THREADS_MAX));
     Ok(GroupRecovery {
         next_lsn: walked.last_lsn.unwrap_or(0) + 1,
         index,

@@ -72,6 +72,10 @@ pub trait StorageFile: Send + Sync {
         let _ = (offset, len);
         Ok(())
     }
+    /// A hint that the whole file will be read soon: the OS may start
+    /// reading it into its cache now (`posix_fadvise(WILLNEED)`), so the
+    /// read overlaps other work. Only a hint: nothing may depend on it.
+    fn will_need(&self) {}
 }
 
 /// The real thing: `std::fs` with `pread`/`pwrite`/`fdatasync`.
@@ -113,6 +117,10 @@ impl StorageFile for OsFile {
         } else {
             Err(io::Error::last_os_error())
         }
+    }
+    fn will_need(&self) {
+        // A refused hint costs only the overlap it would have bought.
+        let _ = rustix::fs::fadvise(&self.0, 0, None, rustix::fs::Advice::WillNeed);
     }
 }
 

@@ -14,6 +14,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
+use super::placement::{id_in_group, Placement};
 use super::{all_of, complete, Done, EventSink, Journal, JournalError};
 
 /// Marks a journal queue id, or a queued message's journal id, as a
@@ -29,6 +30,8 @@ pub struct Durability {
     next_msg_id: AtomicU64,
     /// Next journal queue id (durable queues and paging ids).
     next_queue_id: AtomicU64,
+    /// Live durable queues per log group: a new one goes to the emptiest.
+    placement: Placement,
     /// Ready messages per queue whose bodies stay in memory; beyond it,
     /// bodies already written to the journal are read back when needed.
     resident_messages_max: AtomicUsize,
@@ -46,6 +49,7 @@ impl Durability {
     /// Ids continue from the given values (one past the largest recovered).
     pub fn new(journal: Arc<dyn Journal>, next_msg_id: u64, next_queue_id: u64) -> Self {
         Self {
+            placement: Placement::new(journal.groups()),
             journal,
             next_msg_id: AtomicU64::new(next_msg_id),
             next_queue_id: AtomicU64::new(next_queue_id),
@@ -127,14 +131,41 @@ impl Durability {
         self.next_msg_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// A fresh journal queue id for a durable queue.
+    /// A fresh journal queue id for a durable queue (or a durable delayed
+    /// exchange's pending messages), in the log group holding the fewest
+    /// live durable queues.
     pub fn new_queue_id(&self) -> u64 {
+        if self.journal.groups() <= 1 {
+            return self.next_id();
+        }
+        let want = self.placement.emptiest();
+        id_in_group(self.journal.as_ref(), want, || self.next_id())
+    }
+
+    /// A fresh journal queue id for a queue's paging copies (wherever it
+    /// falls: paging copies never outlive the process).
+    pub fn new_paging_id(&self) -> u64 {
+        self.next_id() | PAGING_BIT
+    }
+
+    fn next_id(&self) -> u64 {
         self.next_queue_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// A fresh journal queue id for a queue's paging copies.
-    pub fn new_paging_id(&self) -> u64 {
-        self.new_queue_id() | PAGING_BIT
+    /// A durable queue with this journal id is live (declared, restored
+    /// or applied); see [`Placement`].
+    pub fn queue_added(&self, id: u64) {
+        self.placement.added(self.journal.group_of(id));
+    }
+
+    /// A durable queue with this journal id is gone.
+    pub fn queue_removed(&self, id: u64) {
+        self.placement.removed(self.journal.group_of(id));
+    }
+
+    /// Live durable queues per log group.
+    pub fn queues_per_group(&self) -> Vec<u64> {
+        self.placement.counts()
     }
 
     pub fn resident_messages_max(&self) -> usize {

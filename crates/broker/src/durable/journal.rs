@@ -140,6 +140,19 @@ pub trait Journal: Send + Sync {
         let _ = queue;
         vec![false; msgs.len()]
     }
+    /// How many log groups this journal has (a journal with one, or none,
+    /// says 1). Durable queues are spread over them (see
+    /// [`super::Placement`]).
+    fn groups(&self) -> u32 {
+        1
+    }
+    /// The log group (below [`Journal::groups`]) whose writes hold
+    /// `queue`'s records: a fixed function of the id, so the same queue id
+    /// lands in the same group after every restart and on every replica.
+    fn group_of(&self, queue: u64) -> u32 {
+        let _ = queue;
+        0
+    }
     /// Whether every group's queue of writes is below its bound now.
     fn has_room(&self) -> bool {
         true

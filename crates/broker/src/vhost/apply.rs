@@ -80,6 +80,7 @@ impl VHost {
         let Some(q) = self.queues.write().remove(name) else {
             return;
         };
+        self.unplaced(&q);
         let (_, consumers, _) = q.mark_deleted();
         for c in consumers {
             c.channel.consumer_gone(&c.tag);

@@ -172,6 +172,17 @@ impl Journal for ReplicatedJournal {
         self.send(&Command::Purge { queue }, done);
     }
 
+    // Placement follows this node's store. A replica with another
+    // `store.groups` puts the queue in another of its own groups, which
+    // only changes how its writes spread, never what they hold.
+    fn groups(&self) -> u32 {
+        self.local.groups()
+    }
+
+    fn group_of(&self, queue: u64) -> u32 {
+        self.local.group_of(queue)
+    }
+
     fn put_meta(&self, key: &[u8], value: &[u8]) -> Result<(), JournalError> {
         self.send_and_wait(&Command::PutMeta {
             key: Bytes::copy_from_slice(key),
