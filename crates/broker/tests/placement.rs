@@ -20,7 +20,7 @@ use common::{recovered, Bodies};
 struct Skewed(Arc<MemoryJournal>);
 
 fn skewed_group(queue: u64) -> u32 {
-    u32::from(queue % 4 == 0)
+    u32::from(queue.is_multiple_of(4))
 }
 
 impl Journal for Skewed {

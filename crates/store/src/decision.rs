@@ -29,6 +29,10 @@ pub enum Action {
     /// Do not use it, say so, go on without it (a damaged checkpoint: the
     /// previous one is tried).
     Skip,
+    /// The segment's records end here: what follows is the zeros a
+    /// prepared segment was filled with, not yet written. Recovery cuts
+    /// them off; nothing was lost, so inspection says nothing.
+    End,
     /// Copy the damaged bytes aside, report the loss, keep what follows.
     Quarantine,
     /// Stop: the store cannot be rebuilt safely without an operator.
@@ -51,7 +55,7 @@ impl Action {
     /// The one mapping from what recovery does to what inspection says.
     pub fn reported_as(self) -> Reported {
         match self {
-            Action::Apply => Reported::Silent,
+            Action::Apply | Action::End => Reported::Silent,
             Action::Note | Action::Truncate => Reported::Note,
             Action::Skip | Action::Quarantine | Action::Fail => Reported::Problem,
         }
@@ -67,6 +71,11 @@ pub enum Frame {
     Corrupt,
     /// The file ends before the frame does.
     Short,
+    /// Every byte from here to the end of the file is zero: no record
+    /// (its kind byte is never 0), whatever the checksum says. Checked
+    /// wherever a position does not decode as a record, before the
+    /// other frame cases.
+    Zeros,
 }
 
 /// Whether an intact frame's body parses.
@@ -118,6 +127,7 @@ pub struct RecordRow {
 
 const BROKEN: &[Frame] = &[Frame::Corrupt, Frame::Short];
 const INTACT: &[Frame] = &[Frame::Intact];
+const ZEROS: &[Frame] = &[Frame::Zeros];
 
 /// The record decision table.
 #[rustfmt::skip]
@@ -140,6 +150,10 @@ pub const RECORD_TABLE: &[RecordRow] = &[
         action: Action::Truncate, why: "torn tail of the newest segment" },
     RecordRow { frame: BROKEN, body: None, order: None, after_damage: None, valid_later: Some(false), last_segment: Some(false),
         action: Action::Quarantine, why: "damage at the end of a sealed (synced) segment" },
+    RecordRow { frame: ZEROS, body: None, order: None, after_damage: None, valid_later: None, last_segment: Some(true),
+        action: Action::End, why: "the newest segment's unwritten rest (prepared with zeros)" },
+    RecordRow { frame: ZEROS, body: None, order: None, after_damage: None, valid_later: None, last_segment: Some(false),
+        action: Action::Quarantine, why: "zeros at the end of a sealed segment: sealing cuts them off, so bytes were lost" },
 ];
 
 fn row_matches(row: &RecordRow, c: &RecordCase) -> bool {

@@ -444,6 +444,10 @@ impl Visit for Inspecting<'_> {
     fn damage(&mut self, seg: &Seg<'_>, d: &Damage<'_>) -> Result<(), StoreError> {
         let Verdict { action, why } = d.verdict;
         let (at, end) = (d.at, d.end);
+        if action == Action::End {
+            // A prepared segment's unwritten rest: nothing to report.
+            return Ok(());
+        }
         if action == Action::Truncate {
             self.segment.tail_bytes = (seg.bytes.len() - at) as u64;
             let what = format!(

@@ -611,8 +611,9 @@ impl Walker<'_> {
         Ok(())
     }
 
-    /// Shows damage at `at` to the visitor; returns where the walk resumes,
-    /// or `None` when the rest of the segment is a tail to truncate.
+    /// Shows damage (or the zeros of a prepared segment's unwritten rest)
+    /// at `at` to the visitor; returns where the walk resumes, or `None`
+    /// when the rest of the segment is a tail to truncate.
     fn damage<'b>(
         &mut self,
         seg: &Seg<'b>,
@@ -625,6 +626,14 @@ impl Walker<'_> {
             Decoded::Corrupt(_) => (Frame::Corrupt, Body::Parses),
             Decoded::Incomplete { .. } => (Frame::Short, Body::Parses),
             Decoded::Record { .. } => unreachable!("records are walked, not damage"),
+        };
+        // Before anything the decode said: zeros are no record (no kind
+        // is 0), but 16 zero bytes do pass the checksum for about one
+        // salt in 2^32, and then decode as "intact, unparseable".
+        let frame = if seg.bytes[at..].iter().all(|&b| b == 0) {
+            Frame::Zeros
+        } else {
+            frame
         };
         let later = next_valid(
             self.salt,
@@ -649,7 +658,7 @@ impl Walker<'_> {
             verdict,
         };
         v.damage(seg, &damage)?;
-        if verdict.action == Action::Truncate {
+        if matches!(verdict.action, Action::Truncate | Action::End) {
             return Ok(None);
         }
         // The records lost there explain a gap in the numbers.

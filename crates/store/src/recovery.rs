@@ -234,6 +234,7 @@ impl Visit for Recovering<'_> {
             Action::Truncate => self.storage.remove(path).map_err(io_err("remove", path)),
             Action::Apply | Action::Note | Action::Skip => Ok(()),
             Action::Quarantine | Action::Fail => Err(self.fail(path, 0, why.to_owned())),
+            Action::End => unreachable!("End is a record table action"),
         }
     }
 
@@ -304,6 +305,7 @@ impl Visit for Recovering<'_> {
                 self.segments.remove(&seg.seq);
                 Ok(())
             }
+            Action::End => unreachable!("End is a record table action"),
             Action::Skip | Action::Quarantine | Action::Fail => {
                 let detail = match &seg.header {
                     HeaderCheck::Foreign(d) => format!("{why}: {d}"),
@@ -341,6 +343,16 @@ impl Visit for Recovering<'_> {
                 file.sync_data().map_err(io_err("fdatasync", path))?;
                 self.truncated += cut as u64;
                 Ok(())
+            }
+            Action::End => {
+                // A prepared segment's unwritten zeros: cut off so the
+                // segment ends at its last record, as a grown one does.
+                let (path, at) = (seg.path, d.at);
+                tracing::debug!(group = self.group, file = %path.display(), offset = at,
+                    "cutting off the newest segment's unwritten zeros ({why})");
+                let file = self.file(seg.seq);
+                file.set_len(at as u64).map_err(io_err("truncate", path))?;
+                file.sync_data().map_err(io_err("fdatasync", path))
             }
             Action::Quarantine => self.quarantine(seg, d, why),
             Action::Apply | Action::Note | Action::Skip | Action::Fail => {
@@ -419,6 +431,13 @@ pub fn recover_group(
         }
         Err(e) => return Err(StoreError::io("list", dir, e)),
     };
+    if names.iter().any(|n| n == segment::PREPARED_SEGMENT_NAME) {
+        // A next segment being prepared when the broker stopped: zeros,
+        // no record, never a segment yet. The writer prepares a new one.
+        let path = segment::prepared_segment_path(dir);
+        storage.remove(&path).map_err(io_err("remove", &path))?;
+        tracing::debug!(group, file = %path.display(), "prepared segment left by a stop removed");
+    }
     let listing = Listing::of(&names);
     let journal = Journal {
         group,

@@ -36,6 +36,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::StoreError;
 use crate::manifest::{self, Manifest, MANIFEST_NAME};
+use crate::segment;
 use crate::storage::{self, Storage};
 
 pub use copy::{copy_and_verify, CopyReport};
@@ -214,7 +215,10 @@ pub fn plan(
         let names = storage
             .list(&gdir)
             .map_err(|e| StoreError::io("list", &gdir, e))?;
-        for n in names {
+        for n in names
+            .iter()
+            .filter(|n| *n != segment::PREPARED_SEGMENT_NAME)
+        {
             let path = gdir.join(n);
             let f = storage
                 .open_read(&path)

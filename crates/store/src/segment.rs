@@ -41,6 +41,16 @@ pub fn segment_path(dir: &Path, seq: u32) -> PathBuf {
     dir.join(segment_name(seq))
 }
 
+/// The segment a writer prepares before it needs it (zeros to the
+/// segment size, fdatasynced), renamed to [`segment_name`] at the roll.
+/// Never read: recovery removes one a crash left, inspection, backup and
+/// reshape's copy skip it (its name is not a segment's).
+pub const PREPARED_SEGMENT_NAME: &str = "next.seg.prep";
+
+pub fn prepared_segment_path(dir: &Path) -> PathBuf {
+    dir.join(PREPARED_SEGMENT_NAME)
+}
+
 /// Inverse of [`segment_name`].
 pub fn parse_segment_name(name: &str) -> Option<u32> {
     let digits = name.strip_suffix(".seg")?;

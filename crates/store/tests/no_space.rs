@@ -57,6 +57,10 @@ fn fill_then_free(before: usize, payload_bytes: usize, slack_bytes: u64) -> (Fau
     fs.set_tear_on_crash(true);
     let mut cfg = config(1);
     cfg.segment_size_bytes = 4096;
+    // A prepared next segment holds its space already, and a roll into it
+    // cannot meet a full disk: these tests are about segments that grow
+    // (what a writer falls back to when preparing failed).
+    cfg.segment_prepare = false;
     let (store, _) = open(&fs, &cfg);
     let payload = vec![0xa5u8; payload_bytes];
     let mut confirmed = Vec::new();

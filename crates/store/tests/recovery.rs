@@ -28,8 +28,14 @@ fn seg(n: u32) -> PathBuf {
 
 /// Publishes `n` messages to queue 1 of a one-group store, then loses power
 /// (everything completed is synced; no checkpoint covers it).
+///
+/// Its segments grow as they are written (none is prepared), so a test can
+/// append the bytes of its case at the end of the records; a prepared
+/// segment's zeros have tests of their own (`tests/prepared.rs`).
 fn populate(fs: &FaultStorage, cfg: &StoreConfig, n: usize) -> Vec<MsgId> {
-    let (store, _) = open(fs, cfg);
+    let mut cfg = cfg.clone();
+    cfg.segment_prepare = false;
+    let (store, _) = open(fs, &cfg);
     let ids: Vec<MsgId> = (0..n)
         .map(|_| {
             let m = store.next_msg_id();
@@ -542,12 +548,18 @@ fn forged_payload(forged: &Record<'_>) -> Bytes {
 /// Publishes 3 victims to queue 1 and then an attacker's message to queue
 /// 2 whose payload embeds `forged`; returns the segment image and the
 /// offset of the attacker's record.
+///
+/// Preparation is off, as in `populate`: every record must land in
+/// segment 1, which ends at the attacker's record (an early roll into a
+/// prepared segment could put the attacker's record in segment 2).
 fn victims_and_forgery(
     fs: &FaultStorage,
     cfg: &StoreConfig,
     forged: &Record<'_>,
 ) -> (Vec<u8>, usize) {
-    let (store, _) = open(fs, cfg);
+    let mut cfg = cfg.clone();
+    cfg.segment_prepare = false;
+    let (store, _) = open(fs, &cfg);
     for _ in 0..3 {
         let m = store.next_msg_id();
         wait(|d| store.publish(m, &[QueueId(1)], payload(m), Some(d))).unwrap();

@@ -2,7 +2,7 @@
 //! action, and no row is dead text.
 use super::*;
 
-const FRAMES: [Frame; 3] = [Frame::Intact, Frame::Corrupt, Frame::Short];
+const FRAMES: [Frame; 4] = [Frame::Intact, Frame::Corrupt, Frame::Short, Frame::Zeros];
 const BODIES: [Body; 2] = [Body::Parses, Body::Unparseable];
 const ORDERS: [Order; 4] = [Order::Next, Order::Gap, Order::Behind, Order::Unnumbered];
 const HEADERS: [Header; 4] = [Header::Ok, Header::Torn, Header::Foreign, Header::Missing];
@@ -67,7 +67,7 @@ fn segment_cases() -> Vec<SegmentCase> {
 #[test]
 fn every_case_maps_to_exactly_one_action() {
     let records = record_cases();
-    assert_eq!(records.len(), 3 * 2 * 4 * 2 * 2 * 2);
+    assert_eq!(records.len(), 4 * 2 * 4 * 2 * 2 * 2);
     for c in &records {
         let matching = RECORD_TABLE.iter().filter(|r| row_matches(r, c)).count();
         assert_eq!(matching, 1, "{c:?} matches {matching} rows");

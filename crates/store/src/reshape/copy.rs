@@ -97,6 +97,7 @@ pub fn copy_and_verify(
     old_cfg.checkpoint_journal_bytes = u64::MAX;
     old_cfg.checkpoint_interval_ms = OLD_STORE_IDLE_MS;
     old_cfg.segment_idle_roll_ms = OLD_STORE_IDLE_MS;
+    old_cfg.segment_prepare = false;
     let view: Arc<dyn Storage> = Arc::new(OverlayStorage::new(Arc::clone(&storage)));
     let (old, old_rec) = Store::open_with(old_cfg, view)?;
     let mut new_cfg = base.clone();

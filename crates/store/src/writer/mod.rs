@@ -59,6 +59,7 @@ mod compact;
 mod gather;
 mod inbox;
 pub(crate) mod pause;
+mod prepare;
 mod requests;
 mod space;
 
@@ -185,6 +186,23 @@ pub(crate) struct Writer {
     unmovable: BTreeMap<u32, Vec<(MsgId, Loc)>>,
     /// Set while a write found the disk full and space has not returned.
     space: Option<space::SpaceWait>,
+    /// The next segment, prepared (zero-filled) by a helper thread.
+    prepared: prepare::Slot,
+    /// The next segment opened takes the prepared file: the first one
+    /// after start, and one after a segment filled up. A segment sealed
+    /// because it sat idle is followed by one that grows, so a trickle of
+    /// writes does not cost a segment of zeros per idle roll.
+    use_prepared: bool,
+    /// The active segment grows only because the prepared file was not
+    /// ready when it was opened (a busy start): once it is, the next
+    /// batch rolls into it rather than filling 64 MiB the slow way.
+    awaiting_prepared: bool,
+    /// Bytes written since the last fdatasync.
+    unsynced_bytes: u64,
+    /// The size of the fdatasync a recently written byte went out with, a
+    /// moving average weighted by bytes (over `PREPARE_SYNC_AVG_BYTES`):
+    /// preparation pays only while it is small (`PREPARE_SYNC_BYTES_MAX`).
+    sync_bytes_avg: u64,
     /// Compaction requested with [`Cmd::Compact`], run a bounded step per
     /// turn of the loop (see `compact.rs`).
     compaction: compact::Requested,
@@ -230,6 +248,7 @@ impl Writer {
             counters: GroupCounters::default(),
         });
         let now = clock.now();
+        let prepared = prepare::Slot::new(Arc::clone(&storage), &shared.dir);
         let w = Writer {
             shared: Arc::clone(&shared),
             storage,
@@ -255,6 +274,11 @@ impl Writer {
             snapshot_next: !init.index_from_journal,
             unmovable: BTreeMap::new(),
             space: None,
+            prepared,
+            use_prepared: true,
+            awaiting_prepared: false,
+            unsynced_bytes: 0,
+            sync_bytes_avg: 0,
             compaction: compact::Requested::default(),
         };
         (w, shared)
@@ -318,6 +342,7 @@ impl Writer {
     }
 
     fn run(&mut self) {
+        self.prepare_next();
         let mut batch: Vec<Cmd> = Vec::new();
         loop {
             let first = match self.next_deadline() {
@@ -488,6 +513,15 @@ impl Writer {
         writes: &[(Op, Option<Waiter>)],
         force_sync: bool,
     ) -> Result<(), StoreError> {
+        if self.awaiting_prepared
+            && self.active.is_some()
+            && self.buf.is_empty()
+            && self.prepared.is_ready()
+        {
+            // Between batches: an early roll into the prepared segment.
+            self.seal()?;
+            self.use_prepared = true;
+        }
         let mut placed: Vec<(Record<'_>, Loc)> = Vec::with_capacity(writes.len());
         for (op, _) in writes {
             for rec in op.records() {
@@ -528,6 +562,7 @@ impl Writer {
             if cur + len > self.cfg.segment_size_bytes && cur > SEGMENT_HEADER_BYTES as u64 {
                 self.write_buf()?;
                 self.seal()?;
+                self.use_prepared = true;
             }
         }
         if self.active.is_none() {
@@ -549,15 +584,34 @@ impl Writer {
     fn open_segment(&mut self) -> Result<(), StoreError> {
         let seq = self.next_seq;
         let path = segment::segment_path(&self.shared.dir, seq);
-        let file = self
-            .storage
-            .create(&path)
-            .map_err(self.err("create", &path))?;
+        let prepared = if self.use_prepared {
+            self.prepared.take()
+        } else {
+            None
+        };
+        self.awaiting_prepared = self.use_prepared && prepared.is_none();
+        self.use_prepared = false;
+        let file = match prepared {
+            Some(file) => {
+                // Zeros to the segment size, already fdatasynced: only its
+                // name changes. Its header is written with its first records.
+                let from = segment::prepared_segment_path(&self.shared.dir);
+                self.storage
+                    .rename(&from, &path)
+                    .map_err(self.err("rename", &from))?;
+                file
+            }
+            None => self
+                .storage
+                .create(&path)
+                .map_err(self.err("create", &path))?,
+        };
         // The entry must be durable before any record in it is completed.
         self.storage
             .sync_dir(&self.shared.dir)
             .map_err(self.err("fsync dir", &self.shared.dir))?;
         self.next_seq += 1;
+        self.prepare_next();
         self.buf
             .extend_from_slice(&segment::encode_header(self.group(), seq));
         self.shared
@@ -567,6 +621,36 @@ impl Writer {
             .insert(seq, Arc::clone(&file));
         self.active = Some(Active { seq, file, len: 0 });
         tracing::debug!(group = self.group(), seq, "segment opened");
+        Ok(())
+    }
+
+    /// Starts preparing the segment after the active one (off this
+    /// thread), unless preparation is off or the recent fdatasyncs were
+    /// large enough that its zeros would cost more than they save.
+    fn prepare_next(&mut self) {
+        if self.cfg.segment_prepare && self.sync_bytes_avg <= crate::limits::PREPARE_SYNC_BYTES_MAX
+        {
+            self.prepared.start(self.cfg.segment_size_bytes);
+        }
+    }
+
+    /// Cuts a prepared segment's unwritten zeros off (and with `sync`,
+    /// fdatasyncs the new size), so that the file ends at its last record,
+    /// as one that grew does. Everything buffered must be written first.
+    fn cut_to_written(&self, a: &Active, sync: bool) -> Result<(), StoreError> {
+        debug_assert!(self.buf.is_empty(), "cut past buffered bytes");
+        let path = segment::segment_path(&self.shared.dir, a.seq);
+        let size = a.file.len().map_err(|e| StoreError::io("stat", &path, e))?;
+        if size > a.len {
+            a.file
+                .set_len(a.len)
+                .map_err(|e| StoreError::io("truncate", &path, e))?;
+            if sync {
+                a.file
+                    .sync_data()
+                    .map_err(|e| StoreError::io("fdatasync", &path, e))?;
+            }
+        }
         Ok(())
     }
 
@@ -588,6 +672,7 @@ impl Writer {
             .write_buffer_bytes
             .store(self.buf.capacity() as u64, Ordering::Relaxed);
         self.journal_bytes_since_checkpoint += self.buf.len() as u64;
+        self.unsynced_bytes += self.buf.len() as u64;
         self.shared
             .counters
             .bytes_written
@@ -641,6 +726,10 @@ impl Writer {
         }
         self.dirty = false;
         self.last_sync = self.clock.now();
+        self.sync_bytes_avg = sync_bytes_avg_next(self.sync_bytes_avg, self.unsynced_bytes);
+        self.unsynced_bytes = 0;
+        // Syncs small again after bulk writes: prepare from now on.
+        self.prepare_next();
         Ok(())
     }
 
@@ -648,6 +737,11 @@ impl Writer {
     fn seal(&mut self) -> Result<(), StoreError> {
         self.write_buf()?;
         self.sync()?;
+        if let Some(a) = &self.active {
+            // Before the next segment takes a record: a crash between the
+            // two leaves zeros only at the end of the newest segment.
+            self.cut_to_written(a, true)?;
+        }
         if let Some(a) = self.active.take() {
             tracing::debug!(
                 group = self.group(),
@@ -677,7 +771,14 @@ impl Writer {
         match cmd {
             Cmd::Checkpoint { done } => done(self.checkpoint()),
             Cmd::Compact { done } => self.compaction_requested(done),
-            Cmd::Pause(barrier) => barrier.hold(self.group()),
+            Cmd::Pause(barrier) => {
+                // A backup copies the newest segment as long as the file
+                // is at its cut: a prepared one must end at its records.
+                match self.active.as_ref().map(|a| self.cut_to_written(a, false)) {
+                    Some(Err(e)) => barrier.refuse(self.group(), e.to_string()),
+                    Some(Ok(())) | None => barrier.hold(self.group()),
+                }
+            }
             Cmd::Write { .. } | Cmd::Shutdown { .. } => unreachable!("handled by run"),
         }
     }
@@ -728,6 +829,12 @@ impl Writer {
         if let Err(e) = self.write_buf().and_then(|()| self.sync()) {
             return Err(self.poison(e));
         }
+        if let Some(a) = &self.active {
+            // The next start finds the segment as a grown one ends.
+            if let Err(e) = self.cut_to_written(a, true) {
+                return Err(self.poison(e));
+            }
+        }
         if self
             .checkpoints
             .last()
@@ -736,5 +843,45 @@ impl Writer {
             self.checkpoint()?;
         }
         Ok(())
+    }
+}
+
+/// The next value of `Writer::sync_bytes_avg` after an fdatasync of
+/// `synced` bytes: each byte moves the average by 1 / `PREPARE_SYNC_AVG_BYTES`
+/// of the way to the size of its fdatasync. Both are capped at that
+/// window, beyond which every fdatasync counts as bulk.
+fn sync_bytes_avg_next(avg: u64, synced: u64) -> u64 {
+    let window = crate::limits::PREPARE_SYNC_AVG_BYTES;
+    let b = synced.min(window);
+    let avg = avg.min(window);
+    // avg + (b - avg) * b / window, in integers: at most 2^44, no overflow.
+    (avg * (window - b) + b * b) / window
+}
+
+#[cfg(test)]
+mod sync_avg_tests {
+    use super::sync_bytes_avg_next;
+    use crate::limits::{PREPARE_SYNC_AVG_BYTES, PREPARE_SYNC_BYTES_MAX};
+
+    fn after(mut avg: u64, syncs: usize, bytes: u64) -> u64 {
+        for _ in 0..syncs {
+            avg = sync_bytes_avg_next(avg, bytes);
+        }
+        avg
+    }
+
+    #[test]
+    fn bulk_syncs_raise_the_average_and_a_few_small_ones_do_not_lower_it() {
+        // 8 MiB in fdatasyncs of 200 KB (a bulk publish): well above.
+        let bulk = after(0, 40, 200 * 1024);
+        assert!(bulk > 2 * PREPARE_SYNC_BYTES_MAX, "{bulk}");
+        // 1 MiB of acks in fdatasyncs of 2 KB: still above.
+        let drained = after(bulk, 512, 2048);
+        assert!(drained > PREPARE_SYNC_BYTES_MAX, "{drained}");
+        // A steady stream of small fdatasyncs brings it down.
+        let small = after(drained, 10_000, 4096);
+        assert!(small < PREPARE_SYNC_BYTES_MAX / 4, "{small}");
+        // One fdatasync beyond the window counts as the whole window.
+        assert_eq!(sync_bytes_avg_next(0, u64::MAX), PREPARE_SYNC_AVG_BYTES);
     }
 }
