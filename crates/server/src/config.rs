@@ -119,6 +119,9 @@ pub struct Store {
     pub commit_delay_us_max: u64,
     /// Size at which a journal segment is sealed and a new one started.
     pub segment_size_bytes: u64,
+    /// Write each group's next segment ahead (zeros, fdatasynced) while
+    /// its fdatasyncs are small, so a sync into it writes no inode.
+    pub segment_prepare: bool,
     /// Journal bytes a group writes between two checkpoints of its index:
     /// smaller means a shorter replay at restart and earlier reclamation,
     /// for more checkpoint writes.
@@ -233,6 +236,7 @@ impl Default for Store {
             sync_interval_ms: 0,
             commit_delay_us_max: 0,
             segment_size_bytes: 0,
+            segment_prepare: false,
             checkpoint_journal_bytes: 0,
             queue_resident_messages_max: 0,
             accept_missing_segments: false,
@@ -330,6 +334,7 @@ impl Config {
         c.sync_interval_ms = self.store.sync_interval_ms;
         c.commit_delay_us_max = self.store.commit_delay_us_max;
         c.segment_size_bytes = self.store.segment_size_bytes;
+        c.segment_prepare = self.store.segment_prepare;
         c.accept_missing_segments = self.store.accept_missing_segments;
         c.checkpoint_journal_bytes = self.store.checkpoint_journal_bytes;
         c

@@ -96,6 +96,19 @@ pub(super) static STORE: &[Setting] = &[
         }),
     },
     Setting {
+        key: "store.segment_prepare",
+        flag: "segment-prepare",
+        value_name: "BOOL",
+        default_note: "",
+        doc: "while a log group's fdatasyncs are small (at most 64 KiB on average: confirmed \
+              publishers waiting one by one), a helper thread writes its next segment ahead \
+              (zeros, fdatasynced) so that an fdatasync into it writes no inode; each such \
+              segment is written twice. `false` on storage where writing zeros costs space or \
+              wear (thin-provisioned volumes, some flash). See [FORMAT.md](FORMAT.md) and \
+              [DURABILITY.md](DURABILITY.md)",
+        slot: &one(field!(store.segment_prepare), || store().segment_prepare),
+    },
+    Setting {
         key: "store.accept_missing_segments",
         flag: "accept-missing-segments",
         value_name: "",

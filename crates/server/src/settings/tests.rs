@@ -86,6 +86,14 @@ fn checkpoint_journal_bytes_reaches_the_store_and_has_a_floor() {
 }
 
 #[test]
+fn segment_prepare_is_on_by_default_and_can_be_turned_off() {
+    assert!(Config::default().store_config().segment_prepare);
+    let c = Config::from_toml("[store]\nsegment_prepare = false\n").unwrap();
+    c.validate().unwrap();
+    assert!(!c.store_config().segment_prepare);
+}
+
+#[test]
 fn keys_and_flags_are_unique_and_sections_known() {
     let mut keys = HashSet::new();
     let mut flags = HashSet::new();
