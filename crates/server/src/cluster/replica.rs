@@ -290,6 +290,15 @@ impl berth_cluster::Apply for Replica {
                 other => self.fail(format!("a snapshot holds {other:?}")),
             }
         }
+        // What this member applied before the snapshot may still be on
+        // its way to the index: read the state only once it is there, or
+        // those writes would land after the snapshot and outlive it.
+        if let Err(e) = self.flush() {
+            self.fail(format!(
+                "the store could not be flushed before a snapshot: {e}"
+            ));
+            return;
+        }
         let Some(journal) = self.store() else {
             self.fail("a snapshot came while the store was closed".into());
             return;
