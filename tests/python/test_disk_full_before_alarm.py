@@ -118,8 +118,12 @@ def test_disk_filled_before_the_alarm_nacks_then_recovers_without_restart(small_
     if external_uri():
         pytest.skip("needs a berth of its own on a small filesystem")
     data = os.path.join(small_fs, "data")
+    # Preparation off: a prepared segment already holds its space, so
+    # writes into it succeed on a full disk (durably) and only the next
+    # roll would meet ENOSPC; this test is about the write that meets it.
     flags = ["--disk-free-bytes-min", "0", "--segment-size-bytes", str(1 << 20),
-             "--log-groups", "1", "--http-listen", "127.0.0.1:0"]
+             "--log-groups", "1", "--segment-prepare", "false",
+             "--http-listen", "127.0.0.1:0"]
     proc = BerthProcess(flags, data_dir=data)
     filler = None
     try:
