@@ -11,11 +11,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lapin::options::{
-    BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
-    QueueDeclareOptions,
-};
-use lapin::types::FieldTable;
+use lapin::options::{BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
 use lapin::BasicProperties;
 use lapin::Confirmation;
 use rand::{Rng, SeedableRng};
@@ -24,24 +20,11 @@ const ITERATIONS: usize = 4;
 const PUBLISHERS: usize = 2;
 
 mod common;
-use common::{connect, Broker};
+use common::{connect, declare_durable, Broker};
 
 /// A small resident window: most queued bodies are paged out and read back
 /// from the store (with read-ahead) when delivered.
 const FLAGS: &[&str] = &["--queue-resident-messages-max", "16"];
-
-async fn declare_durable(ch: &lapin::Channel, queue: &str) {
-    ch.queue_declare(
-        queue.into(),
-        QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .expect("declare");
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn confirmed_messages_survive_sigkill_and_committed_acks_stay_acked() {

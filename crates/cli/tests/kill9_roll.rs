@@ -17,15 +17,12 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lapin::options::{
-    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
-};
-use lapin::types::FieldTable;
+use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Confirmation};
 use rand::{Rng, SeedableRng};
 
 mod common;
-use common::{bounded, connect, Broker};
+use common::{bounded, connect, declare_durable, Broker};
 
 const BUDGET_ENV: &str = "BERTH_KILL9_ROLL_BUDGET_S";
 const BUDGET_S_DEFAULT: u64 = 15;
@@ -99,17 +96,7 @@ async fn confirmed_messages_survive_kill9_while_segments_roll_and_prepare() {
         let mut broker = Broker::start(&[dir.path()], FLAGS);
         let conn = connect(&broker.uri).await;
         let setup = conn.create_channel().await.expect("channel");
-        setup
-            .queue_declare(
-                QUEUE.into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .expect("declare");
+        declare_durable(&setup, QUEUE).await;
         let before_load = on_disk(dir.path());
         let confirmed = Arc::new(Mutex::new(HashSet::new()));
         let mut tasks = Vec::new();

@@ -64,6 +64,18 @@ fn wait_prepared(len_of: impl Fn() -> Option<u64>, bytes: u64) {
     std::thread::sleep(Duration::from_millis(100));
 }
 
+/// [`wait_prepared`] for a group directory on the real file system.
+fn wait_prepared_on_disk(gdir: &Path, bytes: u64) {
+    wait_prepared(
+        || {
+            std::fs::metadata(gdir.join(PREPARED_SEGMENT_NAME))
+                .ok()
+                .map(|m| m.len())
+        },
+        bytes,
+    );
+}
+
 /// Creates `path` holding `bytes`, file and entry durable: what a crash
 /// left there.
 fn put_new(fs: &FaultStorage, path: &Path, bytes: &[u8]) {
@@ -102,14 +114,7 @@ fn a_confirmed_write_into_a_prepared_segment_leaves_its_size_alone() {
     cfg.segment_size_bytes = 1 << 20;
     let (store, _) = Store::open_with(cfg.clone(), Arc::new(OsStorage)).unwrap();
     let gdir = dir.join("group-0000");
-    wait_prepared(
-        || {
-            std::fs::metadata(gdir.join(PREPARED_SEGMENT_NAME))
-                .ok()
-                .map(|m| m.len())
-        },
-        cfg.segment_size_bytes,
-    );
+    wait_prepared_on_disk(&gdir, cfg.segment_size_bytes);
     let first = publish(&store, 1);
     let seg1 = gdir.join("0000000001.seg");
     let size = || std::fs::metadata(&seg1).unwrap().len();
@@ -366,14 +371,7 @@ fn the_first_segment_rolls_early_into_the_prepared_one_once_it_is_ready() {
         size(1).unwrap() < cfg.segment_size_bytes,
         "the helper finished before the first publish: the premise failed"
     );
-    wait_prepared(
-        || {
-            std::fs::metadata(gdir.join(PREPARED_SEGMENT_NAME))
-                .ok()
-                .map(|m| m.len())
-        },
-        cfg.segment_size_bytes,
-    );
+    wait_prepared_on_disk(&gdir, cfg.segment_size_bytes);
     let more = publish(&store, 20);
     assert_eq!(
         size(2),

@@ -163,11 +163,6 @@ impl Durability {
         self.placement.removed(self.journal.group_of(id));
     }
 
-    /// Live durable queues per log group.
-    pub fn queues_per_group(&self) -> Vec<u64> {
-        self.placement.counts()
-    }
-
     pub fn resident_messages_max(&self) -> usize {
         self.resident_messages_max.load(Ordering::Relaxed)
     }

@@ -60,11 +60,6 @@ impl Placement {
             *n = n.saturating_sub(1);
         }
     }
-
-    /// Live queues per group.
-    pub fn counts(&self) -> Vec<u64> {
-        self.live.lock().clone()
-    }
 }
 
 /// The first id from `next` (called once per try) in `journal`'s group

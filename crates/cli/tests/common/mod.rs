@@ -169,3 +169,17 @@ pub async fn bounded<T, E>(fut: impl std::future::Future<Output = Result<T, E>>)
         _ => None,
     }
 }
+
+/// Declares a durable queue (fails the test if the broker refuses).
+pub async fn declare_durable(ch: &lapin::Channel, queue: &str) {
+    ch.queue_declare(
+        queue.into(),
+        lapin::options::QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        lapin::types::FieldTable::default(),
+    )
+    .await
+    .expect("declare");
+}
