@@ -202,3 +202,103 @@ def test_disk_filled_before_the_alarm_nacks_then_recovers_without_restart(small_
         conn.close()
     finally:
         proc.stop()
+
+
+def prepared_on_disk(group_dir):
+    return os.path.exists(os.path.join(group_dir, "next.seg.prep"))
+
+
+def test_disk_filled_with_a_prepared_segment_acks_into_its_held_space_then_nacks(small_fs):
+    """Preparation on (the default): a segment prepared before the disk
+    filled already holds its space, so publishes go on into it and are
+    confirmed; the roll past it meets ENOSPC and is nacked. Nothing
+    confirmed is lost across kill -9, and nothing nacked comes back."""
+    if external_uri():
+        pytest.skip("needs a berth of its own on a small filesystem")
+    data = os.path.join(small_fs, "data")
+    group = os.path.join(data, "group-0000")
+    seg = 1 << 20
+    flags = ["--disk-free-bytes-min", "0", "--segment-size-bytes", str(seg),
+             "--log-groups", "1", "--http-listen", "127.0.0.1:0"]
+    per_segment = seg // len(body(0))
+    proc = BerthProcess(flags, data_dir=data)
+    filler = None
+    try:
+        b = proc.broker
+        other = b.connect()
+        och = other.channel()
+        och.queue_declare(QUEUE, durable=True)
+        pub = Publisher(b)
+        n = 0
+        # Past the first segment (created, not prepared), so that the one
+        # written now is a prepared one, and a next one is prepared.
+        while n < per_segment * 3 // 2:
+            for _ in range(100):
+                pub.publish(n)
+                n += 1
+            pub.settle()
+        deadline = time.monotonic() + WAIT_S
+        while not prepared_on_disk(group):
+            assert time.monotonic() < deadline, \
+                f"no prepared segment in {os.listdir(group)}:\n" + b.log_tail()
+            time.sleep(0.02)
+        assert pub.numbers("nack") == []
+        before_fill = n
+
+        filler = fill(small_fs)
+        # Three segments' worth: the rest of this one and the prepared one
+        # fit in held space; the roll after that cannot.
+        for _ in range(3 * per_segment // 100):
+            for _ in range(100):
+                pub.publish(n)
+                n += 1
+            pub.settle()
+        acked_after = [i for i in pub.numbers("ack") if i >= before_fill]
+        nacked = pub.numbers("nack")
+        assert len(acked_after) >= per_segment // 2, \
+            f"only {len(acked_after)} confirmed after the disk filled: a prepared " \
+            f"segment's held space should take about {per_segment}"
+        assert nacked, "the roll past the prepared segment must meet ENOSPC and nack"
+        assert min(nacked) > max(acked_after) - 100 * 2, \
+            "confirms after the first nacks: the group should stay refused until space returns"
+        assert proc.proc.poll() is None, "berth must not exit on a full disk"
+        status, got = alarms(b.http_port)
+        assert status == 503 and "disk full" in got["reason"], (status, got)
+
+        os.unlink(filler)
+        filler = None
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            tag = pub.publish(n)
+            n += 1
+            pub.settle()
+            if pub.outcome[tag] == "ack":
+                break
+            assert time.monotonic() < deadline, \
+                "publishing did not resume after space returned:\n" + b.log_tail()
+            time.sleep(0.05)
+        acked = pub.numbers("ack")
+        other.close()
+        pub.c.close()
+        proc.proc.kill()
+        proc.proc.wait(10)
+    finally:
+        if filler:
+            os.unlink(filler)
+        proc.stop()
+
+    proc = BerthProcess(flags, data_dir=data)
+    try:
+        conn = proc.broker.connect()
+        ch = conn.channel()
+        got = []
+        while True:
+            m, _p, b_ = ch.basic_get(QUEUE, auto_ack=True)
+            if m is None:
+                break
+            got.append(b_)
+        assert sorted(got) == [body(i) for i in acked], \
+            f"after kill -9: {len(got)} messages, {len(acked)} confirmed, {len(nacked)} nacked"
+        conn.close()
+    finally:
+        proc.stop()
