@@ -114,6 +114,41 @@ class Publisher:
         return sorted(self.sent[t] for t, k in self.outcome.items() if k == kind)
 
 
+def resume(pub, n, broker):
+    """Publishes one at a time until one is confirmed again (space came
+    back); returns the next message number."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        tag = pub.publish(n)
+        n += 1
+        pub.settle()
+        if pub.outcome[tag] == "ack":
+            return n
+        assert time.monotonic() < deadline, \
+            "publishing did not resume after space returned:\n" + broker.log_tail()
+        time.sleep(0.05)
+
+
+def assert_exactly_the_confirmed_after_restart(flags, data, acked, nacked):
+    """Restarts berth on `data` (after its kill -9) and reads the queue out:
+    every confirmed message once, no nacked one."""
+    proc = BerthProcess(flags, data_dir=data)
+    try:
+        conn = proc.broker.connect()
+        ch = conn.channel()
+        got = []
+        while True:
+            m, _p, b_ = ch.basic_get(QUEUE, auto_ack=True)
+            if m is None:
+                break
+            got.append(b_)
+        assert sorted(got) == [body(i) for i in acked], \
+            f"after kill -9: {len(got)} messages, {len(acked)} confirmed, {len(nacked)} nacked"
+        conn.close()
+    finally:
+        proc.stop()
+
+
 def test_disk_filled_before_the_alarm_nacks_then_recovers_without_restart(small_fs):
     if external_uri():
         pytest.skip("needs a berth of its own on a small filesystem")
@@ -158,16 +193,7 @@ def test_disk_filled_before_the_alarm_nacks_then_recovers_without_restart(small_
 
         os.unlink(filler)
         filler = None
-        deadline = time.monotonic() + WAIT_S
-        while True:
-            tag = pub.publish(n)
-            n += 1
-            pub.settle()
-            if pub.outcome[tag] == "ack":
-                break
-            assert time.monotonic() < deadline, \
-                "publishing did not resume after space returned:\n" + b.log_tail()
-            time.sleep(0.05)
+        n = resume(pub, n, b)
         for _ in range(20):
             pub.publish(n)
             n += 1
@@ -187,21 +213,7 @@ def test_disk_filled_before_the_alarm_nacks_then_recovers_without_restart(small_
             os.unlink(filler)
         proc.stop()
 
-    proc = BerthProcess(flags, data_dir=data)
-    try:
-        conn = proc.broker.connect()
-        ch = conn.channel()
-        got = []
-        while True:
-            m, _p, b_ = ch.basic_get(QUEUE, auto_ack=True)
-            if m is None:
-                break
-            got.append(b_)
-        assert sorted(got) == [body(i) for i in acked], \
-            f"after kill -9: {len(got)} messages, {len(acked)} confirmed, nacked {nacked}"
-        conn.close()
-    finally:
-        proc.stop()
+    assert_exactly_the_confirmed_after_restart(flags, data, acked, nacked)
 
 
 def prepared_on_disk(group_dir):
@@ -267,16 +279,7 @@ def test_disk_filled_with_a_prepared_segment_acks_into_its_held_space_then_nacks
 
         os.unlink(filler)
         filler = None
-        deadline = time.monotonic() + WAIT_S
-        while True:
-            tag = pub.publish(n)
-            n += 1
-            pub.settle()
-            if pub.outcome[tag] == "ack":
-                break
-            assert time.monotonic() < deadline, \
-                "publishing did not resume after space returned:\n" + b.log_tail()
-            time.sleep(0.05)
+        n = resume(pub, n, b)
         acked = pub.numbers("ack")
         other.close()
         pub.c.close()
@@ -287,18 +290,4 @@ def test_disk_filled_with_a_prepared_segment_acks_into_its_held_space_then_nacks
             os.unlink(filler)
         proc.stop()
 
-    proc = BerthProcess(flags, data_dir=data)
-    try:
-        conn = proc.broker.connect()
-        ch = conn.channel()
-        got = []
-        while True:
-            m, _p, b_ = ch.basic_get(QUEUE, auto_ack=True)
-            if m is None:
-                break
-            got.append(b_)
-        assert sorted(got) == [body(i) for i in acked], \
-            f"after kill -9: {len(got)} messages, {len(acked)} confirmed, {len(nacked)} nacked"
-        conn.close()
-    finally:
-        proc.stop()
+    assert_exactly_the_confirmed_after_restart(flags, data, acked, nacked)
