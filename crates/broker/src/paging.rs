@@ -17,7 +17,7 @@ use std::time::Instant;
 use crate::durable::{encode_message, Durability, JournalError, PAGING_BIT};
 use crate::limits::READ_AHEAD_MESSAGES;
 use crate::message::Message;
-use crate::ready::{restored_expiry, Body, Entry, QueuedMessage, Ready};
+use crate::ready::{restored_expiry, Body, Deadline, Entry, QueuedMessage, Ready, StoredId};
 
 /// A queue's paging bookkeeping.
 #[derive(Default)]
@@ -80,12 +80,12 @@ impl Pager {
         // A paging copy is read from the queue's paging id, a stored
         // message from its durable id; read-ahead takes neighbours of the
         // same kind.
-        let kind = e.stored.map(|id| id & PAGING_BIT);
+        let kind = e.stored.get().map(|id| id & PAGING_BIT);
         let qid = match kind {
             Some(0) => q.store_id,
             _ => self.paging_id,
         };
-        let (Some(qid), Some(id)) = (qid, e.stored) else {
+        let (Some(qid), Some(id)) = (qid, e.stored.get()) else {
             tracing::error!(queue = %q.name, "a paged-out message has no journal id; dropped from memory");
             return Loaded::Unreadable;
         };
@@ -93,7 +93,7 @@ impl Pager {
         let ahead = ready.levels[level]
             .iter()
             .take(READ_AHEAD_MESSAGES - 1)
-            .map_while(|x| match (&x.body, x.stored) {
+            .map_while(|x| match (&x.body, x.stored.get()) {
                 (Body::Paged { .. }, Some(id)) if Some(id & PAGING_BIT) == kind => Some(id),
                 _ => None,
             });
@@ -112,7 +112,8 @@ impl Pager {
             };
             let x = &mut ready.levels[level][i];
             if let Body::Paged { restored: true, .. } = x.body {
-                x.expires_at = restored_expiry(x.expires_at, &msg, self.restored_at);
+                x.expires_at =
+                    Deadline::new(restored_expiry(x.expires_at.get(), &msg, self.restored_at));
             }
             ready.set_body(level, i, Body::Resident(msg));
         }
@@ -155,7 +156,7 @@ impl Pager {
                     break;
                 }
                 newest = newest.max(e.seq);
-                match (&e.body, e.stored) {
+                match (&e.body, e.stored.get()) {
                     (Body::Resident(_), Some(id)) => candidates.push((l, i, id)),
                     (Body::Resident(_), None) => to_copy.push((l, i)),
                     (Body::Paged { .. }, _) => {}
@@ -177,7 +178,7 @@ impl Pager {
                 };
                 let id = dur.new_message_id();
                 dur.journal().publish(id, &[pid], payload, None);
-                e.stored = Some(id | PAGING_BIT);
+                e.stored = StoredId::new(Some(id | PAGING_BIT));
                 candidates.push((l, i, id | PAGING_BIT));
             }
         }

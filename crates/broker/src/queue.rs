@@ -34,7 +34,7 @@ use crate::limits::{FLOW_ACTIVE_MS, FLOW_READY_MAX, PAGE_SCAN_EVERY_MESSAGES};
 use crate::message::Message;
 use crate::paging::{Loaded, Pager, QueueRef};
 pub use crate::ready::QueuedMessage;
-use crate::ready::{Body, Entry, Ready};
+use crate::ready::{Body, Deadline, Entry, Ready, StoredId};
 use crate::timers::{TimerTarget, Timers};
 use effects::Effects;
 pub use retry::{backoff_ms, delivery_limit, DELIVERY_COUNT_HEADER};
@@ -303,7 +303,7 @@ impl Queue {
         let ttl = s
             .ready
             .front()
-            .and_then(|m| m.expires_at)
+            .and_then(|m| m.expires_at.get())
             .or_else(|| self.stream_next_check(s, now));
         let expiry = self
             .args()
@@ -370,7 +370,7 @@ impl Queue {
         fx: &mut Effects,
     ) {
         while let Some(m) = s.ready.front() {
-            match m.expires_at {
+            match m.expires_at.get() {
                 Some(t) if t < now || (including_now && t == now) => {
                     let e = s.ready.pop_front().expect("front exists");
                     self.drop_entry(s, e, Some(DeathReason::Expired), now, fx);
@@ -422,7 +422,7 @@ impl Queue {
             if let Some(m) = self.load(s, e, now, fx) {
                 self.drop_message(m, reason, fx);
             }
-        } else if let Some(id) = e.stored {
+        } else if let Some(id) = e.stored.get() {
             fx.removed.push(id);
             let size = e.bytes();
             events::left(
@@ -499,8 +499,8 @@ impl Queue {
             seq,
             returns: 0,
             redelivered,
-            expires_at: ttl.map(|ms| now + Duration::from_millis(ms)),
-            stored,
+            expires_at: Deadline::new(ttl.map(|ms| now + Duration::from_millis(ms))),
+            stored: StoredId::new(stored),
         });
         seq
     }
@@ -804,10 +804,11 @@ impl Queue {
         }
         self.with_state(now, |q, s, _fx| {
             s.pager.restored_at.get_or_insert(now);
-            let expires_at = q
-                .args()
-                .message_ttl_ms
-                .map(|ms| now + Duration::from_millis(ms));
+            let expires_at = Deadline::new(
+                q.args()
+                    .message_ttl_ms
+                    .map(|ms| now + Duration::from_millis(ms)),
+            );
             s.ready.reserve(usize::from(priority), msgs.len());
             for &(stored, bytes) in msgs {
                 let seq = s.next_seq;
@@ -823,7 +824,7 @@ impl Queue {
                     returns: 0,
                     redelivered: true,
                     expires_at,
-                    stored: Some(stored),
+                    stored: StoredId::new(Some(stored)),
                 });
             }
         });
