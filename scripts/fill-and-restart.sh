@@ -8,6 +8,7 @@
 #
 #   scripts/fill-and-restart.sh [--messages M] [--queues Q] [--cache cold|warm|both] [--out DIR]
 #   BERTH_BIN=/path/to/berth scripts/fill-and-restart.sh        # another build
+#   BERTH_SERVE_ARGS="--segment-cache-bytes 0" scripts/fill-and-restart.sh   # settings
 #
 # Every process started here is stopped by its pid on exit, and the data
 # directory is removed. Run it under `flock /tmp/berth-bench.lock` on a
@@ -15,6 +16,7 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${BERTH_BIN:-$root/target/release/berth}
+serve_args=${BERTH_SERVE_ARGS:-}
 messages=1000000 queues=10 cache=cold out=$root/bench-results/fill-and-restart-$(date +%s)
 while [ $# -gt 0 ]; do
   case $1 in
@@ -31,7 +33,7 @@ d=$(mktemp -d /var/tmp/berth-fill-restart-XXXXXX)
 port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
 cat >"$d/start.sh" <<EOS
 #!/bin/sh
-NO_COLOR=1 "$bin" serve --amqp-listen 127.0.0.1:$port --http-listen 127.0.0.1:0 --data-dir "$d/data" >>"$out/broker.log" 2>&1 &
+NO_COLOR=1 "$bin" serve --amqp-listen 127.0.0.1:$port --http-listen 127.0.0.1:0 --data-dir "$d/data" $serve_args >>"$out/broker.log" 2>&1 &
 echo \$! > "$d/pid"
 EOS
 chmod +x "$d/start.sh"
@@ -48,10 +50,11 @@ cleanup() {
 trap cleanup EXIT
 "$d/start.sh"
 sleep 1
-# time (s), data directory bytes, broker CPU ticks (utime+stime), load average
+# time (s), data directory bytes, broker CPU ticks (utime+stime), load
+# average, the machine's page cache and free memory (kB)
 (while [ -d "$d/data" ]; do
   pid=$(cat "$d/pid" 2>/dev/null)
-  echo "$(date +%s.%N | cut -c1-14) $(du -sb "$d/data" 2>/dev/null | cut -f1) $(awk '{print $14+$15}' "/proc/$pid/stat" 2>/dev/null) $(cut -d' ' -f1 /proc/loadavg)"
+  echo "$(date +%s.%N | cut -c1-14) $(du -sb "$d/data" 2>/dev/null | cut -f1) $(awk '{print $14+$15}' "/proc/$pid/stat" 2>/dev/null) $(cut -d' ' -f1 /proc/loadavg) $(awk '/^Cached:/{c=$2} /^MemFree:/{f=$2} END{print c, f}' /proc/meminfo)"
   sleep 5
 done) >"$out/samples.tsv" &
 sampler=$!

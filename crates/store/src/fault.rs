@@ -49,6 +49,9 @@ struct Node {
     /// Lowest offset changed since the last sync: `volatile` and `durable`
     /// agree below it, so a sync copies only the tail (keeps tests fast).
     dirty_from: usize,
+    /// Every `drop_cache` call on this file, in order: there is no page
+    /// cache to drop here, so tests read what the store asked for.
+    cache_drops: Vec<CacheDrop>,
 }
 
 impl Default for Node {
@@ -57,8 +60,19 @@ impl Default for Node {
             volatile: Vec::new(),
             durable: Vec::new(),
             dirty_from: usize::MAX,
+            cache_drops: Vec::new(),
         }
     }
+}
+
+/// One `drop_cache` call as [`FaultStorage::cache_drops`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheDrop {
+    pub offset: u64,
+    pub len: u64,
+    /// Every byte of the range was synced (and written) when the call
+    /// came: the only bytes a real page cache lets go of.
+    pub clean: bool,
 }
 
 #[derive(Default)]
@@ -289,6 +303,14 @@ impl FaultStorage {
             }
         }
         Ok(())
+    }
+
+    /// Every `drop_cache` call made on the file now at `path`, oldest
+    /// first (calls through handles of any name it had).
+    pub fn cache_drops(&self, path: &Path) -> io::Result<Vec<CacheDrop>> {
+        let st = self.state.lock();
+        let id = Self::lookup(&st, path)?;
+        Ok(st.nodes[id].cache_drops.clone())
     }
 
     /// Current contents of a file (what a read sees).
@@ -587,6 +609,18 @@ impl StorageFile for FaultFile {
             let node = &mut st.nodes[id];
             node.dirty_from = node.dirty_from.min(len.min(node.volatile.len()));
             node.volatile.resize(len, 0);
+            Ok(())
+        })
+    }
+
+    fn drop_cache(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.with(|st, id| {
+            let node = &mut st.nodes[id];
+            let end = offset.saturating_add(len);
+            let clean = end <= node.durable.len() as u64
+                && end <= node.volatile.len() as u64
+                && node.dirty_from as u64 >= end;
+            node.cache_drops.push(CacheDrop { offset, len, clean });
             Ok(())
         })
     }

@@ -64,6 +64,12 @@ pub const PREPARE_SYNC_BYTES_MAX: u64 = 64 * 1024;
 /// next bulk publish would fill.
 pub const PREPARE_SYNC_AVG_BYTES: u64 = 4 * 1024 * 1024;
 
+/// Default of `StoreConfig::segment_cache_bytes`: four segments of the
+/// default size per group, and more than the checkpoint that reads them
+/// back needs (it reads at most `checkpoint_journal_bytes` since the
+/// previous one, and is waited for besides).
+pub const SEGMENT_CACHE_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
+
 /// Largest record body the decoder accepts. Bounded so that a corrupt length
 /// field can never make recovery allocate gigabytes. 129 MiB: the largest
 /// message RabbitMQ accepts by default (128 MiB) plus room for what the
@@ -144,6 +150,15 @@ pub struct StoreConfig {
     /// the group's fdatasyncs are small (`PREPARE_SYNC_BYTES_MAX`): under
     /// bulk writes the zeros would cost more than they save. Default true.
     pub segment_prepare: bool,
+    /// Bytes of each group's newest journal left to the page cache: a
+    /// sealed segment that this many bytes were written after (and that
+    /// no checkpoint still has to read) is dropped from the cache
+    /// (`posix_fadvise(DONTNEED)`), once. So a deep backlog does not keep
+    /// taking fresh memory for cache nobody reads soon, and new writes
+    /// reuse the pages dropped; a consumer this far behind reads from the
+    /// disk. 0: never drop (the kernel alone decides). Default
+    /// [`SEGMENT_CACHE_BYTES_DEFAULT`].
+    pub segment_cache_bytes: u64,
     /// A sealed segment whose live bytes are below this fraction (in
     /// percent) of its size is compacted. Default 50.
     pub compaction_live_percent_max: u8,
@@ -188,6 +203,7 @@ impl StoreConfig {
             checkpoint_interval_ms: 30_000,
             segment_idle_roll_ms: 10_000,
             segment_prepare: true,
+            segment_cache_bytes: SEGMENT_CACHE_BYTES_DEFAULT,
             compaction_live_percent_max: 50,
             compaction_bytes_per_turn: 1024 * 1024,
             compaction_pause_ms: 10,

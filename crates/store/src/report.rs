@@ -104,6 +104,9 @@ pub struct GroupStats {
     /// the journal.
     pub checkpoint_snapshots: u64,
     pub segments_deleted: u64,
+    /// Sealed segments dropped from the page cache once cold
+    /// (`StoreConfig::segment_cache_bytes`).
+    pub segments_uncached: u64,
     pub bytes_compacted: u64,
     /// Live records compaction found unreadable and left in place (each
     /// also logged with its file and offset).

@@ -72,6 +72,15 @@ pub trait StorageFile: Send + Sync {
         let _ = (offset, len);
         Ok(())
     }
+    /// Asks the operating system to drop `len` bytes from `offset` out of
+    /// its page cache (`posix_fadvise(DONTNEED)`): advice, which changes
+    /// nothing a read returns, only what it costs. Dropped are clean pages
+    /// only, so callers give it synced bytes. Storage without a page cache
+    /// does nothing.
+    fn drop_cache(&self, offset: u64, len: u64) -> io::Result<()> {
+        let _ = (offset, len);
+        Ok(())
+    }
 }
 
 /// The real thing: `std::fs` with `pread`/`pwrite`/`fdatasync`.
@@ -112,6 +121,24 @@ impl StorageFile for OsFile {
             Ok(())
         } else {
             Err(io::Error::last_os_error())
+        }
+    }
+    #[cfg(target_os = "linux")]
+    #[allow(unsafe_code)]
+    fn drop_cache(&self, offset: u64, len: u64) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let offset = libc::off_t::try_from(offset).map_err(io::Error::other)?;
+        let len = libc::off_t::try_from(len).map_err(io::Error::other)?;
+        // SAFETY: the descriptor is open for as long as `self.0` lives;
+        // posix_fadvise reads no memory of ours.
+        let rc = unsafe {
+            libc::posix_fadvise(self.0.as_raw_fd(), offset, len, libc::POSIX_FADV_DONTNEED)
+        };
+        // posix_fadvise returns the error number instead of setting errno.
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::from_raw_os_error(rc))
         }
     }
 }
@@ -219,5 +246,69 @@ mod tests {
         fs.crash();
         fs.power_on();
         assert_eq!(fs.contents(&dir.join("f")).unwrap(), b"third");
+    }
+
+    /// Pages of `path` in the page cache (`mincore` of a mapping), or
+    /// `None` where the file system keeps no cache to drop (tmpfs).
+    #[cfg(target_os = "linux")]
+    #[allow(unsafe_code)]
+    fn pages_cached(path: &Path) -> Option<usize> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        let dir = std::ffi::CString::new(path.parent()?.as_os_str().as_bytes()).ok()?;
+        // SAFETY: statfs writes only into `st`, a zeroed value of its type.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statfs(dir.as_ptr(), &raw mut st) } != 0 || st.f_type == libc::TMPFS_MAGIC
+        {
+            return None;
+        }
+        let f = File::open(path).ok()?;
+        let len = usize::try_from(f.metadata().ok()?.len()).ok()?;
+        // SAFETY: a private read-only mapping of `len` bytes of an open
+        // file, unmapped below; mincore writes one byte per page into
+        // `vec`, which holds that many.
+        unsafe {
+            let page = usize::try_from(libc::sysconf(libc::_SC_PAGESIZE)).ok()?;
+            let map = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                f.as_raw_fd(),
+                0,
+            );
+            if map == libc::MAP_FAILED {
+                return None;
+            }
+            let mut vec = vec![0u8; len.div_ceil(page)];
+            let rc = libc::mincore(map, len, vec.as_mut_ptr());
+            libc::munmap(map, len);
+            (rc == 0).then(|| vec.iter().filter(|b| *b & 1 == 1).count())
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn drop_cache_takes_synced_pages_out_of_the_page_cache() {
+        let (_dir, dir) = berth_testdir::TestDir::new("drop-cache").and_path();
+        let path = dir.join("0000000001.seg");
+        let f = OsStorage.create(&path).unwrap();
+        let bytes = vec![7u8; 4 << 20];
+        f.write_all_at(&bytes, 0).unwrap();
+        f.sync_data().unwrap();
+        let Some(before) = pages_cached(&path) else {
+            eprintln!(
+                "{} keeps no page cache to drop (tmpfs): skipped",
+                dir.display()
+            );
+            return;
+        };
+        assert!(before > 0, "a file just written is not in the page cache");
+        f.drop_cache(0, bytes.len() as u64).unwrap();
+        assert_eq!(pages_cached(&path), Some(0), "{before} pages before");
+        // Advice only: the bytes read back the same.
+        let mut back = vec![0u8; bytes.len()];
+        f.read_exact_at(&mut back, 0).unwrap();
+        assert!(back == bytes);
     }
 }

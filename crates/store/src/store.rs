@@ -726,6 +726,7 @@ impl Store {
                     checkpoints: c.checkpoints.load(Ordering::Relaxed),
                     checkpoint_snapshots: c.checkpoint_snapshots.load(Ordering::Relaxed),
                     segments_deleted: c.segments_deleted.load(Ordering::Relaxed),
+                    segments_uncached: c.segments_uncached.load(Ordering::Relaxed),
                     bytes_compacted: c.bytes_compacted.load(Ordering::Relaxed),
                     unreadable_records: c.unreadable_records.load(Ordering::Relaxed),
                     durable_lsn: c.durable_lsn.load(Ordering::Acquire),

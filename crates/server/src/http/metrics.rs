@@ -386,7 +386,7 @@ type G = berth_store::GroupStats;
 type Family = (&'static str, &'static str, &'static str, fn(&G) -> String);
 
 /// The per-group store metrics (a data table: one row per family).
-const STORE_FAMILIES: [Family; 16] = [
+const STORE_FAMILIES: [Family; 17] = [
     (
         "berth_store_fsyncs_total",
         "counter",
@@ -425,6 +425,12 @@ const STORE_FAMILIES: [Family; 16] = [
         "counter",
         "Segments deleted after their messages were acked.",
         |g| g.segments_deleted.to_string(),
+    ),
+    (
+        "berth_store_segments_uncached_total",
+        "counter",
+        "Sealed segments dropped from the page cache once cold (store.segment_cache_bytes).",
+        |g| g.segments_uncached.to_string(),
     ),
     (
         "berth_store_bytes_compacted_total",

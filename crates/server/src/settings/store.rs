@@ -109,6 +109,21 @@ pub(super) static STORE: &[Setting] = &[
         slot: &one(field!(store.segment_prepare), || store().segment_prepare),
     },
     Setting {
+        key: "store.segment_cache_bytes",
+        flag: "segment-cache-bytes",
+        value_name: "BYTES",
+        default_note: "256 MiB",
+        doc: "bytes of each log group's newest journal left to the page cache: a sealed \
+              segment that this many bytes were written after, and that no checkpoint still \
+              reads, is dropped from the cache (`posix_fadvise(DONTNEED)`), so a deep backlog \
+              does not keep taking memory and new writes reuse the pages dropped; a consumer \
+              further behind reads its messages from the disk. 0 = never drop (the kernel \
+              decides). See [OPERATIONS.md](OPERATIONS.md#the-page-cache)",
+        slot: &one(field!(store.segment_cache_bytes), || {
+            store().segment_cache_bytes
+        }),
+    },
+    Setting {
         key: "store.accept_missing_segments",
         flag: "accept-missing-segments",
         value_name: "",

@@ -94,6 +94,19 @@ fn segment_prepare_is_on_by_default_and_can_be_turned_off() {
 }
 
 #[test]
+fn segment_cache_bytes_reaches_the_store_and_zero_turns_it_off() {
+    assert_eq!(
+        Config::default().store_config().segment_cache_bytes,
+        berth_store::limits::SEGMENT_CACHE_BYTES_DEFAULT
+    );
+    let c = Config::from_toml("[store]\nsegment_cache_bytes = 0\n").unwrap();
+    c.validate().unwrap();
+    assert_eq!(c.store_config().segment_cache_bytes, 0);
+    let c = Config::from_toml("[store]\nsegment_cache_bytes = 1073741824\n").unwrap();
+    assert_eq!(c.store_config().segment_cache_bytes, 1 << 30);
+}
+
+#[test]
 fn keys_and_flags_are_unique_and_sections_known() {
     let mut keys = HashSet::new();
     let mut flags = HashSet::new();

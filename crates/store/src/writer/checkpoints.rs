@@ -502,6 +502,8 @@ impl Writer {
             self.snapshot_next = false;
         }
         self.checkpoints.push(link);
+        // Its replay position may let older segments leave the cache.
+        self.cache_check_due = true;
         self.shared
             .counters
             .checkpoints

@@ -30,6 +30,9 @@
 //! - A segment is sealed (fdatasync'ed) before the next one is created, and
 //!   deleted only when it holds no live message and lies wholly before the
 //!   replay position of both retained checkpoints.
+//! - A sealed segment is dropped from the page cache only after its
+//!   fdatasync, once cold, and never when a checkpoint still reads it
+//!   (see [`cache`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -54,6 +57,7 @@ use crate::segment::{self, SEGMENT_HEADER_BYTES};
 use crate::storage::{Storage, StorageFile};
 use crate::{MsgId, QueueId};
 
+mod cache;
 mod checkpoints;
 mod compact;
 mod gather;
@@ -87,6 +91,8 @@ pub struct GroupCounters {
     /// index lock (only when the journal alone cannot rebuild it).
     pub checkpoint_snapshots: AtomicU64,
     pub segments_deleted: AtomicU64,
+    /// Sealed segments dropped from the page cache (see [`cache`]).
+    pub segments_uncached: AtomicU64,
     pub bytes_compacted: AtomicU64,
     /// Live records compaction found unreadable (I/O error or checksum):
     /// reported and left in place.
@@ -206,6 +212,13 @@ pub(crate) struct Writer {
     /// Compaction requested with [`Cmd::Compact`], run a bounded step per
     /// turn of the loop (see `compact.rs`).
     compaction: compact::Requested,
+    /// The lowest segment that may still be dropped from the page cache:
+    /// every sealed one below it was, or was on disk at open (see
+    /// [`cache`]).
+    cache_drop_next: u32,
+    /// A seal or a checkpoint may have made a segment cold since the last
+    /// look.
+    cache_check_due: bool,
 }
 
 pub(crate) struct WriterInit {
@@ -280,6 +293,8 @@ impl Writer {
             unsynced_bytes: 0,
             sync_bytes_avg: 0,
             compaction: compact::Requested::default(),
+            cache_drop_next: init.next_seq,
+            cache_check_due: false,
         };
         (w, shared)
     }
@@ -397,6 +412,7 @@ impl Writer {
             }
             self.probe_space_if_due();
             self.housekeeping();
+            self.drop_cold_segments();
         }
     }
 
@@ -750,6 +766,7 @@ impl Writer {
                 "segment sealed"
             );
             self.sealed.insert(a.seq, a.len);
+            self.cache_check_due = true;
         }
         Ok(())
     }
