@@ -36,7 +36,10 @@ pub use durability::{Durability, PAGING_BIT};
 pub use error::JournalError;
 pub use journal::{EventSink, Journal};
 pub use memory::{MemoryJournal, MetaWrite, NoJournal};
-pub use payload::{decode_message, encode_message, NameTooLong, StoredMessage};
+pub use payload::{
+    decode_message, encode_message, MessageHead, MessageParts, NameTooLong, StoredMessage,
+    MESSAGE_HEAD_BYTES_MAX,
+};
 pub use placement::Placement;
 pub use stored_stream::StoredStream;
 

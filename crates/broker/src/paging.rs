@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::durable::{encode_message, Durability, JournalError, PAGING_BIT};
+use crate::durable::{Durability, JournalError, MessageHead, MessageParts, PAGING_BIT};
 use crate::limits::READ_AHEAD_MESSAGES;
 use crate::message::Message;
 use crate::ready::{restored_expiry, Body, Deadline, Entry, QueuedMessage, Ready, StoredId};
@@ -171,13 +171,17 @@ impl Pager {
                     continue;
                 };
                 // A name no entrance lets through: the body stays resident.
-                let Ok(payload) =
-                    encode_message(&m.exchange, &m.routing_key, &m.properties, &m.body)
+                let Ok(head) = MessageHead::new(&m.exchange, &m.routing_key, m.properties.len())
                 else {
                     continue;
                 };
                 let id = dur.new_message_id();
-                dur.journal().publish(id, &[pid], payload, None);
+                let payload = MessageParts {
+                    head: head.as_bytes(),
+                    properties: &m.properties,
+                    body: &m.body,
+                };
+                dur.journal().publish_message(id, &[pid], payload, None);
                 e.stored = StoredId::new(Some(id | PAGING_BIT));
                 candidates.push((l, i, id | PAGING_BIT));
             }

@@ -15,7 +15,9 @@ use std::time::Instant;
 use crate::args::Overflow;
 use crate::dead_letter::DeathReason;
 use crate::delayed_args::delay_ms;
-use crate::durable::{encode_message, split_done, Done, Durability, EventSink, JournalError};
+use crate::durable::{
+    split_done, Done, Durability, EventSink, JournalError, MessageHead, MessageParts,
+};
 use crate::events::{self, Event, EventKind, Origin};
 use crate::exchange::{Destination, Exchange};
 use crate::message::Message;
@@ -184,10 +186,16 @@ pub(crate) fn deliver_to(
         None
     } else {
         let done = record_done;
-        match encode_message(&msg.exchange, &msg.routing_key, &msg.properties, &msg.body) {
-            Ok(payload) => {
+        // In parts: the journal copies the body once, into its batch.
+        match MessageHead::new(&msg.exchange, &msg.routing_key, msg.properties.len()) {
+            Ok(head) => {
                 let id = dur.new_message_id();
-                dur.journal().publish(id, stored_in, payload, done);
+                let payload = MessageParts {
+                    head: head.as_bytes(),
+                    properties: &msg.properties,
+                    body: &msg.body,
+                };
+                dur.journal().publish_message(id, stored_in, payload, done);
                 Some(id)
             }
             // Entrances refuse such names (`names.rs`); should one get

@@ -26,9 +26,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use berth_broker::durable::StoredStream;
-use berth_broker::durable::{Done, Journal, JournalError, PAGING_BIT};
+use berth_broker::durable::{Done, Journal, JournalError, MessageParts, PAGING_BIT};
 use berth_broker::{Broker, Recovered as BrokerRecovered};
-use berth_store::{MsgId, QueueId, StoreError};
+use berth_store::{MsgId, Payload, QueueId, StoreError};
 use berth_store::{Store, Ticket};
 use bytes::Bytes;
 
@@ -80,6 +80,30 @@ impl Journal for StoreJournal {
         let queues: Vec<QueueId> = queues.iter().map(|q| QueueId(*q)).collect();
         self.store
             .publish(MsgId(msg), &queues, payload, adapt(done));
+    }
+
+    fn publish_message(
+        &self,
+        msg: u64,
+        queues: &[u64],
+        payload: MessageParts<'_>,
+        done: Option<Done>,
+    ) {
+        // The head is copied (inline, when short); properties and body are
+        // shared until the group writer copies them into its batch.
+        let payload = Payload::new(
+            payload.head,
+            payload.properties.clone(),
+            payload.body.clone(),
+        );
+        if let [q] = queues {
+            self.store
+                .publish_payload(MsgId(msg), &[QueueId(*q)], payload, adapt(done));
+            return;
+        }
+        let queues: Vec<QueueId> = queues.iter().map(|q| QueueId(*q)).collect();
+        self.store
+            .publish_payload(MsgId(msg), &queues, payload, adapt(done));
     }
 
     fn remove(&self, queue: u64, msgs: &[u64], done: Option<Done>) {

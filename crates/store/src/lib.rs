@@ -29,6 +29,7 @@ pub mod limits;
 mod loc;
 pub mod manifest;
 pub mod overlay;
+pub mod payload;
 pub mod record;
 pub mod recovery;
 mod report;
@@ -41,6 +42,7 @@ mod writer;
 
 pub use error::StoreError;
 pub use limits::{StoreConfig, SyncMode, PAYLOAD_BYTES_MAX};
+pub use payload::Payload;
 pub use report::DamageReport;
 pub use store::{
     GroupStats, LiveState, Recovered, RecoveredMessage, RecoveredStream, RecoveryStats, Store,

@@ -216,7 +216,35 @@ fn u64_at(buf: &[u8], at: usize) -> u64 {
 /// If the body exceeds [`RECORD_BODY_BYTES_MAX`] or a count does not fit its
 /// field; callers check sizes against the configured limits first.
 pub fn encode(salt: u32, lsn: u64, record: &Record<'_>, out: &mut Vec<u8>) {
-    let body_len = record.body_len();
+    encode_continued(salt, lsn, record, &[], out);
+}
+
+/// [`encode`] of a record whose payload goes on past the one it holds:
+/// the bytes of `more`, in order, follow its payload. The result is the
+/// bytes [`encode`] gives for the record with the whole payload in one
+/// slice; the writer uses it to copy a payload handed over in pieces
+/// ([`crate::payload::Payload`]) straight into its batch.
+///
+/// # Panics
+/// As [`encode`]; and if `more` is not empty for a record that carries no
+/// payload (only Publish, Relocate and Append end with one).
+pub fn encode_continued(
+    salt: u32,
+    lsn: u64,
+    record: &Record<'_>,
+    more: &[&[u8]],
+    out: &mut Vec<u8>,
+) {
+    let more_len: usize = more.iter().map(|m| m.len()).sum();
+    assert!(
+        more_len == 0
+            || matches!(
+                record,
+                Record::Publish { .. } | Record::Relocate { .. } | Record::Append { .. }
+            ),
+        "only a payload can be continued"
+    );
+    let body_len = record.body_len() + more_len;
     assert!(
         body_len <= RECORD_BODY_BYTES_MAX as usize,
         "record body of {body_len} bytes"
@@ -269,6 +297,10 @@ pub fn encode(salt: u32, lsn: u64, record: &Record<'_>, out: &mut Vec<u8>) {
             out.extend_from_slice(&queue.0.to_le_bytes());
             out.extend_from_slice(&below.to_le_bytes());
         }
+    }
+    // The payload is the last field of every record that has one.
+    for m in more {
+        out.extend_from_slice(m);
     }
     debug_assert_eq!(out.len() - start, RECORD_HEADER_BYTES + body_len);
     let crc = crc32c::crc32c_append(salt, &out[start + OFF_BODY_LEN..]);

@@ -28,6 +28,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::StoreError;
 use crate::index::Loc;
 use crate::manifest::{self, Manifest, MANIFEST_NAME};
+use crate::payload::Payload;
 use crate::record;
 use crate::recovery::{self, GroupRecovery, Progress};
 use crate::storage::{OsStorage, Storage, StorageFile};
@@ -426,6 +427,19 @@ impl Store {
     /// Never blocks: back-pressure is the caller's, through
     /// [`Store::poll_room`] or [`Store::wait_room`] before it sends more.
     pub fn publish(&self, msg: MsgId, queues: &[QueueId], payload: Bytes, done: Option<Done>) {
+        self.publish_payload(msg, queues, Payload::from(payload), done);
+    }
+
+    /// [`Store::publish`] of a payload handed over in pieces: the group
+    /// writer copies them, one after another, straight into its batch, so
+    /// the caller need not join them (the bytes stored are the same).
+    pub fn publish_payload(
+        &self,
+        msg: MsgId,
+        queues: &[QueueId],
+        payload: Payload,
+        done: Option<Done>,
+    ) {
         if queues.is_empty() || queues.iter().any(|q| q.0 == u64::MAX) {
             fail(
                 done,
@@ -445,7 +459,8 @@ impl Store {
             return;
         }
         // One queue (the common case) is one group's write: no map of
-        // groups, whose allocations the writer thread would free.
+        // groups, no list of queues on the heap, whose allocations the
+        // writer thread would free.
         if let [q] = queues {
             if let Some(why) = writer::publish_invalid(1, payload.len()) {
                 fail(done, StoreError::Invalid(why));
@@ -453,7 +468,7 @@ impl Store {
             }
             let op = Op::Publish {
                 msg,
-                queues: vec![*q],
+                queues: smallvec::smallvec![*q],
                 payload,
             };
             self.send(self.group_of(*q), op, done);
@@ -480,7 +495,7 @@ impl Store {
                 g,
                 Op::Publish {
                     msg,
-                    queues: qs,
+                    queues: qs.into(),
                     payload,
                 },
                 done,
@@ -493,7 +508,7 @@ impl Store {
                 g,
                 Op::Publish {
                     msg,
-                    queues: qs,
+                    queues: qs.into(),
                     payload: payload.clone(),
                 },
                 join.as_ref().map(Join::part),

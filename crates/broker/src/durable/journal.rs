@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 
-use super::{complete, Done, JournalError};
+use super::{complete, Done, JournalError, MessageParts};
 use crate::meta::MetaCommand;
 
 /// Durable storage as the broker needs it.
@@ -78,6 +78,20 @@ use crate::meta::MetaCommand;
 pub trait Journal: Send + Sync {
     /// Stores a persistent message for these durable queues.
     fn publish(&self, msg: u64, queues: &[u64], payload: Bytes, done: Option<Done>);
+    /// [`Journal::publish`] of a message given in the parts of its payload
+    /// (head, properties, body: [`MessageParts`]). A journal that can
+    /// write them one after another need not join them first — a copy of
+    /// every body, per message, on the publisher's thread. This one joins
+    /// them.
+    fn publish_message(
+        &self,
+        msg: u64,
+        queues: &[u64],
+        payload: MessageParts<'_>,
+        done: Option<Done>,
+    ) {
+        self.publish(msg, queues, payload.to_bytes(), done);
+    }
     /// These messages left the queue for good (ack, drop, expiry, dead-letter).
     fn remove(&self, queue: u64, msgs: &[u64], done: Option<Done>);
     /// Every message of the queue left it (purge, delete).

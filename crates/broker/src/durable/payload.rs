@@ -9,7 +9,7 @@
 //!   can say is an error, never cut (the entrances refuse such names
 //!   first, `names.rs`).
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 
 use crate::limits::SHORTSTR_BYTES_MAX;
 
@@ -23,6 +23,80 @@ pub struct NameTooLong {
     pub bytes: usize,
 }
 
+/// Longest [`MessageHead`]: two names of a shortstr's length, their u8
+/// lengths and the properties' u32 length.
+pub const MESSAGE_HEAD_BYTES_MAX: usize = 1 + SHORTSTR_BYTES_MAX + 1 + SHORTSTR_BYTES_MAX + 4;
+
+/// The bytes of a stored message before its properties: exchange and
+/// routing key (each a u8 length and its bytes) and the properties' u32
+/// length. Made on the stack, so that a journal taking a payload in parts
+/// ([`MessageParts`]) stores a message without a buffer of its own.
+pub struct MessageHead {
+    bytes: [u8; MESSAGE_HEAD_BYTES_MAX],
+    len: usize,
+}
+
+impl MessageHead {
+    /// The head of a message with these names and `properties_len` bytes
+    /// of properties.
+    pub fn new(
+        exchange: &str,
+        routing_key: &str,
+        properties_len: usize,
+    ) -> Result<Self, NameTooLong> {
+        let mut head = MessageHead {
+            bytes: [0; MESSAGE_HEAD_BYTES_MAX],
+            len: 0,
+        };
+        for (field, s) in [("exchange", exchange), ("routing key", routing_key)] {
+            let Ok(n) = u8::try_from(s.len()) else {
+                return Err(NameTooLong {
+                    field,
+                    bytes: s.len(),
+                });
+            };
+            head.put(&[n]);
+            head.put(s.as_bytes());
+        }
+        head.put(&(properties_len as u32).to_be_bytes());
+        Ok(head)
+    }
+
+    fn put(&mut self, b: &[u8]) {
+        self.bytes[self.len..self.len + b.len()].copy_from_slice(b);
+        self.len += b.len();
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// A stored message's payload in its three parts, as a journal that can
+/// write pieces one after another takes it: `head`, `properties` and
+/// `body` in that order are the bytes [`encode_message`] makes.
+#[derive(Clone, Copy)]
+pub struct MessageParts<'a> {
+    pub head: &'a [u8],
+    pub properties: &'a Bytes,
+    pub body: &'a Bytes,
+}
+
+impl MessageParts<'_> {
+    /// The payload as one buffer: a copy of every part.
+    pub fn to_bytes(&self) -> Bytes {
+        join(self.head, self.properties, self.body)
+    }
+}
+
+fn join(head: &[u8], properties: &[u8], body: &[u8]) -> Bytes {
+    let mut b = BytesMut::with_capacity(head.len() + properties.len() + body.len());
+    b.extend_from_slice(head);
+    b.extend_from_slice(properties);
+    b.extend_from_slice(body);
+    b.freeze()
+}
+
 /// Encodes a message for the journal.
 pub fn encode_message(
     exchange: &str,
@@ -30,25 +104,8 @@ pub fn encode_message(
     properties: &[u8],
     body: &[u8],
 ) -> Result<Bytes, NameTooLong> {
-    for (field, s) in [("exchange", exchange), ("routing key", routing_key)] {
-        if s.len() > SHORTSTR_BYTES_MAX {
-            return Err(NameTooLong {
-                field,
-                bytes: s.len(),
-            });
-        }
-    }
-    let (ex, rk) = (exchange.as_bytes(), routing_key.as_bytes());
-    let mut b =
-        BytesMut::with_capacity(2 + ex.len() + rk.len() + 4 + properties.len() + body.len());
-    b.put_u8(ex.len() as u8);
-    b.extend_from_slice(ex);
-    b.put_u8(rk.len() as u8);
-    b.extend_from_slice(rk);
-    b.put_u32(properties.len() as u32);
-    b.extend_from_slice(properties);
-    b.extend_from_slice(body);
-    Ok(b.freeze())
+    let head = MessageHead::new(exchange, routing_key, properties.len())?;
+    Ok(join(head.as_bytes(), properties, body))
 }
 
 /// A decoded journal message: (exchange, routing key, properties, body).
@@ -114,6 +171,28 @@ mod tests {
             (e, k, &body[..]),
             (at_limit.clone(), at_limit, &b"body"[..])
         );
+    }
+
+    /// A journal given the parts writes the bytes `encode_message` makes.
+    #[test]
+    fn the_parts_are_the_encoded_message() {
+        let (properties, body) = (
+            Bytes::from_static(b"\x10\x00\x02"),
+            Bytes::from_static(b"hello"),
+        );
+        let head = MessageHead::new("ex", "a.b", properties.len()).unwrap();
+        let parts = MessageParts {
+            head: head.as_bytes(),
+            properties: &properties,
+            body: &body,
+        };
+        assert_eq!(
+            parts.to_bytes(),
+            encode_message("ex", "a.b", &properties, &body).unwrap()
+        );
+        let long = "k".repeat(SHORTSTR_BYTES_MAX);
+        let head = MessageHead::new(&long, &long, 0).unwrap();
+        assert_eq!(head.as_bytes().len(), MESSAGE_HEAD_BYTES_MAX);
     }
 
     #[test]

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use berth_broker::durable::{Done, Journal, JournalError, PAGING_BIT};
+use berth_broker::durable::{Done, Journal, JournalError, MessageParts, PAGING_BIT};
 use berth_cluster::{ClusterNode, ProposeError};
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -152,6 +152,21 @@ impl Journal for ReplicatedJournal {
             payload,
         };
         self.send(&cmd, done);
+    }
+
+    fn publish_message(
+        &self,
+        msg: u64,
+        queues: &[u64],
+        payload: MessageParts<'_>,
+        done: Option<Done>,
+    ) {
+        // A paging copy stays local, where the store takes it in parts; a
+        // replicated publish is one command, so its payload is joined.
+        if queues.iter().all(|q| paging(*q)) {
+            return self.local.publish_message(msg, queues, payload, done);
+        }
+        self.publish(msg, queues, payload.to_bytes(), done);
     }
 
     fn remove(&self, queue: u64, msgs: &[u64], done: Option<Done>) {

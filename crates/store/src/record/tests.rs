@@ -421,6 +421,33 @@ proptest! {
         }
     }
 
+    /// A payload handed over in pieces is written as the same bytes as
+    /// the whole payload in one slice, wherever it is cut.
+    #[test]
+    fn a_continued_payload_encodes_as_the_whole(
+        payload in proptest::collection::vec(any::<u8>(), 0..64),
+        cuts in (any::<usize>(), any::<usize>()),
+        salt in any::<u32>(),
+    ) {
+        let (a, b) = (cuts.0 % (payload.len() + 1), cuts.1 % (payload.len() + 1));
+        let (a, b) = (a.min(b), a.max(b));
+        let queues = [QueueId(7), QueueId(9)];
+        let whole = Record::Publish {
+            msg: MsgId(3),
+            queues: Cow::Borrowed(&queues),
+            payload: &payload,
+        };
+        let head = Record::Publish {
+            msg: MsgId(3),
+            queues: Cow::Borrowed(&queues),
+            payload: &payload[..a],
+        };
+        let (mut want, mut got) = (Vec::new(), Vec::new());
+        encode(salt, 11, &whole, &mut want);
+        encode_continued(salt, 11, &head, &[&payload[a..b], &payload[b..]], &mut got);
+        prop_assert_eq!(got, want);
+    }
+
     #[test]
     fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
         let _decoded = decode(0, &bytes);

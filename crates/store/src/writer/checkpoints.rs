@@ -695,11 +695,14 @@ impl Writer {
                 }
             };
             let queues = self.shared.inner.lock().index.queues_of(msg);
-            let new_loc = match self.encode(&Record::Relocate {
-                msg,
-                queues: queues.as_slice().into(),
-                payload,
-            }) {
+            let new_loc = match self.encode(
+                &Record::Relocate {
+                    msg,
+                    queues: queues.as_slice().into(),
+                    payload,
+                },
+                &[],
+            ) {
                 Ok(l) => l,
                 Err(e) => return Err(self.write_failed(&mark, e)),
             };

@@ -96,6 +96,11 @@ pub(crate) struct Outbox {
 impl Outbox {
     /// Queues `cmd` without waiting, whatever the count; gives it back if
     /// the writer is gone.
+    // A request carries its payload's short head inline (`Payload`), so
+    // it is large; it is handed back whole, once, only when the writer is
+    // gone, for its completion to run: boxing it would be the allocation
+    // per request the inline head exists to avoid.
+    #[allow(clippy::result_large_err)]
     pub fn send(&self, cmd: super::Cmd) -> Result<(), mpsc::SendError<super::Cmd>> {
         self.room.queued.fetch_add(1, Ordering::SeqCst);
         self.tx.send(cmd).inspect_err(|_| {

@@ -540,8 +540,9 @@ impl Writer {
         }
         let mut placed: Vec<(Record<'_>, Loc)> = Vec::with_capacity(writes.len());
         for (op, _) in writes {
+            let rest = op.payload_rest();
             for rec in op.records() {
-                let loc = self.encode(&rec)?;
+                let loc = self.encode(&rec, &rest)?;
                 placed.push((rec, loc));
             }
         }
@@ -570,9 +571,11 @@ impl Writer {
         Ok(())
     }
 
-    /// Encodes one record into `buf`, rolling the segment if needed.
-    fn encode(&mut self, rec: &Record<'_>) -> Result<Loc, StoreError> {
-        let len = rec.encoded_len() as u64;
+    /// Encodes one record into `buf`, its payload continued by `more`
+    /// (a payload handed over in pieces), rolling the segment if needed.
+    fn encode(&mut self, rec: &Record<'_>, more: &[&[u8]]) -> Result<Loc, StoreError> {
+        let more_len: usize = more.iter().map(|m| m.len()).sum();
+        let len = (rec.encoded_len() + more_len) as u64;
         if let Some(a) = &self.active {
             let cur = a.len + self.buf.len() as u64;
             if cur + len > self.cfg.segment_size_bytes && cur > SEGMENT_HEADER_BYTES as u64 {
@@ -593,7 +596,7 @@ impl Writer {
         };
         let lsn = self.next_lsn;
         self.next_lsn += 1;
-        record::encode(self.shared.salt, lsn, rec, &mut self.buf);
+        record::encode_continued(self.shared.salt, lsn, rec, more, &mut self.buf);
         Ok(loc)
     }
 

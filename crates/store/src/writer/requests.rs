@@ -1,7 +1,10 @@
 //! What a group's writer is asked to do: requests, their completions, and
 //! the checks and netting applied to a batch before it is written.
 
+use smallvec::{smallvec, SmallVec};
+
 use super::*;
+use crate::payload::Payload;
 
 /// A completion callback. Runs on the writer thread: keep it short (send on
 /// a channel, wake a task).
@@ -44,12 +47,17 @@ impl Drop for Waiter {
     }
 }
 
+/// The queues of a publish in one group: one inline (the common case
+/// allocates nothing), several on the heap.
+pub(crate) type PublishQueues = SmallVec<[QueueId; 1]>;
+
 /// A request to a group.
 pub(crate) enum Op {
     Publish {
         msg: MsgId,
-        queues: Vec<QueueId>,
-        payload: Bytes,
+        queues: PublishQueues,
+        /// Copied into the batch piece by piece (see [`Payload`]).
+        payload: Payload,
     },
     Remove {
         queue: QueueId,
@@ -83,18 +91,20 @@ pub(crate) enum Op {
 impl Op {
     /// The records this request is written as: none for a `Flush` or a
     /// request netted out, several for a Remove of more than
-    /// [`REMOVE_MSGS_PER_RECORD_MAX`] messages, else one.
-    pub(super) fn records(&self) -> Vec<Record<'_>> {
+    /// [`REMOVE_MSGS_PER_RECORD_MAX`] messages, else one. A Publish's
+    /// record holds the head of its payload; the rest is
+    /// [`Op::payload_rest`], which the writer encodes after it.
+    pub(super) fn records(&self) -> SmallVec<[Record<'_>; 1]> {
         match self {
-            Op::Publish { queues, .. } if queues.is_empty() => Vec::new(),
+            Op::Publish { queues, .. } if queues.is_empty() => SmallVec::new(),
             Op::Publish {
                 msg,
                 queues,
                 payload,
-            } => vec![Record::Publish {
+            } => smallvec![Record::Publish {
                 msg: *msg,
                 queues: queues.as_slice().into(),
-                payload,
+                payload: payload.head(),
             }],
             Op::Remove { queue, msgs } => msgs
                 .chunks(REMOVE_MSGS_PER_RECORD_MAX)
@@ -103,23 +113,33 @@ impl Op {
                     msgs: chunk.into(),
                 })
                 .collect(),
-            Op::MetaPut { key, value } => vec![Record::MetaPut { key, value }],
-            Op::MetaDelete { key } => vec![Record::MetaDelete { key }],
-            Op::Purge { queue } => vec![Record::Purge { queue: *queue }],
+            Op::MetaPut { key, value } => smallvec![Record::MetaPut { key, value }],
+            Op::MetaDelete { key } => smallvec![Record::MetaDelete { key }],
+            Op::Purge { queue } => smallvec![Record::Purge { queue: *queue }],
             Op::Append {
                 queue,
                 offset,
                 payload,
-            } => vec![Record::Append {
+            } => smallvec![Record::Append {
                 queue: *queue,
                 offset: *offset,
                 payload,
             }],
-            Op::Trim { queue, below } => vec![Record::Trim {
+            Op::Trim { queue, below } => smallvec![Record::Trim {
                 queue: *queue,
                 below: *below,
             }],
-            Op::Flush => Vec::new(),
+            Op::Flush => SmallVec::new(),
+        }
+    }
+
+    /// What follows the payload held by this request's record (see
+    /// [`Op::records`]): a Publish's pieces after its head; nothing for
+    /// any other request.
+    pub(super) fn payload_rest(&self) -> [&[u8]; 2] {
+        match self {
+            Op::Publish { payload, .. } => payload.pieces(),
+            _ => [&[], &[]],
         }
     }
 
@@ -261,16 +281,16 @@ mod tests {
             (
                 Op::Publish {
                     msg: MsgId(1),
-                    queues: vec![QueueId(1), QueueId(2)],
-                    payload: Bytes::from_static(b"x"),
+                    queues: smallvec![QueueId(1), QueueId(2)],
+                    payload: Bytes::from_static(b"x").into(),
                 },
                 noop(),
             ),
             (
                 Op::Publish {
                     msg: MsgId(2),
-                    queues: vec![QueueId(1)],
-                    payload: Bytes::from_static(b"y"),
+                    queues: smallvec![QueueId(1)],
+                    payload: Bytes::from_static(b"y").into(),
                 },
                 noop(),
             ),
@@ -283,7 +303,9 @@ mod tests {
             ),
         ];
         net_out(&mut writes, &counters);
-        assert!(matches!(&writes[0].0, Op::Publish { queues, .. } if queues == &[QueueId(2)]));
+        assert!(
+            matches!(&writes[0].0, Op::Publish { queues, .. } if queues.as_slice() == [QueueId(2)])
+        );
         assert!(
             writes[1].0.records().is_empty(),
             "fully acked publish writes nothing"
@@ -306,8 +328,8 @@ mod tests {
             (
                 Op::Publish {
                     msg: MsgId(1),
-                    queues: vec![QueueId(1)],
-                    payload: Bytes::new(),
+                    queues: smallvec![QueueId(1)],
+                    payload: Payload::default(),
                 },
                 None,
             ),
