@@ -130,12 +130,22 @@ def test_compact_through_the_api_with_a_publisher_running():
             except Exception as e:  # reported by the assertion below
                 errors.append(e)
 
+        def wait_for_confirms(more_than):
+            deadline = time.monotonic() + 10
+            while len(confirmed) <= more_than and not errors and time.monotonic() < deadline:
+                time.sleep(0.01)
+
         t = threading.Thread(target=publisher)
         t.start()
         try:
             assert requests.post(url, timeout=30).status_code == 401
             assert requests.post(url, auth=("nobody", "x"), timeout=30).status_code == 401
+            # The publisher is connected and confirmed before the compaction
+            # starts (a compaction of 1.6 MB can finish before a new pika
+            # connection has opened: CI saw 0 confirms in all).
+            wait_for_confirms(0)
             during = len(confirmed)
+            assert during > 0 and not errors, errors
             r = requests.post(url, auth=("guest", "guest"), timeout=60)
             assert r.status_code == 200, r.text
             out = r.json()
@@ -145,11 +155,12 @@ def test_compact_through_the_api_with_a_publisher_running():
             # live data and each group's active segment (the background
             # reclamation may have done part of the work already).
             assert out["bytes_after"] < 400 * 1000, out
+            wait_for_confirms(during)
         finally:
             stop.set()
             t.join(30)
         assert not errors, errors
-        assert len(confirmed) > during
+        assert len(confirmed) > during, "the publisher got no confirm once the compaction started"
         # The CLI asks the same endpoint.
         binary = os.environ.get("BERTH_BIN") or os.path.join(ROOT, "target", "release", "berth")
         cli = subprocess.run([binary, "store", "compact", "--online", "--url",
