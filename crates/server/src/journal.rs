@@ -69,17 +69,24 @@ fn wait_durable(f: impl FnOnce(berth_store::Done)) -> Result<(), JournalError> {
     })
 }
 
-impl Journal for StoreJournal {
-    fn publish(&self, msg: u64, queues: &[u64], payload: Bytes, done: Option<Done>) {
+impl StoreJournal {
+    /// Both publishes, whole or in parts, end here.
+    fn publish_payload(&self, msg: u64, queues: &[u64], payload: Payload, done: Option<Done>) {
         // One queue (the common case) needs no list on the heap.
         if let [q] = queues {
             self.store
-                .publish(MsgId(msg), &[QueueId(*q)], payload, adapt(done));
+                .publish_payload(MsgId(msg), &[QueueId(*q)], payload, adapt(done));
             return;
         }
         let queues: Vec<QueueId> = queues.iter().map(|q| QueueId(*q)).collect();
         self.store
-            .publish(MsgId(msg), &queues, payload, adapt(done));
+            .publish_payload(MsgId(msg), &queues, payload, adapt(done));
+    }
+}
+
+impl Journal for StoreJournal {
+    fn publish(&self, msg: u64, queues: &[u64], payload: Bytes, done: Option<Done>) {
+        self.publish_payload(msg, queues, Payload::from(payload), done);
     }
 
     fn publish_message(
@@ -96,14 +103,7 @@ impl Journal for StoreJournal {
             payload.properties.clone(),
             payload.body.clone(),
         );
-        if let [q] = queues {
-            self.store
-                .publish_payload(MsgId(msg), &[QueueId(*q)], payload, adapt(done));
-            return;
-        }
-        let queues: Vec<QueueId> = queues.iter().map(|q| QueueId(*q)).collect();
-        self.store
-            .publish_payload(MsgId(msg), &queues, payload, adapt(done));
+        self.publish_payload(msg, queues, payload, done);
     }
 
     fn remove(&self, queue: u64, msgs: &[u64], done: Option<Done>) {
