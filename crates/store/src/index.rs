@@ -96,6 +96,12 @@ struct QueueList {
     live: u64,
     /// This queue's slot in `Index::holders`, held while the list exists.
     holder: u32,
+    /// Payload sizes of `ids[..loaded.len()]`, as a checkpoint's run
+    /// listed them, while the queue has lost none of its messages since:
+    /// then those ids are ascending and each is held by this queue alone,
+    /// so recovery lists them without looking each one up. Emptied by the
+    /// first loss, and by the listing.
+    loaded: Vec<u32>,
 }
 
 /// Stale ids a list may carry beyond its live ones before it is compacted.
@@ -111,6 +117,28 @@ fn holds(
     msg: u64,
 ) -> bool {
     held_by(msgs, multi, holders, queue, msg).is_some()
+}
+
+/// Two id-ascending listings as one, an id in both once (it cannot be:
+/// a message listed again leaves its queue first, which empties the
+/// checkpoint's sizes).
+fn merge_by_id(a: Vec<RecoveredMessage>, b: Vec<RecoveredMessage>) -> Vec<RecoveredMessage> {
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let (mut a, mut b) = (a.into_iter().peekable(), b.into_iter().peekable());
+    while let (Some(x), Some(y)) = (a.peek(), b.peek()) {
+        let next = match x.msg.cmp(&y.msg) {
+            std::cmp::Ordering::Less => a.next(),
+            std::cmp::Ordering::Greater => b.next(),
+            std::cmp::Ordering::Equal => {
+                b.next();
+                a.next()
+            }
+        };
+        out.push(next.expect("peeked"));
+    }
+    out.extend(a);
+    out.extend(b);
+    out
 }
 
 /// `msg`'s entry and how many queues hold it, if `queue` is one of them.
@@ -361,6 +389,17 @@ impl Index {
             [q] => Some(self.list_mut(*q).holder),
             _ => None,
         };
+        // A queue's own run, loaded first into its empty list, keeps its
+        // payload sizes for the listing (see `QueueList::loaded`), as long
+        // as its ids come ascending, as a checkpoint writes them.
+        let mut sizes = match queues {
+            [q] if self.list_mut(*q).ids.is_empty() => Some(0u64),
+            _ => None,
+        };
+        if let ([q], Some(_)) = (queues, sizes) {
+            let hint = entries.size_hint().0;
+            self.list_mut(*q).loaded.reserve(hint);
+        }
         let slot_mask = self.slot_mask();
         let mut pending: Vec<(u64, u64, Entry)> =
             Vec::with_capacity(entries.size_hint().0.min(LOAD_SLOT_ORDER_CHUNK));
@@ -378,7 +417,19 @@ impl Index {
                 }
             }
             for q in queues {
-                self.list_mut(*q).ids.push(msg.0);
+                let list = self.list_mut(*q);
+                list.ids.push(msg.0);
+                match sizes {
+                    Some(prev) if prev < msg.0 || list.loaded.is_empty() => {
+                        list.loaded.push(payload_len(loc.len, 1));
+                        sizes = Some(msg.0);
+                    }
+                    Some(_) => {
+                        list.loaded = Vec::new();
+                        sizes = None;
+                    }
+                    None => {}
+                }
             }
             loaded += 1;
             match &mut seg_cache {
@@ -475,6 +526,7 @@ impl Index {
                 ids: Vec::new(),
                 live: 0,
                 holder: take_holder(&mut self.holders, &mut self.free_holders, queue),
+                loaded: Vec::new(),
             }),
         }
     }
@@ -554,6 +606,9 @@ impl Index {
             return;
         };
         list.live -= 1;
+        if !list.loaded.is_empty() {
+            list.loaded = Vec::new();
+        }
         if list.live == 0 {
             let slot = list.holder;
             self.by_queue.remove(&queue.0);
@@ -628,10 +683,13 @@ impl Index {
 
     /// Each queue's live messages, ids ascending, with their payload
     /// sizes: what recovery hands the broker, built by each group's
-    /// recovery thread. It walks each queue's list, sorting it in place
-    /// (after a checkpoint load a list is already in id order, so the
-    /// sort is one pass), with one table lookup per message and no
-    /// allocation per message; queues ascending. Lists are shared out
+    /// recovery thread, queues ascending, no allocation per message. A
+    /// queue's own checkpoint run that lost nothing since is listed from
+    /// the sizes kept while it loaded ([`QueueList::loaded`]), in id order
+    /// already; the rest of its list (messages of several queues, deltas,
+    /// the journal) is sorted and looked up in the table one by one and
+    /// merged in. The lookups were 28% of a restart at 10,000,000
+    /// (docs/BENCHMARKS.md, "Restart at ten million on a quieter machine"). Lists are shared out
     /// over up to `threads` threads, largest first (one group often holds
     /// most queues and finishes last).
     pub fn live_by_queue(&mut self, threads: usize) -> Vec<(QueueId, Vec<RecoveredMessage>)> {
@@ -659,16 +717,41 @@ impl Index {
             share.1.push((q, l));
         }
         let list_one = |q: u64, list: &mut QueueList| {
-            list.ids.sort_unstable();
-            list.ids.dedup();
-            let mut held = Vec::with_capacity(usize::try_from(list.live).unwrap_or(0));
-            held.extend(list.ids.iter().filter_map(|&m| {
-                let (e, queues) = held_by(msgs, multi, holders, QueueId(q), m)?;
-                Some(RecoveredMessage {
+            // The checkpoint's own run, untouched since: no lookups.
+            let sizes = std::mem::take(&mut list.loaded);
+            let known: Vec<RecoveredMessage> = list
+                .ids
+                .iter()
+                .zip(&sizes)
+                .map(|(&m, &payload_len)| RecoveredMessage {
                     msg: MsgId(m),
-                    payload_len: payload_len(e.loc.len, queues),
+                    payload_len,
                 })
-            }));
+                .collect();
+            drop(sizes);
+            let rest = &mut list.ids[known.len()..];
+            rest.sort_unstable();
+            let mut looked_up = Vec::with_capacity(rest.len());
+            let mut last = None;
+            for &m in rest.iter() {
+                if last == Some(m) {
+                    continue;
+                }
+                last = Some(m);
+                if let Some((e, queues)) = held_by(msgs, multi, holders, QueueId(q), m) {
+                    looked_up.push(RecoveredMessage {
+                        msg: MsgId(m),
+                        payload_len: payload_len(e.loc.len, queues),
+                    });
+                }
+            }
+            let held = if looked_up.is_empty() {
+                known
+            } else if known.is_empty() {
+                looked_up
+            } else {
+                merge_by_id(known, looked_up)
+            };
             (QueueId(q), held)
         };
         let list_share = |share: Vec<(u64, &mut QueueList)>| {
@@ -756,6 +839,23 @@ impl Index {
         }
         for (q, list) in &self.by_queue {
             assert_eq!(self.holders[list.holder as usize], *q, "holder slot of {q}");
+            let known = &list.ids[..list.loaded.len()];
+            assert!(
+                known.windows(2).all(|w| w[0] < w[1]),
+                "queue {q}'s checkpoint ids not ascending"
+            );
+            for (m, size) in known.iter().zip(&list.loaded) {
+                let e = self
+                    .msgs
+                    .get(m)
+                    .expect("a checkpoint id of a queue is live");
+                assert_ne!(
+                    e.holder, MULTI,
+                    "message {m} listed with its size is in one queue"
+                );
+                assert_eq!(self.holder_queue(e), QueueId(*q), "message {m}'s holder");
+                assert_eq!(payload_len(e.loc.len, 1), *size, "message {m}'s size");
+            }
         }
         let free = self.holders.iter().filter(|q| **q == FREE_HOLDER).count();
         assert_eq!(free, self.free_holders.len(), "free holder slots");
@@ -919,6 +1019,121 @@ mod tests {
             }
         }
         ix.check();
+        let got = assert_listing_is_live(&mut ix);
+        assert_eq!(
+            got.len(),
+            4,
+            "queues 1, 2, 3 and what 4 got after its purge"
+        );
+        ix.check();
+    }
+
+    /// A checkpoint's runs list their payload sizes, and recovery's listing
+    /// uses them only while they hold: it is the index's own list of live
+    /// messages whether nothing happened after the load, only publishes
+    /// (listed after the run's ids, merged in order), or removals,
+    /// relocations and purges (which put a queue back on lookups).
+    #[test]
+    fn live_by_queue_after_a_checkpoint_load_is_every_live_message() {
+        for ops in ["none", "publishes", "everything"] {
+            let mut ix = Index::default();
+            let mut x = 0x9E37_79B9_7F4A_7C15u64;
+            let mut rand = move |n: u64| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x % n
+            };
+            let sized = |i: u64| Loc {
+                len: 300 + (i % 11) as u32,
+                ..loc(1 + (i / 1000) as u32, i as u32)
+            };
+            // As a checkpoint lists them: one run per queue, ids ascending,
+            // then the messages of several queues (ids below the runs').
+            for q in 1..=3u64 {
+                let ids = (1..=2_000u64).map(|i| 10_000 * q + i * 3);
+                ix.load_run(&[QueueId(q)], ids.map(|i| (MsgId(i), sized(i))))
+                    .unwrap();
+            }
+            ix.load_run(
+                &[QueueId(1), QueueId(2)],
+                (1..=500u64).map(|i| (MsgId(i), sized(i))),
+            )
+            .unwrap();
+            // Not ascending (no writer lists a run so): no sizes kept.
+            ix.load_run(
+                &[QueueId(5)],
+                [70_002u64, 70_001]
+                    .into_iter()
+                    .map(|i| (MsgId(i), sized(i))),
+            )
+            .unwrap();
+            ix.check();
+            for q in 1..=3u64 {
+                assert_eq!(ix.by_queue[&q].loaded.len(), 2_000, "queue {q}'s sizes");
+            }
+            assert!(ix.by_queue[&5].loaded.is_empty(), "a run out of order");
+            let mut next = 100_000u64;
+            for _ in 0..600 {
+                if ops == "none" {
+                    break;
+                }
+                next += 1 + rand(3);
+                let qs: Vec<QueueId> = match rand(4) {
+                    0 => vec![QueueId(1), QueueId(2)],
+                    q => vec![QueueId(q)],
+                };
+                let publish = Record::Publish {
+                    msg: MsgId(next),
+                    queues: qs.as_slice().into(),
+                    payload: &[],
+                };
+                ix.apply(&publish, sized(next));
+                if ops == "publishes" {
+                    continue;
+                }
+                let q = QueueId(1 + rand(2));
+                match rand(6) {
+                    0 => ix.remove_ids(q, &[10_000 * q.0 + 3 * (1 + rand(2_000))]),
+                    1 => ix.remove_ids(q, &[1 + rand(500)]),
+                    2 => {
+                        let m = 10_000 * q.0 + 3 * (1 + rand(2_000));
+                        if ix.contains(MsgId(m)) {
+                            let qs = [q];
+                            let moved = Record::Relocate {
+                                msg: MsgId(m),
+                                queues: qs.as_slice().into(),
+                                payload: &[],
+                            };
+                            ix.apply(&moved, loc(9, m as u32));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if ops == "everything" {
+                ix.apply(&Record::Purge { queue: QueueId(3) }, loc(0, 0));
+                assert!(ix.by_queue[&1].loaded.is_empty(), "queue 1 lost messages");
+            } else {
+                assert_eq!(ix.by_queue[&1].loaded.len(), 2_000, "queue 1 lost none");
+            }
+            ix.check();
+            let got = assert_listing_is_live(&mut ix);
+            assert!(
+                got[&QueueId(1)].len() >= 2_000 - 600,
+                "{ops}: queue 1 listed"
+            );
+            assert!(
+                ix.by_queue.values().all(|l| l.loaded.is_empty()),
+                "{ops}: the listing leaves no sizes behind"
+            );
+            ix.check();
+        }
+    }
+
+    /// Asserts `live_by_queue` is what `iter_live` holds, per queue in id
+    /// order with payload sizes; returns the listing.
+    fn assert_listing_is_live(ix: &mut Index) -> BTreeMap<QueueId, Vec<RecoveredMessage>> {
         let mut want: BTreeMap<QueueId, Vec<RecoveredMessage>> = BTreeMap::new();
         for m in ix.iter_live() {
             for q in &m.queues {
@@ -934,11 +1149,6 @@ mod tests {
         let got: BTreeMap<QueueId, Vec<RecoveredMessage>> =
             ix.live_by_queue(3).into_iter().collect();
         assert_eq!(
-            got.len(),
-            4,
-            "queues 1, 2, 3 and what 4 got after its purge"
-        );
-        assert_eq!(
             got.keys().collect::<Vec<_>>(),
             want.keys().collect::<Vec<_>>()
         );
@@ -952,7 +1162,7 @@ mod tests {
                 w.len()
             );
         }
-        ix.check();
+        got
     }
 
     fn loc(seg: u32, offset: u32) -> Loc {
