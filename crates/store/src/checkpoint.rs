@@ -287,6 +287,11 @@ impl DeltaBuilder {
         self.count += 1;
     }
 
+    /// Bytes its ops take so far (what keeping it costs in memory).
+    pub fn ops_bytes(&self) -> usize {
+        self.ops.len()
+    }
+
     /// The delta's file: at `info`, extending checkpoint `parent_no` at
     /// `parent_lsn`.
     pub fn encode(

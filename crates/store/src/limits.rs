@@ -266,6 +266,14 @@ pub const INDEX_DRAINED_FRACTION: usize = 8;
 /// of about a millisecond).
 pub const INDEX_COPY_BYTES_MAX: usize = 4 * 1024 * 1024;
 
+/// The writer keeps the index ops of the records it wrote since the last
+/// checkpoint started (`writer/facts.rs`), so the next checkpoint need not
+/// read that journal back; past this many bytes it drops them and that
+/// checkpoint reads the journal instead. An op is smaller than its record
+/// (it has no payload), so with 2 KiB messages the default 64 MiB between
+/// checkpoints needs about 1 MiB of them.
+pub const CHECKPOINT_FACTS_BYTES_MAX: usize = 8 * 1024 * 1024;
+
 /// A stream's sparse index (`stream_index.rs`) keeps one point every this
 /// many of its records in a segment: a read from any offset scans at most
 /// this many of the stream's records (plus what other queues wrote

@@ -2,6 +2,7 @@
 //! an index rebuilt off the writer's path), deletion of dead segments, and
 //! compaction of mostly-dead ones.
 
+use super::facts::FactOps;
 use super::*;
 
 /// Where a background checkpoint reports its outcome.
@@ -17,22 +18,46 @@ pub(super) enum IndexSource {
     /// lock: only when the journal alone cannot rebuild the index.
     Snapshot(Index),
     /// A base from the newest chain (`chain`, base first; empty: the start
-    /// of the journal) and the journal after its newest link: each segment
-    /// with the offset to read to.
-    Journal {
-        chain: Vec<Link>,
-        segments: Vec<(u32, Arc<dyn StorageFile>, u64)>,
-    },
+    /// of the journal) and the journal after its newest link.
+    Journal { chain: Vec<Link>, tail: Tail },
     /// A delta on `parent` from the journal after it.
-    Delta {
-        parent: Link,
-        segments: Vec<(u32, Arc<dyn StorageFile>, u64)>,
-    },
+    Delta { parent: Link, tail: Tail },
+}
+
+/// The journal after a checkpoint's parent: each segment with the offset
+/// to read to, and the index ops of its records when the writer kept them
+/// (see [`super::facts`]): then nothing is read.
+pub(super) struct Tail {
+    pub(super) segments: Vec<(u32, Arc<dyn StorageFile>, u64)>,
+    pub(super) facts: Option<FactOps>,
 }
 
 impl IndexSource {
     pub(super) fn is_base(&self) -> bool {
         !matches!(self, IndexSource::Delta { .. })
+    }
+
+    /// The same source reading the journal, if this one has facts.
+    fn read_instead(&self) -> Option<IndexSource> {
+        let read = |tail: &Tail| Tail {
+            segments: tail.segments.clone(),
+            facts: None,
+        };
+        match self {
+            IndexSource::Journal { chain, tail } if tail.facts.is_some() => {
+                Some(IndexSource::Journal {
+                    chain: chain.clone(),
+                    tail: read(tail),
+                })
+            }
+            IndexSource::Delta { parent, tail } if tail.facts.is_some() => {
+                Some(IndexSource::Delta {
+                    parent: *parent,
+                    tail: read(tail),
+                })
+            }
+            _ => None,
+        }
     }
 }
 
@@ -152,7 +177,42 @@ fn ends_at(dir: &std::path::Path, lsn: u64, to: CheckpointInfo) -> Result<(), St
 /// Builds the bytes of checkpoint `to` from `source` (on the helper
 /// thread): a base costs what is live, a delta what the journal since its
 /// parent holds.
+///
+/// In the store's unit tests, a checkpoint built from the writer's facts
+/// is built again from the journal, and the two must be the same bytes (a
+/// pair assertion: the facts stand for the journal). A journal that no
+/// longer replays (damaged since it was written, as fault tests do) is no
+/// mismatch: the facts describe what was written and synced, as the
+/// snapshot of the index that such a checkpoint falls back to would.
 pub(super) fn build_checkpoint(
+    storage: &dyn Storage,
+    dir: &std::path::Path,
+    group: u32,
+    salt: u32,
+    source: IndexSource,
+    to: CheckpointInfo,
+) -> Result<Vec<u8>, StoreError> {
+    let read = if cfg!(test) {
+        source.read_instead()
+    } else {
+        None
+    };
+    let bytes = build(storage, dir, group, salt, source, to)?;
+    if let Some(read) = read {
+        if let Ok(again) = build(storage, dir, group, salt, read, to) {
+            #[cfg(test)]
+            super::facts::tests::note_pair_check(bytes == again);
+            assert!(
+                bytes == again,
+                "group {group}: the checkpoint at {to:?} built from the writer's facts \
+                 differs from the one the journal replays to"
+            );
+        }
+    }
+    Ok(bytes)
+}
+
+fn build(
     storage: &dyn Storage,
     dir: &std::path::Path,
     group: u32,
@@ -162,7 +222,7 @@ pub(super) fn build_checkpoint(
 ) -> Result<Vec<u8>, StoreError> {
     match source {
         IndexSource::Snapshot(index) => Ok(checkpoint::encode(group, to, &index)),
-        IndexSource::Journal { chain, segments } => {
+        IndexSource::Journal { chain, tail } => {
             let (mut index, lsn, from) = match chain.last() {
                 Some(newest) => (
                     load_chain(storage, dir, group, &chain)?,
@@ -178,21 +238,45 @@ pub(super) fn build_checkpoint(
                     },
                 ),
             };
-            let lsn = replay_journal(dir, salt, from, lsn, segments, |r, loc| index.apply(r, loc))?;
-            ends_at(dir, lsn, to)?;
+            match tail.facts {
+                // Applied as recovery applies a delta file: through its
+                // parser, onto the chain's index.
+                Some(FactOps { ops, lsn }) => {
+                    ends_at(dir, lsn, to)?;
+                    let (parent_no, parent_lsn) =
+                        chain.last().map_or((0, 0), |l| (l.no, l.info.lsn));
+                    let delta = ops.encode(group, to, parent_no, parent_lsn);
+                    checkpoint::parse(group, delta, dir)?.apply_delta(&mut index)?;
+                }
+                None => {
+                    let lsn = replay_journal(dir, salt, from, lsn, tail.segments, |r, loc| {
+                        index.apply(r, loc);
+                    })?;
+                    ends_at(dir, lsn, to)?;
+                }
+            }
             Ok(checkpoint::encode(group, to, &index))
         }
-        IndexSource::Delta { parent, segments } => {
-            let mut delta = DeltaBuilder::new(0);
-            let lsn = replay_journal(
-                dir,
-                salt,
-                parent.info.replay,
-                parent.info.lsn,
-                segments,
-                |r, loc| delta.push(r, loc),
-            )?;
-            ends_at(dir, lsn, to)?;
+        IndexSource::Delta { parent, tail } => {
+            let delta = match tail.facts {
+                Some(FactOps { ops, lsn }) => {
+                    ends_at(dir, lsn, to)?;
+                    ops
+                }
+                None => {
+                    let mut delta = DeltaBuilder::new(0);
+                    let lsn = replay_journal(
+                        dir,
+                        salt,
+                        parent.info.replay,
+                        parent.info.lsn,
+                        tail.segments,
+                        |r, loc| delta.push(r, loc),
+                    )?;
+                    ends_at(dir, lsn, to)?;
+                    delta
+                }
+            };
             Ok(delta.encode(group, to, parent.no, parent.info.lsn))
         }
     }
@@ -350,7 +434,8 @@ impl Writer {
             lsn: self.next_lsn - 1,
             replay: self.position(),
         };
-        let source = self.index_source(info);
+        let facts = self.restart_facts(info.replay, info.lsn);
+        let source = self.index_source(info, facts);
         self.note_live_at_checkpoint();
         let snapshot = matches!(source, IndexSource::Snapshot(_));
         let kind = match &source {
@@ -404,7 +489,11 @@ impl Writer {
     /// snapshot when the journal cannot rebuild the index, or when it was
     /// drained since the last checkpoint and is small
     /// ([`Self::index_drained_since_checkpoint`]).
-    pub(super) fn index_source(&self, to: CheckpointInfo) -> IndexSource {
+    pub(super) fn index_source(
+        &self,
+        to: CheckpointInfo,
+        facts: Option<super::facts::Facts>,
+    ) -> IndexSource {
         let snapshot = |w: &Self| IndexSource::Snapshot(w.shared.inner.lock().index.clone());
         if self.snapshot_next || self.index_drained_since_checkpoint() {
             return snapshot(self);
@@ -442,9 +531,23 @@ impl Writer {
             }
         }
         drop(inner);
+        let (from, from_lsn) = chain.last().map_or(
+            (
+                ReplayFrom {
+                    seg: 1,
+                    offset: SEGMENT_HEADER_BYTES as u64,
+                },
+                0,
+            ),
+            |l| (l.info.replay, l.info.lsn),
+        );
+        let tail = Tail {
+            segments,
+            facts: facts.and_then(|f| f.covering(from, from_lsn, to.lsn)),
+        };
         match chain.last() {
-            Some(&parent) if !self.base_due() => IndexSource::Delta { parent, segments },
-            _ => IndexSource::Journal { chain, segments },
+            Some(&parent) if !self.base_due() => IndexSource::Delta { parent, tail },
+            _ => IndexSource::Journal { chain, tail },
         }
     }
 
@@ -712,18 +815,23 @@ impl Writer {
         if let Err(e) = self.write_buf() {
             return Err(self.write_failed(&mark, e));
         }
-        let mut inner = self.shared.inner.lock();
-        for (msg, queues, loc) in &moved {
-            inner.index.apply(
-                &Record::Relocate {
+        let placed: Vec<(Record<'_>, Loc)> = moved
+            .iter()
+            .map(|(msg, queues, loc)| {
+                let rec = Record::Relocate {
                     msg: *msg,
                     queues: queues.as_slice().into(),
                     payload: &[],
-                },
-                *loc,
-            );
+                };
+                (rec, *loc)
+            })
+            .collect();
+        let mut inner = self.shared.inner.lock();
+        for (rec, loc) in &placed {
+            inner.index.apply(rec, *loc);
         }
         drop(inner);
+        self.note_facts(placed.iter().map(|(rec, loc)| (rec, *loc)));
         self.shared
             .counters
             .bytes_compacted

@@ -27,6 +27,8 @@
 //!   immutable) journal since the newest checkpoint: a delta of what
 //!   changed, or a base rebuilt from the chain and that journal; the
 //!   writer copies the live index only when the journal cannot rebuild it.
+//!   That journal is not read back when the writer kept its index ops
+//!   since then ([`facts`]), which stand for it record for record.
 //! - A segment is sealed (fdatasync'ed) before the next one is created, and
 //!   deleted only when it holds no live message and lies wholly before the
 //!   replay position of both retained checkpoints.
@@ -60,6 +62,7 @@ use crate::{MsgId, QueueId};
 mod cache;
 mod checkpoints;
 mod compact;
+mod facts;
 mod gather;
 mod inbox;
 pub(crate) mod pause;
@@ -219,6 +222,10 @@ pub(crate) struct Writer {
     /// A seal or a checkpoint may have made a segment cold since the last
     /// look.
     cache_check_due: bool,
+    /// What the records since the last checkpoint started did to the
+    /// index, so the next checkpoint need not read them back (see
+    /// [`facts`]); `None` when dropped.
+    facts: Option<facts::Facts>,
 }
 
 pub(crate) struct WriterInit {
@@ -262,7 +269,7 @@ impl Writer {
         });
         let now = clock.now();
         let prepared = prepare::Slot::new(Arc::clone(&storage), &shared.dir);
-        let w = Writer {
+        let mut w = Writer {
             shared: Arc::clone(&shared),
             storage,
             cfg,
@@ -295,7 +302,11 @@ impl Writer {
             compaction: compact::Requested::default(),
             cache_drop_next: init.next_seq,
             cache_check_due: false,
+            facts: None,
         };
+        // Used only if the newest checkpoint is at this very position (a
+        // new store, or one whose last checkpoint left no journal after it).
+        w.restart_facts(w.position(), w.next_lsn - 1);
         (w, shared)
     }
 
@@ -553,6 +564,7 @@ impl Writer {
                 inner.index.apply(rec, *loc);
             }
         }
+        self.note_facts(placed.iter().map(|(rec, loc)| (rec, *loc)));
         let c = &self.shared.counters;
         c.batches.fetch_add(1, Ordering::Relaxed);
         c.records.fetch_add(placed.len() as u64, Ordering::Relaxed);

@@ -97,6 +97,8 @@ impl Writer {
 
     /// Returns the group's files, counters and numbering to `mark`.
     fn take_back(&mut self, mark: &Mark) -> Result<(), StoreError> {
+        // Their records may be among those taken back.
+        self.drop_facts();
         self.buf.truncate(mark.buf_len);
         if self.next_seq > mark.next_seq {
             for seq in mark.next_seq..self.next_seq {
