@@ -971,13 +971,7 @@ mod tests {
     #[test]
     fn live_by_queue_is_every_live_message_per_queue_in_id_order() {
         let mut ix = Index::default();
-        let mut x = 0x2545_F491_4F6C_DD1Du64;
-        let mut rand = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut rand = xorshift(0x2545_F491_4F6C_DD1D);
         for i in 1..=5_000u64 {
             let qs: Vec<QueueId> = match rand(4) {
                 0 => vec![QueueId(1), QueueId(2)],
@@ -1004,12 +998,7 @@ mod tests {
                         } else {
                             vec![ix.holder_queue(&e)]
                         };
-                        let moved = Record::Relocate {
-                            msg: MsgId(m),
-                            queues: qs.as_slice().into(),
-                            payload: &[],
-                        };
-                        ix.apply(&moved, loc(9, i as u32));
+                        relocate(&mut ix, m, &qs, loc(9, i as u32));
                     }
                 }
                 _ => {}
@@ -1037,13 +1026,7 @@ mod tests {
     fn live_by_queue_after_a_checkpoint_load_is_every_live_message() {
         for ops in ["none", "publishes", "everything"] {
             let mut ix = Index::default();
-            let mut x = 0x9E37_79B9_7F4A_7C15u64;
-            let mut rand = move |n: u64| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x % n
-            };
+            let mut rand = xorshift(0x9E37_79B9_7F4A_7C15);
             let sized = |i: u64| Loc {
                 len: 300 + (i % 11) as u32,
                 ..loc(1 + (i / 1000) as u32, i as u32)
@@ -1099,13 +1082,7 @@ mod tests {
                     2 => {
                         let m = 10_000 * q.0 + 3 * (1 + rand(2_000));
                         if ix.contains(MsgId(m)) {
-                            let qs = [q];
-                            let moved = Record::Relocate {
-                                msg: MsgId(m),
-                                queues: qs.as_slice().into(),
-                                payload: &[],
-                            };
-                            ix.apply(&moved, loc(9, m as u32));
+                            relocate(&mut ix, m, &[q], loc(9, m as u32));
                         }
                     }
                     _ => {}
@@ -1129,6 +1106,27 @@ mod tests {
             );
             ix.check();
         }
+    }
+
+    /// A xorshift generator: `rand(n)` is in `0..n`.
+    fn xorshift(mut x: u64) -> impl FnMut(u64) -> u64 {
+        move |n| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        }
+    }
+
+    /// Compaction's copy of `msg`, held by `queues`, to `at`: it is listed
+    /// again, out of order.
+    fn relocate(ix: &mut Index, msg: u64, queues: &[QueueId], at: Loc) {
+        let moved = Record::Relocate {
+            msg: MsgId(msg),
+            queues: queues.into(),
+            payload: &[],
+        };
+        ix.apply(&moved, at);
     }
 
     /// Asserts `live_by_queue` is what `iter_live` holds, per queue in id
