@@ -27,10 +27,7 @@ use crate::vhost::VHost;
 /// Where a connection's outgoing deliveries go. Implemented by the server;
 /// every call appends whole frames to the connection's output.
 pub trait Outlet: Send + Sync {
-    /// `basic.deliver` + content. `credit_left`: whether the consumer may
-    /// be sent more before it acks this one; if not, the client can do
-    /// nothing more until it gets this delivery, so the connection must
-    /// not hold it back to gather it with later ones.
+    /// `basic.deliver` + content.
     fn deliver(
         &self,
         channel: u16,
@@ -38,7 +35,6 @@ pub trait Outlet: Send + Sync {
         delivery_tag: u64,
         redelivered: bool,
         msg: &Message,
-        credit_left: bool,
     );
     /// `basic.get-ok` + content.
     fn get_ok(
@@ -609,18 +605,9 @@ impl ConsumerChannel for Channel {
         }
         let tag = st.next_delivery_tag;
         st.next_delivery_tag += 1;
-        let credit_left = consumer.no_ack
-            || (!consumer.is_last_credit()
-                && (st.channel_prefetch == 0
-                    || st.channel_in_flight + 1 < u32::from(st.channel_prefetch)));
-        self.session.outlet.deliver(
-            self.id,
-            &consumer.tag,
-            tag,
-            msg.redelivered,
-            &msg.msg,
-            credit_left,
-        );
+        self.session
+            .outlet
+            .deliver(self.id, &consumer.tag, tag, msg.redelivered, &msg.msg);
         if self.session.events.is_some() {
             let one = std::slice::from_ref(&msg);
             self.note(EventKind::Delivered, queue, one, &consumer.tag);

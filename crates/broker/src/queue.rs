@@ -138,12 +138,6 @@ impl Consumer {
     pub fn below_prefetch(&self) -> bool {
         self.prefetch == 0 || self.in_flight.load(Ordering::Relaxed) < u32::from(self.prefetch)
     }
-
-    /// Would one more delivery use up its own prefetch? (Asked before the
-    /// delivery counts in `in_flight`.)
-    pub fn is_last_credit(&self) -> bool {
-        self.prefetch != 0 && self.in_flight.load(Ordering::Relaxed) + 1 >= u32::from(self.prefetch)
-    }
 }
 
 struct QueueState {

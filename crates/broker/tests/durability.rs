@@ -33,7 +33,7 @@ impl Sink {
     }
 }
 impl Outlet for Sink {
-    fn deliver(&self, _: u16, _: &str, tag: u64, redelivered: bool, m: &Message, _: bool) {
+    fn deliver(&self, _: u16, _: &str, tag: u64, redelivered: bool, m: &Message) {
         self.0.lock().push((tag, redelivered, m.body.to_vec()));
     }
     fn get_ok(&self, _: u16, tag: u64, redelivered: bool, m: &Message, _: u32) {

@@ -27,7 +27,7 @@ use common::{recovered, Bodies};
 struct Sink(Mutex<Vec<(String, String, Vec<u8>)>>);
 
 impl Outlet for Sink {
-    fn deliver(&self, _: u16, _: &str, _: u64, _: bool, m: &Message, _: bool) {
+    fn deliver(&self, _: u16, _: &str, _: u64, _: bool, m: &Message) {
         self.note(m);
     }
     fn get_ok(&self, _: u16, _: u64, _: bool, m: &Message, _: u32) {

@@ -29,8 +29,6 @@ struct Recorder {
     got: Mutex<Vec<Delivered>>,
     cancelled: Mutex<Vec<String>>,
     congested: std::sync::atomic::AtomicBool,
-    /// Each delivery's `credit_left`, in order.
-    credit_left: Mutex<Vec<bool>>,
 }
 
 impl Outlet for Recorder {
@@ -41,9 +39,7 @@ impl Outlet for Recorder {
         delivery_tag: u64,
         redelivered: bool,
         msg: &Message,
-        credit_left: bool,
     ) {
-        self.credit_left.lock().push(credit_left);
         self.got.lock().push(Delivered {
             tag: delivery_tag,
             consumer: consumer_tag.into(),
@@ -194,45 +190,6 @@ fn per_consumer_prefetch_limits_unacked_deliveries() {
     assert_eq!(w.out.bodies(), ["m0", "m1", "m2"]);
     w.ch.ack(3, true, w.t0).unwrap();
     assert_eq!(w.out.bodies(), ["m0", "m1", "m2", "m3", "m4"]);
-}
-
-/// The connection may hold a delivery back to send it with later ones only
-/// while the consumer can be sent more: one that uses up its prefetch (its
-/// own or the channel's) is what the client waits for.
-#[test]
-fn a_delivery_that_uses_up_the_prefetch_has_no_credit_left() {
-    let w = world();
-    w.declare("q", FieldTable::default());
-    w.declare("g", FieldTable::default());
-    w.declare("n", FieldTable::default());
-    for i in 0..3 {
-        w.publish("q", &format!("q{i}"));
-        w.publish("g", &format!("g{i}"));
-        w.publish("n", &format!("n{i}"));
-    }
-    w.ch.qos(2, false, w.t0);
-    w.consume("q", "c1", false);
-    assert_eq!(w.out.bodies(), ["q0", "q1"]);
-    assert_eq!(*w.out.credit_left.lock(), [true, false]);
-    w.ch.ack(1, false, w.t0).unwrap();
-    assert_eq!(w.out.bodies(), ["q0", "q1", "q2"]);
-    assert_eq!(*w.out.credit_left.lock(), [true, false, false]);
-    w.ch.cancel("c1", w.t0);
-    w.out.take();
-    w.out.credit_left.lock().clear();
-
-    // The channel's limit (3) is what runs out: 2 unacked from `q`, 1 more.
-    w.ch.qos(3, true, w.t0);
-    w.consume("g", "c2", false);
-    assert_eq!(w.out.bodies(), ["g0"]);
-    assert_eq!(*w.out.credit_left.lock(), [false]);
-    w.out.take();
-    w.out.credit_left.lock().clear();
-
-    // No acks: nothing limits a no-ack consumer.
-    w.consume("n", "c3", true);
-    assert_eq!(w.out.bodies(), ["n0", "n1", "n2"]);
-    assert_eq!(*w.out.credit_left.lock(), [true, true, true]);
 }
 
 #[test]

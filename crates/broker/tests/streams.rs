@@ -29,7 +29,7 @@ struct Sink(
 );
 
 impl Outlet for Sink {
-    fn deliver(&self, _: u16, _: &str, tag: u64, _: bool, m: &Message, _: bool) {
+    fn deliver(&self, _: u16, _: &str, tag: u64, _: bool, m: &Message) {
         let offset = match m
             .headers()
             .and_then(|h| h.inner().get("x-stream-offset").cloned())

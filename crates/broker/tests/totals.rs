@@ -24,7 +24,7 @@ use proptest::prelude::*;
 struct Tags(Mutex<Vec<u64>>);
 
 impl Outlet for Tags {
-    fn deliver(&self, _: u16, _: &str, delivery_tag: u64, _: bool, _: &Message, _: bool) {
+    fn deliver(&self, _: u16, _: &str, delivery_tag: u64, _: bool, _: &Message) {
         self.0.lock().push(delivery_tag);
     }
     fn get_ok(&self, _: u16, delivery_tag: u64, _: bool, _: &Message, _: u32) {

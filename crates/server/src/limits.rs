@@ -54,16 +54,6 @@ pub const SOCKET_UNSENT_BYTES_MAX: u32 = 128 * 1024;
 /// `limits.connection_output_bytes_max` applies.
 pub const OUTPUT_BEHIND_BLOCKED_SOCKET_BYTES_MAX: usize = 64 * 1024;
 
-/// While deliveries keep coming to a connection, its writer begins a
-/// write at most this often (the runtime's timer rounds it up to its
-/// millisecond tick), so a consumer gets them in fewer, larger writes and
-/// is woken less often. Output after a quiet spell this long, and any
-/// output other than deliveries, is written at once.
-pub const OUTPUT_GATHER_US: u64 = 1_000;
-
-/// ... or sooner, once this much is buffered.
-pub const OUTPUT_GATHER_BYTES_MAX: usize = 64 * 1024;
-
 /// Journal completions pending for one connection (confirm-mode publishes
 /// and `tx.commit` writes waiting for the journal) before the server stops
 /// reading from it: back-pressure instead of unbounded bookkeeping and an

@@ -24,9 +24,6 @@
 //!   the memory alarm) from its push until it is written or dropped.
 //! - Only server-sent `basic.cancel`s are ever held back, and only between
 //!   `hold_cancels` and `release_cancels`, which sends them in order.
-//! - Only deliveries to a consumer with credit left may wait for the
-//!   writer to gather more (`connection::writer`): anything else pushed
-//!   marks the buffer urgent until the writer takes it.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -55,10 +52,6 @@ pub struct Outbound {
     /// Wakes the connection task when a congested buffer was taken.
     pub drained: Notify,
     congested: AtomicBool,
-    /// Something other than deliveries (a reply, a confirm, a heartbeat)
-    /// was pushed since the writer last took the buffer: the writer then
-    /// writes at once rather than letting deliveries gather.
-    urgent: AtomicBool,
     /// The writer's last write found the socket full and waits for it.
     socket_blocked: AtomicBool,
     /// Bytes of the write in progress: behind a full socket, queues may
@@ -86,7 +79,6 @@ impl Outbound {
             ready: Notify::new(),
             drained: Notify::new(),
             congested: AtomicBool::new(false),
-            urgent: AtomicBool::new(false),
             socket_blocked: AtomicBool::new(false),
             writing_bytes: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
@@ -113,19 +105,8 @@ impl Outbound {
         self.frame_max.load(Ordering::Relaxed)
     }
 
-    /// Appends frames produced by `f` and wakes the writer, which writes
-    /// them without gathering more.
+    /// Appends frames produced by `f` and wakes the writer.
     pub fn push(&self, f: impl FnOnce(&mut BytesMut)) {
-        self.push_as(f, true);
-    }
-
-    /// Appends a delivery's frames: the writer may let them gather with
-    /// the deliveries that follow (see `connection::writer`).
-    pub(crate) fn push_delivery(&self, f: impl FnOnce(&mut BytesMut)) {
-        self.push_as(f, false);
-    }
-
-    fn push_as(&self, f: impl FnOnce(&mut BytesMut), urgent: bool) {
         if self.closed.load(Ordering::Relaxed) {
             return;
         }
@@ -134,16 +115,8 @@ impl Outbound {
             f(&mut buf.bytes);
             let len = buf.bytes.len() as u64;
             buf.counted.set(len);
-            if urgent {
-                self.urgent.store(true, Ordering::Relaxed);
-            }
         }
         self.ready.notify_one();
-    }
-
-    /// Whether something other than deliveries waits in the buffer.
-    pub fn is_urgent(&self) -> bool {
-        self.urgent.load(Ordering::Relaxed)
     }
 
     /// Takes everything buffered (the writer's side). The bytes stay
@@ -152,7 +125,6 @@ impl Outbound {
         let out = {
             let mut buf = self.buf.lock();
             buf.counted.set(0);
-            self.urgent.store(false, Ordering::Relaxed);
             std::mem::take(&mut buf.bytes)
         };
         in_flight.set(out.len() as u64);
@@ -162,14 +134,14 @@ impl Outbound {
         out
     }
 
+    /// The writer's side: whether it is waiting for the socket to take
+    /// more (set when a write could not finish at once, cleared when it
+    /// did).
     /// The writer's side: the size of the write it starts.
     pub fn set_writing_bytes(&self, bytes: usize) {
         self.writing_bytes.store(bytes, Ordering::Relaxed);
     }
 
-    /// The writer's side: whether it is waiting for the socket to take
-    /// more (set when a write could not finish at once, cleared when it
-    /// did).
     pub fn set_socket_blocked(&self, blocked: bool) {
         self.socket_blocked.store(blocked, Ordering::Release);
     }
@@ -237,10 +209,9 @@ impl Outlet for Outbound {
         delivery_tag: u64,
         redelivered: bool,
         msg: &Message,
-        credit_left: bool,
     ) {
         let frame_max = self.frame_max();
-        let frames = |b: &mut BytesMut| {
+        self.push(|b| {
             codec::encode_deliver(
                 b,
                 channel,
@@ -251,13 +222,7 @@ impl Outlet for Outbound {
                 &msg.routing_key,
             );
             codec::encode_content(b, channel, &msg.properties, &msg.body, frame_max);
-        };
-        if credit_left {
-            self.push_delivery(frames);
-        } else {
-            // The consumer can take nothing more until it has this one.
-            self.push(frames);
-        }
+        });
     }
 
     fn get_ok(

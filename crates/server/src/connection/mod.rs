@@ -29,7 +29,6 @@ mod handshake;
 mod permissions;
 mod queue;
 mod tx;
-mod writer;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -140,7 +139,7 @@ pub async fn serve_stream(
         config_limits.connection_output_bytes_max,
         config_limits.frame_size_bytes_max,
     );
-    let mut writer = tokio::spawn(writer::write_loop(wr, Arc::clone(&out)));
+    let mut writer = tokio::spawn(write_loop(wr, Arc::clone(&out)));
     let (stored_tx, stored_rx) = tokio::sync::mpsc::unbounded_channel();
     let mut c = Conn {
         frame_max: config_limits.frame_size_bytes_max,
@@ -215,6 +214,63 @@ pub async fn serve_stream(
     if let Some(mut wr) = wr {
         let _shutdown_errors_are_irrelevant_once_closing = wr.shutdown().await;
     }
+}
+
+/// Writes whatever the connection and its queues buffered; sends heartbeats
+/// when idle. Returns the write half once `out` is closed and flushed: when
+/// the socket closes is the connection's decision.
+async fn write_loop(mut wr: WriteStream, out: Arc<Outbound>) -> WriteStream {
+    // Dropped with the task, even an aborted one: the count never leaks.
+    let mut in_flight = crate::memory::Counted::new(&crate::memory::OUTPUT_BYTES);
+    loop {
+        let buf = out.take(&mut in_flight);
+        if buf.is_empty() {
+            if out.is_closed() {
+                break;
+            }
+            // Send at half the interval, as RabbitMQ does, so a peer that
+            // allows two missed intervals never gives up on us.
+            let hb = Duration::from_millis(u64::from(out.heartbeat_ms() / 2));
+            if hb.is_zero() {
+                out.ready.notified().await;
+            } else if tokio::time::timeout(hb, out.ready.notified())
+                .await
+                .is_err()
+            {
+                out.push(codec::encode_heartbeat);
+            }
+            continue;
+        }
+        let written = write_telling_blocked(&mut wr, &buf, &out).await;
+        in_flight.set(0);
+        if written.is_err() {
+            out.close();
+            break;
+        }
+    }
+    wr
+}
+
+/// `write_all`, marking `out` as waiting for the socket from the first
+/// time the socket does not take everything until the write is done, so
+/// that queues stop adding deliveries behind a full socket.
+async fn write_telling_blocked(
+    wr: &mut WriteStream,
+    buf: &[u8],
+    out: &Outbound,
+) -> std::io::Result<()> {
+    out.set_writing_bytes(buf.len());
+    let mut write = std::pin::pin!(wr.write_all(buf));
+    let written = std::future::poll_fn(|cx| {
+        let polled = std::future::Future::poll(write.as_mut(), cx);
+        if polled.is_pending() {
+            out.set_socket_blocked(true);
+        }
+        polled
+    })
+    .await;
+    out.set_socket_blocked(false);
+    written
 }
 
 /// Reads more bytes from the socket; EOF is an error (the peer went away).
