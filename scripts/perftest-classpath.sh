@@ -18,6 +18,8 @@ perftest_version=2.22.1
 need=()
 command -v java >/dev/null 2>&1 || need+=(default-jdk-headless)
 command -v mvn >/dev/null 2>&1 || need+=(maven)
+# scripts/perftest.sh --rates measures PerfTest's own CPU with it.
+[ -x /usr/bin/time ] || need+=(time)
 if [ ${#need[@]} -gt 0 ]; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null) ||
     { echo "cannot install ${need[*]}" >&2; exit 1; }
