@@ -103,6 +103,14 @@ pub struct ReplayFrom {
     pub offset: u64,
 }
 
+impl ReplayFrom {
+    /// The journal's first record: where replay starts with no checkpoint.
+    pub const START: ReplayFrom = ReplayFrom {
+        seg: 1,
+        offset: crate::segment::SEGMENT_HEADER_BYTES as u64,
+    };
+}
+
 /// A decoded checkpoint's header fields.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CheckpointInfo {

@@ -360,10 +360,7 @@ impl Journal<'_> {
                 Start {
                     checkpoint: None,
                     index: Index::default(),
-                    replay: ReplayFrom {
-                        seg: 1,
-                        offset: SEGMENT_HEADER_BYTES as u64,
-                    },
+                    replay: ReplayFrom::START,
                     lsn: 0,
                     verdict: Verdict::of(decide_checkpoint(case)),
                 }

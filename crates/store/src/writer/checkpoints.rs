@@ -61,6 +61,14 @@ impl IndexSource {
     }
 }
 
+/// Where the journal after `chain`'s newest link starts, and the lsn of
+/// the record before it (the journal's start and 0 for no chain).
+fn chain_end(chain: &[Link]) -> (ReplayFrom, u64) {
+    chain
+        .last()
+        .map_or((ReplayFrom::START, 0), |l| (l.info.replay, l.info.lsn))
+}
+
 /// The index at the newest link of `chain` (base first), as recovery
 /// would load it; every file must read back as the link it was written as.
 pub(crate) fn load_chain(
@@ -223,21 +231,8 @@ fn build(
     match source {
         IndexSource::Snapshot(index) => Ok(checkpoint::encode(group, to, &index)),
         IndexSource::Journal { chain, tail } => {
-            let (mut index, lsn, from) = match chain.last() {
-                Some(newest) => (
-                    load_chain(storage, dir, group, &chain)?,
-                    newest.info.lsn,
-                    newest.info.replay,
-                ),
-                None => (
-                    Index::default(),
-                    0,
-                    ReplayFrom {
-                        seg: 1,
-                        offset: SEGMENT_HEADER_BYTES as u64,
-                    },
-                ),
-            };
+            let (from, lsn) = chain_end(&chain);
+            let mut index = load_chain(storage, dir, group, &chain)?;
             match tail.facts {
                 // Applied as recovery applies a delta file: through its
                 // parser, onto the chain's index.
@@ -531,16 +526,7 @@ impl Writer {
             }
         }
         drop(inner);
-        let (from, from_lsn) = chain.last().map_or(
-            (
-                ReplayFrom {
-                    seg: 1,
-                    offset: SEGMENT_HEADER_BYTES as u64,
-                },
-                0,
-            ),
-            |l| (l.info.replay, l.info.lsn),
-        );
+        let (from, from_lsn) = chain_end(&chain);
         let tail = Tail {
             segments,
             facts: facts.and_then(|f| f.covering(from, from_lsn, to.lsn)),
