@@ -18,12 +18,18 @@
 //! - The queue exceeds its bound only by what callers send without asking
 //!   for room first, or after one admission (at most one unit of work each,
 //!   e.g. one AMQP frame per connection): bounded by the number of callers.
+//! - A writer gathering a batch ([`Inbox::wait_queued`]) is woken once,
+//!   by the send that brings the queue to the count it waits for, not by
+//!   every send: the waiter sets the count before its last look at
+//!   `queued`, every sender looks at the count after adding to `queued`
+//!   (both sequentially consistent), so one of them sees the other.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvError, RecvTimeoutError, Sender, TryRecvError};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
-use std::time::Duration;
+use std::thread::Thread;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -32,6 +38,11 @@ pub(crate) struct Room {
     queued: AtomicUsize,
     requests_max: usize,
     waiters: Mutex<Vec<Waker>>,
+    /// The count of queued requests a gathering writer waits for; 0 when
+    /// none does.
+    wake_at: AtomicUsize,
+    /// The writer's thread, once it has gathered.
+    gatherer: OnceLock<Thread>,
 }
 
 impl Room {
@@ -102,10 +113,24 @@ impl Outbox {
     // per request the inline head exists to avoid.
     #[allow(clippy::result_large_err)]
     pub fn send(&self, cmd: super::Cmd) -> Result<(), mpsc::SendError<super::Cmd>> {
-        self.room.queued.fetch_add(1, Ordering::SeqCst);
+        let room = &self.room;
+        let queued = room.queued.fetch_add(1, Ordering::SeqCst) + 1;
         self.tx.send(cmd).inspect_err(|_| {
-            self.room.queued.fetch_sub(1, Ordering::SeqCst);
-        })
+            room.queued.fetch_sub(1, Ordering::SeqCst);
+        })?;
+        let at = room.wake_at.load(Ordering::SeqCst);
+        if at != 0
+            && queued >= at
+            && room
+                .wake_at
+                .compare_exchange(at, 0, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            if let Some(t) = room.gatherer.get() {
+                t.unpark();
+            }
+        }
+        Ok(())
     }
 
     pub fn room(&self) -> &Room {
@@ -131,6 +156,36 @@ impl Inbox {
     pub fn try_recv(&self) -> Result<super::Cmd, TryRecvError> {
         self.rx.try_recv().inspect(|_| self.room.taken())
     }
+
+    /// Blocks until at least `count` requests are queued or `timeout` has
+    /// passed, without taking any; returns whether they are there. The
+    /// senders wake the caller once, when the count is reached: a batch
+    /// gathered from many committers costs the writer one wake-up, not
+    /// one per arrival (issue 20). Call from the writer's thread only.
+    pub fn wait_queued(&self, count: usize, timeout: Duration) -> bool {
+        let room = &self.room;
+        let reached = || room.queued.load(Ordering::SeqCst) >= count;
+        if count == 0 || reached() {
+            return true;
+        }
+        room.gatherer.get_or_init(std::thread::current);
+        let deadline = Instant::now() + timeout;
+        room.wake_at.store(count, Ordering::SeqCst);
+        let got = loop {
+            if reached() {
+                break true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break false;
+            }
+            // A wake-up may be spurious, or meant for another wait (the
+            // channel's own receive parks this thread too): look again.
+            std::thread::park_timeout(left);
+        };
+        room.wake_at.store(0, Ordering::SeqCst);
+        got
+    }
 }
 
 /// A group's request queue, bounded by admission at `requests_max`.
@@ -140,6 +195,8 @@ pub(crate) fn inbox(requests_max: usize) -> (Outbox, Inbox) {
         queued: AtomicUsize::new(0),
         requests_max,
         waiters: Mutex::new(Vec::new()),
+        wake_at: AtomicUsize::new(0),
+        gatherer: OnceLock::new(),
     });
     (
         Outbox {

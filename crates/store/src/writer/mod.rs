@@ -468,18 +468,20 @@ impl Writer {
             Ordering::Relaxed,
         );
         while got < expected && bytes < self.cfg.batch_bytes_max {
-            match self
-                .rx
-                .recv_timeout(deadline.saturating_duration_since(self.clock.now()))
-            {
-                Ok(cmd) => {
-                    if matches!(cmd, Cmd::Write { .. }) {
-                        got += 1;
-                    }
-                    bytes += cmd_size(&cmd);
-                    batch.push(cmd);
+            // One wake-up when all that are expected have come (or at the
+            // deadline), then take them: not one wake-up per arrival.
+            let left = deadline.saturating_duration_since(self.clock.now());
+            let came = self.rx.wait_queued(expected - got, left);
+            while bytes < self.cfg.batch_bytes_max {
+                let Ok(cmd) = self.rx.try_recv() else { break };
+                if matches!(cmd, Cmd::Write { .. }) {
+                    got += 1;
                 }
-                Err(_) => break,
+                bytes += cmd_size(&cmd);
+                batch.push(cmd);
+            }
+            if !came {
+                break;
             }
         }
         if got < expected && bytes < self.cfg.batch_bytes_max {
