@@ -170,8 +170,10 @@ impl Inbox {
         }
         room.gatherer.get_or_init(std::thread::current);
         let deadline = Instant::now() + timeout;
-        room.wake_at.store(count, Ordering::SeqCst);
         let got = loop {
+            // Armed again at every turn: a sender that read a stale count
+            // may have disarmed it with a wake-up that came too early.
+            room.wake_at.store(count, Ordering::SeqCst);
             if reached() {
                 break true;
             }
