@@ -165,7 +165,7 @@ impl Inbox {
     pub fn wait_queued(&self, count: usize, timeout: Duration) -> bool {
         let room = &self.room;
         let reached = || room.queued.load(Ordering::SeqCst) >= count;
-        if count == 0 || reached() {
+        if reached() {
             return true;
         }
         room.gatherer.get_or_init(std::thread::current);

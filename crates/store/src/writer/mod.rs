@@ -450,41 +450,39 @@ impl Writer {
     /// were served within the last two fsyncs (see [`GatherPolicy`]). A
     /// lone committer never waits.
     fn gather(&mut self, batch: &mut Vec<Cmd>) {
-        let writes = batch
-            .iter()
-            .filter(|c| matches!(c, Cmd::Write { .. }))
-            .count();
+        let writes_in = |batch: &[Cmd]| {
+            batch
+                .iter()
+                .filter(|c| matches!(c, Cmd::Write { .. }))
+                .count()
+        };
+        let max = self.cfg.batch_bytes_max;
+        let full = |batch: &[Cmd]| batch.iter().map(cmd_size).sum::<usize>() >= max;
+        let writes = writes_in(batch);
         let now = self.clock.now();
         let Some((expected, delay)) = self.gather.plan(writes, now, &self.cfg) else {
             return;
         };
         let deadline = now + delay;
         let mut got = writes;
-        let mut bytes: usize = batch.iter().map(cmd_size).sum();
         let c = &self.shared.counters;
         c.gather_waits.fetch_add(1, Ordering::Relaxed);
         c.gather_us_max.fetch_max(
             u64::try_from(delay.as_micros()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
         );
-        while got < expected && bytes < self.cfg.batch_bytes_max {
+        while got < expected && !full(batch) {
             // One wake-up when all that are expected have come (or at the
             // deadline), then take them: not one wake-up per arrival.
             let left = deadline.saturating_duration_since(self.clock.now());
             let came = self.rx.wait_queued(expected - got, left);
-            while bytes < self.cfg.batch_bytes_max {
-                let Ok(cmd) = self.rx.try_recv() else { break };
-                if matches!(cmd, Cmd::Write { .. }) {
-                    got += 1;
-                }
-                bytes += cmd_size(&cmd);
-                batch.push(cmd);
-            }
-            if !came {
+            let disconnected = self.drain(batch);
+            got = writes_in(batch);
+            if !came || disconnected {
                 break;
             }
         }
-        if got < expected && bytes < self.cfg.batch_bytes_max {
+        if got < expected && !full(batch) {
             self.gather.ran_out(got);
         }
     }
