@@ -10,7 +10,7 @@
 #   flock /tmp/berth-bench.lock scripts/bench-berth-bench-berth-ab.sh OLD_BIN NEW_BIN OUTDIR [RUNS]
 #
 # Environment: LEVELS (default "1 10 20"), DUR (seconds per phase, 3),
-# NO_PAGESIZE=1 to skip pagesize, BENCH (bench client binary, default NEW_BIN).
+# NO_PAGESIZE=1 to skip pagesize, SIZES (pagesize body sizes, default 2048), BENCH (bench client binary, default NEW_BIN).
 set -u
 [ $# -ge 3 ] || { sed -n 2,14p "$0"; exit 2; }
 A=$1; B=$2; OUT=$3; RUNS=${4:-5}
@@ -61,9 +61,9 @@ for c in ${LEVELS:-1 10 20}; do
   delta "$sb" "$(scrape $hb)" "B c$c" | tee -a "$OUT/info.txt"
 done
 if [ -z "${NO_PAGESIZE:-}" ]; then
-  echo "== pagesize 2048 $(date -u +%T) load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/info.txt"
+  echo "== pagesize ${SIZES:-2048} $(date -u +%T) load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/info.txt"
   sa=$(scrape $ha); sb=$(scrape $hb)
-  "$BENCH" bench pagesize --uri "$uA" --vs "$uB" --pid $PA --vs-pid $PB --runs $RUNS --sizes 2048 --messages 10000 --warm --quiet --out "$OUT/pagesize" > "$OUT/pagesize.out" 2>&1
+  "$BENCH" bench pagesize --uri "$uA" --vs "$uB" --pid $PA --vs-pid $PB --runs $RUNS --sizes ${SIZES:-2048} --messages 10000 --warm --quiet --out "$OUT/pagesize" > "$OUT/pagesize.out" 2>&1
   echo "   rc $? end $(date -u +%T) load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/info.txt"
   delta "$sa" "$(scrape $ha)" "A pagesize" | tee -a "$OUT/info.txt"
   delta "$sb" "$(scrape $hb)" "B pagesize" | tee -a "$OUT/info.txt"

@@ -345,20 +345,58 @@ pub fn encode_content(
     body: &[u8],
     frame_max: u32,
 ) {
-    let header_size = CONTENT_HEADER_FIXED_SIZE + properties.len();
-    put_frame_header(out, FRAME_HEADER, channel, header_size as u32);
-    out.put_u16(CLASS_BASIC);
-    out.put_u16(0);
-    out.put_u64(body.len() as u64);
-    out.extend_from_slice(properties);
-    out.put_u8(FRAME_END);
-    let chunk = (frame_max as usize).saturating_sub(FRAME_OVERHEAD).max(1);
+    put_content_header(out, channel, properties, body.len());
+    let chunk = body_chunk_bytes(frame_max);
     out.reserve(body.len() + (body.len() / chunk + 1) * FRAME_OVERHEAD);
     for piece in body.chunks(chunk) {
         put_frame_header(out, FRAME_BODY, channel, piece.len() as u32);
         out.extend_from_slice(piece);
         out.put_u8(FRAME_END);
     }
+}
+
+/// [`encode_content`] for a body held in [`Bytes`]: each body frame's
+/// payload of at least `share_min` bytes is not copied but handed to
+/// `share`, as a slice of `body`, with the output written so far; `share`
+/// must send it next, before anything appended after it (a writer that
+/// sends the pieces with one vectored write). Smaller pieces are copied.
+/// The bytes on the wire are those [`encode_content`] gives.
+pub fn encode_content_shared(
+    out: &mut BytesMut,
+    channel: u16,
+    properties: &[u8],
+    body: &Bytes,
+    frame_max: u32,
+    share_min: usize,
+    mut share: impl FnMut(&mut BytesMut, Bytes),
+) {
+    put_content_header(out, channel, properties, body.len());
+    let chunk = body_chunk_bytes(frame_max);
+    for start in (0..body.len()).step_by(chunk) {
+        let piece = start..(start + chunk).min(body.len());
+        put_frame_header(out, FRAME_BODY, channel, piece.len() as u32);
+        if piece.len() >= share_min {
+            share(out, body.slice(piece));
+        } else {
+            out.extend_from_slice(&body[piece]);
+        }
+        out.put_u8(FRAME_END);
+    }
+}
+
+fn put_content_header(out: &mut BytesMut, channel: u16, properties: &[u8], body_len: usize) {
+    let header_size = CONTENT_HEADER_FIXED_SIZE + properties.len();
+    put_frame_header(out, FRAME_HEADER, channel, header_size as u32);
+    out.put_u16(CLASS_BASIC);
+    out.put_u16(0);
+    out.put_u64(body_len as u64);
+    out.extend_from_slice(properties);
+    out.put_u8(FRAME_END);
+}
+
+/// The largest body frame payload within `frame_max` (at least 1).
+fn body_chunk_bytes(frame_max: u32) -> usize {
+    (frame_max as usize).saturating_sub(FRAME_OVERHEAD).max(1)
 }
 
 /// Appends a heartbeat frame.
@@ -493,6 +531,36 @@ mod tests {
             got.extend_from_slice(&f.payload);
         }
         assert_eq!(got, body);
+    }
+
+    #[test]
+    fn shared_content_is_the_copied_content_with_large_pieces_left_in_the_body() {
+        let body = Bytes::from((0..10_000u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+        let props = [0x10, 0x00, 2];
+        // frame_max 4096: body frames of 4088, 4088 and 1824 bytes.
+        for (share_min, shared_pieces) in [(1, 3), (2000, 2), (5000, 0)] {
+            let mut copied = BytesMut::new();
+            encode_content(&mut copied, 3, &props, &body, 4096);
+            let mut wire = Vec::new();
+            let mut pieces = Vec::new();
+            let mut out = BytesMut::new();
+            encode_content_shared(&mut out, 3, &props, &body, 4096, share_min, |o, piece| {
+                wire.extend_from_slice(&o.split());
+                pieces.push(piece.clone());
+                wire.extend_from_slice(&piece);
+            });
+            wire.extend_from_slice(&out);
+            assert_eq!(wire, copied.to_vec(), "share_min {share_min}");
+            assert_eq!(pieces.len(), shared_pieces, "share_min {share_min}");
+            for p in &pieces {
+                let at = p.as_ptr() as usize - body.as_ptr() as usize;
+                assert!(
+                    at + p.len() <= body.len(),
+                    "a shared piece is the body's memory"
+                );
+                assert!(p.len() >= share_min);
+            }
+        }
     }
 
     #[test]

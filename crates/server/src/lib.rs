@@ -30,6 +30,7 @@ mod listen;
 pub mod mechanism;
 pub mod memory;
 pub mod outbound;
+pub mod output;
 pub mod permissions;
 pub mod registry;
 pub mod reshape;

@@ -33,9 +33,23 @@ pub const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// [`READ_CHUNK_BYTES`] before the next read.
 pub const READ_FREE_BYTES_MIN: usize = 4096;
 
-/// Initial capacity of a connection's output buffer; it grows up to
+/// Memory of a written output buffer that a busy connection keeps to
+/// append its next frames to (instead of growing a fresh buffer from
+/// nothing, copying it at every doubling); a larger one is freed, and an
+/// idle connection keeps none. The buffer itself grows up to
 /// `limits.connection_output_bytes_max` before consumers are paused.
-pub const OUTPUT_BUFFER_BYTES_INITIAL: usize = 8 * 1024;
+pub const OUTPUT_BUFFER_KEPT_BYTES_MAX: usize = 256 * 1024;
+
+/// Body frames at least this large go out from the message's own memory
+/// (a slice of their own in the connection's vectored write) instead of
+/// being copied into its output buffer; smaller ones are copied, which
+/// costs about what a slice and a shared reference would (`output.rs`;
+/// measured at 2 KB, copied, and 16 KB, shared: docs/BENCHMARKS.md).
+pub const SHARED_BODY_BYTES_MIN: usize = 4096;
+
+/// Slices per vectored socket write (Linux's `UIO_MAXIOV`; more is
+/// `EINVAL`).
+pub const WRITE_SLICES_MAX: usize = 1024;
 
 /// Unsent bytes the kernel keeps for one AMQP socket (`TCP_NOTSENT_LOWAT`):
 /// beyond this a write waits for the peer to read. Without it the send

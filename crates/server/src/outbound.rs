@@ -31,16 +31,17 @@ use std::sync::Arc;
 use berth_broker::channel::Outlet;
 use berth_broker::message::Message;
 use berth_protocol::codec;
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::limits::OUTPUT_BEHIND_BLOCKED_SOCKET_BYTES_MAX;
 use crate::memory::{Counted, OUTPUT_BYTES};
+use crate::output::Output;
 
 /// The buffer and its share of [`OUTPUT_BYTES`].
 struct Buffer {
-    bytes: BytesMut,
+    out: Output,
     counted: Counted,
 }
 
@@ -73,7 +74,7 @@ impl Outbound {
     pub fn new(limit_bytes: usize, frame_max: u32) -> Arc<Self> {
         Arc::new(Self {
             buf: Mutex::new(Buffer {
-                bytes: BytesMut::with_capacity(crate::limits::OUTPUT_BUFFER_BYTES_INITIAL),
+                out: Output::default(),
                 counted: Counted::new(&OUTPUT_BYTES),
             }),
             ready: Notify::new(),
@@ -107,25 +108,49 @@ impl Outbound {
 
     /// Appends frames produced by `f` and wakes the writer.
     pub fn push(&self, f: impl FnOnce(&mut BytesMut)) {
+        self.push_output(|out| out.append(f));
+    }
+
+    /// Appends frames produced by `method` and a message's content after
+    /// them, its large body pieces shared rather than copied
+    /// ([`Output::append_content`]), and wakes the writer.
+    pub fn push_content(
+        &self,
+        method: impl FnOnce(&mut BytesMut),
+        channel: u16,
+        properties: &[u8],
+        body: &Bytes,
+    ) {
+        let frame_max = self.frame_max();
+        self.push_output(|out| out.append_content(method, channel, properties, body, frame_max));
+    }
+
+    fn push_output(&self, f: impl FnOnce(&mut Output)) {
         if self.closed.load(Ordering::Relaxed) {
             return;
         }
         {
             let mut buf = self.buf.lock();
-            f(&mut buf.bytes);
-            let len = buf.bytes.len() as u64;
+            f(&mut buf.out);
+            let len = buf.out.len() as u64;
             buf.counted.set(len);
         }
         self.ready.notify_one();
     }
 
-    /// Takes everything buffered (the writer's side). The bytes stay
-    /// counted in `in_flight` until the writer lets go of them.
-    pub fn take(&self, in_flight: &mut Counted) -> BytesMut {
+    /// Takes everything buffered (the writer's side), leaving `spare` (an
+    /// emptied output the writer is done with) in its place when there was
+    /// something to take; an idle connection keeps no buffer. The bytes
+    /// stay counted in `in_flight` until the writer lets go of them.
+    pub fn take(&self, in_flight: &mut Counted, spare: Output) -> Output {
         let out = {
             let mut buf = self.buf.lock();
             buf.counted.set(0);
-            std::mem::take(&mut buf.bytes)
+            if buf.out.is_empty() {
+                std::mem::take(&mut buf.out)
+            } else {
+                std::mem::replace(&mut buf.out, spare)
+            }
         };
         in_flight.set(out.len() as u64);
         if self.congested.swap(false, Ordering::AcqRel) {
@@ -157,13 +182,13 @@ impl Outbound {
     }
 
     pub fn buffered_bytes(&self) -> usize {
-        self.buf.lock().bytes.len()
+        self.buf.lock().out.len()
     }
 
     /// Whether the buffer is at twice its bound: the connection then stops
     /// reading until the writer took it.
     pub fn is_full(&self) -> bool {
-        let full = self.buf.lock().bytes.len() >= self.limit_bytes.saturating_mul(2);
+        let full = self.buf.lock().out.len() >= self.limit_bytes.saturating_mul(2);
         if full {
             self.congested.store(true, Ordering::Release);
         }
@@ -210,19 +235,22 @@ impl Outlet for Outbound {
         redelivered: bool,
         msg: &Message,
     ) {
-        let frame_max = self.frame_max();
-        self.push(|b| {
-            codec::encode_deliver(
-                b,
-                channel,
-                consumer_tag,
-                delivery_tag,
-                redelivered,
-                &msg.exchange,
-                &msg.routing_key,
-            );
-            codec::encode_content(b, channel, &msg.properties, &msg.body, frame_max);
-        });
+        self.push_content(
+            |b| {
+                codec::encode_deliver(
+                    b,
+                    channel,
+                    consumer_tag,
+                    delivery_tag,
+                    redelivered,
+                    &msg.exchange,
+                    &msg.routing_key,
+                );
+            },
+            channel,
+            &msg.properties,
+            &msg.body,
+        );
     }
 
     fn get_ok(
@@ -233,19 +261,22 @@ impl Outlet for Outbound {
         msg: &Message,
         message_count: u32,
     ) {
-        let frame_max = self.frame_max();
-        self.push(|b| {
-            codec::encode_get_ok(
-                b,
-                channel,
-                delivery_tag,
-                redelivered,
-                &msg.exchange,
-                &msg.routing_key,
-                message_count,
-            );
-            codec::encode_content(b, channel, &msg.properties, &msg.body, frame_max);
-        });
+        self.push_content(
+            |b| {
+                codec::encode_get_ok(
+                    b,
+                    channel,
+                    delivery_tag,
+                    redelivered,
+                    &msg.exchange,
+                    &msg.routing_key,
+                    message_count,
+                );
+            },
+            channel,
+            &msg.properties,
+            &msg.body,
+        );
     }
 
     fn consumer_cancelled(&self, channel: u16, consumer_tag: &str) {
@@ -269,7 +300,7 @@ impl Outlet for Outbound {
             self.limit_bytes
         };
         let buf = self.buf.lock();
-        let over = buf.bytes.len() >= limit;
+        let over = buf.out.len() >= limit;
         if over {
             // Under the lock: a `take` after this sees the flag and wakes
             // the connection (`drained`), one before it left bytes behind

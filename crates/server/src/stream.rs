@@ -61,6 +61,24 @@ impl AsyncWrite for WriteStream {
         }
     }
 
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Tcp(w) => Pin::new(w).poll_write_vectored(cx, bufs),
+            Self::Tls(w) => Pin::new(w).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Self::Tcp(w) => w.is_write_vectored(),
+            Self::Tls(w) => w.is_write_vectored(),
+        }
+    }
+
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Self::Tcp(w) => Pin::new(w).poll_flush(cx),
@@ -73,5 +91,32 @@ impl AsyncWrite for WriteStream {
             Self::Tcp(w) => Pin::new(w).poll_shutdown(cx),
             Self::Tls(w) => Pin::new(w).poll_shutdown(cx),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection's output goes out with one `writev` per buffer of
+    /// frames and shared bodies (`output.rs`); a write half that does not
+    /// forward vectored writes sends each piece with a syscall of its own
+    /// (seen: 28 times the `sendto`s, a quarter of the drain rate lost).
+    #[test]
+    fn the_plain_write_half_writes_vectored() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+            let (_r, w) = plain(client.expect("connect"));
+            drop(accepted);
+            assert!(w.is_write_vectored());
+        });
     }
 }

@@ -115,19 +115,22 @@ impl Conn {
         crate::stats::count_publish(p.result.queues, p.mandatory);
         self.flow.pause_for(p.result.backlogged.as_ref());
         if p.mandatory && p.result.unroutable() {
-            let frame_max = self.frame_max;
-            let msg = Arc::clone(&p.msg);
-            self.out.push(|b| {
-                codec::encode_return(
-                    b,
-                    channel,
-                    NO_ROUTE,
-                    "NO_ROUTE",
-                    &msg.exchange,
-                    &msg.routing_key,
-                );
-                codec::encode_content(b, channel, &msg.properties, &msg.body, frame_max);
-            });
+            let msg = &p.msg;
+            self.out.push_content(
+                |b| {
+                    codec::encode_return(
+                        b,
+                        channel,
+                        NO_ROUTE,
+                        "NO_ROUTE",
+                        &msg.exchange,
+                        &msg.routing_key,
+                    );
+                },
+                channel,
+                &msg.properties,
+                &msg.body,
+            );
         }
         if let Some(seq) = seq {
             self.track_confirm(channel, p, seq);

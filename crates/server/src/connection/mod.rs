@@ -53,6 +53,7 @@ use tokio::sync::watch;
 
 use crate::limits;
 use crate::outbound::Outbound;
+use crate::output::Output;
 use crate::state::Shared;
 use crate::stream::{ReadStream, WriteStream};
 
@@ -222,8 +223,9 @@ pub async fn serve_stream(
 async fn write_loop(mut wr: WriteStream, out: Arc<Outbound>) -> WriteStream {
     // Dropped with the task, even an aborted one: the count never leaks.
     let mut in_flight = crate::memory::Counted::new(&crate::memory::OUTPUT_BYTES);
+    let mut spare = Output::default();
     loop {
-        let buf = out.take(&mut in_flight);
+        let buf = out.take(&mut in_flight, std::mem::take(&mut spare));
         if buf.is_empty() {
             if out.is_closed() {
                 break;
@@ -242,6 +244,7 @@ async fn write_loop(mut wr: WriteStream, out: Arc<Outbound>) -> WriteStream {
             continue;
         }
         let written = write_telling_blocked(&mut wr, &buf, &out).await;
+        spare = buf.recycle(limits::OUTPUT_BUFFER_KEPT_BYTES_MAX);
         in_flight.set(0);
         if written.is_err() {
             out.close();
@@ -251,16 +254,16 @@ async fn write_loop(mut wr: WriteStream, out: Arc<Outbound>) -> WriteStream {
     wr
 }
 
-/// `write_all`, marking `out` as waiting for the socket from the first
-/// time the socket does not take everything until the write is done, so
-/// that queues stop adding deliveries behind a full socket.
+/// Writes all of `buf`, marking `out` as waiting for the socket from the
+/// first time the socket does not take everything until the write is
+/// done, so that queues stop adding deliveries behind a full socket.
 async fn write_telling_blocked(
     wr: &mut WriteStream,
-    buf: &[u8],
+    buf: &Output,
     out: &Outbound,
 ) -> std::io::Result<()> {
     out.set_writing_bytes(buf.len());
-    let mut write = std::pin::pin!(wr.write_all(buf));
+    let mut write = std::pin::pin!(buf.write_to(wr));
     let written = std::future::poll_fn(|cx| {
         let polled = std::future::Future::poll(write.as_mut(), cx);
         if polled.is_pending() {
