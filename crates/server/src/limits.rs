@@ -42,9 +42,11 @@ pub const OUTPUT_BUFFER_KEPT_BYTES_MAX: usize = 256 * 1024;
 
 /// Body frames at least this large go out from the message's own memory
 /// (a slice of their own in the connection's vectored write) instead of
-/// being copied into its output buffer; smaller ones are copied, which
-/// costs about what a slice and a shared reference would (`output.rs`;
-/// measured at 2 KB, copied, and 16 KB, shared: docs/BENCHMARKS.md).
+/// being copied into its output buffer (`output.rs`). Smaller ones are
+/// copied: less than a page is a cheap copy next to a slice of its own in
+/// the write and a shared reference's atomic count. Not tuned: only 2 KB
+/// (copied) and 16 KB (shared) bodies were measured (docs/BENCHMARKS.md,
+/// "Bodies sent from the message's memory").
 pub const SHARED_BODY_BYTES_MIN: usize = 4096;
 
 /// Slices per vectored socket write (Linux's `UIO_MAXIOV`; more is
