@@ -9,7 +9,7 @@
 #
 #   flock /tmp/berth-bench.lock scripts/bench-berth-bench-berth-ab.sh OLD_BIN NEW_BIN OUTDIR [RUNS]
 #
-# Environment: LEVELS (default "1 10 20"), DUR (seconds per phase, 3),
+# Environment: LEVELS (default "1 10 20"; " " for no fanin), DUR (seconds per phase, 3),
 # NO_PAGESIZE=1 to skip pagesize, SIZES (pagesize body sizes, default 2048), BENCH (bench client binary, default NEW_BIN).
 set -u
 [ $# -ge 3 ] || { sed -n 2,14p "$0"; exit 2; }
