@@ -348,11 +348,9 @@ pub fn encode_content(
     put_content_header(out, channel, properties, body.len());
     let chunk = body_chunk_bytes(frame_max);
     out.reserve(body.len() + (body.len() / chunk + 1) * FRAME_OVERHEAD);
-    for piece in body.chunks(chunk) {
-        put_frame_header(out, FRAME_BODY, channel, piece.len() as u32);
-        out.extend_from_slice(piece);
-        out.put_u8(FRAME_END);
-    }
+    put_body_frames(out, channel, body.len(), frame_max, |out, piece| {
+        out.extend_from_slice(&body[piece]);
+    });
 }
 
 /// [`encode_content`] for a body held in [`Bytes`]: each body frame's
@@ -371,15 +369,30 @@ pub fn encode_content_shared(
     mut share: impl FnMut(&mut BytesMut, Bytes),
 ) {
     put_content_header(out, channel, properties, body.len());
-    let chunk = body_chunk_bytes(frame_max);
-    for start in (0..body.len()).step_by(chunk) {
-        let piece = start..(start + chunk).min(body.len());
-        put_frame_header(out, FRAME_BODY, channel, piece.len() as u32);
+    put_body_frames(out, channel, body.len(), frame_max, |out, piece| {
         if piece.len() >= share_min {
             share(out, body.slice(piece));
         } else {
             out.extend_from_slice(&body[piece]);
         }
+    });
+}
+
+/// Frames a body of `body_len` bytes: for each body frame, its header,
+/// then `put_piece` with the range of the body it carries, then the end
+/// octet.
+fn put_body_frames(
+    out: &mut BytesMut,
+    channel: u16,
+    body_len: usize,
+    frame_max: u32,
+    mut put_piece: impl FnMut(&mut BytesMut, std::ops::Range<usize>),
+) {
+    let chunk = body_chunk_bytes(frame_max);
+    for start in (0..body_len).step_by(chunk) {
+        let piece = start..(start + chunk).min(body_len);
+        put_frame_header(out, FRAME_BODY, channel, piece.len() as u32);
+        put_piece(out, piece);
         out.put_u8(FRAME_END);
     }
 }
