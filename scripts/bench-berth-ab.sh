@@ -9,8 +9,10 @@
 #
 #   flock /tmp/berth-bench.lock scripts/bench-berth-bench-berth-ab.sh OLD_BIN NEW_BIN OUTDIR [RUNS]
 #
+# Each broker's minor page faults per message come from its /proc/PID/stat.
+#
 # Environment: LEVELS (default "1 10 20"; " " for no fanin), DUR (seconds per phase, 3),
-# NO_PAGESIZE=1 to skip pagesize, SIZES (pagesize body sizes, default 2048), BENCH (bench client binary, default NEW_BIN).
+# NO_PAGESIZE=1 to skip pagesize, SIZES (pagesize body sizes, comma-separated, default 2048), BENCH (bench client binary, default NEW_BIN).
 set -u
 [ $# -ge 3 ] || { sed -n 2,14p "$0"; exit 2; }
 A=$1; B=$2; OUT=$3; RUNS=${4:-5}
@@ -36,35 +38,35 @@ trap cleanup EXIT
 start "$A" "$W/a" $pa $ha || exit 1
 start "$B" "$W/b" $pb $hb || exit 1
 PA=$(cat $W/a/pid); PB=$(cat $W/b/pid)
-scrape() { # http -> "fsyncs fsync_s records received"
-  curl -s -u guest:guest "http://127.0.0.1:$1/metrics" | awk '
+scrape() { # http pid -> "fsyncs fsync_s records received minor_faults"
+  curl -s -u guest:guest "http://127.0.0.1:$1/metrics" | awk -v flt="$(awk '{print $10}' "/proc/$2/stat")" '
     /^berth_store_fsyncs_total/ {f+=$NF} /^berth_store_fsync_seconds_total/ {s+=$NF}
     /^berth_store_records_total/ {r+=$NF} /^rabbitmq_global_messages_received_total/ {m+=$NF}
-    END {printf "%d %.6f %d %d\n", f, s, r, m}'
+    END {printf "%d %.6f %d %d %d\n", f, s, r, m, flt}'
 }
 delta() { # before after label
   python3 - "$1" "$2" "$3" <<'PY'
 import sys
 b=list(map(float,sys.argv[1].split())); a=list(map(float,sys.argv[2].split()))
-f,s,r,m=[x-y for x,y in zip(a,b)]
-print(f"{sys.argv[3]}: fdatasyncs {f:.0f}, messages received {m:.0f}, records {r:.0f}, fdatasync/msg {f/max(m,1):.4f}, msgs/fdatasync {m/max(f,1):.2f}, mean fdatasync {1e6*s/max(f,1):.0f} us")
+f,s,r,m,flt=[x-y for x,y in zip(a,b)]
+print(f"{sys.argv[3]}: fdatasyncs {f:.0f}, messages received {m:.0f}, records {r:.0f}, fdatasync/msg {f/max(m,1):.4f}, msgs/fdatasync {m/max(f,1):.2f}, mean fdatasync {1e6*s/max(f,1):.0f} us, minor page faults {flt:.0f} ({flt/max(m,1):.2f}/msg)")
 PY
 }
 echo "A=$A ($PA) B=$B ($PB) bench=$BENCH runs=$RUNS" | tee "$OUT/info.txt"
 uA="amqp://guest:guest@127.0.0.1:$pa/%2f"; uB="amqp://guest:guest@127.0.0.1:$pb/%2f"
 for c in ${LEVELS:-1 10 20}; do
   echo "== fanin c$c $(date -u +%T) load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/info.txt"
-  sa=$(scrape $ha); sb=$(scrape $hb)
+  sa=$(scrape $ha $PA); sb=$(scrape $hb $PB)
   "$BENCH" bench fanin --uri "$uA" --vs "$uB" --pid $PA --vs-pid $PB --runs $RUNS --concurrency $c --duration ${DUR:-3} --limits-dir "$W/b/data" --quiet --out "$OUT/fanin-c$c" > "$OUT/fanin-c$c.out" 2>&1
   echo "   rc $? end $(date -u +%T) load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/info.txt"
-  delta "$sa" "$(scrape $ha)" "A c$c" | tee -a "$OUT/info.txt"
-  delta "$sb" "$(scrape $hb)" "B c$c" | tee -a "$OUT/info.txt"
+  delta "$sa" "$(scrape $ha $PA)" "A c$c" | tee -a "$OUT/info.txt"
+  delta "$sb" "$(scrape $hb $PB)" "B c$c" | tee -a "$OUT/info.txt"
 done
 if [ -z "${NO_PAGESIZE:-}" ]; then
   echo "== pagesize ${SIZES:-2048} $(date -u +%T) load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/info.txt"
-  sa=$(scrape $ha); sb=$(scrape $hb)
+  sa=$(scrape $ha $PA); sb=$(scrape $hb $PB)
   "$BENCH" bench pagesize --uri "$uA" --vs "$uB" --pid $PA --vs-pid $PB --runs $RUNS --sizes ${SIZES:-2048} --messages 10000 --warm --quiet --out "$OUT/pagesize" > "$OUT/pagesize.out" 2>&1
   echo "   rc $? end $(date -u +%T) load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/info.txt"
-  delta "$sa" "$(scrape $ha)" "A pagesize" | tee -a "$OUT/info.txt"
-  delta "$sb" "$(scrape $hb)" "B pagesize" | tee -a "$OUT/info.txt"
+  delta "$sa" "$(scrape $ha $PA)" "A pagesize" | tee -a "$OUT/info.txt"
+  delta "$sb" "$(scrape $hb $PB)" "B pagesize" | tee -a "$OUT/info.txt"
 fi
