@@ -74,9 +74,9 @@ impl Trimmer {
         }
     }
 
-    /// When to trim with this much slack now (`slack_bytes` from the
-    /// look just taken; call [`Trimmer::looked`] after): only once a
-    /// whole window of looks saw at least that much free.
+    /// Whether a trim is due with this much slack now (`slack_bytes`
+    /// from the look just taken; call [`Trimmer::looked`] after): only
+    /// for memory that every look of a whole window saw free.
     pub fn due(&self, slack_bytes: u64) -> bool {
         if self.earlier.len() + 1 < TRIM_WINDOW_LOOKS {
             return false;
@@ -195,7 +195,8 @@ mod tests {
         // empties): 200 MiB freed, taken again by the next fill a look
         // later. Giving it back would only have the fill fault it in
         // again, page by page.
-        for cycle in 0..3 {
+        // Cycles enough that the window is full for most of its looks.
+        for cycle in 0..2 * TRIM_WINDOW_LOOKS {
             assert!(!t.due(210 * mib), "cycle {cycle}: freed a look ago");
             t.looked(210 * mib);
             assert!(!t.due(12 * mib), "cycle {cycle}: reused");
