@@ -7,14 +7,14 @@
 # fdatasyncs per message read from its /metrics before and after each bench.
 # Both brokers are stopped and their data removed at exit.
 #
-#   flock /tmp/berth-bench.lock scripts/bench-berth-bench-berth-ab.sh OLD_BIN NEW_BIN OUTDIR [RUNS]
+#   flock /tmp/berth-bench.lock scripts/bench-berth-ab.sh OLD_BIN NEW_BIN OUTDIR [RUNS]
 #
 # Each broker's minor page faults per message come from its /proc/PID/stat.
 #
 # Environment: LEVELS (default "1 10 20"; " " for no fanin), DUR (seconds per phase, 3),
 # NO_PAGESIZE=1 to skip pagesize, SIZES (pagesize body sizes, comma-separated, default 2048), BENCH (bench client binary, default NEW_BIN).
 set -u
-[ $# -ge 3 ] || { sed -n 2,14p "$0"; exit 2; }
+[ $# -ge 3 ] || { awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 2; }
 A=$1; B=$2; OUT=$3; RUNS=${4:-5}
 BENCH=${BENCH:-$B}
 mkdir -p "$OUT"; W=$(mktemp -d /var/tmp/segs-ab.XXXX)
