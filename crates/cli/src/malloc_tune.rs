@@ -120,6 +120,14 @@ mod tests {
     //! with one test and `BERTH_MALLOC_CHILD` set), so the thresholds are
     //! fixed before anything else allocates, as in `berth serve`, and no
     //! other test's allocations touch the counts.
+    //!
+    //! The number of arenas is the exception: it is given to the child in
+    //! `MALLOC_ARENA_MAX`, which glibc reads before any thread exists.
+    //! libtest runs even a lone test on a thread of its own, and that
+    //! thread has allocated (and so been given an arena of its own) before
+    //! the test body can call `fix_for`; the worker threads a test starts
+    //! then share two arenas where `berth serve`, which fixes the settings
+    //! in `main` before any thread starts, has one.
     use std::process::Command;
 
     const CHILD: &str = "BERTH_MALLOC_CHILD";
@@ -145,7 +153,7 @@ mod tests {
             .env(CHILD, "1")
             .env_remove("MALLOC_MMAP_THRESHOLD_")
             .env_remove("MALLOC_TRIM_THRESHOLD_")
-            .env_remove("MALLOC_ARENA_MAX")
+            .env("MALLOC_ARENA_MAX", super::arenas_for(CORES).to_string())
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout).to_string()
@@ -162,6 +170,26 @@ mod tests {
             let mut u: libc::rusage = std::mem::zeroed();
             assert_eq!(libc::getrusage(libc::RUSAGE_SELF, &mut u), 0);
             u.ru_minflt
+        }
+    }
+
+    /// The arenas glibc has made so far (`malloc_info` lists each heap).
+    #[allow(unsafe_code)]
+    fn arenas() -> usize {
+        let mut buf: *mut libc::c_char = std::ptr::null_mut();
+        let mut len: libc::size_t = 0;
+        // SAFETY: open_memstream writes a malloc'd buffer and its length
+        // into `buf` and `len` when the stream is closed; malloc_info
+        // writes to the stream; the buffer is NUL-terminated, read once
+        // and freed.
+        unsafe {
+            let f = libc::open_memstream(&mut buf, &mut len);
+            assert!(!f.is_null(), "open_memstream failed");
+            assert_eq!(libc::malloc_info(0, f), 0, "malloc_info failed");
+            assert_eq!(libc::fclose(f), 0, "fclose of the memstream failed");
+            let xml = std::ffi::CStr::from_ptr(buf).to_string_lossy().into_owned();
+            libc::free(buf.cast());
+            xml.matches("<heap nr=").count()
         }
     }
 
@@ -245,6 +273,11 @@ mod tests {
                 });
             }
         });
+        assert_eq!(
+            arenas(),
+            super::arenas_for(CORES) as usize,
+            "the threads were given more arenas than berth allows on {CORES} cores"
+        );
         // SAFETY: malloc_trim takes no pointer.
         unsafe { libc::malloc_trim(0) };
         let after = resident_bytes();
