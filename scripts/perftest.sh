@@ -6,7 +6,7 @@
 #
 #   scripts/perftest.sh [--runs N] [--time S] [--out DIR] [--no-build]
 #                       [--fanout MESSAGES [--readers R]]
-#                       [--berth-args "ARGS"]
+#                       [--berth-args "ARGS"] [--persist-2k-5q]
 #                       [--rates "R1 R2 ... max" [--prefetch "100 0"]]
 #                       [-- EXTRA_PERFTEST_ARGS...]
 #
@@ -35,6 +35,13 @@
 # over the run divided by messages received). Results: OUT/summary.txt,
 # OUT/runs.tsv and each run's PerfTest output.
 #
+# --persist-2k-5q (issue 20 goal 2's third scenario, on one node): each
+# run is 5 producers and 5 consumers on 5 fresh durable queues
+# (pt<run>-1 .. pt<run>-5), 2 KB persistent messages, at most 100
+# unconfirmed per producer: the cluster bench's throughput scenario
+# (scripts/bench-cluster-vs-rabbitmq.sh) with classic queues on one
+# node. The queues are deleted after each run.
+#
 # --berth-args: more arguments for `berth serve`, e.g. "--sync interval"
 # (RabbitMQ's streams do not fdatasync: the like-for-like setting).
 # Each run's load average (1 min) goes into run.log.
@@ -45,7 +52,7 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
-runs=3 time_s=20 out="" build=1 extra=() fanout=0 readers=10 rates="" prefetches="100 0" berth_args=""
+runs=3 time_s=20 out="" build=1 extra=() fanout=0 readers=10 rates="" prefetches="100 0" berth_args="" five=0
 while [ $# -gt 0 ]; do
   case "$1" in
   --runs) runs=${2:?}; shift ;;
@@ -57,6 +64,7 @@ while [ $# -gt 0 ]; do
   --rates) rates=${2:?}; shift ;;
   --prefetch) prefetches=${2:?}; shift ;;
   --berth-args) berth_args=${2:?}; shift ;;
+  --persist-2k-5q) five=1 ;;
   --) shift; extra=("$@"); break ;;
   -h | --help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
   *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -117,12 +125,19 @@ for _ in $(seq 1 100); do [ -s "$rdir/rabbit.pid" ] && break; sleep 0.1; done
 berth_pid=$(cat "$bdir/berth.pid") rabbit_pid=$(cat "$rdir/rabbit.pid")
 
 cpu_s() { awk '{ sub(/.*\) /, ""); print ($12 + $13) / 100 }' "/proc/$1/stat"; }
-args=(-x 4 -y 1 -s 1024 -f persistent -c 100 -z "$time_s" -i 5 "${extra[@]}")
+if [ $five = 1 ]; then
+  [ $fanout = 0 ] && [ -z "$rates" ] || { say "--persist-2k-5q goes with neither --fanout nor --rates"; exit 2; }
+  args=(-x 5 -y 5 -s 2048 -f persistent -c 100 -z "$time_s" -i 5 "${extra[@]}")
+  queues="5 fresh durable queues pt<run>-1..5"
+else
+  args=(-x 4 -y 1 -s 1024 -f persistent -c 100 -z "$time_s" -i 5 "${extra[@]}")
+  queues="a fresh durable queue"
+fi
 {
   echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), commit $(git rev-parse --short HEAD 2>/dev/null)"
   echo "machine: $(nproc) cpus, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), kernel $(uname -r)"
   echo "perf-test $(basename "${classpath%%:*}" .jar), rabbitmq-server $(dpkg-query -W -f='${Version}' rabbitmq-server)"
-  echo "PerfTest args per run: ${args[*]} -u <fresh durable queue> -ad false"
+  echo "PerfTest args per run: ${args[*]} on $queues, -ad false"
   echo "berth serve arguments added: ${berth_args:-none}"
 } >>"$log"
 printf 'run\tbroker\tsend_msgs_per_s\trecv_msgs_per_s\tlatency_median_us\tbroker_cpu_us_per_msg\tclient_cpu_s\n' >"$out/runs.tsv"
@@ -245,14 +260,24 @@ for run in $(seq 1 "$runs"); do
   for broker in berth rabbitmq; do
     if [ $broker = berth ]; then port=$b_amqp pid=$berth_pid; else port=$r_amqp pid=$rabbit_pid; fi
     alive "$pid" || { say "$broker (pid $pid) is gone"; exit 1; }
-    q="perftest-$run"
+    if [ $five = 1 ]; then
+      qs=(--queue-pattern "pt$run-%d" --queue-pattern-from 1 --queue-pattern-to 5)
+    else
+      qs=(-u "perftest-$run")
+    fi
     f="$out/$broker-$run.txt"
     c0=$(cpu_s "$pid")
-    say "run $run $broker: PerfTest ${args[*]} -u $q"
+    say "run $run $broker: PerfTest ${args[*]} ${qs[*]}"
     timeout -k 10 $((time_s + 120)) /usr/bin/time -f 'client_cpu_s %U %S' -o "$f.time" \
       java -cp "$classpath" com.rabbitmq.perf.PerfTest -h "amqp://guest:guest@127.0.0.1:$port/%2f" \
-      "${args[@]}" -u "$q" -ad false >"$f" 2>&1 || { say "PerfTest failed; see $f"; exit 1; }
+      "${args[@]}" "${qs[@]}" -ad false >"$f" 2>&1 || { say "PerfTest failed; see $f"; exit 1; }
     c1=$(cpu_s "$pid")
+    if [ $five = 1 ]; then
+      http=$([ $broker = berth ] && echo "$b_http" || echo "$r_http")
+      for i in 1 2 3 4 5; do
+        curl -s -o /dev/null -u guest:guest -X DELETE "http://127.0.0.1:$http/api/queues/%2F/pt$run-$i" || true
+      done
+    fi
     send=$(sed -n 's/.*sending rate avg: \([0-9]*\) msg\/s.*/\1/p' "$f" | tail -1)
     recv=$(sed -n 's/.*receiving rate avg: \([0-9]*\) msg\/s.*/\1/p' "$f" | tail -1)
     # "consumer latency min/median/75th/95th/99th A/B/C/D/E µs"
