@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 
 use crate::durable::{Done, EventSink};
 use crate::error::{AmqpError, AmqpResult};
@@ -77,6 +78,14 @@ struct Unacked {
     deadline: Option<(Instant, u64)>,
 }
 
+/// Deliveries taken out of `unacked`, in tag order. An ack of one
+/// delivery (how PerfTest and most clients ack) takes one, kept inline:
+/// settling it allocates nothing here.
+type Taken = SmallVec<[(u64, Unacked); 1]>;
+
+/// One queue's share of settled deliveries (inline for one).
+type Settled = SmallVec<[QueuedMessage; 1]>;
+
 /// A buffered transactional operation.
 enum TxOp {
     Publish {
@@ -88,10 +97,7 @@ enum TxOp {
     /// `unacked` at once (a second ack of the same tag is refused, as in
     /// RabbitMQ), settled at commit, put back at rollback, requeued if the
     /// channel closes first. Their prefetch credit returns at commit.
-    Settle {
-        taken: BTreeMap<u64, Unacked>,
-        how: Settle,
-    },
+    Settle { taken: Taken, how: Settle },
 }
 
 /// The outcome of a publish, for confirms and `basic.return`.
@@ -422,14 +428,14 @@ impl Channel {
     /// `kick` (waiting on the channel's prefetch) deliver again.
     fn settle(
         &self,
-        taken: BTreeMap<u64, Unacked>,
+        taken: Taken,
         how: Settle,
         detail: &str,
         now: Instant,
         mut kick: Vec<Arc<Queue>>,
         mut durable: Option<&mut dyn FnMut() -> Done>,
     ) {
-        for (queue, msgs) in group_by_queue(taken.into_values().collect()) {
+        for (queue, msgs) in group_by_queue(taken.into_iter().map(|(_, u)| u)) {
             kick.retain(|q| !Arc::ptr_eq(q, &queue));
             let done = durable.as_mut().map(|f| f());
             let kind = match how {
@@ -568,7 +574,7 @@ impl Channel {
             let mut unacked: Vec<Unacked> = std::mem::take(&mut st.unacked).into_values().collect();
             for op in st.tx.take().unwrap_or_default() {
                 if let TxOp::Settle { taken, .. } = op {
-                    unacked.extend(taken.into_values());
+                    unacked.extend(taken.into_iter().map(|(_, u)| u));
                 }
             }
             (std::mem::take(&mut st.consumers), unacked)
@@ -658,7 +664,7 @@ fn check_tx_room(tx: &[TxOp]) -> AmqpResult<()> {
 
 /// Takes the deliveries `tag`/`multiple` name out of `unacked` (multiple
 /// with tag 0: all of them), leaving their prefetch credit taken.
-fn remove_unacked(st: &mut ChannelState, tag: u64, multiple: bool) -> BTreeMap<u64, Unacked> {
+fn remove_unacked(st: &mut ChannelState, tag: u64, multiple: bool) -> Taken {
     if !multiple {
         return st.unacked.remove_entry(&tag).into_iter().collect();
     }
@@ -668,12 +674,14 @@ fn remove_unacked(st: &mut ChannelState, tag: u64, multiple: bool) -> BTreeMap<u
         st.unacked.split_off(&(tag + 1))
     };
     std::mem::replace(&mut st.unacked, rest)
+        .into_iter()
+        .collect()
 }
 
 /// Returns the prefetch credit of settled deliveries to their consumers
 /// and to the channel.
-fn release_credit(st: &mut ChannelState, settled: &BTreeMap<u64, Unacked>) {
-    for u in settled.values() {
+fn release_credit(st: &mut ChannelState, settled: &Taken) {
+    for (_, u) in settled {
         if let Some(c) = &u.consumer {
             c.in_flight.fetch_sub(1, Ordering::Relaxed);
             st.channel_in_flight = st.channel_in_flight.saturating_sub(1);
@@ -739,12 +747,14 @@ fn consumer_queues(st: &ChannelState) -> Vec<Arc<Queue>> {
     out
 }
 
-fn group_by_queue(taken: Vec<Unacked>) -> Vec<(Arc<Queue>, Vec<QueuedMessage>)> {
-    let mut out: Vec<(Arc<Queue>, Vec<QueuedMessage>)> = Vec::new();
+fn group_by_queue(
+    taken: impl IntoIterator<Item = Unacked>,
+) -> SmallVec<[(Arc<Queue>, Settled); 1]> {
+    let mut out: SmallVec<[(Arc<Queue>, Settled); 1]> = SmallVec::new();
     for u in taken {
         match out.iter_mut().find(|(q, _)| Arc::ptr_eq(q, &u.queue)) {
             Some((_, v)) => v.push(u.msg),
-            None => out.push((u.queue, vec![u.msg])),
+            None => out.push((u.queue, std::iter::once(u.msg).collect())),
         }
     }
     out

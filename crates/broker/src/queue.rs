@@ -34,6 +34,18 @@ use crate::limits::{FLOW_ACTIVE_MS, FLOW_READY_MAX, PAGE_SCAN_EVERY_MESSAGES};
 use crate::message::Message;
 use crate::paging::{Loaded, Pager, QueueRef};
 pub use crate::ready::QueuedMessage;
+
+/// Delivered messages handed back to their queue: a `Vec`, or a channel's
+/// inline list of one (an ack of a single delivery then allocates no
+/// list), anything that yields them and says how many.
+pub trait Messages: IntoIterator<Item = QueuedMessage, IntoIter: ExactSizeIterator> {}
+
+impl<T> Messages for T
+where
+    T: IntoIterator<Item = QueuedMessage>,
+    T::IntoIter: ExactSizeIterator,
+{
+}
 use crate::ready::{Body, Deadline, Entry, Ready, StoredId};
 use crate::timers::{TimerTarget, Timers};
 use effects::Effects;
@@ -640,19 +652,19 @@ impl Queue {
 
     /// Acked messages leave for good; frees their credit. `done` runs once
     /// their removal is durable.
-    pub fn settle(self: &Arc<Self>, msgs: Vec<QueuedMessage>, now: Instant, done: Option<Done>) {
+    pub fn settle(self: &Arc<Self>, msgs: impl Messages, now: Instant, done: Option<Done>) {
         self.settle_as(Settle::Ack, msgs, now, done, &Origin::default());
     }
 
     /// Messages that came back unacked (nack/reject with requeue, channel
     /// closed): back to their place, flagged redelivered, unless they hit
     /// the delivery limit.
-    pub fn requeue(self: &Arc<Self>, msgs: Vec<QueuedMessage>, now: Instant, done: Option<Done>) {
+    pub fn requeue(self: &Arc<Self>, msgs: impl Messages, now: Instant, done: Option<Done>) {
         self.settle_as(Settle::Requeue, msgs, now, done, &Origin::default());
     }
 
     /// Messages rejected without requeue: dead-lettered or dropped.
-    pub fn reject(self: &Arc<Self>, msgs: Vec<QueuedMessage>, now: Instant, done: Option<Done>) {
+    pub fn reject(self: &Arc<Self>, msgs: impl Messages, now: Instant, done: Option<Done>) {
         self.settle_as(Settle::Reject, msgs, now, done, &Origin::default());
     }
 
@@ -662,11 +674,12 @@ impl Queue {
     pub fn settle_as(
         self: &Arc<Self>,
         how: Settle,
-        msgs: Vec<QueuedMessage>,
+        msgs: impl Messages,
         now: Instant,
         done: Option<Done>,
         origin: &Origin,
     ) {
+        let msgs = msgs.into_iter();
         if how == Settle::Ack {
             self.counters.add_acked(msgs.len());
         }

@@ -523,7 +523,7 @@ impl Store {
             self.group_of(queue),
             Op::Remove {
                 queue,
-                msgs: msgs.to_vec(),
+                msgs: msgs.into(),
             },
             done,
         );

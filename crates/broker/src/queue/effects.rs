@@ -14,6 +14,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
+use smallvec::SmallVec;
+
 use crate::dead_letter::DeadLetter;
 use crate::durable::{split_done, Done, PAGING_BIT};
 use crate::events::Origin;
@@ -22,12 +24,16 @@ use crate::timers::TimerTarget;
 
 use super::{Queue, QueueState};
 
+/// Journal ids, inline up to four.
+pub type Removed = SmallVec<[u64; 4]>;
+
 /// Work a queue operation leaves for after its lock is released.
 #[derive(Default)]
 pub struct Effects {
     pub dead: Vec<DeadLetter>,
-    /// Stored messages that left the queue: journal their removal.
-    pub removed: Vec<u64>,
+    /// Stored messages that left the queue: journal their removal. Inline
+    /// for a few (an ack of one delivery allocates no list).
+    pub removed: Removed,
     /// Completion to run once the removals are durable (transactions).
     pub done: Option<Done>,
     /// The queue should be deleted (auto-delete or x-expires).
@@ -73,8 +79,8 @@ impl Queue {
         let journal = self.env.dur.journal();
         // Paging copies (PAGING_BIT) go to the queue's paging id; their
         // removal is never waited for.
-        let (paging, removed): (Vec<u64>, Vec<u64>) =
-            fx.removed.iter().partition(|id| *id & PAGING_BIT != 0);
+        let (paging, removed): (Removed, Removed) =
+            fx.removed.into_iter().partition(|id| id & PAGING_BIT != 0);
         if let (Some(pid), false) = (fx.paging_id, paging.is_empty()) {
             let ids: Vec<u64> = paging.iter().map(|id| id & !PAGING_BIT).collect();
             journal.remove(pid, &ids, None);

@@ -693,10 +693,11 @@ impl Writer {
             .active
             .as_mut()
             .expect("buffered bytes belong to a segment");
-        let path = segment::segment_path(&self.shared.dir, a.seq);
+        // The path is only made for an error: this runs for every batch.
+        let (dir, seq) = (&self.shared.dir, a.seq);
         a.file
             .write_all_at(&self.buf, a.len)
-            .map_err(|e| StoreError::io("write", path, e))?;
+            .map_err(|e| StoreError::io("write", segment::segment_path(dir, seq), e))?;
         a.len += self.buf.len() as u64;
         self.shared
             .counters
@@ -734,10 +735,10 @@ impl Writer {
             return Ok(());
         }
         let started = self.clock.now();
-        let path = segment::segment_path(&self.shared.dir, a.seq);
+        let (dir, seq) = (&self.shared.dir, a.seq);
         a.file
             .sync_data()
-            .map_err(|e| StoreError::io("fdatasync", path, e))?;
+            .map_err(|e| StoreError::io("fdatasync", segment::segment_path(dir, seq), e))?;
         let us = u64::try_from(
             self.clock
                 .now()

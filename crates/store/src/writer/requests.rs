@@ -51,6 +51,10 @@ impl Drop for Waiter {
 /// allocates nothing), several on the heap.
 pub(crate) type PublishQueues = SmallVec<[QueueId; 1]>;
 
+/// The messages of a removal: inline up to two (a consumer's ack of one
+/// delivery allocates nothing here), more on the heap.
+pub(crate) type RemoveMsgs = SmallVec<[MsgId; 2]>;
+
 /// A request to a group.
 pub(crate) enum Op {
     Publish {
@@ -61,7 +65,7 @@ pub(crate) enum Op {
     },
     Remove {
         queue: QueueId,
-        msgs: Vec<MsgId>,
+        msgs: RemoveMsgs,
     },
     MetaPut {
         key: Bytes,
@@ -235,10 +239,13 @@ pub(super) fn net_out(writes: &mut [(Op, Option<Waiter>)], counters: &GroupCount
             Op::Publish { msg, .. } => {
                 published.insert(msg.0, i);
             }
-            Op::Remove { queue, msgs } => {
+            Op::Remove { queue, .. } => {
                 let queue = *queue;
-                let mut keep = Vec::with_capacity(msgs.len());
-                let msgs = msgs.clone();
+                let Op::Remove { msgs, .. } = &mut writes[i].0 else {
+                    unreachable!()
+                };
+                let msgs = std::mem::take(msgs);
+                let mut keep = RemoveMsgs::with_capacity(msgs.len());
                 for m in msgs {
                     let netted = published.get(&m.0).is_some_and(|&p| {
                         let Op::Publish { queues, .. } = &mut writes[p].0 else {
@@ -297,7 +304,7 @@ mod tests {
             (
                 Op::Remove {
                     queue: QueueId(1),
-                    msgs: vec![MsgId(1), MsgId(2), MsgId(9)],
+                    msgs: smallvec![MsgId(1), MsgId(2), MsgId(9)],
                 },
                 None,
             ),
@@ -310,7 +317,7 @@ mod tests {
             writes[1].0.records().is_empty(),
             "fully acked publish writes nothing"
         );
-        assert!(matches!(&writes[2].0, Op::Remove { msgs, .. } if msgs == &[MsgId(9)]));
+        assert!(matches!(&writes[2].0, Op::Remove { msgs, .. } if msgs.as_slice() == [MsgId(9)]));
         assert_eq!(counters.netted_publishes.load(Ordering::Relaxed), 1);
     }
 
@@ -321,7 +328,7 @@ mod tests {
             (
                 Op::Remove {
                     queue: QueueId(1),
-                    msgs: vec![MsgId(1)],
+                    msgs: smallvec![MsgId(1)],
                 },
                 None,
             ),
@@ -335,7 +342,7 @@ mod tests {
             ),
         ];
         net_out(&mut writes, &counters);
-        assert!(matches!(&writes[0].0, Op::Remove { msgs, .. } if msgs == &[MsgId(1)]));
+        assert!(matches!(&writes[0].0, Op::Remove { msgs, .. } if msgs.as_slice() == [MsgId(1)]));
         assert_eq!(writes[1].0.records().len(), 1);
     }
 }
