@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use berth_protocol::{AMQPValue, FieldTable};
 use parking_lot::RwLock;
+use smallvec::SmallVec;
 
 use crate::args::{as_string, values_equal};
 use crate::delayed::Delayed;
@@ -52,6 +53,10 @@ impl ExchangeKind {
         }
     }
 }
+
+/// Where one exchange sends a message: inline up to four destinations (a
+/// publish that meets one binding allocates no list).
+pub type Hops = SmallVec<[Destination; 4]>;
 
 /// Where a binding sends matching messages.
 #[derive(Clone)]
@@ -298,7 +303,7 @@ impl Exchange {
 
     /// Where this exchange sends `msg` (one hop; the caller follows
     /// exchange destinations).
-    pub fn route(&self, msg: &Message, out: &mut Vec<Destination>) {
+    pub fn route(&self, msg: &Message, out: &mut Hops) {
         let b = self.bindings.read();
         match self.kind {
             ExchangeKind::Direct => {

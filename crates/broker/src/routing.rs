@@ -12,6 +12,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use smallvec::{smallvec, SmallVec};
+
 use crate::args::Overflow;
 use crate::dead_letter::DeathReason;
 use crate::delayed_args::delay_ms;
@@ -19,7 +21,7 @@ use crate::durable::{
     split_done, Done, Durability, EventSink, JournalError, MessageHead, MessageParts,
 };
 use crate::events::{self, Event, EventKind, Origin};
-use crate::exchange::{Destination, Exchange};
+use crate::exchange::{Destination, Exchange, Hops};
 use crate::message::Message;
 use crate::queue::Queue;
 
@@ -54,11 +56,15 @@ pub(crate) trait Names {
     fn queue(&self, name: &str) -> Option<Arc<Queue>>;
 }
 
+/// The queues a message reaches: inline up to two (a publish to one
+/// queue, the common case, allocates no list).
+pub(crate) type Reached = SmallVec<[Arc<Queue>; 2]>;
+
 /// Where a message goes: the queues it reaches now, and the delayed
 /// exchanges on the way that hold it (docs/DELAYED.md) with its delay.
 #[derive(Default)]
 pub(crate) struct Routed {
-    pub queues: Vec<Arc<Queue>>,
+    pub queues: Reached,
     pub holds: Vec<(Arc<Exchange>, u64)>,
 }
 
@@ -82,12 +88,15 @@ pub(crate) fn resolve(
     };
     // Read once, and only if a delayed exchange is met.
     let mut delay: Option<Option<u64>> = None;
-    let start_name = start.name.clone();
-    let mut seen: Vec<String> = vec![start.name.clone()];
-    let mut todo = vec![start];
-    let mut hops = Vec::new();
-    let follow = |name: String, seen: &mut Vec<String>, todo: &mut Vec<Arc<Exchange>>| {
-        if !seen.contains(&name) {
+    // The exchanges met besides `start`, so that loops end. `start` is
+    // compared in place: a publish that meets only it (the common case)
+    // copies no name and allocates no list.
+    let first = Arc::clone(&start);
+    let mut seen: Vec<String> = Vec::new();
+    let mut todo: SmallVec<[Arc<Exchange>; 2]> = smallvec![start];
+    let mut hops = Hops::new();
+    let follow = |name: String, seen: &mut Vec<String>, todo: &mut SmallVec<[Arc<Exchange>; 2]>| {
+        if name != first.name && !seen.contains(&name) {
             if let Some(next) = names.exchange(&name) {
                 seen.push(name);
                 todo.push(next);
@@ -95,7 +104,7 @@ pub(crate) fn resolve(
         }
     };
     while let Some(e) = todo.pop() {
-        if e.delayed.is_some() && (hold_at_start || e.name != start_name) {
+        if e.delayed.is_some() && (hold_at_start || e.name != first.name) {
             let ms = *delay.get_or_insert_with(|| delay_ms(msg.headers().as_ref()));
             if let Some(ms) = ms {
                 routed.holds.push((e, ms));
