@@ -147,6 +147,10 @@ impl GroupShared {
     }
 }
 
+/// Requests whose room the writer keeps between batches; a larger list
+/// (a burst of many small requests) is freed after its batch.
+const WRITES_KEPT_MAX: usize = 4096;
+
 struct Active {
     seq: u32,
     file: Arc<dyn StorageFile>,
@@ -369,7 +373,11 @@ impl Writer {
 
     fn run(&mut self) {
         self.prepare_next();
+        // Kept from batch to batch (emptied by `commit`), so a busy writer
+        // does not grow a fresh list, moving every request, per batch.
         let mut batch: Vec<Cmd> = Vec::new();
+        let mut writes: Vec<(Op, Option<Waiter>)> = Vec::new();
+        let mut controls: Vec<Cmd> = Vec::new();
         loop {
             let first = match self.next_deadline() {
                 None => self
@@ -391,8 +399,6 @@ impl Writer {
                 self.gather(&mut batch);
             }
             let mut shutdown: Option<Option<Done>> = disconnected.then_some(None);
-            let mut writes = Vec::new();
-            let mut controls = Vec::new();
             for cmd in batch.drain(..) {
                 match cmd {
                     Cmd::Write { op, done } => writes.push((op, done)),
@@ -401,9 +407,12 @@ impl Writer {
                 }
             }
             if !writes.is_empty() {
-                self.commit(writes);
+                self.commit(&mut writes);
+                if writes.capacity() > WRITES_KEPT_MAX {
+                    writes = Vec::new();
+                }
             }
-            for c in controls {
+            for c in controls.drain(..) {
                 self.control(c);
             }
             self.compaction_turn();
@@ -487,47 +496,47 @@ impl Writer {
         }
     }
 
-    fn commit(&mut self, writes: Vec<(Op, Option<Waiter>)>) {
+    /// Writes a batch and completes its requests; `writes` is left empty
+    /// (its memory kept for the next batch).
+    fn commit(&mut self, writes: &mut Vec<(Op, Option<Waiter>)>) {
         let batch_writes = writes.len();
         if let Some(e) = self.shared.poison_error() {
-            for w in writes.into_iter().filter_map(|(_, d)| d) {
+            for w in writes.drain(..).filter_map(|(_, d)| d) {
                 w.complete(Err(e.clone()));
             }
             return;
         }
         if let Some(e) = self.refused_for_space() {
-            for w in writes.into_iter().filter_map(|(_, d)| d) {
+            for w in writes.drain(..).filter_map(|(_, d)| d) {
                 w.complete(Err(e.clone()));
             }
             return;
         }
-        let mut writes: Vec<(Op, Option<Waiter>)> = writes
-            .into_iter()
-            .filter_map(|(op, done)| match op.invalid() {
-                None => Some((op, done)),
-                Some(why) => {
-                    match done {
-                        Some(w) => w.complete(Err(StoreError::Invalid(why))),
-                        None => tracing::warn!(group = self.group(), "request refused: {why}"),
-                    }
-                    None
+        let group = self.group();
+        writes.retain_mut(|(op, done)| match op.invalid() {
+            None => true,
+            Some(why) => {
+                match done.take() {
+                    Some(w) => w.complete(Err(StoreError::Invalid(why))),
+                    None => tracing::warn!(group, "request refused: {why}"),
                 }
-            })
-            .collect();
-        net_out(&mut writes, &self.shared.counters);
+                false
+            }
+        });
+        net_out(writes, &self.shared.counters);
         let force_sync = writes.iter().any(|(op, _)| matches!(op, Op::Flush));
         let mark = self.mark();
-        let result = self.append(&writes, force_sync);
+        let result = self.append(writes, force_sync);
         self.gather.batch_done(batch_writes, self.clock.now());
         match result {
             Ok(()) => {
-                for w in writes.into_iter().filter_map(|(_, d)| d) {
+                for w in writes.drain(..).filter_map(|(_, d)| d) {
                     w.complete(Ok(()));
                 }
             }
             Err(e) => {
                 let e = self.write_failed(&mark, e);
-                for w in writes.into_iter().filter_map(|(_, d)| d) {
+                for w in writes.drain(..).filter_map(|(_, d)| d) {
                     w.complete(Err(e.clone()));
                 }
             }
