@@ -34,18 +34,6 @@ use crate::limits::{FLOW_ACTIVE_MS, FLOW_READY_MAX, PAGE_SCAN_EVERY_MESSAGES};
 use crate::message::Message;
 use crate::paging::{Loaded, Pager, QueueRef};
 pub use crate::ready::QueuedMessage;
-
-/// Delivered messages handed back to their queue: a `Vec`, or a channel's
-/// inline list of one (an ack of a single delivery then allocates no
-/// list), anything that yields them and says how many.
-pub trait Messages: IntoIterator<Item = QueuedMessage, IntoIter: ExactSizeIterator> {}
-
-impl<T> Messages for T
-where
-    T: IntoIterator<Item = QueuedMessage>,
-    T::IntoIter: ExactSizeIterator,
-{
-}
 use crate::ready::{Body, Deadline, Entry, Ready, StoredId};
 use crate::timers::{TimerTarget, Timers};
 use effects::Effects;
@@ -61,6 +49,18 @@ static VIEW_READS: AtomicU64 = AtomicU64::new(0);
 /// (`/api/overview`, `/metrics`) visit none.
 pub fn view_reads() -> u64 {
     VIEW_READS.load(Ordering::Relaxed)
+}
+
+/// Delivered messages handed back to their queue: a `Vec`, or a channel's
+/// inline list of one (an ack of a single delivery then allocates no
+/// list), anything that yields them and says how many.
+pub trait Messages: IntoIterator<Item = QueuedMessage, IntoIter: ExactSizeIterator> {}
+
+impl<T> Messages for T
+where
+    T: IntoIterator<Item = QueuedMessage>,
+    T::IntoIter: ExactSizeIterator,
+{
 }
 
 /// Counters for the management view and tests.
