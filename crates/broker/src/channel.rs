@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use smallvec::SmallVec;
+use smallvec::{smallvec, SmallVec};
 
 use crate::durable::{Done, EventSink};
 use crate::error::{AmqpError, AmqpResult};
@@ -754,7 +754,7 @@ fn group_by_queue(
     for u in taken {
         match out.iter_mut().find(|(q, _)| Arc::ptr_eq(q, &u.queue)) {
             Some((_, v)) => v.push(u.msg),
-            None => out.push((u.queue, std::iter::once(u.msg).collect())),
+            None => out.push((u.queue, smallvec![u.msg])),
         }
     }
     out

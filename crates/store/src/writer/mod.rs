@@ -151,6 +151,13 @@ impl GroupShared {
 /// (a burst of many small requests) is freed after its batch.
 const WRITES_KEPT_MAX: usize = 4096;
 
+/// Empties `writes`, completing each waiter with `result`.
+fn complete_all(writes: &mut Vec<(Op, Option<Waiter>)>, result: &Result<(), StoreError>) {
+    for w in writes.drain(..).filter_map(|(_, d)| d) {
+        w.complete(result.clone());
+    }
+}
+
 struct Active {
     seq: u32,
     file: Arc<dyn StorageFile>,
@@ -500,16 +507,12 @@ impl Writer {
     /// (its memory kept for the next batch).
     fn commit(&mut self, writes: &mut Vec<(Op, Option<Waiter>)>) {
         let batch_writes = writes.len();
-        if let Some(e) = self.shared.poison_error() {
-            for w in writes.drain(..).filter_map(|(_, d)| d) {
-                w.complete(Err(e.clone()));
-            }
-            return;
-        }
-        if let Some(e) = self.refused_for_space() {
-            for w in writes.drain(..).filter_map(|(_, d)| d) {
-                w.complete(Err(e.clone()));
-            }
+        if let Some(e) = self
+            .shared
+            .poison_error()
+            .or_else(|| self.refused_for_space())
+        {
+            complete_all(writes, &Err(e));
             return;
         }
         let group = self.group();
@@ -528,19 +531,8 @@ impl Writer {
         let mark = self.mark();
         let result = self.append(writes, force_sync);
         self.gather.batch_done(batch_writes, self.clock.now());
-        match result {
-            Ok(()) => {
-                for w in writes.drain(..).filter_map(|(_, d)| d) {
-                    w.complete(Ok(()));
-                }
-            }
-            Err(e) => {
-                let e = self.write_failed(&mark, e);
-                for w in writes.drain(..).filter_map(|(_, d)| d) {
-                    w.complete(Err(e.clone()));
-                }
-            }
-        }
+        let result = result.map_err(|e| self.write_failed(&mark, e));
+        complete_all(writes, &result);
     }
 
     /// Encodes, writes, applies and (per mode) syncs a batch.

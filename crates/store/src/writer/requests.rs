@@ -235,18 +235,14 @@ pub(super) fn net_out(writes: &mut [(Op, Option<Waiter>)], counters: &GroupCount
     }
     let mut published: HashMap<u64, usize> = HashMap::new();
     for i in 0..writes.len() {
-        match &writes[i].0 {
+        match &mut writes[i].0 {
             Op::Publish { msg, .. } => {
                 published.insert(msg.0, i);
             }
-            Op::Remove { queue, .. } => {
+            Op::Remove { queue, msgs } => {
                 let queue = *queue;
-                let Op::Remove { msgs, .. } = &mut writes[i].0 else {
-                    unreachable!()
-                };
-                let msgs = std::mem::take(msgs);
-                let mut keep = RemoveMsgs::with_capacity(msgs.len());
-                for m in msgs {
+                let mut ids = std::mem::take(msgs);
+                ids.retain(|m| {
                     let netted = published.get(&m.0).is_some_and(|&p| {
                         let Op::Publish { queues, .. } = &mut writes[p].0 else {
                             unreachable!()
@@ -259,12 +255,10 @@ pub(super) fn net_out(writes: &mut [(Op, Option<Waiter>)], counters: &GroupCount
                         }
                         hit
                     });
-                    if !netted {
-                        keep.push(m);
-                    }
-                }
+                    !netted
+                });
                 if let Op::Remove { msgs, .. } = &mut writes[i].0 {
-                    *msgs = keep;
+                    *msgs = ids;
                 }
             }
             _ => {}
