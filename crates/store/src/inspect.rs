@@ -752,21 +752,36 @@ pub fn read_stream_last(
     })
 }
 
-/// Reads a whole file, read-only.
+/// Tries of [`read_file`] at a file that shrinks under it.
+const READ_FILE_TRIES: usize = 3;
+
+/// Reads a whole file, read-only. On a running broker the newest segment
+/// can shrink between the size and the read (the writer cuts a prepared
+/// segment's unwritten zeros off when it seals it): the read then ends
+/// early and is made again at the new size, a few times.
 pub fn read_file(storage: &dyn Storage, path: &Path) -> Result<Vec<u8>, StoreError> {
     let f = storage
         .open_read(path)
         .map_err(|e| StoreError::io("open", path, e))?;
-    let len = f.len().map_err(|e| StoreError::io("stat", path, e))?;
-    let len = usize::try_from(len).map_err(|e| StoreError::Corrupt {
-        path: path.to_path_buf(),
-        offset: 0,
-        reason: format!("file of {len} bytes does not fit in memory: {e}"),
-    })?;
-    let mut buf = vec![0u8; len];
-    f.read_exact_at(&mut buf, 0)
-        .map_err(|e| StoreError::io("read", path, e))?;
-    Ok(buf)
+    let mut tries = 0;
+    loop {
+        let len = f.len().map_err(|e| StoreError::io("stat", path, e))?;
+        let len = usize::try_from(len).map_err(|e| StoreError::Corrupt {
+            path: path.to_path_buf(),
+            offset: 0,
+            reason: format!("file of {len} bytes does not fit in memory: {e}"),
+        })?;
+        let mut buf = vec![0u8; len];
+        match f.read_exact_at(&mut buf, 0) {
+            Ok(()) => return Ok(buf),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::UnexpectedEof && tries + 1 < READ_FILE_TRIES =>
+            {
+                tries += 1;
+            }
+            Err(e) => return Err(StoreError::io("read", path, e)),
+        }
+    }
 }
 
 /// Whether a whole valid record starts at `offset` of `path`.
