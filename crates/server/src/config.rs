@@ -122,6 +122,9 @@ pub struct Store {
     /// Write each group's next segment ahead (zeros, fdatasynced) while
     /// its fdatasyncs are small, so a sync into it writes no inode.
     pub segment_prepare: bool,
+    /// Append to each group's active segment past the page cache
+    /// (`O_DIRECT`) where the file system allows it.
+    pub direct_appends: bool,
     /// Bytes of each group's newest journal left in the page cache; older
     /// sealed segments are dropped from it (0: never).
     pub segment_cache_bytes: u64,
@@ -240,6 +243,7 @@ impl Default for Store {
             commit_delay_us_max: 0,
             segment_size_bytes: 0,
             segment_prepare: false,
+            direct_appends: false,
             segment_cache_bytes: 0,
             checkpoint_journal_bytes: 0,
             queue_resident_messages_max: 0,
@@ -339,6 +343,7 @@ impl Config {
         c.commit_delay_us_max = self.store.commit_delay_us_max;
         c.segment_size_bytes = self.store.segment_size_bytes;
         c.segment_prepare = self.store.segment_prepare;
+        c.direct_appends = self.store.direct_appends;
         c.segment_cache_bytes = self.store.segment_cache_bytes;
         c.accept_missing_segments = self.store.accept_missing_segments;
         c.checkpoint_journal_bytes = self.store.checkpoint_journal_bytes;

@@ -17,6 +17,8 @@ pub mod backup;
 pub mod checkpoint;
 pub mod clock;
 pub mod decision;
+#[cfg(target_os = "linux")]
+mod direct;
 pub mod error;
 pub mod event_log;
 pub mod events;

@@ -150,6 +150,12 @@ pub struct StoreConfig {
     /// the group's fdatasyncs are small (`PREPARE_SYNC_BYTES_MAX`): under
     /// bulk writes the zeros would cost more than they save. Default true.
     pub segment_prepare: bool,
+    /// Each group writer appends to its active segment past the page
+    /// cache (`O_DIRECT`) where the file system allows it: a batch goes
+    /// from the writer's buffer to the device, not through freshly
+    /// allocated cache pages, and the fdatasync only flushes. Reads still
+    /// go through the page cache. Default true.
+    pub direct_appends: bool,
     /// Bytes of each group's newest journal left to the page cache: a
     /// sealed segment that this many bytes were written after (and that
     /// no checkpoint still has to read) is dropped from the cache
@@ -203,6 +209,7 @@ impl StoreConfig {
             checkpoint_interval_ms: 30_000,
             segment_idle_roll_ms: 10_000,
             segment_prepare: true,
+            direct_appends: true,
             segment_cache_bytes: SEGMENT_CACHE_BYTES_DEFAULT,
             compaction_live_percent_max: 50,
             compaction_bytes_per_turn: 1024 * 1024,

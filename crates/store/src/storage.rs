@@ -49,6 +49,16 @@ pub trait Storage: Send + Sync + 'static {
     }
     /// Makes the directory's entries durable (fsync of the directory).
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// The handle the group writer appends through, for `file` (just
+    /// created or renamed into place at `path`): writes at increasing
+    /// offsets, past which the file holds zeros or nothing. The operating
+    /// system's storage writes them past the page cache (`O_DIRECT`,
+    /// see `direct.rs`) where the file system allows; the default is
+    /// `file` itself.
+    fn appends(&self, path: &Path, file: Arc<dyn StorageFile>) -> io::Result<Arc<dyn StorageFile>> {
+        let _ = path;
+        Ok(file)
+    }
 }
 
 /// One open file. Positional I/O only: there is no shared cursor.
@@ -81,6 +91,9 @@ pub trait StorageFile: Send + Sync {
         let _ = (offset, len);
         Ok(())
     }
+    /// Gives back memory kept for the next write (the writer calls it once
+    /// its group is idle). Most files keep none.
+    fn release_idle_memory(&self) {}
 }
 
 /// The real thing: `std::fs` with `pread`/`pwrite`/`fdatasync`.
@@ -185,6 +198,13 @@ impl Storage for OsStorage {
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         File::open(dir)?.sync_all()
     }
+    #[cfg(target_os = "linux")]
+    fn appends(&self, path: &Path, file: Arc<dyn StorageFile>) -> io::Result<Arc<dyn StorageFile>> {
+        Ok(match crate::direct::open(path, Arc::clone(&file))? {
+            Some(direct) => Arc::new(direct),
+            None => file,
+        })
+    }
 }
 
 /// Writes `bytes` as `dir/name`, atomically and durably: into `dir/tmp_name`
@@ -218,7 +238,7 @@ pub fn write_atomically(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::fault::FaultStorage;
 
@@ -252,7 +272,7 @@ mod tests {
     /// `None` where the file system keeps no cache to drop (tmpfs).
     #[cfg(target_os = "linux")]
     #[allow(unsafe_code)]
-    fn pages_cached(path: &Path) -> Option<usize> {
+    pub(crate) fn pages_cached(path: &Path) -> Option<usize> {
         use std::os::fd::AsRawFd;
         use std::os::unix::ffi::OsStrExt;
         let dir = std::ffi::CString::new(path.parent()?.as_os_str().as_bytes()).ok()?;

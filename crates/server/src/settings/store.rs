@@ -109,6 +109,19 @@ pub(super) static STORE: &[Setting] = &[
         slot: &one(field!(store.segment_prepare), || store().segment_prepare),
     },
     Setting {
+        key: "store.direct_appends",
+        flag: "direct-appends",
+        value_name: "BOOL",
+        default_note: "",
+        doc: "each log group appends to its active segment past the page cache (`O_DIRECT`) \
+              where the file system allows it (not tmpfs): a batch goes from the writer's \
+              buffer to the device instead of through freshly allocated cache pages, and the \
+              fdatasync only has to flush. Reads still use the page cache; a consumer behind \
+              the in-memory window reads its messages from the disk. `false` appends through \
+              the page cache. See [DURABILITY.md](DURABILITY.md)",
+        slot: &one(field!(store.direct_appends), || store().direct_appends),
+    },
+    Setting {
         key: "store.segment_cache_bytes",
         flag: "segment-cache-bytes",
         value_name: "BYTES",

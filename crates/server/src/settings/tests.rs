@@ -86,6 +86,14 @@ fn checkpoint_journal_bytes_reaches_the_store_and_has_a_floor() {
 }
 
 #[test]
+fn direct_appends_are_on_by_default_and_can_be_turned_off() {
+    assert!(Config::default().store_config().direct_appends);
+    let c = Config::from_toml("[store]\ndirect_appends = false\n").unwrap();
+    c.validate().unwrap();
+    assert!(!c.store_config().direct_appends);
+}
+
+#[test]
 fn segment_prepare_is_on_by_default_and_can_be_turned_off() {
     assert!(Config::default().store_config().segment_prepare);
     let c = Config::from_toml("[store]\nsegment_prepare = false\n").unwrap();

@@ -638,6 +638,13 @@ impl Writer {
                 .create(&path)
                 .map_err(self.err("create", &path))?,
         };
+        let file = if self.cfg.direct_appends {
+            self.storage
+                .appends(&path, file)
+                .map_err(self.err("open for direct appends", &path))?
+        } else {
+            file
+        };
         // The entry must be durable before any record in it is completed.
         self.storage
             .sync_dir(&self.shared.dir)
@@ -721,6 +728,9 @@ impl Writer {
     /// while writes come, so that a busy writer does not fault in fresh
     /// pages for every batch; a quiet one holds nothing.
     pub(super) fn release_idle_buffer(&mut self) {
+        if let Some(a) = &self.active {
+            a.file.release_idle_memory();
+        }
         if self.buf.is_empty() && self.buf.capacity() > 0 {
             self.buf = Vec::new();
             self.shared
