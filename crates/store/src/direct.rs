@@ -28,6 +28,7 @@
 //!
 //! [`Storage::appends`]: crate::storage::Storage::appends
 
+use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -66,7 +67,7 @@ fn open_aligned(
             tail: Mutex::new(Tail {
                 direct: Some(direct),
                 end: None,
-                mem: Vec::new(),
+                bytes: Vec::new(),
             }),
         })),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(None),
@@ -88,31 +89,24 @@ struct Tail {
     /// Where the last append ended; `None` when unknown (nothing appended
     /// through this handle yet, a failed write, or a cut since).
     end: Option<u64>,
-    /// Staging memory; from its first aligned byte it holds the bytes of
-    /// the last append's partial block. Grows to a batch and is kept
-    /// until [`StorageFile::release_idle_memory`].
-    mem: Vec<u8>,
+    /// The bytes of the last append's partial block.
+    bytes: Vec<u8>,
 }
 
-impl Tail {
-    fn start(&self, block: usize) -> usize {
-        self.mem.as_ptr().align_offset(block)
-    }
+thread_local! {
+    /// Staging memory of the thread that appends (a group's writer): it
+    /// grows to a batch, is reused for every segment the thread writes,
+    /// and is given back by [`release_staging`] once the thread is idle.
+    static STAGING: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
 
-    /// Makes room for `len` bytes from the aligned start, keeping the
-    /// first `keep` of them.
-    fn reserve(&mut self, block: usize, len: usize, keep: usize) {
-        if self.mem.len() >= self.start(block) + len {
-            return;
-        }
-        let mut mem = vec![0u8; len + block];
-        let new = mem.as_ptr().align_offset(block);
-        if keep > 0 {
-            let old = self.start(block);
-            mem[new..new + keep].copy_from_slice(&self.mem[old..old + keep]);
-        }
-        self.mem = mem;
+/// The first `block`-aligned index of `mem`, after making room there for
+/// `len` bytes.
+fn staged(mem: &mut Vec<u8>, block: usize, len: usize) -> usize {
+    if mem.len() < mem.as_ptr().align_offset(block) + len {
+        *mem = vec![0u8; len + block];
     }
+    mem.as_ptr().align_offset(block)
 }
 
 impl DirectAppends {
@@ -123,24 +117,27 @@ impl DirectAppends {
         let head = usize::try_from(offset - block_at).expect("less than a block");
         let total = head + buf.len();
         let padded = total.div_ceil(self.block) * self.block;
-        let continues = t.end == Some(offset);
-        t.reserve(self.block, padded, if continues { head } else { 0 });
-        let start = t.start(self.block);
-        if !continues && head > 0 {
-            self.file
-                .read_exact_at(&mut t.mem[start..start + head], block_at)?;
-        }
-        t.mem[start + head..start + total].copy_from_slice(buf);
-        t.mem[start + total..start + padded].fill(0);
         let direct = t.direct.as_ref().expect("checked by the caller");
-        direct.write_all_at(&t.mem[start..start + padded], block_at)?;
-        let end = offset + buf.len() as u64;
-        let end_block = end - end % block;
-        let keep = usize::try_from(end - end_block).expect("less than a block");
-        let from = start + usize::try_from(end_block - block_at).expect("in the staged run");
-        t.mem.copy_within(from..from + keep, start);
-        t.end = Some(end);
-        Ok(())
+        STAGING.with_borrow_mut(|mem| {
+            let start = staged(mem, self.block, padded);
+            if t.end == Some(offset) {
+                mem[start..start + head].copy_from_slice(&t.bytes[..head]);
+            } else if head > 0 {
+                self.file
+                    .read_exact_at(&mut mem[start..start + head], block_at)?;
+            }
+            mem[start + head..start + total].copy_from_slice(buf);
+            mem[start + total..start + padded].fill(0);
+            direct.write_all_at(&mem[start..start + padded], block_at)?;
+            let end = offset + buf.len() as u64;
+            let end_block = end - end % block;
+            let keep = usize::try_from(end - end_block).expect("less than a block");
+            let from = start + usize::try_from(end_block - block_at).expect("in the staged run");
+            t.bytes.clear();
+            t.bytes.extend_from_slice(&mem[from..from + keep]);
+            t.end = Some(end);
+            Ok(())
+        })
     }
 }
 
@@ -162,7 +159,7 @@ impl StorageFile for DirectAppends {
                 *t = Tail {
                     direct: None,
                     end: None,
-                    mem: Vec::new(),
+                    bytes: Vec::new(),
                 };
                 self.file.write_all_at(buf, offset)
             }
@@ -179,7 +176,9 @@ impl StorageFile for DirectAppends {
         self.file.len()
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
-        self.tail.lock().end = None;
+        let mut t = self.tail.lock();
+        t.end = None;
+        t.bytes = Vec::new();
         self.file.set_len(len)
     }
     fn write_back(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -188,24 +187,11 @@ impl StorageFile for DirectAppends {
     fn drop_cache(&self, offset: u64, len: u64) -> io::Result<()> {
         self.file.drop_cache(offset, len)
     }
-    fn release_idle_memory(&self) {
-        let mut t = self.tail.lock();
-        // The tail block is kept; the batch-sized rest is given back.
-        if t.mem.len() > 2 * self.block {
-            let keep = t.end.map_or(0, |e| {
-                usize::try_from(e % self.block as u64).expect("less than a block")
-            });
-            let mut small = Tail {
-                direct: t.direct.take(),
-                end: t.end,
-                mem: Vec::new(),
-            };
-            small.reserve(self.block, self.block, 0);
-            let (from, to) = (t.start(self.block), small.start(self.block));
-            small.mem[to..to + keep].copy_from_slice(&t.mem[from..from + keep]);
-            *t = small;
-        }
-    }
+}
+
+/// Gives back the calling thread's staging memory (see [`STAGING`]).
+pub(crate) fn release_staging() {
+    STAGING.with_borrow_mut(|mem| *mem = Vec::new());
 }
 
 #[cfg(test)]
@@ -266,7 +252,7 @@ mod tests {
         f.set_len(5000).unwrap();
         // What the tail held (bytes 5000..6000) is cut; what is appended
         // next continues at 5000, the head of its block read from disk.
-        f.release_idle_memory();
+        release_staging();
         f.write_all_at(&[2u8; 10], 5000).unwrap();
         let on_disk = contents(&path);
         assert!(on_disk[..5000].iter().all(|b| *b == 1));
@@ -282,9 +268,9 @@ mod tests {
         };
         f.write_all_at(&[3u8; 1 << 20], 0).unwrap();
         f.write_all_at(&[4u8; 300], 1 << 20).unwrap();
-        assert!(f.tail.lock().mem.len() > 1 << 20);
-        f.release_idle_memory();
-        assert!(f.tail.lock().mem.len() <= 2 * BLOCK);
+        assert!(STAGING.with_borrow(Vec::len) > 1 << 20);
+        release_staging();
+        assert_eq!(STAGING.with_borrow(Vec::len), 0);
         f.write_all_at(&[5u8; 300], (1 << 20) + 300).unwrap();
         let on_disk = contents(&path);
         let at = 1 << 20;
@@ -390,7 +376,7 @@ mod tests {
                         model.truncate(cut);
                         f.set_len(cut as u64).unwrap();
                     }
-                    1 => f.release_idle_memory(),
+                    1 => release_staging(),
                     _ => {
                         let bytes = vec![u8::try_from(i % 250 + 1).unwrap(); len];
                         f.write_all_at(&bytes, model.len() as u64).unwrap();

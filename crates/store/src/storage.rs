@@ -59,6 +59,9 @@ pub trait Storage: Send + Sync + 'static {
         let _ = path;
         Ok(file)
     }
+    /// Gives back memory the calling thread's appends keep for the next
+    /// one (the writer calls it once its group is idle).
+    fn release_idle_memory(&self) {}
 }
 
 /// One open file. Positional I/O only: there is no shared cursor.
@@ -91,9 +94,6 @@ pub trait StorageFile: Send + Sync {
         let _ = (offset, len);
         Ok(())
     }
-    /// Gives back memory kept for the next write (the writer calls it once
-    /// its group is idle). Most files keep none.
-    fn release_idle_memory(&self) {}
 }
 
 /// The real thing: `std::fs` with `pread`/`pwrite`/`fdatasync`.
@@ -204,6 +204,10 @@ impl Storage for OsStorage {
             Some(direct) => Arc::new(direct),
             None => file,
         })
+    }
+    #[cfg(target_os = "linux")]
+    fn release_idle_memory(&self) {
+        crate::direct::release_staging();
     }
 }
 

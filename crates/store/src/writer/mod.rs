@@ -728,9 +728,7 @@ impl Writer {
     /// while writes come, so that a busy writer does not fault in fresh
     /// pages for every batch; a quiet one holds nothing.
     pub(super) fn release_idle_buffer(&mut self) {
-        if let Some(a) = &self.active {
-            a.file.release_idle_memory();
-        }
+        self.storage.release_idle_memory();
         if self.buf.is_empty() && self.buf.capacity() > 0 {
             self.buf = Vec::new();
             self.shared
