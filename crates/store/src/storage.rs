@@ -156,6 +156,40 @@ impl StorageFile for OsFile {
     }
 }
 
+/// A segment the group writer appends to: the ordinary handle for
+/// everything but appends, which go past the page cache (`direct.rs`).
+#[cfg(target_os = "linux")]
+struct OsAppendFile {
+    file: OsFile,
+    appends: crate::direct::Appender,
+}
+
+#[cfg(target_os = "linux")]
+impl StorageFile for OsAppendFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.file.read_exact_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.appends.write(&self.file.0, buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.file.len()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.appends.cut();
+        self.file.set_len(len)
+    }
+    fn write_back(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.file.write_back(offset, len)
+    }
+    fn drop_cache(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.file.drop_cache(offset, len)
+    }
+}
+
 impl Storage for OsStorage {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         std::fs::create_dir_all(dir)
@@ -200,10 +234,14 @@ impl Storage for OsStorage {
     }
     #[cfg(target_os = "linux")]
     fn appends(&self, path: &Path, file: Arc<dyn StorageFile>) -> io::Result<Arc<dyn StorageFile>> {
-        Ok(match crate::direct::open(path, Arc::clone(&file))? {
-            Some(direct) => Arc::new(direct),
-            None => file,
-        })
+        let Some(appends) = crate::direct::open(path)? else {
+            return Ok(file);
+        };
+        let ordinary = OpenOptions::new().read(true).write(true).open(path)?;
+        Ok(Arc::new(OsAppendFile {
+            file: OsFile(ordinary),
+            appends,
+        }))
     }
     #[cfg(target_os = "linux")]
     fn release_idle_memory(&self) {
@@ -334,5 +372,64 @@ pub(crate) mod tests {
         let mut back = vec![0u8; bytes.len()];
         f.read_exact_at(&mut back, 0).unwrap();
         assert!(back == bytes);
+    }
+
+    #[test]
+    fn appends_do_not_fill_the_page_cache() {
+        let (_dir, dir) = berth_testdir::TestDir::new("direct-cache").and_path();
+        let path = dir.join("0000000001.seg");
+        let file = OsStorage.create(&path).unwrap();
+        let f = OsStorage.appends(&path, file).unwrap();
+        for i in 0..64u64 {
+            f.write_all_at(&[9u8; 64 * 1024], i * 64 * 1024).unwrap();
+        }
+        f.sync_data().unwrap();
+        let Some(cached) = pages_cached(&path) else {
+            return;
+        };
+        // 4 MiB appended: 1,024 pages through the page cache.
+        assert!(cached <= 1, "{cached} pages of the appends are cached");
+    }
+
+    /// A store on the operating system's files: `n` confirmed publishes
+    /// of 4 KiB, the active segment's pages left in the page cache, and
+    /// the messages recovered after a reopen.
+    fn publish_and_reopen(direct_appends: bool, n: u64) -> (Option<usize>, usize) {
+        use crate::{MsgId, QueueId, Store, StoreConfig, Ticket};
+        let (_dir, dir) = berth_testdir::TestDir::new("direct-store").and_path();
+        let mut cfg = StoreConfig::new(&dir);
+        cfg.log_groups = 1;
+        cfg.segment_prepare = false;
+        cfg.direct_appends = direct_appends;
+        let (store, _) = Store::open_with(cfg.clone(), Arc::new(OsStorage)).unwrap();
+        for _ in 0..n {
+            let m: MsgId = store.next_msg_id();
+            let body = bytes::Bytes::from(vec![u8::try_from(m.0 % 251).unwrap(); 4096]);
+            let (done, ticket) = Ticket::new();
+            store.publish(m, &[QueueId(1)], body, Some(done));
+            ticket.wait().unwrap();
+        }
+        let cached = pages_cached(&dir.join("group-0000").join("0000000001.seg"));
+        drop(store);
+        let (_store, rec) = Store::open_with(cfg, Arc::new(OsStorage)).unwrap();
+        (cached, rec.queues.get(&QueueId(1)).map_or(0, Vec::len))
+    }
+
+    #[test]
+    fn a_store_appends_past_the_page_cache_unless_told_not_to() {
+        let (cached, recovered) = publish_and_reopen(true, 1000);
+        assert_eq!(recovered, 1000);
+        let Some(cached) = cached else { return };
+        // 1,000 × 4 KiB records: more than 1,000 pages through the cache.
+        assert!(
+            cached <= 2,
+            "{cached} pages of the store's appends are cached"
+        );
+        let (cached, recovered) = publish_and_reopen(false, 1000);
+        assert_eq!(recovered, 1000);
+        assert!(
+            cached.unwrap() > 1000,
+            "direct_appends = false appends through the cache"
+        );
     }
 }
