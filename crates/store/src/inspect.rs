@@ -848,84 +848,40 @@ fn problem_of(e: &StoreError, path: &Path) -> Problem {
 
 #[cfg(test)]
 mod tests {
-    use std::io;
     use std::path::Path;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
     use super::read_file;
     use crate::fault::FaultStorage;
-    use crate::storage::{Storage, StorageFile};
+    use crate::hooked::{FileHooks, Hooked};
+    use crate::storage::Storage;
 
-    /// A storage whose files give a stale size once: the size they had
-    /// before the writer cut a prepared segment's zeros off.
-    struct CutWhileRead(FaultStorage);
+    /// Once set, the next size asked for is stale: the size a segment had
+    /// before the writer cut its prepared zeros off.
+    struct StaleOnce(AtomicBool);
 
-    struct StaleOnce {
-        inner: Arc<dyn StorageFile>,
-        stale: AtomicBool,
-    }
-
-    impl StorageFile for StaleOnce {
-        fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-            self.inner.read_exact_at(buf, offset)
-        }
-        fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-            self.inner.write_all_at(buf, offset)
-        }
-        fn sync_data(&self) -> io::Result<()> {
-            self.inner.sync_data()
-        }
-        fn len(&self) -> io::Result<u64> {
-            let len = self.inner.len()?;
-            Ok(if self.stale.swap(false, Ordering::Relaxed) {
+    impl FileHooks for StaleOnce {
+        fn len(&self, _: &Path, len: u64) -> u64 {
+            if self.0.swap(false, Ordering::Relaxed) {
                 len + 4096
             } else {
                 len
-            })
-        }
-        fn set_len(&self, len: u64) -> io::Result<()> {
-            self.inner.set_len(len)
-        }
-    }
-
-    impl Storage for CutWhileRead {
-        fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-            self.0.create_dir_all(dir)
-        }
-        fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
-            self.0.list(dir)
-        }
-        fn create(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
-            self.0.create(path)
-        }
-        fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
-            self.0.open(path)
-        }
-        fn open_read(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
-            Ok(Arc::new(StaleOnce {
-                inner: self.0.open_read(path)?,
-                stale: AtomicBool::new(true),
-            }))
-        }
-        fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-            self.0.rename(from, to)
-        }
-        fn remove(&self, path: &Path) -> io::Result<()> {
-            self.0.remove(path)
-        }
-        fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-            self.0.sync_dir(dir)
+            }
         }
     }
 
     #[test]
     fn a_file_cut_between_its_size_and_the_read_is_read_at_its_new_size() {
-        let storage = CutWhileRead(FaultStorage::new(1));
+        let storage = Hooked {
+            inner: FaultStorage::new(1),
+            hooks: Arc::new(StaleOnce(AtomicBool::new(false))),
+        };
         let path = Path::new("/g/0000000005.seg");
         storage.create_dir_all(Path::new("/g")).unwrap();
         let file = storage.create(path).unwrap();
         file.write_all_at(b"the records before the cut", 0).unwrap();
+        storage.hooks.0.store(true, Ordering::Relaxed);
 
         let read = read_file(&storage, path).expect("the read is made again at the new size");
         assert_eq!(read, b"the records before the cut");

@@ -24,6 +24,7 @@ pub mod event_log;
 pub mod events;
 pub mod fault;
 pub mod histogram;
+pub mod hooked;
 pub mod index;
 pub mod inspect;
 pub mod journal;

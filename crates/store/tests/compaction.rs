@@ -5,92 +5,30 @@
 
 mod common;
 
-use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use berth_store::fault::FaultStorage;
-use berth_store::storage::{Storage, StorageFile};
+use berth_store::hooked::{FileHooks, Hooked};
 use berth_store::{MsgId, QueueId, Store, Ticket};
 use bytes::Bytes;
 use common::{config, wait};
 
-/// The fault storage, with every read taking `READ_DELAY` once `slow` is
-/// set: compaction reads each record it moves, so a compaction of ~1,400
-/// records lasts for a second — far longer than this test's threads can be
-/// kept waiting for a core on a loaded machine. (The publish path does
-/// not read.)
-struct SlowReads {
-    inner: FaultStorage,
-    slow: Arc<AtomicBool>,
-}
+/// Every read takes `READ_DELAY` once set: compaction reads each record
+/// it moves, so a compaction of ~1,400 records lasts for a second — far
+/// longer than this test's threads can be kept waiting for a core on a
+/// loaded machine. (The publish path does not read.)
+struct SlowReads(AtomicBool);
 
 const READ_DELAY: Duration = Duration::from_micros(700);
 
-struct SlowFile {
-    inner: Arc<dyn StorageFile>,
-    slow: Arc<AtomicBool>,
-}
-
-impl StorageFile for SlowFile {
-    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        if self.slow.load(Ordering::Relaxed) {
+impl FileHooks for SlowReads {
+    fn before_read(&self, _: &Path, _: usize) {
+        if self.0.load(Ordering::Relaxed) {
             std::thread::sleep(READ_DELAY);
         }
-        self.inner.read_exact_at(buf, offset)
-    }
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.inner.write_all_at(buf, offset)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.inner.sync_data()
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
-    }
-}
-
-impl SlowReads {
-    fn wrap(&self, f: Arc<dyn StorageFile>) -> Arc<dyn StorageFile> {
-        Arc::new(SlowFile {
-            inner: f,
-            slow: Arc::clone(&self.slow),
-        })
-    }
-}
-
-impl Storage for SlowReads {
-    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        self.inner.create_dir_all(dir)
-    }
-    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
-        self.inner.list(dir)
-    }
-    fn create(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
-        self.inner.create(path).map(|f| self.wrap(f))
-    }
-    fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
-        self.inner.open(path).map(|f| self.wrap(f))
-    }
-    fn open_read(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
-        self.inner.open_read(path).map(|f| self.wrap(f))
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.inner.rename(from, to)
-    }
-    fn remove(&self, path: &Path) -> io::Result<()> {
-        self.inner.remove(path)
-    }
-    fn remove_dir(&self, dir: &Path) -> io::Result<()> {
-        self.inner.remove_dir(dir)
-    }
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        self.inner.sync_dir(dir)
     }
 }
 
@@ -134,10 +72,10 @@ fn a_publish_is_confirmed_while_a_large_compaction_is_still_running() {
     // Only the explicit compaction below runs, in steps of 16 KiB.
     cfg.compaction_pause_ms = 3_600_000;
     cfg.compaction_bytes_per_turn = 16 * 1024;
-    let slow = Arc::new(AtomicBool::new(false));
-    let storage = SlowReads {
+    let slow = Arc::new(SlowReads(AtomicBool::new(false)));
+    let storage = Hooked {
         inner: fs,
-        slow: Arc::clone(&slow),
+        hooks: Arc::clone(&slow),
     };
     let (store, _) = Store::open_with(cfg, Arc::new(storage)).expect("open");
     let store = Arc::new(store);
@@ -147,7 +85,7 @@ fn a_publish_is_confirmed_while_a_large_compaction_is_still_running() {
     let before = store.stats()[0].bytes_compacted;
     assert_eq!(before, 0, "nothing compacted before it was asked for");
 
-    slow.store(true, Ordering::Relaxed);
+    slow.0.store(true, Ordering::Relaxed);
     let compaction = {
         let store = Arc::clone(&store);
         std::thread::spawn(move || store.compact())
