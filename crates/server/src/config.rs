@@ -123,7 +123,8 @@ pub struct Store {
     /// its fdatasyncs are small, so a sync into it writes no inode.
     pub segment_prepare: bool,
     /// Append to each group's active segment past the page cache
-    /// (`O_DIRECT`) where the file system allows it.
+    /// (`O_DIRECT`) where the file system allows it, and read messages
+    /// back from such a segment past it too.
     pub direct_appends: bool,
     /// Bytes of each group's newest journal left in the page cache; older
     /// sealed segments are dropped from it (0: never).

@@ -3,7 +3,11 @@
 //! buffer of ours to the device instead of being copied into freshly
 //! allocated page-cache pages (on a VM with free-page reporting each such
 //! page also costs the host a fault) and written back from there by the
-//! fdatasync.
+//! fdatasync. Messages read back from such a segment (a queue's paged-out
+//! backlog) come past the page cache too, read by the device straight
+//! into memory that becomes their bodies: what was appended this way is
+//! not in the cache, and reading it through the cache would allocate the
+//! pages the appends avoided, then copy out of them.
 //!
 //! Invariants:
 //! - A direct write covers whole aligned blocks. One that starts inside a
@@ -18,13 +22,20 @@
 //!   growing one). A growing file's size may then end on a block boundary
 //!   past the last append, in zeros, until the writer cuts it at its
 //!   records (`set_len`), as it does when it seals the segment.
-//! - Reads, size, cuts, fdatasync and cache advice go through the
-//!   ordinary handle on the same file (`storage.rs` pairs the two); the
-//!   kernel keeps the page cache coherent with direct writes.
+//! - Size, cuts, fdatasync, cache advice and every read but
+//!   [`Appender::read`] go through the ordinary handle on the same file
+//!   (`storage.rs` pairs the two); the kernel keeps the page cache
+//!   coherent with direct writes and reads.
+//! - A direct read covers whole aligned blocks and returns only the bytes
+//!   asked for, which were appended (and indexed) before anyone asked:
+//!   the block an append is rewriting holds them with the same values
+//!   before and after, so a read that races the write gets them either
+//!   way.
 //! - fdatasync is still what makes an append durable: a direct write
 //!   leaves the device's volatile cache and a grown file's size to it.
 //! - A file system that refuses a direct write's alignment (`EINVAL`)
-//!   gets this append and every later one through the ordinary handle.
+//!   gets this append and every later one through the ordinary handle;
+//!   one that refuses a direct read's, this read and every later one.
 //!
 //! [`Storage::appends`]: crate::storage::Storage::appends
 
@@ -33,7 +44,9 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use bytes::Bytes;
 use parking_lot::Mutex;
 
 /// The alignment of a direct write's offset, length and memory: a page,
@@ -49,6 +62,7 @@ pub(crate) fn open(path: &Path) -> io::Result<Option<Appender>> {
 
 fn open_aligned(path: &Path, block: usize) -> io::Result<Option<Appender>> {
     match OpenOptions::new()
+        .read(true)
         .write(true)
         .custom_flags(libc::O_DIRECT)
         .open(path)
@@ -56,8 +70,10 @@ fn open_aligned(path: &Path, block: usize) -> io::Result<Option<Appender>> {
         Ok(direct) => Ok(Some(Appender {
             path: path.to_path_buf(),
             block,
+            direct,
+            reads_refused: AtomicBool::new(false),
             tail: Mutex::new(Tail {
-                direct: Some(direct),
+                refused: false,
                 end: None,
                 bytes: Vec::new(),
             }),
@@ -67,16 +83,21 @@ fn open_aligned(path: &Path, block: usize) -> io::Result<Option<Appender>> {
     }
 }
 
-/// Direct appends to one file, beside its ordinary handle.
+/// Direct appends to one file, and direct reads of it, beside its
+/// ordinary handle.
 pub(crate) struct Appender {
     path: PathBuf,
     block: usize,
+    /// The `O_DIRECT` handle.
+    direct: File,
+    /// Set once the file system refused a direct read.
+    reads_refused: AtomicBool,
     tail: Mutex<Tail>,
 }
 
 struct Tail {
-    /// The `O_DIRECT` handle; `None` once the file system refused one.
-    direct: Option<File>,
+    /// Set once the file system refused a direct write.
+    refused: bool,
     /// Where the last append ended; `None` when unknown (nothing appended
     /// through this handle yet, a failed write, or a cut since).
     end: Option<u64>,
@@ -111,7 +132,7 @@ impl Appender {
     /// when the file system refuses a direct one.
     pub(crate) fn write(&self, file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
         let mut t = self.tail.lock();
-        if t.direct.is_none() {
+        if t.refused {
             return file.write_all_at(buf, offset);
         }
         match self.append(&mut t, file, buf, offset) {
@@ -121,7 +142,7 @@ impl Appender {
                     "the file system refused a direct write: this segment's appends go \
                      through the page cache");
                 *t = Tail {
-                    direct: None,
+                    refused: true,
                     end: None,
                     bytes: Vec::new(),
                 };
@@ -131,6 +152,26 @@ impl Appender {
                 t.end = None;
                 Err(e)
             }
+        }
+    }
+
+    /// Reads `len` bytes at `offset` past the page cache, into memory of
+    /// their own: the result is a view of that memory, not a copy.
+    /// `UnexpectedEof` if the file ends first. `None` once the file system
+    /// refused a direct read: the caller reads through the ordinary handle.
+    pub(crate) fn read(&self, offset: u64, len: usize) -> io::Result<Option<Bytes>> {
+        if self.reads_refused.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        match read_aligned(&self.direct, self.block, offset, len) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                tracing::warn!(path = %self.path.display(), error = %e,
+                    "the file system refused a direct read: this segment's reads go \
+                     through the page cache");
+                self.reads_refused.store(true, Ordering::Relaxed);
+                Ok(None)
+            }
+            r => r.map(Some),
         }
     }
 
@@ -148,7 +189,7 @@ impl Appender {
         let head = usize::try_from(offset - block_at).expect("less than a block");
         let total = head + buf.len();
         let padded = total.div_ceil(self.block) * self.block;
-        let direct = t.direct.as_ref().expect("checked by the caller");
+        let direct = &self.direct;
         STAGING.with_borrow_mut(|mem| {
             let start = staged(mem, self.block, padded);
             if t.end == Some(offset) {
@@ -169,6 +210,31 @@ impl Appender {
             Ok(())
         })
     }
+}
+
+/// Reads the whole `block`-aligned blocks around `len` bytes at `offset`
+/// from a direct handle into aligned memory, and returns those bytes.
+fn read_aligned(file: &File, block: usize, offset: u64, len: usize) -> io::Result<Bytes> {
+    let short = || io::Error::new(io::ErrorKind::UnexpectedEof, "short read");
+    let start = offset - offset % block as u64;
+    let head = usize::try_from(offset - start).expect("less than a block");
+    let want = head + len;
+    let padded = want.div_ceil(block) * block;
+    let mut mem = vec![0u8; padded + block];
+    let at = mem.as_ptr().align_offset(block);
+    let mut got = 0;
+    while got < want {
+        match file.read_at(&mut mem[at + got..at + padded], start + got as u64) {
+            Ok(0) => return Err(short()),
+            // A direct read stops short only at the end of the file, and
+            // the next one could not start on a block.
+            Ok(n) if got + n < want && (got + n) % block != 0 => return Err(short()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Bytes::from(mem).slice(at + head..at + want))
 }
 
 #[cfg(test)]
@@ -267,6 +333,63 @@ mod tests {
     }
 
     #[test]
+    fn reads_return_the_bytes_appended_wherever_they_start_and_end() {
+        let (_dir, dir) = berth_testdir::TestDir::new("direct-reads").and_path();
+        let Some((_path, file, f)) = appender(&dir, BLOCK) else {
+            return;
+        };
+        let model: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+        f.write(&file, &model[..7000], 0).unwrap();
+        f.write(&file, &model[7000..], 7000).unwrap();
+        for (from, len) in [
+            (0, 1),
+            (0, 4096),
+            (1, 4095),
+            (4095, 2),
+            (5000, 9000),
+            (0, 20_000),
+            (19_999, 1),
+        ] {
+            let read = f.read(from as u64, len).unwrap().expect("a direct read");
+            assert!(read[..] == model[from..from + len], "{len} bytes at {from}");
+        }
+        // The file as the writer leaves it when it seals the segment: cut at
+        // its records, not at a block.
+        file.sync_data().unwrap();
+        f.cut();
+        file.set_len(19_000).unwrap();
+        let read = f.read(15_000, 4000).unwrap().expect("a direct read");
+        assert!(
+            read[..] == model[15_000..19_000],
+            "up to the end of the file"
+        );
+        for (from, len) in [(15_000, 4001), (19_000, 1), (30_000, 10)] {
+            let e = f.read(from, len).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                io::ErrorKind::UnexpectedEof,
+                "{len} bytes at {from}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_refused_read_alignment_leaves_reads_to_the_ordinary_handle() {
+        let (_dir, dir) = berth_testdir::TestDir::new("direct-read-refused").and_path();
+        // Blocks of 2 bytes: no device takes such a direct read.
+        let Some((_path, file, f)) = appender(&dir, 2) else {
+            return;
+        };
+        file.write_all_at(b"hello world", 0).unwrap();
+        assert!(
+            f.read(1, 4).unwrap().is_none(),
+            "the direct read was refused"
+        );
+        assert!(f.reads_refused.load(Ordering::Relaxed));
+        assert!(f.read(0, 5).unwrap().is_none(), "and is not tried again");
+    }
+
+    #[test]
     fn a_refused_alignment_falls_back_to_the_page_cache_and_loses_nothing() {
         let (_dir, dir) = berth_testdir::TestDir::new("direct-refused").and_path();
         // Blocks of 2 bytes: no device takes such a direct write.
@@ -274,10 +397,7 @@ mod tests {
             return;
         };
         f.write(&file, b"hello", 0).unwrap();
-        assert!(
-            f.tail.lock().direct.is_none(),
-            "the direct write was refused"
-        );
+        assert!(f.tail.lock().refused, "the direct write was refused");
         f.write(&file, b" world", 5).unwrap();
         assert_eq!(contents(&path), b"hello world");
     }
@@ -315,6 +435,10 @@ mod tests {
                 prop_assert!(on_disk.len() >= model.len());
                 prop_assert!(on_disk[..model.len()] == model[..], "step {}", i);
                 prop_assert!(on_disk[model.len()..].iter().all(|b| *b == 0));
+                // A direct read of the second half of what is appended.
+                let from = model.len() / 2;
+                let read = f.read(from as u64, model.len() - from).unwrap();
+                prop_assert!(read.expect("a direct read")[..] == model[from..], "step {}", i);
             }
         }
     }

@@ -153,8 +153,12 @@ pub struct StoreConfig {
     /// Each group writer appends to its active segment past the page
     /// cache (`O_DIRECT`) where the file system allows it: a batch goes
     /// from the writer's buffer to the device, not through freshly
-    /// allocated cache pages, and the fdatasync only flushes. Reads still
-    /// go through the page cache. Default true.
+    /// allocated cache pages, and the fdatasync only flushes. Messages read
+    /// back from such a segment ([`Store::read_many`]) come past the page
+    /// cache too. Other reads (checkpoints, recovery, inspection, segments
+    /// from before the store opened) use the page cache. Default true.
+    ///
+    /// [`Store::read_many`]: crate::Store::read_many
     pub direct_appends: bool,
     /// Bytes of each group's newest journal left to the page cache: a
     /// sealed segment that this many bytes were written after (and that

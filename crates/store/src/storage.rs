@@ -18,6 +18,8 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use crate::error::StoreError;
 
 /// Directory-level operations.
@@ -69,6 +71,14 @@ pub trait Storage: Send + Sync + 'static {
 pub trait StorageFile: Send + Sync {
     /// Fills `buf` from `offset`; `UnexpectedEof` if the file is shorter.
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Reads `len` bytes from `offset` into memory of their own, which the
+    /// caller slices without copying; `UnexpectedEof` if the file is
+    /// shorter. A file appended past the page cache is read past it too.
+    fn read_owned(&self, offset: u64, len: usize) -> io::Result<Bytes> {
+        let mut buf = vec![0u8; len];
+        self.read_exact_at(&mut buf, offset)?;
+        Ok(Bytes::from(buf))
+    }
     /// Writes all of `buf` at `offset`.
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// fdatasync.
@@ -157,7 +167,8 @@ impl StorageFile for OsFile {
 }
 
 /// A segment the group writer appends to: the ordinary handle for
-/// everything but appends, which go past the page cache (`direct.rs`).
+/// everything but appends and owned reads, which go past the page cache
+/// (`direct.rs`).
 #[cfg(target_os = "linux")]
 struct OsAppendFile {
     file: OsFile,
@@ -168,6 +179,12 @@ struct OsAppendFile {
 impl StorageFile for OsAppendFile {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.file.read_exact_at(buf, offset)
+    }
+    fn read_owned(&self, offset: u64, len: usize) -> io::Result<Bytes> {
+        match self.appends.read(offset, len)? {
+            Some(bytes) => Ok(bytes),
+            None => self.file.read_owned(offset, len),
+        }
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.appends.write(&self.file.0, buf, offset)
@@ -413,6 +430,56 @@ pub(crate) mod tests {
         drop(store);
         let (_store, rec) = Store::open_with(cfg, Arc::new(OsStorage)).unwrap();
         (cached, rec.queues.get(&QueueId(1)).map_or(0, Vec::len))
+    }
+
+    /// Publishes `n` messages of 4 KiB to one queue of a store on real
+    /// files, reads them all back as a queue's read-ahead does, and
+    /// returns the active segment's pages then in the page cache.
+    fn publish_and_read_back(direct_appends: bool, n: u64) -> Option<usize> {
+        use crate::{MsgId, QueueId, Store, StoreConfig, Ticket};
+        let (_dir, dir) = berth_testdir::TestDir::new("direct-reads").and_path();
+        let mut cfg = StoreConfig::new(&dir);
+        cfg.log_groups = 1;
+        cfg.segment_prepare = false;
+        cfg.direct_appends = direct_appends;
+        let (store, _) = Store::open_with(cfg, Arc::new(OsStorage)).unwrap();
+        let body = |m: MsgId| vec![u8::try_from(m.0 % 251).unwrap(); 4096];
+        let mut ids = Vec::new();
+        for _ in 0..n {
+            let m: MsgId = store.next_msg_id();
+            let (done, ticket) = Ticket::new();
+            store.publish(m, &[QueueId(1)], Bytes::from(body(m)), Some(done));
+            ticket.wait().unwrap();
+            ids.push(m);
+        }
+        // In runs of 64, as a queue's read-ahead asks, and one at a time.
+        for run in ids.chunks(64) {
+            for (m, read) in run.iter().zip(store.read_many(QueueId(1), run)) {
+                let payload = read.unwrap();
+                assert!(payload.ends_with(&body(*m)), "message {}", m.0);
+            }
+        }
+        for m in ids.iter().step_by(97) {
+            assert!(store.read(QueueId(1), *m).unwrap().ends_with(&body(*m)));
+        }
+        pages_cached(&dir.join("group-0000").join("0000000001.seg"))
+    }
+
+    #[test]
+    fn a_store_reads_what_it_appended_past_the_page_cache_past_it_too() {
+        let Some(cached) = publish_and_read_back(true, 1000) else {
+            return;
+        };
+        // Reading 1,000 × 4 KiB records through the cache caches them all.
+        assert!(
+            cached <= 2,
+            "{cached} pages of the store's reads are cached"
+        );
+        let cached = publish_and_read_back(false, 1000).unwrap();
+        assert!(
+            cached > 1000,
+            "direct_appends = false reads through the cache"
+        );
     }
 
     #[test]

@@ -624,9 +624,7 @@ impl Store {
                 run_end += 1;
             }
             let path = crate::segment::segment_path(&group.shared.dir, first.seg);
-            let mut buf = vec![0u8; usize::try_from(end - start).unwrap_or(usize::MAX)];
-            let read = file.read_exact_at(&mut buf, start);
-            let buf = Bytes::from(buf);
+            let read = file.read_owned(start, usize::try_from(end - start).unwrap_or(usize::MAX));
             for &i in &order[at..run_end] {
                 let (_, l) = located[i].as_ref().expect("located");
                 out[i] = Some(match &read {
@@ -635,7 +633,7 @@ impl Store {
                         &path,
                         std::io::Error::new(e.kind(), e.to_string()),
                     )),
-                    Ok(()) => {
+                    Ok(buf) => {
                         let from = (u64::from(l.offset) - start) as usize;
                         payload_of(
                             group.shared.salt,

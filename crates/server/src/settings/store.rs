@@ -116,9 +116,10 @@ pub(super) static STORE: &[Setting] = &[
         doc: "each log group appends to its active segment past the page cache (`O_DIRECT`) \
               where the file system allows it (not tmpfs): a batch goes from the writer's \
               buffer to the device instead of through freshly allocated cache pages, and the \
-              fdatasync only has to flush. Reads still use the page cache; a consumer behind \
-              the in-memory window reads its messages from the disk. `false` appends through \
-              the page cache. See [DURABILITY.md](DURABILITY.md)",
+              fdatasync only has to flush. Messages read back from such a segment (a consumer \
+              behind the in-memory window) come past the page cache too, from the disk \
+              straight into their bodies. `false` appends and reads through the page cache. \
+              See [DURABILITY.md](DURABILITY.md)",
         slot: &one(field!(store.direct_appends), || store().direct_appends),
     },
     Setting {
