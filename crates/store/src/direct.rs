@@ -61,37 +61,53 @@ pub(crate) fn open(path: &Path) -> io::Result<Option<Appender>> {
 }
 
 fn open_aligned(path: &Path, block: usize) -> io::Result<Option<Appender>> {
+    Ok(open_direct(path, block, true)?.map(|reads| Appender {
+        reads,
+        tail: Mutex::new(Tail {
+            refused: false,
+            end: None,
+            bytes: Vec::new(),
+        }),
+    }))
+}
+
+/// Opens `path` for direct reads only (a segment on disk when the store
+/// opened); `None` where the file system refuses `O_DIRECT`.
+pub(crate) fn open_reads(path: &Path) -> io::Result<Option<Reads>> {
+    open_direct(path, BLOCK, false)
+}
+
+fn open_direct(path: &Path, block: usize, write: bool) -> io::Result<Option<Reads>> {
     match OpenOptions::new()
         .read(true)
-        .write(true)
+        .write(write)
         .custom_flags(libc::O_DIRECT)
         .open(path)
     {
-        Ok(direct) => Ok(Some(Appender {
+        Ok(direct) => Ok(Some(Reads {
             path: path.to_path_buf(),
             block,
             direct,
-            reads_refused: AtomicBool::new(false),
-            tail: Mutex::new(Tail {
-                refused: false,
-                end: None,
-                bytes: Vec::new(),
-            }),
+            refused: AtomicBool::new(false),
         })),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(None),
         Err(e) => Err(e),
     }
 }
 
+/// The `O_DIRECT` handle of one file, and direct reads through it.
+pub(crate) struct Reads {
+    path: PathBuf,
+    block: usize,
+    direct: File,
+    /// Set once the file system refused a direct read.
+    refused: AtomicBool,
+}
+
 /// Direct appends to one file, and direct reads of it, beside its
 /// ordinary handle.
 pub(crate) struct Appender {
-    path: PathBuf,
-    block: usize,
-    /// The `O_DIRECT` handle.
-    direct: File,
-    /// Set once the file system refused a direct read.
-    reads_refused: AtomicBool,
+    reads: Reads,
     tail: Mutex<Tail>,
 }
 
@@ -126,6 +142,28 @@ pub(crate) fn release_staging() {
     STAGING.with_borrow_mut(|mem| *mem = Vec::new());
 }
 
+impl Reads {
+    /// Reads `len` bytes at `offset` past the page cache, into memory of
+    /// their own: the result is a view of that memory, not a copy.
+    /// `UnexpectedEof` if the file ends first. `None` once the file system
+    /// refused a direct read: the caller reads through the ordinary handle.
+    pub(crate) fn read(&self, offset: u64, len: usize) -> io::Result<Option<Bytes>> {
+        if self.refused.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        match read_aligned(&self.direct, self.block, offset, len) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                tracing::warn!(path = %self.path.display(), error = %e,
+                    "the file system refused a direct read: this segment's reads go \
+                     through the page cache");
+                self.refused.store(true, Ordering::Relaxed);
+                Ok(None)
+            }
+            r => r.map(Some),
+        }
+    }
+}
+
 impl Appender {
     /// Writes all of `buf` at `offset`; `file` is the ordinary handle,
     /// which a block's head is read back from and which takes the write
@@ -138,7 +176,7 @@ impl Appender {
         match self.append(&mut t, file, buf, offset) {
             Ok(()) => Ok(()),
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                tracing::warn!(path = %self.path.display(), error = %e,
+                tracing::warn!(path = %self.reads.path.display(), error = %e,
                     "the file system refused a direct write: this segment's appends go \
                      through the page cache");
                 *t = Tail {
@@ -155,24 +193,9 @@ impl Appender {
         }
     }
 
-    /// Reads `len` bytes at `offset` past the page cache, into memory of
-    /// their own: the result is a view of that memory, not a copy.
-    /// `UnexpectedEof` if the file ends first. `None` once the file system
-    /// refused a direct read: the caller reads through the ordinary handle.
+    /// Reads past the page cache: see [`Reads::read`].
     pub(crate) fn read(&self, offset: u64, len: usize) -> io::Result<Option<Bytes>> {
-        if self.reads_refused.load(Ordering::Relaxed) {
-            return Ok(None);
-        }
-        match read_aligned(&self.direct, self.block, offset, len) {
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                tracing::warn!(path = %self.path.display(), error = %e,
-                    "the file system refused a direct read: this segment's reads go \
-                     through the page cache");
-                self.reads_refused.store(true, Ordering::Relaxed);
-                Ok(None)
-            }
-            r => r.map(Some),
-        }
+        self.reads.read(offset, len)
     }
 
     /// Forgets the last append's block: the file is about to be cut.
@@ -184,14 +207,15 @@ impl Appender {
 
     /// Writes `buf` at `offset` as whole blocks from the direct handle.
     fn append(&self, t: &mut Tail, file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
-        let block = self.block as u64;
+        let block_len = self.reads.block;
+        let block = block_len as u64;
         let block_at = offset - offset % block;
         let head = usize::try_from(offset - block_at).expect("less than a block");
         let total = head + buf.len();
-        let padded = total.div_ceil(self.block) * self.block;
-        let direct = &self.direct;
+        let padded = total.div_ceil(block_len) * block_len;
+        let direct = &self.reads.direct;
         STAGING.with_borrow_mut(|mem| {
-            let start = staged(mem, self.block, padded);
+            let start = staged(mem, block_len, padded);
             if t.end == Some(offset) {
                 mem[start..start + head].copy_from_slice(&t.bytes[..head]);
             } else if head > 0 {
@@ -385,7 +409,7 @@ mod tests {
             f.read(1, 4).unwrap().is_none(),
             "the direct read was refused"
         );
-        assert!(f.reads_refused.load(Ordering::Relaxed));
+        assert!(f.reads.refused.load(Ordering::Relaxed));
         assert!(f.read(0, 5).unwrap().is_none(), "and is not tried again");
     }
 

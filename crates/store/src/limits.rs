@@ -154,9 +154,10 @@ pub struct StoreConfig {
     /// cache (`O_DIRECT`) where the file system allows it: a batch goes
     /// from the writer's buffer to the device, not through freshly
     /// allocated cache pages, and the fdatasync only flushes. Messages read
-    /// back from such a segment ([`Store::read_many`]) come past the page
-    /// cache too. Other reads (checkpoints, recovery, inspection, segments
-    /// from before the store opened) use the page cache. Default true.
+    /// back from the journal ([`Store::read_many`], a queue's read-ahead)
+    /// come past the page cache too, from segments appended so and from
+    /// those found when the store opened. Other reads (checkpoints,
+    /// recovery, inspection) use the page cache. Default true.
     ///
     /// [`Store::read_many`]: crate::Store::read_many
     pub direct_appends: bool,

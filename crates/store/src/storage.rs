@@ -61,6 +61,16 @@ pub trait Storage: Send + Sync + 'static {
         let _ = path;
         Ok(file)
     }
+    /// `file`, a segment on disk when the store opened (at `path`), with
+    /// its owned reads ([`StorageFile::read_owned`]) going past the page
+    /// cache as a segment appended through [`Storage::appends`] is read:
+    /// the operating system's storage opens an `O_DIRECT` handle at the
+    /// first such read, where the file system allows it. The default is
+    /// `file` itself.
+    fn direct_reads(&self, path: &Path, file: Arc<dyn StorageFile>) -> Arc<dyn StorageFile> {
+        let _ = path;
+        file
+    }
     /// Gives back memory the calling thread's appends keep for the next
     /// one (the writer calls it once its group is idle).
     fn release_idle_memory(&self) {}
@@ -207,6 +217,60 @@ impl StorageFile for OsAppendFile {
     }
 }
 
+/// A segment on disk when the store opened: its handle for everything but
+/// owned reads, which go past the page cache through a direct handle
+/// opened at the first one (`direct.rs`).
+#[cfg(target_os = "linux")]
+struct OsDirectReadFile {
+    file: Arc<dyn StorageFile>,
+    path: std::path::PathBuf,
+    /// `None` once the direct handle could not be opened: reads go
+    /// through `file`.
+    reads: std::sync::OnceLock<Option<crate::direct::Reads>>,
+}
+
+#[cfg(target_os = "linux")]
+impl StorageFile for OsDirectReadFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.file.read_exact_at(buf, offset)
+    }
+    fn read_owned(&self, offset: u64, len: usize) -> io::Result<Bytes> {
+        let reads = self.reads.get_or_init(|| {
+            crate::direct::open_reads(&self.path).unwrap_or_else(|e| {
+                tracing::warn!(path = %self.path.display(), error = %e,
+                    "cannot open the segment for direct reads: its reads go through the \
+                     page cache");
+                None
+            })
+        });
+        match reads {
+            Some(r) => match r.read(offset, len)? {
+                Some(bytes) => Ok(bytes),
+                None => self.file.read_owned(offset, len),
+            },
+            None => self.file.read_owned(offset, len),
+        }
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.file.write_all_at(buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.file.len()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)
+    }
+    fn write_back(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.file.write_back(offset, len)
+    }
+    fn drop_cache(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.file.drop_cache(offset, len)
+    }
+}
+
 impl Storage for OsStorage {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         std::fs::create_dir_all(dir)
@@ -259,6 +323,14 @@ impl Storage for OsStorage {
             file: OsFile(ordinary),
             appends,
         }))
+    }
+    #[cfg(target_os = "linux")]
+    fn direct_reads(&self, path: &Path, file: Arc<dyn StorageFile>) -> Arc<dyn StorageFile> {
+        Arc::new(OsDirectReadFile {
+            file,
+            path: path.to_path_buf(),
+            reads: std::sync::OnceLock::new(),
+        })
     }
     #[cfg(target_os = "linux")]
     fn release_idle_memory(&self) {
@@ -433,16 +505,18 @@ pub(crate) mod tests {
     }
 
     /// Publishes `n` messages of 4 KiB to one queue of a store on real
-    /// files, reads them all back as a queue's read-ahead does, and
-    /// returns the active segment's pages then in the page cache.
-    fn publish_and_read_back(direct_appends: bool, n: u64) -> Option<usize> {
+    /// files (with `reopen`: reopens the store and drops the segment from
+    /// the page cache, which recovery read it through), reads them all
+    /// back as a queue's read-ahead does, and returns the segment's pages
+    /// then in the page cache.
+    fn publish_and_read_back(direct_appends: bool, reopen: bool, n: u64) -> Option<usize> {
         use crate::{MsgId, QueueId, Store, StoreConfig, Ticket};
         let (_dir, dir) = berth_testdir::TestDir::new("direct-reads").and_path();
         let mut cfg = StoreConfig::new(&dir);
         cfg.log_groups = 1;
         cfg.segment_prepare = false;
         cfg.direct_appends = direct_appends;
-        let (store, _) = Store::open_with(cfg, Arc::new(OsStorage)).unwrap();
+        let (mut store, _) = Store::open_with(cfg.clone(), Arc::new(OsStorage)).unwrap();
         let body = |m: MsgId| vec![u8::try_from(m.0 % 251).unwrap(); 4096];
         let mut ids = Vec::new();
         for _ in 0..n {
@@ -451,6 +525,14 @@ pub(crate) mod tests {
             store.publish(m, &[QueueId(1)], Bytes::from(body(m)), Some(done));
             ticket.wait().unwrap();
             ids.push(m);
+        }
+        let segment = dir.join("group-0000").join("0000000001.seg");
+        if reopen {
+            drop(store);
+            store = Store::open_with(cfg, Arc::new(OsStorage)).unwrap().0;
+            let f = OsStorage.open(&segment).unwrap();
+            f.drop_cache(0, f.len().unwrap()).unwrap();
+            assert_eq!(pages_cached(&segment), Some(0));
         }
         // In runs of 64, as a queue's read-ahead asks, and one at a time.
         for run in ids.chunks(64) {
@@ -462,12 +544,12 @@ pub(crate) mod tests {
         for m in ids.iter().step_by(97) {
             assert!(store.read(QueueId(1), *m).unwrap().ends_with(&body(*m)));
         }
-        pages_cached(&dir.join("group-0000").join("0000000001.seg"))
+        pages_cached(&segment)
     }
 
     #[test]
     fn a_store_reads_what_it_appended_past_the_page_cache_past_it_too() {
-        let Some(cached) = publish_and_read_back(true, 1000) else {
+        let Some(cached) = publish_and_read_back(true, false, 1000) else {
             return;
         };
         // Reading 1,000 × 4 KiB records through the cache caches them all.
@@ -475,7 +557,20 @@ pub(crate) mod tests {
             cached <= 2,
             "{cached} pages of the store's reads are cached"
         );
-        let cached = publish_and_read_back(false, 1000).unwrap();
+        let cached = publish_and_read_back(false, false, 1000).unwrap();
+        assert!(
+            cached > 1000,
+            "direct_appends = false reads through the cache"
+        );
+    }
+
+    #[test]
+    fn a_reopened_store_reads_the_segments_it_found_past_the_page_cache() {
+        let Some(cached) = publish_and_read_back(true, true, 1000) else {
+            return;
+        };
+        assert_eq!(cached, 0, "pages of the reopened store's reads are cached");
+        let cached = publish_and_read_back(false, true, 1000).unwrap();
         assert!(
             cached > 1000,
             "direct_appends = false reads through the cache"

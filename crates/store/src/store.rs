@@ -274,11 +274,21 @@ impl Store {
             msg_id_hw = msg_id_hw.max(rec.index.msg_id_hw);
             recovered.add_group(&mut rec);
             let (tx, rx) = writer::inbox(config.channel_requests_max);
+            let dir = &dirs[g as usize];
             let init = WriterInit {
                 files: rec
                     .segments
                     .into_iter()
-                    .map(|(s, f)| (s, (f.file, f.len)))
+                    .map(|(s, f)| {
+                        // Read past the page cache as the segments written
+                        // from now on are (`StoreConfig::direct_appends`).
+                        let file = if config.direct_appends {
+                            storage.direct_reads(&crate::segment::segment_path(dir, s), f.file)
+                        } else {
+                            f.file
+                        };
+                        (s, (file, f.len))
+                    })
                     .collect(),
                 index: rec.index,
                 next_seq: rec.next_seq,

@@ -116,7 +116,7 @@ pub(super) static STORE: &[Setting] = &[
         doc: "each log group appends to its active segment past the page cache (`O_DIRECT`) \
               where the file system allows it (not tmpfs): a batch goes from the writer's \
               buffer to the device instead of through freshly allocated cache pages, and the \
-              fdatasync only has to flush. Messages read back from such a segment (a consumer \
+              fdatasync only has to flush. Messages read back from the journal (a consumer \
               behind the in-memory window) come past the page cache too, from the disk \
               straight into their bodies. `false` appends and reads through the page cache. \
               See [DURABILITY.md](DURABILITY.md)",
