@@ -180,18 +180,24 @@ async fn produce(
         let template = PublishTemplate::new(q, &amqp::body(size, 0), p.frame_max())?;
         tasks.push(tokio::spawn(async move {
             let (published, confirmed) = p.publish_windowed(&template, n, window, &pb).await?;
-            p.close().await?;
-            Ok(Accounting {
+            let acc = Accounting {
                 published,
                 confirmed,
                 ..Accounting::default()
-            })
+            };
+            Ok((acc, p))
         }));
     }
     let produced = join_all(tasks).await;
     let produce_s = started.elapsed().as_secs_f64();
     pb.finish_and_clear();
-    for acc in produced? {
+    // Closed after the clock stopped, as the consumers are (`drain_all`).
+    let mut accounts = Vec::new();
+    for (acc, p) in produced? {
+        p.close().await?;
+        accounts.push(acc);
+    }
+    for acc in accounts {
         out.accounting.add(&acc);
         out.accounting.expect_eq(
             &format!("{tag} confirmed per producer"),
@@ -233,14 +239,21 @@ async fn drain_all(
         let ack_every = u64::from(cfg.prefetch / 2).max(1);
         tasks.push(tokio::spawn(async move {
             let consumed = drain(&ch, &q, n, ack_every, &pb).await?;
-            amqp::close(&conn).await;
-            Ok(consumed)
+            Ok((consumed, conn))
         }));
     }
     let drained = join_all(tasks).await;
     let drain_s = started.elapsed().as_secs_f64();
     pb.finish_and_clear();
-    for consumed in drained? {
+    // Closed after the clock stopped: a client that keeps its socket open
+    // after close-ok waits for the broker's close (RabbitMQ and berth wait
+    // 30 s for the peer), which once made a 1 s drain read as 31 s.
+    let mut counts = Vec::new();
+    for (consumed, conn) in drained? {
+        amqp::close(&conn).await;
+        counts.push(consumed);
+    }
+    for consumed in counts {
         out.accounting.consumed += consumed;
         out.accounting.expect_eq(
             &format!("{tag} consumed per consumer"),
