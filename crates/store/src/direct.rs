@@ -23,7 +23,7 @@
 //!   past the last append, in zeros, until the writer cuts it at its
 //!   records (`set_len`), as it does when it seals the segment.
 //! - Size, cuts, fdatasync, cache advice and every read but
-//!   [`Appender::read`] go through the ordinary handle on the same file
+//!   [`Reads::read`] go through the ordinary handle on the same file
 //!   (`storage.rs` pairs the two); the kernel keeps the page cache
 //!   coherent with direct writes and reads.
 //! - A direct read covers whole aligned blocks and returns only the bytes
@@ -193,9 +193,9 @@ impl Appender {
         }
     }
 
-    /// Reads past the page cache: see [`Reads::read`].
-    pub(crate) fn read(&self, offset: u64, len: usize) -> io::Result<Option<Bytes>> {
-        self.reads.read(offset, len)
+    /// The direct handle's reads: see [`Reads::read`].
+    pub(crate) fn reads(&self) -> &Reads {
+        &self.reads
     }
 
     /// Forgets the last append's block: the file is about to be cut.
@@ -374,7 +374,11 @@ mod tests {
             (0, 20_000),
             (19_999, 1),
         ] {
-            let read = f.read(from as u64, len).unwrap().expect("a direct read");
+            let read = f
+                .reads()
+                .read(from as u64, len)
+                .unwrap()
+                .expect("a direct read");
             assert!(read[..] == model[from..from + len], "{len} bytes at {from}");
         }
         // The file as the writer leaves it when it seals the segment: cut at
@@ -382,13 +386,17 @@ mod tests {
         file.sync_data().unwrap();
         f.cut();
         file.set_len(19_000).unwrap();
-        let read = f.read(15_000, 4000).unwrap().expect("a direct read");
+        let read = f
+            .reads()
+            .read(15_000, 4000)
+            .unwrap()
+            .expect("a direct read");
         assert!(
             read[..] == model[15_000..19_000],
             "up to the end of the file"
         );
         for (from, len) in [(15_000, 4001), (19_000, 1), (30_000, 10)] {
-            let e = f.read(from, len).unwrap_err();
+            let e = f.reads().read(from, len).unwrap_err();
             assert_eq!(
                 e.kind(),
                 io::ErrorKind::UnexpectedEof,
@@ -406,11 +414,14 @@ mod tests {
         };
         file.write_all_at(b"hello world", 0).unwrap();
         assert!(
-            f.read(1, 4).unwrap().is_none(),
+            f.reads().read(1, 4).unwrap().is_none(),
             "the direct read was refused"
         );
         assert!(f.reads.refused.load(Ordering::Relaxed));
-        assert!(f.read(0, 5).unwrap().is_none(), "and is not tried again");
+        assert!(
+            f.reads().read(0, 5).unwrap().is_none(),
+            "and is not tried again"
+        );
     }
 
     #[test]
@@ -461,7 +472,7 @@ mod tests {
                 prop_assert!(on_disk[model.len()..].iter().all(|b| *b == 0));
                 // A direct read of the second half of what is appended.
                 let from = model.len() / 2;
-                let read = f.read(from as u64, model.len() - from).unwrap();
+                let read = f.reads().read(from as u64, model.len() - from).unwrap();
                 prop_assert!(read.expect("a direct read")[..] == model[from..], "step {}", i);
             }
         }
