@@ -1,6 +1,7 @@
 //! Appends past the page cache: the group writer's active segment, opened
-//! a second time with `O_DIRECT`, so that a batch goes from one reused
-//! buffer of ours to the device instead of being copied into freshly
+//! a second time with `O_DIRECT`, so that a batch goes from the writer's
+//! reused buffer (where it was encoded, placed for its offset:
+//! `append_buf.rs`) to the device instead of being copied into freshly
 //! allocated page-cache pages (on a VM with free-page reporting each such
 //! page also costs the host a fault) and written back from there by the
 //! fdatasync. Messages read back from such a segment (a queue's paged-out
@@ -31,6 +32,10 @@
 //!   the block an append is rewriting holds them with the same values
 //!   before and after, so a read that races the write gets them either
 //!   way.
+//! - A batch placed for its offset is written from where it lies, the
+//!   room around it filled with the block's earlier bytes and zeros; any
+//!   other is copied into the thread's staging memory first. Both write
+//!   the same blocks.
 //! - fdatasync is still what makes an append durable: a direct write
 //!   leaves the device's volatile cache and a grown file's size to it.
 //! - A file system that refuses a direct write's alignment (`EINVAL`)
@@ -49,9 +54,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use bytes::Bytes;
 use parking_lot::Mutex;
 
-/// The alignment of a direct write's offset, length and memory: a page,
-/// which covers devices of 512-byte and 4 KiB logical blocks.
-const BLOCK: usize = 4096;
+use crate::append_buf::{AppendBuf, BLOCK};
 
 /// Opens `path` for direct appends. `None` where the file system refuses
 /// `O_DIRECT` (tmpfs, some network file systems): the caller appends
@@ -164,16 +167,48 @@ impl Reads {
     }
 }
 
+/// What an append writes: bytes anywhere, or a buffer that may have
+/// placed them for the write (`append_buf.rs`).
+enum Batch<'a> {
+    Bytes(&'a [u8]),
+    Placed(&'a mut AppendBuf),
+}
+
+impl Batch<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Batch::Bytes(b) => b,
+            Batch::Placed(buf) => buf.bytes(),
+        }
+    }
+}
+
 impl Appender {
     /// Writes all of `buf` at `offset`; `file` is the ordinary handle,
     /// which a block's head is read back from and which takes the write
     /// when the file system refuses a direct one.
     pub(crate) fn write(&self, file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_batch(file, Batch::Bytes(buf), offset)
+    }
+
+    /// Writes the bytes of `buf` at `offset` as [`Appender::write`] does,
+    /// from where they lie if `buf` placed them for `offset`, and through
+    /// the thread's staging memory if not.
+    pub(crate) fn write_placed(
+        &self,
+        file: &File,
+        buf: &mut AppendBuf,
+        offset: u64,
+    ) -> io::Result<()> {
+        self.write_batch(file, Batch::Placed(buf), offset)
+    }
+
+    fn write_batch(&self, file: &File, mut batch: Batch<'_>, offset: u64) -> io::Result<()> {
         let mut t = self.tail.lock();
         if t.refused {
-            return file.write_all_at(buf, offset);
+            return file.write_all_at(batch.bytes(), offset);
         }
-        match self.append(&mut t, file, buf, offset) {
+        match self.append(&mut t, file, &mut batch, offset) {
             Ok(()) => Ok(()),
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 tracing::warn!(path = %self.reads.path.display(), error = %e,
@@ -184,7 +219,7 @@ impl Appender {
                     end: None,
                     bytes: Vec::new(),
                 };
-                file.write_all_at(buf, offset)
+                file.write_all_at(batch.bytes(), offset)
             }
             Err(e) => {
                 t.end = None;
@@ -205,34 +240,66 @@ impl Appender {
         t.bytes = Vec::new();
     }
 
-    /// Writes `buf` at `offset` as whole blocks from the direct handle.
-    fn append(&self, t: &mut Tail, file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
-        let block_len = self.reads.block;
-        let block = block_len as u64;
-        let block_at = offset - offset % block;
-        let head = usize::try_from(offset - block_at).expect("less than a block");
-        let total = head + buf.len();
-        let padded = total.div_ceil(block_len) * block_len;
-        let direct = &self.reads.direct;
-        STAGING.with_borrow_mut(|mem| {
-            let start = staged(mem, block_len, padded);
-            if t.end == Some(offset) {
-                mem[start..start + head].copy_from_slice(&t.bytes[..head]);
-            } else if head > 0 {
-                file.read_exact_at(&mut mem[start..start + head], block_at)?;
+    /// Writes the batch at `offset` as whole blocks from the direct
+    /// handle: from where it lies if placed, else copied into the
+    /// thread's staging memory first.
+    fn append(
+        &self,
+        t: &mut Tail,
+        file: &File,
+        batch: &mut Batch<'_>,
+        offset: u64,
+    ) -> io::Result<()> {
+        let block = self.reads.block;
+        let len = batch.bytes().len();
+        if let Batch::Placed(buf) = batch {
+            let written = buf.with_blocks(offset, block, |run, head| {
+                self.write_run(t, file, run, head, len, offset)
+            });
+            if let Some(r) = written {
+                return r;
             }
-            mem[start + head..start + total].copy_from_slice(buf);
+        }
+        let head = usize::try_from(offset % block as u64).expect("less than a block");
+        let total = head + len;
+        let padded = total.div_ceil(block) * block;
+        STAGING.with_borrow_mut(|mem| {
+            let start = staged(mem, block, padded);
+            mem[start + head..start + total].copy_from_slice(batch.bytes());
             mem[start + total..start + padded].fill(0);
-            direct.write_all_at(&mem[start..start + padded], block_at)?;
-            let end = offset + buf.len() as u64;
-            let end_block = end - end % block;
-            let keep = usize::try_from(end - end_block).expect("less than a block");
-            let from = start + usize::try_from(end_block - block_at).expect("in the staged run");
-            t.bytes.clear();
-            t.bytes.extend_from_slice(&mem[from..from + keep]);
-            t.end = Some(end);
-            Ok(())
+            self.write_run(t, file, &mut mem[start..start + padded], head, len, offset)
         })
+    }
+
+    /// Writes `run`, whole aligned blocks holding `len` bytes for `offset`
+    /// from `head` on and zeros after them, once its first `head` bytes
+    /// are filled with the block's earlier bytes; keeps the last block's
+    /// bytes for the next append.
+    fn write_run(
+        &self,
+        t: &mut Tail,
+        file: &File,
+        run: &mut [u8],
+        head: usize,
+        len: usize,
+        offset: u64,
+    ) -> io::Result<()> {
+        let block = self.reads.block as u64;
+        let block_at = offset - head as u64;
+        if t.end == Some(offset) {
+            run[..head].copy_from_slice(&t.bytes[..head]);
+        } else if head > 0 {
+            file.read_exact_at(&mut run[..head], block_at)?;
+        }
+        self.reads.direct.write_all_at(run, block_at)?;
+        let end = offset + len as u64;
+        let end_block = end - end % block;
+        let keep = usize::try_from(end - end_block).expect("less than a block");
+        let from = usize::try_from(end_block - block_at).expect("in the run");
+        t.bytes.clear();
+        t.bytes.extend_from_slice(&run[from..from + keep]);
+        t.end = Some(end);
+        Ok(())
     }
 }
 
@@ -244,21 +311,41 @@ fn read_aligned(file: &File, block: usize, offset: u64, len: usize) -> io::Resul
     let head = usize::try_from(offset - start).expect("less than a block");
     let want = head + len;
     let padded = want.div_ceil(block) * block;
-    let mut mem = vec![0u8; padded + block];
+    let mut mem: Vec<u8> = Vec::with_capacity(padded + block);
     let at = mem.as_ptr().align_offset(block);
-    let mut got = 0;
-    while got < want {
-        match file.read_at(&mut mem[at + got..at + padded], start + got as u64) {
+    // Only the bytes before the aligned run are filled here: the device
+    // writes the run, so zeroing it first would be a wasted pass.
+    mem.resize(at, 0);
+    while mem.len() - at < want {
+        let got = mem.len() - at;
+        match read_into_spare(file, &mut mem, padded - got, start + got as u64) {
             Ok(0) => return Err(short()),
             // A direct read stops short only at the end of the file, and
             // the next one could not start on a block.
-            Ok(n) if got + n < want && (got + n) % block != 0 => return Err(short()),
-            Ok(n) => got += n,
+            Ok(n) if got + n < want && !(got + n).is_multiple_of(block) => return Err(short()),
+            Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
     Ok(Bytes::from(mem).slice(at + head..at + want))
+}
+
+/// Reads up to `max` bytes at `offset` into `mem`'s spare capacity (at
+/// least `max` bytes of it), and lengthens `mem` by as many as were read.
+#[allow(unsafe_code)]
+fn read_into_spare(file: &File, mem: &mut Vec<u8>, max: usize, offset: u64) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let spare = &mut mem.spare_capacity_mut()[..max];
+    let offset = libc::off_t::try_from(offset).map_err(io::Error::other)?;
+    // SAFETY: `spare` is `max` bytes of memory we own and nothing else
+    // refers to; pread writes at most that many into it, and the
+    // descriptor is open for as long as `file` lives.
+    let n = unsafe { libc::pread(file.as_raw_fd(), spare.as_mut_ptr().cast(), max, offset) };
+    let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
+    // SAFETY: pread initialised the first `n` (≤ `max`) spare bytes.
+    unsafe { mem.set_len(mem.len() + n) };
+    Ok(n)
 }
 
 #[cfg(test)]
@@ -316,6 +403,45 @@ mod tests {
         f.cut();
         file.set_len(model.len() as u64).unwrap();
         assert!(contents(&path) == model);
+    }
+
+    #[test]
+    fn a_placed_batch_is_written_from_where_it_lies() {
+        let (_dir, dir) = berth_testdir::TestDir::new("direct-placed").and_path();
+        let Some((path, file, f)) = appender(&dir, BLOCK) else {
+            return;
+        };
+        let mut buf = AppendBuf::new();
+        let mut model = Vec::new();
+        // Appends `bytes` placed for `placed_for`, at the end of `model`.
+        let mut append = |model: &mut Vec<u8>, bytes: &[u8], placed_for: u64| {
+            buf.clear();
+            buf.place(placed_for);
+            buf.extend_from_slice(bytes);
+            f.write_placed(&file, &mut buf, model.len() as u64).unwrap();
+            assert!(buf.bytes() == bytes, "the bytes are left as they were");
+            model.extend_from_slice(bytes);
+            let on_disk = contents(&path);
+            assert_eq!(on_disk.len(), model.len().div_ceil(BLOCK) * BLOCK);
+            assert!(on_disk[..model.len()] == model[..]);
+            assert!(on_disk[model.len()..].iter().all(|b| *b == 0));
+        };
+        // The first batch sizes the room, as a writer's first batches do.
+        append(&mut model, &[9u8; 8192], 0);
+        release_staging();
+        for (i, len) in [100usize, 5000, 1, 4095, 8192, 3].into_iter().enumerate() {
+            let at = model.len() as u64;
+            append(&mut model, &vec![u8::try_from(i + 1).unwrap(); len], at);
+            assert_eq!(
+                STAGING.with_borrow(Vec::capacity),
+                0,
+                "append {i} was copied into staging memory"
+            );
+        }
+        // Placed for another offset: copied first, and written all the same.
+        let at = model.len() as u64;
+        append(&mut model, b"misplaced", at + 1);
+        assert!(STAGING.with_borrow(Vec::capacity) > 0);
     }
 
     #[test]
@@ -439,9 +565,9 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(32))]
-        /// Any run of appends, cuts and idle releases leaves the file as
-        /// the same run leaves a plain one, up to the zeros of the last
-        /// block.
+        /// Any run of appends (of bytes, of placed batches and of
+        /// misplaced ones), cuts and idle releases leaves the file as the
+        /// same run leaves a plain one, up to the zeros of the last block.
         #[test]
         fn appends_match_plain_writes(
             steps in proptest::collection::vec((0usize..20_000, 0u8..10), 1..24),
@@ -451,6 +577,9 @@ mod tests {
                 return Ok(());
             };
             let mut model: Vec<u8> = Vec::new();
+            // The writer's buffer, placed for the offset its batch goes to
+            // (or, step kind 2, for another one).
+            let mut buf = AppendBuf::new();
             for (i, (len, what)) in steps.into_iter().enumerate() {
                 match what {
                     0 => {
@@ -460,6 +589,14 @@ mod tests {
                         file.set_len(cut as u64).unwrap();
                     }
                     1 => release_staging(),
+                    2..=5 => {
+                        let at = model.len() as u64;
+                        buf.clear();
+                        buf.place(if what == 2 { at + 1 } else { at });
+                        buf.extend_from_slice(&vec![u8::try_from(i % 250 + 1).unwrap(); len]);
+                        f.write_placed(&file, &mut buf, at).unwrap();
+                        model.extend_from_slice(buf.bytes());
+                    }
                     _ => {
                         let bytes = vec![u8::try_from(i % 250 + 1).unwrap(); len];
                         f.write(&file, &bytes, model.len() as u64).unwrap();

@@ -13,6 +13,7 @@
 //!   the group count recorded in the manifest ([`group_of`]).
 
 pub mod advice;
+pub mod append_buf;
 pub mod backup;
 pub mod checkpoint;
 pub mod clock;

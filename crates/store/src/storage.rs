@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::append_buf::AppendBuf;
 use crate::error::StoreError;
 
 /// Directory-level operations.
@@ -91,6 +92,13 @@ pub trait StorageFile: Send + Sync {
     }
     /// Writes all of `buf` at `offset`.
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Writes the bytes of `buf` at `offset`, as [`Self::write_all_at`]
+    /// does. A file appended past the page cache writes them from where
+    /// they lie when `buf` was placed for `offset` ([`AppendBuf::place`]),
+    /// using the room around them, instead of copying them first.
+    fn append(&self, buf: &mut AppendBuf, offset: u64) -> io::Result<()> {
+        self.write_all_at(buf.bytes(), offset)
+    }
     /// fdatasync.
     fn sync_data(&self) -> io::Result<()>;
     /// Current size in bytes.
@@ -195,6 +203,9 @@ impl StorageFile for OsAppendFile {
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.appends.write(&self.file.0, buf, offset)
+    }
+    fn append(&self, buf: &mut AppendBuf, offset: u64) -> io::Result<()> {
+        self.appends.write_placed(&self.file.0, buf, offset)
     }
     fn sync_data(&self) -> io::Result<()> {
         self.file.sync_data()

@@ -46,6 +46,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use parking_lot::Mutex;
 
+use crate::append_buf::AppendBuf;
 use crate::checkpoint::{
     self, CheckpointInfo, DeltaBuilder, Kind, Link, ReplayFrom, CHECKPOINT_TMP_NAME,
 };
@@ -175,8 +176,9 @@ pub(crate) struct Writer {
     sealed: BTreeMap<u32, u64>,
     next_seq: u32,
     next_lsn: u64,
-    /// Encoded bytes not yet written to `active`.
-    buf: Vec<u8>,
+    /// Encoded bytes not yet written to `active`, placed for the offset
+    /// they go to (`append_buf.rs`).
+    buf: AppendBuf,
     /// Written since the last fdatasync of `active`.
     dirty: bool,
     last_sync: Instant,
@@ -289,7 +291,7 @@ impl Writer {
             sealed,
             next_seq: init.next_seq,
             next_lsn: init.next_lsn,
-            buf: Vec::new(),
+            buf: AppendBuf::new(),
             dirty: false,
             last_sync: now,
             last_write: now,
@@ -607,9 +609,10 @@ impl Writer {
                 .expect("segment_size_bytes < 4 GiB"),
             len: u32::try_from(len).expect("record < 4 GiB"),
         };
+        self.buf.place(a.len);
         let lsn = self.next_lsn;
         self.next_lsn += 1;
-        record::encode_continued(self.shared.salt, lsn, rec, more, &mut self.buf);
+        record::encode_continued(self.shared.salt, lsn, rec, more, self.buf.encoder());
         Ok(loc)
     }
 
@@ -651,6 +654,7 @@ impl Writer {
             .map_err(self.err("fsync dir", &self.shared.dir))?;
         self.next_seq += 1;
         self.prepare_next();
+        self.buf.place(0);
         self.buf
             .extend_from_slice(&segment::encode_header(self.group(), seq));
         self.shared
@@ -704,7 +708,7 @@ impl Writer {
         // The path is only made for an error: this runs for every batch.
         let (dir, seq) = (&self.shared.dir, a.seq);
         a.file
-            .write_all_at(&self.buf, a.len)
+            .append(&mut self.buf, a.len)
             .map_err(|e| StoreError::io("write", segment::segment_path(dir, seq), e))?;
         a.len += self.buf.len() as u64;
         self.shared
@@ -730,7 +734,7 @@ impl Writer {
     pub(super) fn release_idle_buffer(&mut self) {
         self.storage.release_idle_memory();
         if self.buf.is_empty() && self.buf.capacity() > 0 {
-            self.buf = Vec::new();
+            self.buf.release();
             self.shared
                 .counters
                 .write_buffer_bytes
