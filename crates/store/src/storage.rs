@@ -65,9 +65,10 @@ pub trait Storage: Send + Sync + 'static {
     /// `file`, a segment on disk when the store opened (at `path`), with
     /// its owned reads ([`StorageFile::read_owned`]) going past the page
     /// cache as a segment appended through [`Storage::appends`] is read:
-    /// the operating system's storage opens an `O_DIRECT` handle at the
-    /// first such read, where the file system allows it. The default is
-    /// `file` itself.
+    /// the operating system's storage opens the path again (or keeps
+    /// `file` if it cannot), and an `O_DIRECT` handle at the first such
+    /// read, where the file system allows it. The default is `file`
+    /// itself.
     fn direct_reads(&self, path: &Path, file: Arc<dyn StorageFile>) -> Arc<dyn StorageFile> {
         let _ = path;
         file
@@ -86,9 +87,7 @@ pub trait StorageFile: Send + Sync {
     /// caller slices without copying; `UnexpectedEof` if the file is
     /// shorter. A file appended past the page cache is read past it too.
     fn read_owned(&self, offset: u64, len: usize) -> io::Result<Bytes> {
-        let mut buf = vec![0u8; len];
-        self.read_exact_at(&mut buf, offset)?;
-        Ok(Bytes::from(buf))
+        read_into_new(self, offset, len)
     }
     /// Writes all of `buf` at `offset`.
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
@@ -128,23 +127,116 @@ pub trait StorageFile: Send + Sync {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct OsStorage;
 
-struct OsFile(File);
+/// An operating system's file, and what of its I/O goes past the page
+/// cache.
+struct OsFile {
+    file: File,
+    #[cfg(target_os = "linux")]
+    past_cache: PastCache,
+}
+
+/// What of a file's I/O goes past the page cache (`direct.rs`).
+#[cfg(target_os = "linux")]
+enum PastCache {
+    /// Nothing.
+    Nothing,
+    /// Owned reads, through a direct handle opened at the first one
+    /// (`None` once it could not be): a segment on disk when the store
+    /// opened ([`Storage::direct_reads`]).
+    Reads {
+        path: std::path::PathBuf,
+        reads: std::sync::OnceLock<Option<crate::direct::Reads>>,
+    },
+    /// Appends and owned reads: the segment the group writer appends to
+    /// ([`Storage::appends`]).
+    Appends(crate::direct::Appender),
+}
+
+impl OsFile {
+    fn new(file: File) -> Self {
+        Self {
+            file,
+            #[cfg(target_os = "linux")]
+            past_cache: PastCache::Nothing,
+        }
+    }
+
+    /// The direct handle owned reads go through, if any.
+    #[cfg(target_os = "linux")]
+    fn direct_reads(&self) -> Option<&crate::direct::Reads> {
+        match &self.past_cache {
+            PastCache::Nothing => None,
+            PastCache::Reads { path, reads } => reads
+                .get_or_init(|| {
+                    crate::direct::open_reads(path).unwrap_or_else(|e| {
+                        tracing::warn!(path = %path.display(), error = %e,
+                            "cannot open the segment for direct reads: its reads go through \
+                             the page cache");
+                        None
+                    })
+                })
+                .as_ref(),
+            PastCache::Appends(a) => Some(a.reads()),
+        }
+    }
+
+    /// The direct appends, if the file takes them.
+    #[cfg(target_os = "linux")]
+    fn appender(&self) -> Option<&crate::direct::Appender> {
+        match &self.past_cache {
+            PastCache::Appends(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// [`StorageFile::read_owned`] by `read_exact_at` into a new vector.
+fn read_into_new(file: &(impl StorageFile + ?Sized), offset: u64, len: usize) -> io::Result<Bytes> {
+    let mut buf = vec![0u8; len];
+    file.read_exact_at(&mut buf, offset)?;
+    Ok(Bytes::from(buf))
+}
 
 impl StorageFile for OsFile {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.0.read_exact_at(buf, offset)
+        self.file.read_exact_at(buf, offset)
+    }
+    fn read_owned(&self, offset: u64, len: usize) -> io::Result<Bytes> {
+        #[cfg(target_os = "linux")]
+        if let Some(reads) = self.direct_reads() {
+            // `None` once the file system refused a direct read.
+            if let Some(bytes) = reads.read(offset, len)? {
+                return Ok(bytes);
+            }
+        }
+        read_into_new(self, offset, len)
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.0.write_all_at(buf, offset)
+        #[cfg(target_os = "linux")]
+        if let Some(a) = self.appender() {
+            return a.write(&self.file, buf, offset);
+        }
+        self.file.write_all_at(buf, offset)
+    }
+    fn append(&self, buf: &mut AppendBuf, offset: u64) -> io::Result<()> {
+        #[cfg(target_os = "linux")]
+        if let Some(a) = self.appender() {
+            return a.write_placed(&self.file, buf, offset);
+        }
+        self.file.write_all_at(buf.bytes(), offset)
     }
     fn sync_data(&self) -> io::Result<()> {
-        self.0.sync_data()
+        self.file.sync_data()
     }
     fn len(&self) -> io::Result<u64> {
-        Ok(self.0.metadata()?.len())
+        Ok(self.file.metadata()?.len())
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
-        self.0.set_len(len)
+        #[cfg(target_os = "linux")]
+        if let Some(a) = self.appender() {
+            a.cut();
+        }
+        self.file.set_len(len)
     }
     #[cfg(target_os = "linux")]
     #[allow(unsafe_code)]
@@ -155,9 +247,9 @@ impl StorageFile for OsFile {
         let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
             | libc::SYNC_FILE_RANGE_WRITE
             | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-        // SAFETY: the descriptor is open for as long as `self.0` lives;
+        // SAFETY: the descriptor is open for as long as `self.file` lives;
         // sync_file_range reads no memory of ours.
-        let rc = unsafe { libc::sync_file_range(self.0.as_raw_fd(), offset, len, flags) };
+        let rc = unsafe { libc::sync_file_range(self.file.as_raw_fd(), offset, len, flags) };
         if rc == 0 {
             Ok(())
         } else {
@@ -170,10 +262,15 @@ impl StorageFile for OsFile {
         use std::os::fd::AsRawFd;
         let offset = libc::off_t::try_from(offset).map_err(io::Error::other)?;
         let len = libc::off_t::try_from(len).map_err(io::Error::other)?;
-        // SAFETY: the descriptor is open for as long as `self.0` lives;
+        // SAFETY: the descriptor is open for as long as `self.file` lives;
         // posix_fadvise reads no memory of ours.
         let rc = unsafe {
-            libc::posix_fadvise(self.0.as_raw_fd(), offset, len, libc::POSIX_FADV_DONTNEED)
+            libc::posix_fadvise(
+                self.file.as_raw_fd(),
+                offset,
+                len,
+                libc::POSIX_FADV_DONTNEED,
+            )
         };
         // posix_fadvise returns the error number instead of setting errno.
         if rc == 0 {
@@ -181,112 +278,6 @@ impl StorageFile for OsFile {
         } else {
             Err(io::Error::from_raw_os_error(rc))
         }
-    }
-}
-
-/// A segment the group writer appends to: the ordinary handle for
-/// everything but appends and owned reads, which go past the page cache
-/// (`direct.rs`).
-#[cfg(target_os = "linux")]
-struct OsAppendFile {
-    file: OsFile,
-    appends: crate::direct::Appender,
-}
-
-#[cfg(target_os = "linux")]
-impl StorageFile for OsAppendFile {
-    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.file.read_exact_at(buf, offset)
-    }
-    fn read_owned(&self, offset: u64, len: usize) -> io::Result<Bytes> {
-        read_owned_past_cache(Some(self.appends.reads()), &self.file, offset, len)
-    }
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.appends.write(&self.file.0, buf, offset)
-    }
-    fn append(&self, buf: &mut AppendBuf, offset: u64) -> io::Result<()> {
-        self.appends.write_placed(&self.file.0, buf, offset)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.file.sync_data()
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.file.len()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.appends.cut();
-        self.file.set_len(len)
-    }
-    fn write_back(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.file.write_back(offset, len)
-    }
-    fn drop_cache(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.file.drop_cache(offset, len)
-    }
-}
-
-/// An owned read through the direct handle `reads`, or through `file`
-/// where there is none or the file system refused the direct read.
-#[cfg(target_os = "linux")]
-fn read_owned_past_cache(
-    reads: Option<&crate::direct::Reads>,
-    file: &dyn StorageFile,
-    offset: u64,
-    len: usize,
-) -> io::Result<Bytes> {
-    if let Some(r) = reads {
-        if let Some(bytes) = r.read(offset, len)? {
-            return Ok(bytes);
-        }
-    }
-    file.read_owned(offset, len)
-}
-
-/// A segment on disk when the store opened: its handle for everything but
-/// owned reads, which go past the page cache through a direct handle
-/// opened at the first one (`direct.rs`).
-#[cfg(target_os = "linux")]
-struct OsDirectReadFile {
-    file: Arc<dyn StorageFile>,
-    path: std::path::PathBuf,
-    /// `None` once the direct handle could not be opened: reads go
-    /// through `file`.
-    reads: std::sync::OnceLock<Option<crate::direct::Reads>>,
-}
-
-#[cfg(target_os = "linux")]
-impl StorageFile for OsDirectReadFile {
-    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.file.read_exact_at(buf, offset)
-    }
-    fn read_owned(&self, offset: u64, len: usize) -> io::Result<Bytes> {
-        let reads = self.reads.get_or_init(|| {
-            crate::direct::open_reads(&self.path).unwrap_or_else(|e| {
-                tracing::warn!(path = %self.path.display(), error = %e,
-                    "cannot open the segment for direct reads: its reads go through the \
-                     page cache");
-                None
-            })
-        });
-        read_owned_past_cache(reads.as_ref(), self.file.as_ref(), offset, len)
-    }
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.file.write_all_at(buf, offset)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.file.sync_data()
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.file.len()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.file.set_len(len)
-    }
-    fn write_back(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.file.write_back(offset, len)
-    }
-    fn drop_cache(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.file.drop_cache(offset, len)
     }
 }
 
@@ -311,14 +302,14 @@ impl Storage for OsStorage {
             .create(true)
             .truncate(true)
             .open(path)?;
-        Ok(Arc::new(OsFile(file)))
+        Ok(Arc::new(OsFile::new(file)))
     }
     fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
-        Ok(Arc::new(OsFile(file)))
+        Ok(Arc::new(OsFile::new(file)))
     }
     fn open_read(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
-        Ok(Arc::new(OsFile(File::open(path)?)))
+        Ok(Arc::new(OsFile::new(File::open(path)?)))
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         std::fs::rename(from, to)
@@ -337,19 +328,28 @@ impl Storage for OsStorage {
         let Some(appends) = crate::direct::open(path)? else {
             return Ok(file);
         };
-        let ordinary = OpenOptions::new().read(true).write(true).open(path)?;
-        Ok(Arc::new(OsAppendFile {
-            file: OsFile(ordinary),
-            appends,
+        Ok(Arc::new(OsFile {
+            file: OpenOptions::new().read(true).write(true).open(path)?,
+            past_cache: PastCache::Appends(appends),
         }))
     }
     #[cfg(target_os = "linux")]
     fn direct_reads(&self, path: &Path, file: Arc<dyn StorageFile>) -> Arc<dyn StorageFile> {
-        Arc::new(OsDirectReadFile {
-            file,
-            path: path.to_path_buf(),
-            reads: std::sync::OnceLock::new(),
-        })
+        match OpenOptions::new().read(true).write(true).open(path) {
+            Ok(reopened) => Arc::new(OsFile {
+                file: reopened,
+                past_cache: PastCache::Reads {
+                    path: path.to_path_buf(),
+                    reads: std::sync::OnceLock::new(),
+                },
+            }),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e,
+                    "cannot reopen the segment for direct reads: its reads go through the \
+                     page cache");
+                file
+            }
+        }
     }
     #[cfg(target_os = "linux")]
     fn release_idle_memory(&self) {
