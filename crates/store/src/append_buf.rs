@@ -40,6 +40,15 @@ impl AppendBuf {
         Self::default()
     }
 
+    /// An empty buffer that places batches of up to `bytes` without
+    /// their memory moving as they are pushed.
+    pub fn with_room(bytes: usize) -> Self {
+        Self {
+            high: bytes,
+            ..Self::default()
+        }
+    }
+
     /// The bytes to append.
     pub fn bytes(&self) -> &[u8] {
         &self.mem[self.start..]

@@ -281,7 +281,7 @@ impl Writer {
             counters: GroupCounters::default(),
         });
         let now = clock.now();
-        let prepared = prepare::Slot::new(Arc::clone(&storage), &shared.dir);
+        let prepared = prepare::Slot::new(Arc::clone(&storage), &shared.dir, cfg.direct_appends);
         let mut w = Writer {
             shared: Arc::clone(&shared),
             storage,
