@@ -124,7 +124,8 @@ pub struct Store {
     pub segment_prepare: bool,
     /// Append to each group's active segment past the page cache
     /// (`O_DIRECT`) where the file system allows it, and read messages
-    /// back from the journal past it too.
+    /// back from the journal and write prepared segments' zeros past it
+    /// too.
     pub direct_appends: bool,
     /// Bytes of each group's newest journal left in the page cache; older
     /// sealed segments are dropped from it (0: never).

@@ -156,7 +156,8 @@ pub struct StoreConfig {
     /// allocated cache pages, and the fdatasync only flushes. Messages read
     /// back from the journal ([`Store::read_many`], a queue's read-ahead)
     /// come past the page cache too, from segments appended so and from
-    /// those found when the store opened. Other reads (checkpoints,
+    /// those found when the store opened, and a prepared segment's zeros
+    /// go past it too (`segment_prepare`). Other reads (checkpoints,
     /// recovery, inspection) use the page cache. Default true.
     ///
     /// [`Store::read_many`]: crate::Store::read_many

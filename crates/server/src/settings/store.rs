@@ -118,7 +118,8 @@ pub(super) static STORE: &[Setting] = &[
               buffer to the device instead of through freshly allocated cache pages, and the \
               fdatasync only has to flush. Messages read back from the journal (a consumer \
               behind the in-memory window) come past the page cache too, from the disk \
-              straight into their bodies. `false` appends and reads through the page cache. \
+              straight into their bodies, and a prepared segment's zeros are written past it \
+              too. `false` appends, prepares and reads through the page cache. \
               See [DURABILITY.md](DURABILITY.md)",
         slot: &one(field!(store.direct_appends), || store().direct_appends),
     },
