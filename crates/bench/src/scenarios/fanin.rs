@@ -94,6 +94,8 @@ struct ProducerResult {
     published: u64,
     confirmed: u64,
     enqueue_ms: Vec<f64>,
+    /// When its last confirm came: the connection's close is not timed.
+    finished: Instant,
 }
 
 pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome, BenchError> {
@@ -174,6 +176,7 @@ async fn level(
                 published: 0,
                 confirmed: 0,
                 enqueue_ms: Vec::new(),
+                finished: started,
             };
             loop {
                 let done = match limit {
@@ -196,17 +199,23 @@ async fn level(
                     pb.inc(1);
                 }
             }
+            r.finished = Instant::now();
             p.close().await?;
             Ok(r)
         }));
     }
     let results = join_all(tasks).await;
-    let elapsed = started.elapsed();
     if let Some(t) = ticker {
         t.abort();
     }
     pb.finish_and_clear();
     let results = results?;
+    let elapsed = results
+        .iter()
+        .map(|r| r.finished)
+        .max()
+        .unwrap_or(started)
+        .saturating_duration_since(started);
     let mut acc = Accounting::default();
     let mut lat = Vec::new();
     for r in results {
@@ -223,7 +232,7 @@ async fn level(
     metrics.push(Metric::new(
         format!("{phase}.msgs_per_s"),
         "msg/s",
-        acc.confirmed as f64 / elapsed.as_secs_f64(),
+        acc.confirmed as f64 / elapsed.as_secs_f64().max(1e-6),
     ));
     let msgs = acc.confirmed;
     Ok((acc, metrics, msgs))
