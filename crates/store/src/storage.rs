@@ -163,7 +163,7 @@ impl OsFile {
 
     /// The direct handle owned reads go through, if any.
     #[cfg(target_os = "linux")]
-    fn direct_reads(&self) -> Option<&crate::direct::Reads> {
+    fn reads_past_cache(&self) -> Option<&crate::direct::Reads> {
         match &self.past_cache {
             PastCache::Nothing => None,
             PastCache::Reads { path, reads } => reads
@@ -203,7 +203,7 @@ impl StorageFile for OsFile {
     }
     fn read_owned(&self, offset: u64, len: usize) -> io::Result<Bytes> {
         #[cfg(target_os = "linux")]
-        if let Some(reads) = self.direct_reads() {
+        if let Some(reads) = self.reads_past_cache() {
             // `None` once the file system refused a direct read.
             if let Some(bytes) = reads.read(offset, len)? {
                 return Ok(bytes);
