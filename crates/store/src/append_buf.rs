@@ -138,17 +138,29 @@ impl AppendBuf {
     ) -> Option<T> {
         let len = self.len();
         self.high = self.high.max(len);
-        let head = usize::try_from(offset % block as u64).expect("less than a block");
-        let from = self.start.checked_sub(head)?;
-        let padded = (head + len).div_ceil(block) * block;
-        let aligned = self.mem[from..].as_ptr().align_offset(block) == 0;
-        if !aligned || self.mem.capacity() < from + padded {
-            return None;
-        }
+        let (from, head, padded) = self.run(offset, block)?;
         self.mem.resize(from + padded, 0);
         let out = write(&mut self.mem[from..from + padded], head);
         self.mem.truncate(self.start + len);
         Some(out)
+    }
+
+    /// Whether the bytes are placed for a write at `offset` in blocks of
+    /// `block` bytes: whether [`AppendBuf::with_blocks`] would write them
+    /// from where they lie.
+    pub fn is_placed_for(&self, offset: u64, block: usize) -> bool {
+        self.run(offset, block).is_some()
+    }
+
+    /// Where the aligned run around the bytes starts in `mem`, where the
+    /// bytes start in it, and its length; `None` unless the bytes are
+    /// placed for `offset` and the run fits the memory held.
+    fn run(&self, offset: u64, block: usize) -> Option<(usize, usize, usize)> {
+        let head = usize::try_from(offset % block as u64).expect("less than a block");
+        let from = self.start.checked_sub(head)?;
+        let padded = (head + self.len()).div_ceil(block) * block;
+        let aligned = self.mem[from..].as_ptr().align_offset(block) == 0;
+        (aligned && self.mem.capacity() >= from + padded).then_some((from, head, padded))
     }
 }
 
@@ -190,12 +202,15 @@ mod tests {
     fn bytes_not_placed_for_the_offset_are_left_to_the_caller() {
         let mut buf = AppendBuf::new();
         buf.extend_from_slice(b"never placed");
+        assert!(!buf.is_placed_for(0, BLOCK));
         assert_eq!(buf.with_blocks(0, BLOCK, |_, _| ()), None);
 
         let mut buf = AppendBuf::new();
         buf.place(10);
         buf.extend_from_slice(b"placed for 10");
+        assert!(!buf.is_placed_for(11, BLOCK));
         assert_eq!(buf.with_blocks(11, BLOCK, |_, _| ()), None);
+        assert!(buf.is_placed_for(10, BLOCK));
         assert_eq!(buf.with_blocks(10, BLOCK, |_, _| ()), Some(()));
         assert_eq!(buf.bytes(), b"placed for 10");
     }

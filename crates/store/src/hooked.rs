@@ -1,13 +1,15 @@
-//! A storage for tests that watch or change how files are read: every
-//! call goes to an inner storage, and the files it opens pass their reads
-//! and sizes through a test's [`FileHooks`] (count the bytes read, slow
-//! the reads down, report a stale size). A test writes the one hook it
-//! needs instead of a delegating `Storage` and `StorageFile` of its own.
+//! A storage for tests that watch or change how files are used: every
+//! call goes to an inner storage, and the files it opens pass their reads,
+//! sizes and appends through a test's [`FileHooks`] (count the bytes read,
+//! slow the reads down, report a stale size, see whether appends were
+//! placed). A test writes the one hook it needs instead of a delegating
+//! `Storage` and `StorageFile` of its own.
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::append_buf::{AppendBuf, BLOCK};
 use crate::storage::{Storage, StorageFile};
 
 /// What a test does to the files of a [`Hooked`] storage. Each method
@@ -21,6 +23,12 @@ pub trait FileHooks: Send + Sync + 'static {
     fn len(&self, path: &Path, len: u64) -> u64 {
         let _ = path;
         len
+    }
+    /// Called before each [`StorageFile::append`] to the file at `path`,
+    /// with whether its buffer was placed for the offset it goes to
+    /// ([`AppendBuf::place`]).
+    fn before_append(&self, path: &Path, placed: bool) {
+        let _ = (path, placed);
     }
 }
 
@@ -53,6 +61,11 @@ impl<H: FileHooks> StorageFile for HookedFile<H> {
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.inner.write_all_at(buf, offset)
+    }
+    fn append(&self, buf: &mut AppendBuf, offset: u64) -> io::Result<()> {
+        self.hooks
+            .before_append(&self.path, buf.is_placed_for(offset, BLOCK));
+        self.inner.append(buf, offset)
     }
     fn sync_data(&self) -> io::Result<()> {
         self.inner.sync_data()
