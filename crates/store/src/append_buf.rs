@@ -123,6 +123,15 @@ impl AppendBuf {
         }
     }
 
+    /// Places the bytes pushed from now on for a write at file offset
+    /// `offset`, as [`AppendBuf::place`] does, with room for at least
+    /// `bytes` of them: a copy of that many bytes then lies where the
+    /// write goes from.
+    pub fn place_with_room(&mut self, offset: u64, bytes: usize) {
+        self.high = self.high.max(bytes);
+        self.place(offset);
+    }
+
     /// Calls `write` with the whole `block`-aligned blocks around the
     /// bytes, as they would lie in a file where the bytes start at
     /// `offset` (aligned in memory too), and with where the bytes start in

@@ -125,24 +125,16 @@ struct Tail {
 }
 
 thread_local! {
-    /// Staging memory of the thread that appends (a group's writer): it
-    /// grows to a batch, is reused for every segment the thread writes,
-    /// and is given back by [`release_staging`] once the thread is idle.
-    static STAGING: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-}
-
-/// The first `block`-aligned index of `mem`, after making room there for
-/// `len` bytes.
-fn staged(mem: &mut Vec<u8>, block: usize, len: usize) -> usize {
-    if mem.len() < mem.as_ptr().align_offset(block) + len {
-        *mem = vec![0u8; len + block];
-    }
-    mem.as_ptr().align_offset(block)
+    /// Staging memory of the thread that appends (a group's writer), for
+    /// batches not placed for their offset: it grows to a batch, is reused
+    /// for every segment the thread writes, and is given back by
+    /// [`release_staging`] once the thread is idle.
+    static STAGING: RefCell<AppendBuf> = RefCell::new(AppendBuf::new());
 }
 
 /// Gives back the calling thread's staging memory (see [`STAGING`]).
 pub(crate) fn release_staging() {
-    STAGING.with_borrow_mut(|mem| *mem = Vec::new());
+    STAGING.with_borrow_mut(|stage| *stage = AppendBuf::new());
 }
 
 impl Reads {
@@ -241,8 +233,8 @@ impl Appender {
     }
 
     /// Writes the batch at `offset` as whole blocks from the direct
-    /// handle: from where it lies if placed, else copied into the
-    /// thread's staging memory first.
+    /// handle: from where it lies if placed, else from the thread's
+    /// staging memory, placed for `offset` and the batch copied into it.
     fn append(
         &self,
         t: &mut Tail,
@@ -252,22 +244,25 @@ impl Appender {
     ) -> io::Result<()> {
         let block = self.reads.block;
         let len = batch.bytes().len();
-        if let Batch::Placed(buf) = batch {
-            let written = buf.with_blocks(offset, block, |run, head| {
-                self.write_run(t, file, run, head, len, offset)
-            });
-            if let Some(r) = written {
-                return r;
-            }
-        }
-        let head = usize::try_from(offset % block as u64).expect("less than a block");
-        let total = head + len;
-        let padded = total.div_ceil(block) * block;
-        STAGING.with_borrow_mut(|mem| {
-            let start = staged(mem, block, padded);
-            mem[start + head..start + total].copy_from_slice(batch.bytes());
-            mem[start + total..start + padded].fill(0);
-            self.write_run(t, file, &mut mem[start..start + padded], head, len, offset)
+        let mut write = |run: &mut [u8], head| self.write_run(t, file, run, head, len, offset);
+        let bytes = match batch {
+            Batch::Placed(buf) => match buf.with_blocks(offset, block, &mut write) {
+                Some(written) => return written,
+                None => buf.bytes(),
+            },
+            Batch::Bytes(bytes) => bytes,
+        };
+        STAGING.with_borrow_mut(|stage| {
+            stage.clear();
+            stage.place_with_room(offset, len);
+            stage.extend_from_slice(bytes);
+            stage
+                .with_blocks(offset, block, &mut write)
+                .unwrap_or_else(|| {
+                    Err(io::Error::other(format!(
+                        "staging memory could not be aligned to blocks of {block} bytes"
+                    )))
+                })
         })
     }
 
@@ -433,7 +428,7 @@ mod tests {
             let at = model.len() as u64;
             append(&mut model, &vec![u8::try_from(i + 1).unwrap(); len], at);
             assert_eq!(
-                STAGING.with_borrow(Vec::capacity),
+                STAGING.with_borrow(AppendBuf::capacity),
                 0,
                 "append {i} was copied into staging memory"
             );
@@ -441,7 +436,7 @@ mod tests {
         // Placed for another offset: copied first, and written all the same.
         let at = model.len() as u64;
         append(&mut model, b"misplaced", at + 1);
-        assert!(STAGING.with_borrow(Vec::capacity) > 0);
+        assert!(STAGING.with_borrow(AppendBuf::capacity) > 0);
     }
 
     #[test]
@@ -471,9 +466,9 @@ mod tests {
         };
         f.write(&file, &[3u8; 1 << 20], 0).unwrap();
         f.write(&file, &[4u8; 300], 1 << 20).unwrap();
-        assert!(STAGING.with_borrow(Vec::len) > 1 << 20);
+        assert!(STAGING.with_borrow(AppendBuf::capacity) > 1 << 20);
         release_staging();
-        assert_eq!(STAGING.with_borrow(Vec::len), 0);
+        assert_eq!(STAGING.with_borrow(AppendBuf::capacity), 0);
         f.write(&file, &[5u8; 300], (1 << 20) + 300).unwrap();
         let on_disk = contents(&path);
         let at = 1 << 20;
