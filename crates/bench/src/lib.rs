@@ -93,7 +93,8 @@ pub struct CommonArgs {
     /// [default: the --out directory].
     #[arg(long, value_name = "DIR")]
     pub limits_dir: Option<PathBuf>,
-    /// Do not measure the machine's limits (fdatasync, loopback RTT).
+    /// Do not measure the machine's limits (fdatasync, loopback RTT,
+    /// thread hand-off).
     #[arg(long)]
     pub no_limits: bool,
 }
@@ -342,7 +343,9 @@ pub async fn run_async(args: BenchArgs) -> Result<(), BenchError> {
     });
     let mut recorder = report::Recorder::create(&out)?;
     // Measured before the load, so the bench's own work does not slow it.
-    let limits = if common.no_limits || !plan.has_latency_bound() {
+    // The hand-off prices the broker's sleeps wherever its CPU is counted.
+    let counts_cpu = common.pid.is_some() || common.vs_pid.is_some();
+    let limits = if common.no_limits || !(plan.has_latency_bound() || counts_cpu) {
         None
     } else {
         Some(limits::measure(common.limits_dir.as_ref().unwrap_or(&out))?)
@@ -404,7 +407,11 @@ pub async fn run_async(args: BenchArgs) -> Result<(), BenchError> {
         text.push_str(&limits::section(recorder.samples(), l));
     }
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-    text.push_str(&limits::cpu_section(recorder.samples(), cores));
+    text.push_str(&limits::cpu_section(
+        recorder.samples(),
+        cores,
+        limits.as_ref(),
+    ));
     for n in &notes {
         text.push_str(&format!("\nnote: {n}"));
     }
@@ -426,6 +433,7 @@ pub async fn measure(
     ui: &Ui,
 ) -> Result<Outcome, BenchError> {
     let broker_cpu0 = target.pid.and_then(procstat::cpu_seconds_tree);
+    let broker_sleeps0 = target.pid.and_then(procstat::sleeps_tree);
     let client_cpu0 = procstat::self_cpu_seconds();
     let wall0 = Instant::now();
     let mut outcome = plan.run_once(target, ui).await?;
@@ -468,6 +476,17 @@ pub async fn measure(
             None => outcome
                 .notes
                 .push(format!("broker pid {pid} vanished during the run")),
+        }
+    }
+    if let (Some(s0), Some(pid)) = (broker_sleeps0, target.pid) {
+        if let Some(s1) = procstat::sleeps_tree(pid).filter(|_| msgs > 0.0) {
+            #[allow(clippy::cast_precision_loss)] // a count of switches
+            let sleeps = s1.saturating_sub(s0) as f64;
+            outcome.metrics.push(Metric::new(
+                "broker_sleeps_per_msg",
+                "sleeps/msg",
+                sleeps / msgs,
+            ));
         }
     }
     Ok(outcome)

@@ -20,6 +20,15 @@
 //!   from them was one berth's own appends went past.)
 //! - RTT: a 64-byte ping-pong over a loopback TCP connection
 //!   (`TCP_NODELAY`), the median of [`RTT_SAMPLES`].
+//! - Hand-off: one thread waking another that sleeps (a futex, as a
+//!   broker's threads hand work and completions to each other), then
+//!   sleeping itself until woken back: the wall time of a hand-off (the
+//!   median of [`HANDOFF_SAMPLES`] round trips, halved) and the CPU both
+//!   threads spent per hand-off (their thread CPU clocks over all of
+//!   them). Placement is the scheduler's, as for the broker's threads. On
+//!   a VM whose idle vCPUs halt, waking a thread on another vCPU costs far
+//!   more than a syscall; a message whose path sleeps and wakes k times
+//!   costs at least k hand-offs of CPU, whatever the work between them.
 
 use std::fmt::Write as _;
 use std::io::{Read, Write};
@@ -37,6 +46,8 @@ pub const FSYNC_SAMPLES: usize = 200;
 pub const FSYNC_APPEND_BYTES: usize = 4096;
 /// Loopback round trips timed.
 pub const RTT_SAMPLES: usize = 2000;
+/// Thread hand-off round trips timed.
+pub const HANDOFF_SAMPLES: usize = 2000;
 
 /// What was measured, in seconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -45,6 +56,10 @@ pub struct Limits {
     pub fsync_s_p99: f64,
     pub rtt_s_median: f64,
     pub rtt_s_p99: f64,
+    /// Wall time of one thread waking another that sleeps (median).
+    pub handoff_s_median: f64,
+    /// CPU time (both threads) per hand-off.
+    pub handoff_cpu_s: f64,
 }
 
 impl Limits {
@@ -66,11 +81,14 @@ fn io(context: String) -> impl FnOnce(std::io::Error) -> BenchError {
 pub fn measure(dir: &Path) -> Result<Limits, BenchError> {
     let (fsync_s_median, fsync_s_p99) = fsync_seconds(dir)?;
     let (rtt_s_median, rtt_s_p99) = rtt_seconds()?;
+    let (handoff_s_median, handoff_cpu_s) = handoff_seconds()?;
     Ok(Limits {
         fsync_s_median,
         fsync_s_p99,
         rtt_s_median,
         rtt_s_p99,
+        handoff_s_median,
+        handoff_cpu_s,
     })
 }
 
@@ -155,6 +173,73 @@ fn rtt_seconds() -> Result<(f64, f64), BenchError> {
     Ok(median_p99(took))
 }
 
+/// CPU seconds the calling thread has used (its own clock: /proc's ticks
+/// are too coarse for a probe of a fifth of a second).
+#[allow(unsafe_code)]
+fn thread_cpu_s() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec for the call to fill; the clock id
+    // is a constant every Linux has.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    assert_eq!(
+        rc, 0,
+        "CLOCK_THREAD_CPUTIME_ID is always available on Linux"
+    );
+    #[allow(clippy::cast_precision_loss)] // seconds and nanoseconds of a run
+    let s = t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9;
+    s
+}
+
+/// Wall seconds per hand-off (median) and CPU seconds per hand-off: two
+/// threads wake each other in turn, each sleeping (`park`, a futex) until
+/// the other wakes it.
+fn handoff_seconds() -> Result<(f64, f64), BenchError> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    // Whose turn it is: true for the echo thread's.
+    let echo_turn = Arc::new(AtomicBool::new(false));
+    let main = std::thread::current();
+    let echo = {
+        let echo_turn = Arc::clone(&echo_turn);
+        std::thread::Builder::new()
+            .name("handoff-echo".into())
+            .spawn(move || {
+                let cpu0 = thread_cpu_s();
+                for _ in 0..HANDOFF_SAMPLES {
+                    while !echo_turn.load(Ordering::Acquire) {
+                        std::thread::park();
+                    }
+                    echo_turn.store(false, Ordering::Release);
+                    main.unpark();
+                }
+                thread_cpu_s() - cpu0
+            })
+            .map_err(io("start the hand-off thread".into()))?
+    };
+    let cpu0 = thread_cpu_s();
+    let mut took = Vec::with_capacity(HANDOFF_SAMPLES);
+    for _ in 0..HANDOFF_SAMPLES {
+        let t0 = Instant::now();
+        echo_turn.store(true, Ordering::Release);
+        echo.thread().unpark();
+        while echo_turn.load(Ordering::Acquire) {
+            std::thread::park();
+        }
+        // A round trip is two hand-offs.
+        took.push(t0.elapsed().as_secs_f64() / 2.0);
+    }
+    let own_cpu = thread_cpu_s() - cpu0;
+    let echo_cpu = echo
+        .join()
+        .map_err(|_| BenchError::Task("the hand-off thread panicked".into()))?;
+    #[allow(clippy::cast_precision_loss)] // a sample count
+    let handoffs = (2 * HANDOFF_SAMPLES) as f64;
+    Ok((median_p99(took).0, (own_cpu + echo_cpu) / handoffs))
+}
+
 /// The producers a latency-bound figure had, one publish in flight each:
 /// fanin's `MODE.cN.msgs_per_s`.
 fn producers_of(scenario: &str, metric: &str) -> Option<usize> {
@@ -231,10 +316,12 @@ fn median_of(samples: &[Sample], metric: &str, target: &str) -> Option<f64> {
 /// CPU per message of the load generator beside the broker's (issue 20
 /// goal 8), per target: medians of `client_cpu_us_per_msg` and
 /// `broker_cpu_us_per_msg`, and the rate at which the two together would
-/// fill `cores` (the machine's CPU bound when both share it). Empty when
-/// no run reported the client's CPU.
+/// fill `cores` (the machine's CPU bound when both share it). With the
+/// broker's sleeps per message (`broker_sleeps_per_msg`) and the
+/// machine's hand-off cost, also what those sleeps and their wake-ups cost
+/// at that price. Empty when no run reported the client's CPU.
 #[must_use]
-pub fn cpu_section(samples: &[Sample], cores: usize) -> String {
+pub fn cpu_section(samples: &[Sample], cores: usize, limits: Option<&Limits>) -> String {
     let mut out = String::new();
     for target in ["a", "b"] {
         let Some(client) = median_of(samples, "client_cpu_us_per_msg", target) else {
@@ -245,21 +332,38 @@ pub fn cpu_section(samples: &[Sample], cores: usize) -> String {
                 out,
                 "\nCPU per message (medians): client = this bench, broker = --pid; bound = {cores} cores / (client + broker)"
             );
+            if let Some(l) = limits {
+                let _ = writeln!(
+                    out,
+                    "sleeps = the broker's voluntary context switches; a thread hand-off (a wake-up and a sleep) costs {} us of CPU here ({} us wall, median): hand-offs = sleeps x that",
+                    g6(l.handoff_cpu_s * 1e6),
+                    g6(l.handoff_s_median * 1e6)
+                );
+            }
             let _ = writeln!(
                 out,
-                "{:<8} {:>14} {:>14} {:>16}",
-                "target", "client us/msg", "broker us/msg", "CPU bound msg/s"
+                "{:<8} {:>14} {:>14} {:>16} {:>12} {:>16}",
+                "target",
+                "client us/msg",
+                "broker us/msg",
+                "CPU bound msg/s",
+                "sleeps/msg",
+                "hand-offs us/msg"
             );
         }
         let broker = median_of(samples, "broker_cpu_us_per_msg", target);
         #[allow(clippy::cast_precision_loss)] // a core count
         let bound = broker.map(|b| cores as f64 * 1e6 / (client + b));
+        let sleeps = median_of(samples, "broker_sleeps_per_msg", target);
+        let handoffs = sleeps.zip(limits).map(|(n, l)| n * l.handoff_cpu_s * 1e6);
         let _ = writeln!(
             out,
-            "{target:<8} {:>14} {:>14} {:>16}",
+            "{target:<8} {:>14} {:>14} {:>16} {:>12} {:>16}",
             g6(client),
             broker.map_or("-".into(), g6),
-            bound.map_or("-".into(), g6)
+            bound.map_or("-".into(), g6),
+            sleeps.map_or("-".into(), g6),
+            handoffs.map_or("-".into(), g6)
         );
     }
     out
@@ -290,6 +394,8 @@ mod tests {
             fsync_s_p99: 0.001,
             rtt_s_median: 0.0001,
             rtt_s_p99: 0.0002,
+            handoff_s_median: 0.00004,
+            handoff_cpu_s: 0.00002,
         };
         assert!((limits.fanin_bound_per_s(10) - 25_000.0).abs() < 1e-6);
         let samples = [
@@ -318,7 +424,7 @@ mod tests {
             samples.push(sample("a", "broker_cpu_us_per_msg", broker));
         }
         samples.push(sample("b", "client_cpu_us_per_msg", 11.0));
-        let text = cpu_section(&samples, 2);
+        let text = cpu_section(&samples, 2, None);
         let row = |t: &str| {
             text.lines()
                 .find(|l| l.starts_with(t))
@@ -327,13 +433,44 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         // Medians 12 and 40: 2 cores / 52 us = 38,461.5 msg/s.
-        assert_eq!(row("a "), ["a", "12", "40", "38461.5"], "{text}");
-        assert_eq!(row("b "), ["b", "11", "-", "-"], "{text}");
+        assert_eq!(row("a "), ["a", "12", "40", "38461.5", "-", "-"], "{text}");
+        assert_eq!(row("b "), ["b", "11", "-", "-", "-", "-"], "{text}");
         assert_eq!(
-            cpu_section(&samples[1..2], 2),
+            cpu_section(&samples[1..2], 2, None),
             "",
             "no client figure, no section"
         );
+    }
+
+    #[test]
+    fn sleeps_per_message_are_priced_at_the_machines_hand_off() {
+        let limits = Limits {
+            fsync_s_median: 0.0003,
+            fsync_s_p99: 0.001,
+            rtt_s_median: 0.0001,
+            rtt_s_p99: 0.0002,
+            handoff_s_median: 0.00004,
+            handoff_cpu_s: 0.00002,
+        };
+        let mut samples = Vec::new();
+        for (broker, sleeps) in [(70.0, 1.0), (80.0, 1.5), (90.0, 2.0)] {
+            samples.push(sample("a", "client_cpu_us_per_msg", 20.0));
+            samples.push(sample("a", "broker_cpu_us_per_msg", broker));
+            samples.push(sample("a", "broker_sleeps_per_msg", sleeps));
+        }
+        let text = cpu_section(&samples, 2, Some(&limits));
+        assert!(
+            text.contains("costs 20 us of CPU here (40 us wall"),
+            "{text}"
+        );
+        let row: Vec<&str> = text
+            .lines()
+            .find(|l| l.starts_with("a "))
+            .expect("a row")
+            .split_whitespace()
+            .collect();
+        // Medians: 1.5 sleeps per message at 20 us each.
+        assert_eq!(row, ["a", "20", "80", "20000", "1.5", "30"], "{text}");
     }
 
     #[test]
@@ -348,5 +485,6 @@ mod tests {
             l.rtt_s_median > 0.0 && l.rtt_s_p99 >= l.rtt_s_median,
             "{l:?}"
         );
+        assert!(l.handoff_s_median > 0.0 && l.handoff_cpu_s > 0.0, "{l:?}");
     }
 }

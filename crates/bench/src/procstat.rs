@@ -1,4 +1,5 @@
-//! CPU seconds used by a process and its descendants, from /proc (Linux).
+//! CPU seconds used by a process and its descendants, and the sleeps of
+//! their threads, from /proc (Linux).
 //!
 //! The broker's pid may be a launcher (RabbitMQ's `rabbitmq-server` script
 //! runs `beam.smp` as a child), so the figure sums the whole process tree
@@ -37,10 +38,10 @@ fn parse_stat(text: &str) -> Option<(u32, u64)> {
     Some((ppid, utime + stime))
 }
 
-/// CPU seconds (user + system) of `pid` and all its live descendants, or
-/// `None` when the process does not exist or /proc is unreadable.
-#[must_use]
-pub fn cpu_seconds_tree(pid: u32) -> Option<f64> {
+/// `pid` and all its live descendants, each with its CPU ticks (user +
+/// system), or `None` when the process does not exist or /proc is
+/// unreadable.
+fn tree(pid: u32) -> Option<Vec<(u32, u64)>> {
     let own = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let (_, own_ticks) = parse_stat(&own)?;
     let mut children: HashMap<u32, Vec<(u32, u64)>> = HashMap::new();
@@ -59,16 +60,56 @@ pub fn cpu_seconds_tree(pid: u32) -> Option<f64> {
             children.entry(ppid).or_default().push((p, ticks));
         }
     }
-    let mut total = own_ticks;
+    let mut found = vec![(pid, own_ticks)];
     let mut stack = vec![pid];
     while let Some(p) = stack.pop() {
         for &(c, ticks) in children.get(&p).map_or(&[][..], Vec::as_slice) {
-            total += ticks;
+            found.push((c, ticks));
             stack.push(c);
         }
     }
+    Some(found)
+}
+
+/// CPU seconds (user + system) of `pid` and all its live descendants, or
+/// `None` when the process does not exist or /proc is unreadable.
+#[must_use]
+pub fn cpu_seconds_tree(pid: u32) -> Option<f64> {
+    let ticks: u64 = tree(pid)?.iter().map(|&(_, t)| t).sum();
     #[allow(clippy::cast_precision_loss)]
-    Some(total as f64 / ticks_per_s())
+    Some(ticks as f64 / ticks_per_s())
+}
+
+/// The voluntary context switches in the text of a thread's
+/// /proc/PID/task/TID/status: each is a sleep, and the wake-up that ends
+/// it.
+fn parse_sleeps(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Sleeps (voluntary context switches) of every live thread of `pid` and
+/// its live descendants, or `None` when the process does not exist or
+/// /proc is unreadable. Threads that have exited are not counted.
+#[must_use]
+pub fn sleeps_tree(pid: u32) -> Option<u64> {
+    let mut total = 0;
+    for (p, _) in tree(pid)? {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            if let Some(n) = std::fs::read_to_string(task.path().join("status"))
+                .ok()
+                .and_then(|t| parse_sleeps(&t))
+            {
+                total += n;
+            }
+        }
+    }
+    Some(total)
 }
 
 /// CPU seconds of this process (all threads).
@@ -89,6 +130,41 @@ mod tests {
         let line =
             "1234 (beam smp) S 42 1234 1234 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 30 0 1 2 3";
         assert_eq!(parse_stat(line), Some((42, 300)));
+    }
+
+    #[test]
+    fn parses_voluntary_switches_not_involuntary_ones() {
+        let status =
+            "Name:\tberth\nvoluntary_ctxt_switches:\t1234\nnonvoluntary_ctxt_switches:\t56\n";
+        assert_eq!(parse_sleeps(status), Some(1234));
+        assert_eq!(parse_sleeps("Name:\tberth\n"), None);
+    }
+
+    #[test]
+    fn the_sleeps_of_a_process_are_counted() {
+        use std::io::Write as _;
+        // A shell that waits for 20 short sleeps, then for its input: it
+        // is counted while alive.
+        let mut sh = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "i=0; while [ $i -lt 20 ]; do sleep 0.01; i=$((i+1)); done; echo done; read x",
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("sh");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(sh.stdout.as_mut().expect("piped")),
+            &mut line,
+        )
+        .expect("read");
+        assert_eq!(line.trim(), "done");
+        let sleeps = sleeps_tree(sh.id()).expect("a live process");
+        let _ = sh.stdin.take().expect("piped").write_all(b"\n");
+        sh.wait().expect("wait");
+        assert!(sleeps >= 20, "{sleeps}");
     }
 
     #[test]
