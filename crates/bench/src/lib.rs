@@ -20,6 +20,7 @@
 
 pub mod amqp;
 pub mod curve;
+pub mod handoff;
 pub mod http;
 pub mod limits;
 pub mod procstat;

@@ -20,15 +20,9 @@
 //!   from them was one berth's own appends went past.)
 //! - RTT: a 64-byte ping-pong over a loopback TCP connection
 //!   (`TCP_NODELAY`), the median of [`RTT_SAMPLES`].
-//! - Hand-off: one thread waking another that sleeps (a futex, as a
-//!   broker's threads hand work and completions to each other), then
-//!   sleeping itself until woken back: the wall time of a hand-off (the
-//!   median of [`HANDOFF_SAMPLES`] round trips, halved) and the CPU both
-//!   threads spent per hand-off (their thread CPU clocks over all of
-//!   them). Placement is the scheduler's, as for the broker's threads. On
-//!   a VM whose idle vCPUs halt, waking a thread on another vCPU costs far
-//!   more than a syscall; a message whose path sleeps and wakes k times
-//!   costs at least k hand-offs of CPU, whatever the work between them.
+//! - Hand-off: what one thread waking another that sleeps costs in CPU,
+//!   within one CPU and across two (`handoff.rs`). It prices the broker's
+//!   sleeps per message in the CPU section.
 
 use std::fmt::Write as _;
 use std::io::{Read, Write};
@@ -36,6 +30,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::time::Instant;
 
+use crate::handoff::{self, Handoff, Handoffs};
 use crate::report::Sample;
 use crate::stats::{g6, percentile_sorted};
 use crate::BenchError;
@@ -46,8 +41,6 @@ pub const FSYNC_SAMPLES: usize = 200;
 pub const FSYNC_APPEND_BYTES: usize = 4096;
 /// Loopback round trips timed.
 pub const RTT_SAMPLES: usize = 2000;
-/// Thread hand-off round trips timed.
-pub const HANDOFF_SAMPLES: usize = 2000;
 
 /// What was measured, in seconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -56,10 +49,8 @@ pub struct Limits {
     pub fsync_s_p99: f64,
     pub rtt_s_median: f64,
     pub rtt_s_p99: f64,
-    /// Wall time of one thread waking another that sleeps (median).
-    pub handoff_s_median: f64,
-    /// CPU time (both threads) per hand-off.
-    pub handoff_cpu_s: f64,
+    /// One thread waking another that sleeps.
+    pub handoffs: Handoffs,
 }
 
 impl Limits {
@@ -81,14 +72,13 @@ fn io(context: String) -> impl FnOnce(std::io::Error) -> BenchError {
 pub fn measure(dir: &Path) -> Result<Limits, BenchError> {
     let (fsync_s_median, fsync_s_p99) = fsync_seconds(dir)?;
     let (rtt_s_median, rtt_s_p99) = rtt_seconds()?;
-    let (handoff_s_median, handoff_cpu_s) = handoff_seconds()?;
+    let handoffs = handoff::measure()?;
     Ok(Limits {
         fsync_s_median,
         fsync_s_p99,
         rtt_s_median,
         rtt_s_p99,
-        handoff_s_median,
-        handoff_cpu_s,
+        handoffs,
     })
 }
 
@@ -171,73 +161,6 @@ fn rtt_seconds() -> Result<(f64, f64), BenchError> {
         .map_err(|_| BenchError::Task("the loopback echo thread panicked".into()))?
         .map_err(io("loopback echo".into()))?;
     Ok(median_p99(took))
-}
-
-/// CPU seconds the calling thread has used (its own clock: /proc's ticks
-/// are too coarse for a probe of a fifth of a second).
-#[allow(unsafe_code)]
-fn thread_cpu_s() -> f64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `t` is a valid timespec for the call to fill; the clock id
-    // is a constant every Linux has.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
-    assert_eq!(
-        rc, 0,
-        "CLOCK_THREAD_CPUTIME_ID is always available on Linux"
-    );
-    #[allow(clippy::cast_precision_loss)] // seconds and nanoseconds of a run
-    let s = t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9;
-    s
-}
-
-/// Wall seconds per hand-off (median) and CPU seconds per hand-off: two
-/// threads wake each other in turn, each sleeping (`park`, a futex) until
-/// the other wakes it.
-fn handoff_seconds() -> Result<(f64, f64), BenchError> {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
-    // Whose turn it is: true for the echo thread's.
-    let echo_turn = Arc::new(AtomicBool::new(false));
-    let main = std::thread::current();
-    let echo = {
-        let echo_turn = Arc::clone(&echo_turn);
-        std::thread::Builder::new()
-            .name("handoff-echo".into())
-            .spawn(move || {
-                let cpu0 = thread_cpu_s();
-                for _ in 0..HANDOFF_SAMPLES {
-                    while !echo_turn.load(Ordering::Acquire) {
-                        std::thread::park();
-                    }
-                    echo_turn.store(false, Ordering::Release);
-                    main.unpark();
-                }
-                thread_cpu_s() - cpu0
-            })
-            .map_err(io("start the hand-off thread".into()))?
-    };
-    let cpu0 = thread_cpu_s();
-    let mut took = Vec::with_capacity(HANDOFF_SAMPLES);
-    for _ in 0..HANDOFF_SAMPLES {
-        let t0 = Instant::now();
-        echo_turn.store(true, Ordering::Release);
-        echo.thread().unpark();
-        while echo_turn.load(Ordering::Acquire) {
-            std::thread::park();
-        }
-        // A round trip is two hand-offs.
-        took.push(t0.elapsed().as_secs_f64() / 2.0);
-    }
-    let own_cpu = thread_cpu_s() - cpu0;
-    let echo_cpu = echo
-        .join()
-        .map_err(|_| BenchError::Task("the hand-off thread panicked".into()))?;
-    #[allow(clippy::cast_precision_loss)] // a sample count
-    let handoffs = (2 * HANDOFF_SAMPLES) as f64;
-    Ok((median_p99(took).0, (own_cpu + echo_cpu) / handoffs))
 }
 
 /// The producers a latency-bound figure had, one publish in flight each:
@@ -333,11 +256,19 @@ pub fn cpu_section(samples: &[Sample], cores: usize, limits: Option<&Limits>) ->
                 "\nCPU per message (medians): client = this bench, broker = --pid; bound = {cores} cores / (client + broker)"
             );
             if let Some(l) = limits {
+                let h = &l.handoffs;
+                let cost = |p: &Handoff| {
+                    format!(
+                        "{} us of CPU ({} us wall)",
+                        g6(p.cpu_s * 1e6),
+                        g6(p.wall_s * 1e6)
+                    )
+                };
+                let across = h.across.as_ref().map_or_else(|| "-".into(), &cost);
                 let _ = writeln!(
                     out,
-                    "sleeps = the broker's voluntary context switches; a thread hand-off (a wake-up and a sleep) costs {} us of CPU here ({} us wall, median): hand-offs = sleeps x that",
-                    g6(l.handoff_cpu_s * 1e6),
-                    g6(l.handoff_s_median * 1e6)
+                    "sleeps = the broker's voluntary context switches; a thread hand-off (a wake-up and a sleep) costs {} within one CPU, {across} across two: hand-offs = sleeps x those",
+                    cost(&h.within)
                 );
             }
             let _ = writeln!(
@@ -355,7 +286,14 @@ pub fn cpu_section(samples: &[Sample], cores: usize, limits: Option<&Limits>) ->
         #[allow(clippy::cast_precision_loss)] // a core count
         let bound = broker.map(|b| cores as f64 * 1e6 / (client + b));
         let sleeps = median_of(samples, "broker_sleeps_per_msg", target);
-        let handoffs = sleeps.zip(limits).map(|(n, l)| n * l.handoff_cpu_s * 1e6);
+        let handoffs = sleeps.zip(limits).map(|(n, l)| {
+            let price = |p: &Handoff| g6(n * p.cpu_s * 1e6);
+            let h = &l.handoffs;
+            match &h.across {
+                Some(across) => format!("{}-{}", price(&h.within), price(across)),
+                None => price(&h.within),
+            }
+        });
         let _ = writeln!(
             out,
             "{target:<8} {:>14} {:>14} {:>16} {:>12} {:>16}",
@@ -363,7 +301,7 @@ pub fn cpu_section(samples: &[Sample], cores: usize, limits: Option<&Limits>) ->
             broker.map_or("-".into(), g6),
             bound.map_or("-".into(), g6),
             sleeps.map_or("-".into(), g6),
-            handoffs.map_or("-".into(), g6)
+            handoffs.unwrap_or_else(|| "-".into())
         );
     }
     out
@@ -394,8 +332,16 @@ mod tests {
             fsync_s_p99: 0.001,
             rtt_s_median: 0.0001,
             rtt_s_p99: 0.0002,
-            handoff_s_median: 0.00004,
-            handoff_cpu_s: 0.00002,
+            handoffs: Handoffs {
+                within: Handoff {
+                    wall_s: 0.000_004,
+                    cpu_s: 0.000_004,
+                },
+                across: Some(Handoff {
+                    wall_s: 0.000_04,
+                    cpu_s: 0.000_02,
+                }),
+            },
         };
         assert!((limits.fanin_bound_per_s(10) - 25_000.0).abs() < 1e-6);
         let samples = [
@@ -449,8 +395,16 @@ mod tests {
             fsync_s_p99: 0.001,
             rtt_s_median: 0.0001,
             rtt_s_p99: 0.0002,
-            handoff_s_median: 0.00004,
-            handoff_cpu_s: 0.00002,
+            handoffs: Handoffs {
+                within: Handoff {
+                    wall_s: 0.000_004,
+                    cpu_s: 0.000_004,
+                },
+                across: Some(Handoff {
+                    wall_s: 0.000_04,
+                    cpu_s: 0.000_02,
+                }),
+            },
         };
         let mut samples = Vec::new();
         for (broker, sleeps) in [(70.0, 1.0), (80.0, 1.5), (90.0, 2.0)] {
@@ -460,7 +414,7 @@ mod tests {
         }
         let text = cpu_section(&samples, 2, Some(&limits));
         assert!(
-            text.contains("costs 20 us of CPU here (40 us wall"),
+            text.contains("costs 4 us of CPU (4 us wall) within one CPU, 20 us of CPU (40 us wall) across two"),
             "{text}"
         );
         let row: Vec<&str> = text
@@ -469,8 +423,8 @@ mod tests {
             .expect("a row")
             .split_whitespace()
             .collect();
-        // Medians: 1.5 sleeps per message at 20 us each.
-        assert_eq!(row, ["a", "20", "80", "20000", "1.5", "30"], "{text}");
+        // Medians: 1.5 sleeps per message at 4 to 20 us each.
+        assert_eq!(row, ["a", "20", "80", "20000", "1.5", "6-30"], "{text}");
     }
 
     #[test]
@@ -485,6 +439,6 @@ mod tests {
             l.rtt_s_median > 0.0 && l.rtt_s_p99 >= l.rtt_s_median,
             "{l:?}"
         );
-        assert!(l.handoff_s_median > 0.0 && l.handoff_cpu_s > 0.0, "{l:?}");
+        assert!(l.handoffs.within.cpu_s > 0.0, "{l:?}");
     }
 }

@@ -1,0 +1,207 @@
+//! The machine's price of a sleep: one thread waking another that sleeps
+//! (a futex, as a broker's threads hand work and completions to each
+//! other), then sleeping itself until woken back.
+//!
+//! Two placements are timed, each with both threads pinned, because the
+//! scheduler's own choice flips between them from one run to the next (an
+//! unpinned probe measured 3 µs wall in one run and 33 µs in the next):
+//! - *within* one CPU: the woken thread runs once the waker sleeps;
+//! - *across* two CPUs: the woken thread's CPU is idle, and on a VM whose
+//!   idle vCPUs halt, waking it is a wake-up of that vCPU by the host.
+//!
+//! For each: the wall time of a hand-off (the median of [`SAMPLES`] round
+//! trips, halved) and the CPU both threads spent per hand-off (their
+//! thread CPU clocks over all of them). A message whose path sleeps and
+//! wakes k times costs between k hand-offs within and k across of CPU,
+//! whatever the work between them.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Instant;
+
+use crate::stats::percentile_sorted;
+use crate::BenchError;
+
+/// Hand-off round trips timed per placement.
+pub const SAMPLES: usize = 2000;
+
+/// What one hand-off costs, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Handoff {
+    /// Wall time (median).
+    pub wall_s: f64,
+    /// CPU time of both threads.
+    pub cpu_s: f64,
+}
+
+/// A hand-off within one CPU, and across two where the process may use two.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Handoffs {
+    pub within: Handoff,
+    pub across: Option<Handoff>,
+}
+
+/// Times both placements on the CPUs this process may use.
+pub fn measure() -> Result<Handoffs, BenchError> {
+    let cpus = allowed_cpus();
+    let first = *cpus
+        .first()
+        .ok_or_else(|| BenchError::Task("no CPU this process may run on".into()))?;
+    let within = timed(first, first)?;
+    let across = match cpus.get(1) {
+        Some(&second) => Some(timed(first, second)?),
+        None => None,
+    };
+    Ok(Handoffs { within, across })
+}
+
+/// Two threads, pinned to `cpu_a` and `cpu_b`, waking each other in turn.
+fn timed(cpu_a: usize, cpu_b: usize) -> Result<Handoff, BenchError> {
+    let start = |name: &str| {
+        std::thread::Builder::new()
+            .name(name.into())
+            .stack_size(64 * 1024)
+    };
+    let spawn_error = |e| BenchError::Io {
+        context: "start a hand-off thread".into(),
+        source: e,
+    };
+    // Whose turn it is: true for b's.
+    let b_turn = Arc::new(AtomicBool::new(false));
+    let (a_tx, a_rx) = mpsc::channel::<std::thread::Thread>();
+    let b = {
+        let b_turn = Arc::clone(&b_turn);
+        start("handoff-b")
+            .spawn(move || -> Result<f64, String> {
+                pin(cpu_b)?;
+                let a = a_rx.recv().map_err(|_| "thread a did not start")?;
+                let cpu0 = thread_cpu_s();
+                for _ in 0..SAMPLES {
+                    while !b_turn.load(Ordering::Acquire) {
+                        std::thread::park();
+                    }
+                    b_turn.store(false, Ordering::Release);
+                    a.unpark();
+                }
+                Ok(thread_cpu_s() - cpu0)
+            })
+            .map_err(spawn_error)?
+    };
+    let b_thread = b.thread().clone();
+    let a = start("handoff-a")
+        .spawn(move || -> Result<(Vec<f64>, f64), String> {
+            pin(cpu_a)?;
+            a_tx.send(std::thread::current())
+                .map_err(|_| "thread b is gone")?;
+            let cpu0 = thread_cpu_s();
+            let mut took = Vec::with_capacity(SAMPLES);
+            for _ in 0..SAMPLES {
+                let t0 = Instant::now();
+                b_turn.store(true, Ordering::Release);
+                b_thread.unpark();
+                while b_turn.load(Ordering::Acquire) {
+                    std::thread::park();
+                }
+                // A round trip is two hand-offs.
+                took.push(t0.elapsed().as_secs_f64() / 2.0);
+            }
+            Ok((took, thread_cpu_s() - cpu0))
+        })
+        .map_err(spawn_error)?;
+    let panicked = |_| BenchError::Task("a hand-off thread panicked".into());
+    let a = a.join().map_err(panicked)?;
+    let b = b.join().map_err(panicked)?;
+    let ((mut took, a_cpu), b_cpu) = match (a, b) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) => {
+            return Err(BenchError::Task(format!(
+                "hand-off between CPUs {cpu_a} and {cpu_b}: {e}"
+            )))
+        }
+    };
+    took.sort_by(f64::total_cmp);
+    #[allow(clippy::cast_precision_loss)] // a sample count
+    let handoffs = (2 * SAMPLES) as f64;
+    Ok(Handoff {
+        wall_s: percentile_sorted(&took, 0.5),
+        cpu_s: (a_cpu + b_cpu) / handoffs,
+    })
+}
+
+/// CPU seconds the calling thread has used (its own clock: /proc's ticks
+/// are too coarse for a probe of a fifth of a second).
+#[allow(unsafe_code)]
+fn thread_cpu_s() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec for the call to fill; the clock id
+    // is a constant every Linux has.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    assert_eq!(
+        rc, 0,
+        "CLOCK_THREAD_CPUTIME_ID is always available on Linux"
+    );
+    #[allow(clippy::cast_precision_loss)] // seconds and nanoseconds of a run
+    let s = t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9;
+    s
+}
+
+/// The CPUs this process may run on, in order.
+#[allow(unsafe_code)]
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: an all-zero cpu_set_t is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a cpu_set_t of the size passed; pid 0 is the
+    // calling thread.
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    if rc != 0 {
+        return Vec::new();
+    }
+    let max = usize::try_from(libc::CPU_SETSIZE).unwrap_or(0);
+    // SAFETY: `c` is below CPU_SETSIZE, the set's size.
+    (0..max)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+/// Pins the calling thread to `cpu`.
+#[allow(unsafe_code)]
+fn pin(cpu: usize) -> Result<(), String> {
+    // SAFETY: an all-zero cpu_set_t is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    if cpu >= usize::try_from(libc::CPU_SETSIZE).unwrap_or(0) {
+        return Err(format!("CPU {cpu} is past the largest CPU set"));
+    }
+    // SAFETY: `cpu` is below CPU_SETSIZE, the set's size.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a cpu_set_t of the size passed; pid 0 is the
+    // calling thread.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "could not pin a thread to CPU {cpu}: {}",
+            std::io::Error::last_os_error()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_placements_are_timed_on_the_cpus_allowed() {
+        let cpus = allowed_cpus();
+        assert!(!cpus.is_empty(), "this process runs somewhere");
+        let h = measure().expect("measure");
+        assert!(h.within.wall_s > 0.0 && h.within.cpu_s > 0.0, "{h:?}");
+        assert_eq!(h.across.is_some(), cpus.len() > 1, "{h:?} on {cpus:?}");
+        if let Some(across) = h.across {
+            assert!(across.wall_s > 0.0 && across.cpu_s > 0.0, "{h:?}");
+        }
+    }
+}
