@@ -324,10 +324,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn each_fanin_rate_gets_its_bound_and_fraction() {
-        // 0.3 ms fsync + 0.1 ms RTT: 2,500 msg/s per producer.
-        let limits = Limits {
+    /// 0.3 ms fsync, 0.1 ms RTT; a hand-off of 4 us within a CPU, 20 us
+    /// of CPU (40 us wall) across two.
+    fn limits() -> Limits {
+        Limits {
             fsync_s_median: 0.0003,
             fsync_s_p99: 0.001,
             rtt_s_median: 0.0001,
@@ -342,7 +342,13 @@ mod tests {
                     cpu_s: 0.000_02,
                 }),
             },
-        };
+        }
+    }
+
+    #[test]
+    fn each_fanin_rate_gets_its_bound_and_fraction() {
+        // 0.3 ms fsync + 0.1 ms RTT: 2,500 msg/s per producer.
+        let limits = limits();
         assert!((limits.fanin_bound_per_s(10) - 25_000.0).abs() < 1e-6);
         let samples = [
             sample("a", "shared.c10.msgs_per_s", 20_000.0),
@@ -390,22 +396,7 @@ mod tests {
 
     #[test]
     fn sleeps_per_message_are_priced_at_the_machines_hand_off() {
-        let limits = Limits {
-            fsync_s_median: 0.0003,
-            fsync_s_p99: 0.001,
-            rtt_s_median: 0.0001,
-            rtt_s_p99: 0.0002,
-            handoffs: Handoffs {
-                within: Handoff {
-                    wall_s: 0.000_004,
-                    cpu_s: 0.000_004,
-                },
-                across: Some(Handoff {
-                    wall_s: 0.000_04,
-                    cpu_s: 0.000_02,
-                }),
-            },
-        };
+        let limits = limits();
         let mut samples = Vec::new();
         for (broker, sleeps) in [(70.0, 1.0), (80.0, 1.5), (90.0, 2.0)] {
             samples.push(sample("a", "client_cpu_us_per_msg", 20.0));
