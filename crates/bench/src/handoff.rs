@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
+use crate::cpus;
 use crate::stats::percentile_sorted;
 use crate::BenchError;
 
@@ -43,7 +44,7 @@ pub struct Handoffs {
 
 /// Times both placements on the CPUs this process may use.
 pub fn measure() -> Result<Handoffs, BenchError> {
-    let cpus = allowed_cpus();
+    let cpus = cpus::allowed();
     let first = *cpus
         .first()
         .ok_or_else(|| BenchError::Task("no CPU this process may run on".into()))?;
@@ -73,7 +74,7 @@ fn timed(cpu_a: usize, cpu_b: usize) -> Result<Handoff, BenchError> {
         let b_turn = Arc::clone(&b_turn);
         start("handoff-b")
             .spawn(move || -> Result<f64, String> {
-                pin(cpu_b)?;
+                cpus::pin(cpu_b)?;
                 let a = a_rx.recv().map_err(|_| "thread a did not start")?;
                 let cpu0 = thread_cpu_s();
                 for _ in 0..SAMPLES {
@@ -90,7 +91,7 @@ fn timed(cpu_a: usize, cpu_b: usize) -> Result<Handoff, BenchError> {
     let b_thread = b.thread().clone();
     let a = start("handoff-a")
         .spawn(move || -> Result<(Vec<f64>, f64), String> {
-            pin(cpu_a)?;
+            cpus::pin(cpu_a)?;
             a_tx.send(std::thread::current())
                 .map_err(|_| "thread b is gone")?;
             let cpu0 = thread_cpu_s();
@@ -148,54 +149,13 @@ fn thread_cpu_s() -> f64 {
     s
 }
 
-/// The CPUs this process may run on, in order.
-#[allow(unsafe_code)]
-fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: an all-zero cpu_set_t is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a cpu_set_t of the size passed; pid 0 is the
-    // calling thread.
-    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
-    if rc != 0 {
-        return Vec::new();
-    }
-    let max = usize::try_from(libc::CPU_SETSIZE).unwrap_or(0);
-    // SAFETY: `c` is below CPU_SETSIZE, the set's size.
-    (0..max)
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect()
-}
-
-/// Pins the calling thread to `cpu`.
-#[allow(unsafe_code)]
-fn pin(cpu: usize) -> Result<(), String> {
-    // SAFETY: an all-zero cpu_set_t is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    if cpu >= usize::try_from(libc::CPU_SETSIZE).unwrap_or(0) {
-        return Err(format!("CPU {cpu} is past the largest CPU set"));
-    }
-    // SAFETY: `cpu` is below CPU_SETSIZE, the set's size.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: `set` is a cpu_set_t of the size passed; pid 0 is the
-    // calling thread.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(format!(
-            "could not pin a thread to CPU {cpu}: {}",
-            std::io::Error::last_os_error()
-        ))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn both_placements_are_timed_on_the_cpus_allowed() {
-        let cpus = allowed_cpus();
+        let cpus = cpus::allowed();
         assert!(!cpus.is_empty(), "this process runs somewhere");
         let h = measure().expect("measure");
         assert!(h.within.wall_s > 0.0 && h.within.cpu_s > 0.0, "{h:?}");

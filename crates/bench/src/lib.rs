@@ -19,6 +19,7 @@
 //! show when the load generator, not the broker, is the limit.
 
 pub mod amqp;
+pub mod cpus;
 pub mod curve;
 pub mod handoff;
 pub mod http;
@@ -411,7 +412,7 @@ pub async fn run_async(args: BenchArgs) -> Result<(), BenchError> {
     text.push_str(&limits::cpu_section(
         recorder.samples(),
         cores,
-        limits.as_ref(),
+        limits.as_ref().and_then(|l| l.handoffs.as_ref()),
     ));
     for n in &notes {
         text.push_str(&format!("\nnote: {n}"));
