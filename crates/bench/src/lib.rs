@@ -434,8 +434,7 @@ pub async fn measure(
     target: &Target,
     ui: &Ui,
 ) -> Result<Outcome, BenchError> {
-    let broker_cpu0 = target.pid.and_then(procstat::cpu_seconds_tree);
-    let broker_sleeps0 = target.pid.and_then(procstat::sleeps_tree);
+    let broker0 = target.pid.and_then(procstat::usage_tree);
     let client_cpu0 = procstat::self_cpu_seconds();
     let wall0 = Instant::now();
     let mut outcome = plan.run_once(target, ui).await?;
@@ -462,9 +461,10 @@ pub async fn measure(
             ));
         }
     }
-    if let (Some(c0), Some(pid)) = (broker_cpu0, target.pid) {
-        match procstat::cpu_seconds_tree(pid) {
-            Some(c1) if msgs > 0.0 => {
+    if let (Some(u0), Some(pid)) = (broker0, target.pid) {
+        match procstat::usage_tree(pid) {
+            Some(u1) if msgs > 0.0 => {
+                let (c0, c1) = (u0.cpu_s, u1.cpu_s);
                 outcome.metrics.push(Metric::new(
                     "broker_cpu_us_per_msg",
                     "us/msg",
@@ -473,22 +473,18 @@ pub async fn measure(
                 outcome
                     .metrics
                     .push(Metric::new("broker_cpu_util", "cores", (c1 - c0) / wall_s));
+                #[allow(clippy::cast_precision_loss)] // a count of switches
+                let sleeps = u1.sleeps.saturating_sub(u0.sleeps) as f64;
+                outcome.metrics.push(Metric::new(
+                    "broker_sleeps_per_msg",
+                    "sleeps/msg",
+                    sleeps / msgs,
+                ));
             }
             Some(_) => {}
             None => outcome
                 .notes
                 .push(format!("broker pid {pid} vanished during the run")),
-        }
-    }
-    if let (Some(s0), Some(pid)) = (broker_sleeps0, target.pid) {
-        if let Some(s1) = procstat::sleeps_tree(pid).filter(|_| msgs > 0.0) {
-            #[allow(clippy::cast_precision_loss)] // a count of switches
-            let sleeps = s1.saturating_sub(s0) as f64;
-            outcome.metrics.push(Metric::new(
-                "broker_sleeps_per_msg",
-                "sleeps/msg",
-                sleeps / msgs,
-            ));
         }
     }
     Ok(outcome)

@@ -71,15 +71,6 @@ fn tree(pid: u32) -> Option<Vec<(u32, u64)>> {
     Some(found)
 }
 
-/// CPU seconds (user + system) of `pid` and all its live descendants, or
-/// `None` when the process does not exist or /proc is unreadable.
-#[must_use]
-pub fn cpu_seconds_tree(pid: u32) -> Option<f64> {
-    let ticks: u64 = tree(pid)?.iter().map(|&(_, t)| t).sum();
-    #[allow(clippy::cast_precision_loss)]
-    Some(ticks as f64 / ticks_per_s())
-}
-
 /// The voluntary context switches in the text of a thread's
 /// /proc/PID/task/TID/status: each is a sleep, and the wake-up that ends
 /// it.
@@ -90,13 +81,25 @@ fn parse_sleeps(status: &str) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// Sleeps (voluntary context switches) of every live thread of `pid` and
-/// its live descendants, or `None` when the process does not exist or
-/// /proc is unreadable. Threads that have exited are not counted.
+/// What a process tree has used so far.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Usage {
+    /// CPU seconds (user + system).
+    pub cpu_s: f64,
+    /// Sleeps (voluntary context switches) of every live thread; threads
+    /// that have exited are not counted.
+    pub sleeps: u64,
+}
+
+/// The usage of `pid` and all its live descendants, from one walk of
+/// /proc; `None` when the process does not exist or /proc is unreadable.
 #[must_use]
-pub fn sleeps_tree(pid: u32) -> Option<u64> {
-    let mut total = 0;
-    for (p, _) in tree(pid)? {
+pub fn usage_tree(pid: u32) -> Option<Usage> {
+    let found = tree(pid)?;
+    let mut ticks = 0;
+    let mut sleeps = 0;
+    for (p, t) in found {
+        ticks += t;
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
             continue;
         };
@@ -105,11 +108,13 @@ pub fn sleeps_tree(pid: u32) -> Option<u64> {
                 .ok()
                 .and_then(|t| parse_sleeps(&t))
             {
-                total += n;
+                sleeps += n;
             }
         }
     }
-    Some(total)
+    #[allow(clippy::cast_precision_loss)]
+    let cpu_s = ticks as f64 / ticks_per_s();
+    Some(Usage { cpu_s, sleeps })
 }
 
 /// CPU seconds of this process (all threads).
@@ -161,7 +166,7 @@ mod tests {
         )
         .expect("read");
         assert_eq!(line.trim(), "done");
-        let sleeps = sleeps_tree(sh.id()).expect("a live process");
+        let sleeps = usage_tree(sh.id()).expect("a live process").sleeps;
         let _ = sh.stdin.take().expect("piped").write_all(b"\n");
         sh.wait().expect("wait");
         assert!(sleeps >= 20, "{sleeps}");
@@ -170,7 +175,7 @@ mod tests {
     #[test]
     fn own_process_has_cpu_time() {
         let a = self_cpu_seconds().expect("/proc/self/stat readable on Linux");
-        let b = cpu_seconds_tree(std::process::id()).expect("own pid");
+        let b = usage_tree(std::process::id()).expect("own pid").cpu_s;
         assert!(a >= 0.0 && b >= a * 0.5);
     }
 }
