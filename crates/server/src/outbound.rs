@@ -24,6 +24,9 @@
 //!   the memory alarm) from its push until it is written or dropped.
 //! - Only server-sent `basic.cancel`s are ever held back, and only between
 //!   `hold_cancels` and `release_cancels`, which sends them in order.
+//! - Bytes reach the socket in the order they were pushed: [`Outbound::push_now`]
+//!   writes to the socket itself only while nothing is buffered and the
+//!   writer is not writing, under the buffer's lock.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -43,6 +46,13 @@ use crate::output::Output;
 struct Buffer {
     out: Output,
     counted: Counted,
+    /// The writer took output and has not finished writing it.
+    writing: bool,
+    /// The connection's plain TCP socket (a second handle to it), for
+    /// [`Outbound::push_now`]; `None` for TLS, and once closed.
+    socket: Option<std::net::TcpStream>,
+    /// Frames being written by [`Outbound::push_now`], kept for the next.
+    scratch: BytesMut,
 }
 
 /// The shared output buffer of one connection.
@@ -76,6 +86,9 @@ impl Outbound {
             buf: Mutex::new(Buffer {
                 out: Output::default(),
                 counted: Counted::new(&OUTPUT_BYTES),
+                writing: false,
+                socket: None,
+                scratch: BytesMut::new(),
             }),
             ready: Notify::new(),
             drained: Notify::new(),
@@ -125,6 +138,53 @@ impl Outbound {
         self.push_output(|out| out.append_content(method, channel, properties, body, frame_max));
     }
 
+    /// Lets [`Self::push_now`] write to `socket` (a second handle to the
+    /// connection's plain TCP socket, non-blocking like the first).
+    pub fn write_directly_to(&self, socket: std::net::TcpStream) {
+        self.buf.lock().socket = Some(socket);
+    }
+
+    /// Appends frames produced by `f`, as [`Self::push`] does, except that
+    /// when nothing is buffered and the writer is not writing they go
+    /// straight to the socket from this thread: a store writer completing
+    /// publisher confirms wakes no task for them. What the socket does not
+    /// take at once (it is full, or fails) is buffered for the writer.
+    pub fn push_now(&self, f: impl FnOnce(&mut BytesMut)) {
+        if self.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut guard = self.buf.lock();
+        let buf = &mut *guard;
+        let Some(socket) = buf
+            .socket
+            .as_ref()
+            .filter(|_| buf.out.is_empty() && !buf.writing)
+        else {
+            buf.out.append(f);
+            let len = buf.out.len() as u64;
+            buf.counted.set(len);
+            drop(guard);
+            self.ready.notify_one();
+            return;
+        };
+        f(&mut buf.scratch);
+        if buf.scratch.is_empty() {
+            return;
+        }
+        // On an error the writer meets it (or the socket's room) itself.
+        let written: usize = std::io::Write::write(&mut &*socket, &buf.scratch).unwrap_or_default();
+        let left = buf.scratch.split_off(written);
+        buf.scratch.clear();
+        if left.is_empty() {
+            return;
+        }
+        buf.out.append(|b| b.extend_from_slice(&left));
+        let len = buf.out.len() as u64;
+        buf.counted.set(len);
+        drop(guard);
+        self.ready.notify_one();
+    }
+
     fn push_output(&self, f: impl FnOnce(&mut Output)) {
         if self.closed.load(Ordering::Relaxed) {
             return;
@@ -146,6 +206,7 @@ impl Outbound {
         let out = {
             let mut buf = self.buf.lock();
             buf.counted.set(0);
+            buf.writing = !buf.out.is_empty();
             if buf.out.is_empty() {
                 std::mem::take(&mut buf.out)
             } else {
@@ -157,6 +218,11 @@ impl Outbound {
             self.drained.notify_one();
         }
         out
+    }
+
+    /// The writer's side: what it took is written (or failed).
+    pub fn written(&self) {
+        self.buf.lock().writing = false;
     }
 
     /// The writer's side: whether it is waiting for the socket to take
@@ -174,6 +240,10 @@ impl Outbound {
     /// Stops accepting output (the connection is going away).
     pub fn close(&self) {
         self.closed.store(true, Ordering::Relaxed);
+        // The socket closes when the connection lets go of it, not when
+        // the last completion holding this output does.
+        let socket = self.buf.lock().socket.take();
+        drop(socket);
         self.ready.notify_one();
     }
 
@@ -308,5 +378,53 @@ impl Outlet for Outbound {
             self.congested.store(true, Ordering::Release);
         }
         over
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    #[test]
+    fn direct_writes_wait_behind_what_the_writer_took() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        server.set_nonblocking(true).unwrap();
+        client.set_nonblocking(true).unwrap();
+        let out = Outbound::new(1 << 20, 131_072);
+        out.write_directly_to(server);
+        let mut in_flight = Counted::new(&OUTPUT_BYTES);
+        let mut got = [0u8; 64];
+
+        out.push(|b| b.extend_from_slice(b"first"));
+        let taken = out.take(&mut in_flight, Output::default());
+        assert_eq!(taken.len(), 5, "the writer took the first frames");
+        out.push_now(|b| b.extend_from_slice(b"second"));
+        assert_eq!(
+            out.buffered_bytes(),
+            6,
+            "buffered behind the write in progress"
+        );
+        assert!(
+            client.read(&mut got).is_err(),
+            "nothing overtook the writer"
+        );
+
+        out.written();
+        assert_eq!(out.take(&mut in_flight, taken.recycle(1024)).len(), 6);
+        out.written();
+        out.push_now(|b| b.extend_from_slice(b"third"));
+        assert_eq!(out.buffered_bytes(), 0, "written at once by an idle output");
+        client.set_nonblocking(false).unwrap();
+        let n = client.read(&mut got).unwrap();
+        assert_eq!(&got[..n], b"third");
+
+        out.close();
+        out.push_now(|b| b.extend_from_slice(b"late"));
+        assert_eq!(out.buffered_bytes(), 0, "a closed output takes nothing");
     }
 }

@@ -24,6 +24,27 @@ pub enum WriteStream {
     Tls(WriteHalf<TlsStream<TcpStream>>),
 }
 
+impl WriteStream {
+    /// A second handle to a plain TCP socket (shared, so non-blocking like
+    /// this one), for writes from outside the runtime; `None` for TLS,
+    /// whose bytes only the TLS stream may write, or when the process is
+    /// out of file descriptors.
+    pub fn second_plain_handle(&self) -> Option<std::net::TcpStream> {
+        use std::os::fd::AsFd;
+        match self {
+            Self::Tcp(w) => {
+                let stream: &TcpStream = w.as_ref();
+                stream
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .map(std::net::TcpStream::from)
+                    .ok()
+            }
+            Self::Tls(_) => None,
+        }
+    }
+}
+
 /// Splits a plain TCP connection.
 pub fn plain(s: TcpStream) -> (ReadStream, WriteStream) {
     let (r, w) = s.into_split();

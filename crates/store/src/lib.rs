@@ -17,6 +17,7 @@ pub mod append_buf;
 pub mod backup;
 pub mod checkpoint;
 pub mod clock;
+pub mod completion;
 pub mod decision;
 #[cfg(target_os = "linux")]
 mod direct;

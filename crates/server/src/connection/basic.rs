@@ -82,9 +82,12 @@ impl Conn {
         self.flow.has_published = true;
         let slot = self.slot(channel);
         let ch = Arc::clone(&slot.ch);
-        let seq = slot.confirms.as_ref().map(|c| c.last_seq + 1);
-        let generation = slot.generation;
-        let mut make_done = self.publish_completion(channel, generation, seq);
+        let confirms = slot
+            .confirms
+            .as_ref()
+            .map(|c| (Arc::clone(c), c.next_seq()));
+        let seq = confirms.as_ref().map(|(_, seq)| *seq);
+        let mut make_done = self.publish_completion(channel, confirms);
         let p = m.publish;
         let result = Message::published(
             p.exchange.clone(),
@@ -96,9 +99,6 @@ impl Conn {
         .and_then(|msg| ch.publish(&p.exchange, msg, p.mandatory, now, &mut make_done));
         match result {
             Ok(Some(published)) => {
-                if let Some(c) = self.slot(channel).confirms.as_mut() {
-                    c.last_seq += 1;
-                }
                 self.after_publish(channel, &published, seq);
             }
             Ok(None) => {}

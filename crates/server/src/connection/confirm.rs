@@ -9,7 +9,6 @@ use berth_broker::{AmqpError, AmqpResult};
 use berth_protocol::methods::confirm;
 use berth_protocol::AMQPClass;
 
-use super::confirms::Confirms;
 use super::exception::not_from_client;
 use super::Conn;
 
@@ -30,7 +29,7 @@ impl Conn {
                 }
                 let slot = self.slot(channel);
                 if slot.confirms.is_none() {
-                    slot.confirms = Some(Confirms::default());
+                    slot.confirms = Some(Arc::default());
                 }
                 if !s.nowait {
                     self.send_method(

@@ -5,14 +5,30 @@
 //! the first publish still waiting for the journal. A `tx.commit-ok` goes
 //! out once every journal write of the commit completed.
 //!
+//! A journaled publish's completion sends the acks itself, from the thread
+//! that completes it (a store group's writer): once per channel per batch
+//! ([`berth_store::completion::after_completions`]), straight to the
+//! socket when nothing is waiting to be written before them
+//! ([`Outbound::push_now`]). No task is woken for a confirm: on two vCPUs
+//! a wake-up costs more than the rest of the confirm (docs/BENCHMARKS.md,
+//! "the price of a sleep"). Transaction completions still go through the
+//! connection task, which owns the channel's `tx.commit` state.
+//!
 //! Invariants:
 //! - A confirm or `tx.commit-ok` for a journaled message is sent only after
 //!   the store completed its write (docs/ARCHITECTURE.md, invariant 1).
-//! - A completion names the channel's generation: one from an earlier life
-//!   of a channel number never confirms or commits anything of the current
-//!   one, yet still releases its count in `unconfirmed`.
+//! - A publish is waited for (in `waiting`) before its completion exists,
+//!   so a completion that runs at once (a write refused up front) finds it.
+//! - Once a channel is closed or closing, no ack or nack of it is sent: a
+//!   completion from an earlier life of a channel number holds that life's
+//!   bookkeeping, not the current one's, and still releases its count in
+//!   [`Completions::unconfirmed`].
+//! - Acks and nacks are encoded under the output's lock, then the
+//!   channel's ([`ChannelConfirms`]); nothing takes them the other way
+//!   round.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use berth_broker::channel::Published;
@@ -22,21 +38,29 @@ use berth_protocol::codec::{self, CLASS_TX, METHOD_TX_COMMIT};
 use berth_protocol::methods::tx;
 use berth_protocol::AMQPClass;
 use bytes::BytesMut;
+use parking_lot::Mutex;
+use tokio::sync::Notify;
 
 use super::exception::End;
 use super::Conn;
+use crate::limits;
+use crate::outbound::Outbound;
 
 /// Publisher confirm bookkeeping for a channel in confirm mode.
 #[derive(Default)]
-pub(super) struct Confirms {
+struct Confirms {
     /// Sequence number of the last publish.
-    pub(super) last_seq: u64,
+    last_seq: u64,
     /// Highest sequence number confirmed (acked or nacked) to the client.
     acked_upto: u64,
     /// Publishes waiting for the journal.
     waiting: BTreeSet<u64>,
     /// Publishes already nacked individually (refused, or the store failed).
     nacked: BTreeSet<u64>,
+    /// A flush of the acks is left for after the batch being completed.
+    flush_due: bool,
+    /// The channel closed (or is closing): nothing more is sent for it.
+    closed: bool,
 }
 
 impl Confirms {
@@ -48,7 +72,7 @@ impl Confirms {
     /// Frames confirming everything that can be confirmed now.
     fn flush(&mut self, channel: u16, out: &mut BytesMut) {
         let frontier = self.frontier();
-        if frontier <= self.acked_upto {
+        if self.closed || frontier <= self.acked_upto {
             return;
         }
         let nacked_in_range = self
@@ -69,53 +93,167 @@ impl Confirms {
         }
         self.acked_upto = frontier;
     }
+
+    /// Records `seq` as nacked; whether a `basic.nack` is to be sent.
+    fn nack(&mut self, seq: u64) -> bool {
+        self.nacked.insert(seq) && !self.closed
+    }
 }
 
-/// A journal completion, sent from a store thread to the connection task.
-/// `generation` names the channel's life it belongs to: a channel number
-/// can be closed and opened again before the completions of its first life
-/// arrive, and those must not confirm or commit anything of the second.
-pub(super) enum Stored {
-    /// A publish in confirm mode.
-    Confirm {
+/// A channel's confirm bookkeeping, shared by the connection task (which
+/// numbers the publishes) and their completions (which confirm them).
+#[derive(Default)]
+pub(super) struct ChannelConfirms {
+    state: Mutex<Confirms>,
+}
+
+impl ChannelConfirms {
+    /// The sequence number the next publish gets.
+    pub(super) fn next_seq(&self) -> u64 {
+        self.state.lock().last_seq + 1
+    }
+
+    /// The publish numbered `seq` was routed.
+    pub(super) fn published(&self, seq: u64) {
+        self.state.lock().last_seq = seq;
+    }
+
+    /// Nothing more is sent for this channel.
+    pub(super) fn close(&self) {
+        self.state.lock().closed = true;
+    }
+
+    /// Whether anything can be confirmed now.
+    fn has_due(&self) -> bool {
+        let c = self.state.lock();
+        !c.closed && c.frontier() > c.acked_upto
+    }
+
+    /// Frames confirming everything that can be confirmed now.
+    fn flush(&self, channel: u16, out: &mut BytesMut) {
+        let mut c = self.state.lock();
+        c.flush_due = false;
+        c.flush(channel, out);
+    }
+
+    /// The journal finished the write of publish `seq`: nacks it if it
+    /// failed, and leaves one flush of the channel's acks for after the
+    /// batch being completed.
+    fn stored(
+        self: &Arc<Self>,
         channel: u16,
-        generation: u64,
         seq: u64,
-        result: Result<(), String>,
-    },
-    /// One of the writes a `tx.commit` waits for.
-    Tx {
-        channel: u16,
-        generation: u64,
-        result: Result<(), String>,
-    },
+        result: Result<(), JournalError>,
+        out: &Arc<Outbound>,
+    ) {
+        let (nack, flush) = {
+            let mut c = self.state.lock();
+            c.waiting.remove(&seq);
+            let nack = result.is_err() && c.nack(seq);
+            let flush = !std::mem::replace(&mut c.flush_due, true);
+            (nack, flush)
+        };
+        if let Err(e) = result {
+            tracing::error!(channel, seq, error = %e, "persistent message not stored; publisher gets basic.nack");
+        }
+        if nack {
+            out.push_now(|b| codec::encode_nack(b, channel, seq, false));
+        }
+        if flush {
+            let me = Arc::clone(self);
+            let out = Arc::clone(out);
+            berth_store::completion::after_completions(move || {
+                out.push_now(|b| me.flush(channel, b));
+            });
+        }
+    }
+}
+
+/// A connection's count of confirms waiting for the store, shared with
+/// their completions.
+#[derive(Default)]
+pub(super) struct Completions {
+    /// Confirm-mode publishes waiting for the journal, all channels.
+    unconfirmed: AtomicUsize,
+    /// Woken when a completion brings a connection that stopped reading
+    /// for its count back under the bound ([`flow`](super::flow)).
+    pub(super) room: Notify,
+}
+
+impl Completions {
+    pub(super) fn unconfirmed(&self) -> usize {
+        self.unconfirmed.load(Ordering::Acquire)
+    }
+
+    fn waits(&self) {
+        self.unconfirmed.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn done(&self) {
+        let before = self.unconfirmed.fetch_sub(1, Ordering::AcqRel);
+        // The connection stops reading only once this count and its
+        // transaction waits reach the bound; below half of it, the
+        // transaction waits (which wake it themselves) are the larger part.
+        if before >= limits::COMPLETIONS_PER_CONNECTION_MAX / 2 {
+            self.room.notify_one();
+        }
+    }
+}
+
+/// A transaction's journal completion, sent from a store thread to the
+/// connection task. `generation` names the channel's life it belongs to: a
+/// channel number can be closed and opened again before the completions of
+/// its first life arrive, and those must not commit anything of the second.
+pub(super) struct Stored {
+    channel: u16,
+    generation: u64,
+    result: Result<(), String>,
+}
+
+/// The completion of publish `seq` on `channel` in confirm mode: it is
+/// waited for from now on, and the completion confirms it on `confirms`,
+/// writing to `out`.
+fn confirm_completion(
+    out: &Arc<Outbound>,
+    completions: &Arc<Completions>,
+    channel: u16,
+    confirms: &Arc<ChannelConfirms>,
+    seq: u64,
+) -> Done {
+    // Waited for before the completion exists: it may run at once.
+    confirms.state.lock().waiting.insert(seq);
+    completions.waits();
+    let (out, completions, c) = (
+        Arc::clone(out),
+        Arc::clone(completions),
+        Arc::clone(confirms),
+    );
+    Box::new(move |r: Result<(), JournalError>| {
+        completions.done();
+        c.stored(channel, seq, r, &out);
+    })
 }
 
 impl Conn {
-    /// Makes the store completions of one publish: each reports to this
-    /// connection if the channel is in confirm mode (`seq`), or logs a
-    /// failure otherwise.
+    /// Makes the store completions of one publish: each confirms it on
+    /// `confirms` if the channel is in confirm mode (`seq` is its number),
+    /// or logs a failure otherwise.
     pub(super) fn publish_completion(
         &self,
         channel: u16,
-        generation: u64,
-        seq: Option<u64>,
+        confirms: Option<(Arc<ChannelConfirms>, u64)>,
     ) -> impl FnMut() -> Done {
-        let sender = self.stored_tx.clone();
+        let out = Arc::clone(&self.out);
+        let completions = Arc::clone(&self.completions);
         move || -> Done {
-            let sender = sender.clone();
-            Box::new(move |r: Result<(), JournalError>| {
-                if let Some(seq) = seq {
-                    let _connection_may_be_gone = sender.send(Stored::Confirm {
-                        channel,
-                        generation,
-                        seq,
-                        result: r.map_err(|e| e.to_string()),
-                    });
-                } else if let Err(e) = r {
-                    tracing::error!(error = %e, "a persistent message could not be stored");
-                }
-            })
+            match &confirms {
+                Some((c, seq)) => confirm_completion(&out, &completions, channel, c, *seq),
+                None => Box::new(|r: Result<(), JournalError>| {
+                    if let Err(e) = r {
+                        tracing::error!(error = %e, "a persistent message could not be stored");
+                    }
+                }),
+            }
         }
     }
 
@@ -136,7 +274,7 @@ impl Conn {
             *waits += 1;
             let sender = sender.clone();
             Box::new(move |r| {
-                let _connection_may_be_gone = sender.send(Stored::Tx {
+                let _connection_may_be_gone = sender.send(Stored {
                     channel,
                     generation,
                     result: r.map_err(|e| e.to_string()),
@@ -145,72 +283,23 @@ impl Conn {
         }
     }
 
-    /// Confirm bookkeeping for a routed publish in confirm mode: a journaled
-    /// one waits for the store, a refused one is nacked at once.
+    /// Confirm bookkeeping for a routed publish in confirm mode: a refused
+    /// one is nacked at once (a journaled one is waited for by its
+    /// completion, [`Self::publish_completion`]).
     pub(super) fn track_confirm(&mut self, channel: u16, p: &Published, seq: u64) {
         let out = Arc::clone(&self.out);
-        let mut waiting = false;
-        if let Some(c) = self.slot(channel).confirms.as_mut() {
-            if p.result.durable {
-                c.waiting.insert(seq);
-                waiting = true;
-            }
-            if p.result.rejected {
-                c.nacked.insert(seq);
+        if let Some(c) = self.slot(channel).confirms.as_ref() {
+            c.published(seq);
+            let nack = p.result.rejected && c.state.lock().nack(seq);
+            if nack {
                 out.push(|b| codec::encode_nack(b, channel, seq, false));
             }
         }
-        if waiting {
-            self.unconfirmed += 1;
-        }
     }
 
-    /// A journal write finished.
+    /// A transaction's journal write finished.
     pub(super) fn on_stored(&mut self, s: Stored) -> Result<(), End> {
-        match s {
-            Stored::Confirm {
-                channel,
-                generation,
-                seq,
-                result,
-            } => {
-                self.on_confirm_stored(channel, generation, seq, result);
-                Ok(())
-            }
-            Stored::Tx {
-                channel,
-                generation,
-                result,
-            } => self.on_tx_stored(channel, generation, result),
-        }
-    }
-
-    fn on_confirm_stored(
-        &mut self,
-        channel: u16,
-        generation: u64,
-        seq: u64,
-        result: Result<(), String>,
-    ) {
-        // Counted when published, whatever became of the channel
-        // since: a closed channel's completions must not leak.
-        self.unconfirmed = self.unconfirmed.saturating_sub(1);
-        let out = Arc::clone(&self.out);
-        let Some(c) = self
-            .channels
-            .get_mut(&channel)
-            .filter(|s| s.generation == generation)
-            .and_then(|s| s.confirms.as_mut())
-        else {
-            return;
-        };
-        c.waiting.remove(&seq);
-        if let Err(e) = result {
-            tracing::error!(peer = %self.peer, channel, seq, error = %e, "persistent message not stored; publisher gets basic.nack");
-            if c.nacked.insert(seq) {
-                out.push(|b| codec::encode_nack(b, channel, seq, false));
-            }
-        }
+        self.on_tx_stored(s.channel, s.generation, s.result)
     }
 
     fn on_tx_stored(
@@ -246,15 +335,161 @@ impl Conn {
     }
 
     /// Confirms everything that can be confirmed, one `basic.ack multiple`
-    /// per channel per read batch.
+    /// per channel per read batch (publishes that were not journaled; the
+    /// journaled ones are confirmed by their completions).
     pub(super) fn flush_confirms(&mut self) {
-        let out = Arc::clone(&self.out);
-        for (id, slot) in &mut self.channels {
-            if let Some(c) = slot.confirms.as_mut() {
-                if c.frontier() > c.acked_upto {
-                    out.push(|b| c.flush(*id, b));
-                }
+        for (id, slot) in &self.channels {
+            if let Some(c) = slot.confirms.as_ref().filter(|c| c.has_due()) {
+                self.out.push(|b| c.flush(*id, b));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::net::{TcpListener, TcpStream};
+    use std::time::Duration;
+
+    use berth_protocol::codec::{decode_method, Method};
+    use berth_protocol::frame::decode_frame;
+    use berth_protocol::methods::basic;
+
+    use super::*;
+
+    /// An output whose direct writes reach the returned client socket.
+    fn connected_output() -> (Arc<Outbound>, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        server.set_nonblocking(true).unwrap();
+        let out = Outbound::new(1 << 20, 131_072);
+        out.write_directly_to(server);
+        client
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        (out, client)
+    }
+
+    /// The methods the client has received, waiting at most the read
+    /// timeout for the first bytes.
+    fn received(client: &mut TcpStream) -> Vec<AMQPClass> {
+        let mut bytes = BytesMut::new();
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = client.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            bytes.extend_from_slice(&chunk[..n]);
+            client
+                .set_read_timeout(Some(Duration::from_millis(50)))
+                .unwrap();
+        }
+        let mut methods = Vec::new();
+        while let Some(f) = decode_frame(&mut bytes, 131_072).unwrap() {
+            match decode_method(&f.payload).unwrap() {
+                Method::Other(m) => methods.push(m),
+                other => panic!("unexpected method {other:?}"),
+            }
+        }
+        methods
+    }
+
+    fn ack(delivery_tag: u64, multiple: bool) -> AMQPClass {
+        AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack {
+            delivery_tag,
+            multiple,
+        }))
+    }
+
+    #[test]
+    fn a_batch_of_stored_publishes_is_acked_once_from_the_completing_thread() {
+        // No runtime and no connection task: only the thread completing
+        // the batch can write the ack.
+        let (out, mut client) = connected_output();
+        let completions = Arc::<Completions>::default();
+        let confirms = Arc::<ChannelConfirms>::default();
+        let dones: Vec<Done> = (1..=3)
+            .map(|seq| {
+                let done = confirm_completion(&out, &completions, 7, &confirms, seq);
+                confirms.published(seq);
+                done
+            })
+            .collect();
+        assert_eq!(completions.unconfirmed(), 3);
+        std::thread::spawn(move || {
+            berth_store::completion::completing(|| {
+                for d in dones {
+                    d(Ok(()));
+                }
+            });
+        })
+        .join()
+        .unwrap();
+        assert_eq!(
+            received(&mut client),
+            [ack(3, true)],
+            "one ack for the batch"
+        );
+        assert_eq!(completions.unconfirmed(), 0);
+        assert_eq!(out.buffered_bytes(), 0, "nothing left for the writer");
+    }
+
+    #[test]
+    fn a_failed_write_is_nacked_and_the_rest_acked_around_it() {
+        let (out, mut client) = connected_output();
+        let completions = Arc::<Completions>::default();
+        let confirms = Arc::<ChannelConfirms>::default();
+        let dones: Vec<Done> = (1..=3)
+            .map(|seq| {
+                let done = confirm_completion(&out, &completions, 1, &confirms, seq);
+                confirms.published(seq);
+                done
+            })
+            .collect();
+        berth_store::completion::completing(|| {
+            for (seq, d) in (1..).zip(dones) {
+                d(if seq == 2 {
+                    Err(JournalError::new("disk gone"))
+                } else {
+                    Ok(())
+                });
+            }
+        });
+        let nack = AMQPClass::Basic(basic::AMQPMethod::Nack(basic::Nack {
+            delivery_tag: 2,
+            multiple: false,
+            requeue: false,
+        }));
+        assert_eq!(received(&mut client), [nack, ack(1, false), ack(3, false)]);
+    }
+
+    #[test]
+    fn a_closed_channel_gets_nothing_from_completions_of_its_life() {
+        let (out, mut client) = connected_output();
+        let completions = Arc::<Completions>::default();
+        let confirms = Arc::<ChannelConfirms>::default();
+        let done = confirm_completion(&out, &completions, 1, &confirms, 1);
+        confirms.published(1);
+        confirms.close();
+        done(Ok(()));
+        assert_eq!(received(&mut client), []);
+        assert_eq!(completions.unconfirmed(), 0, "its count is released");
+    }
+
+    #[test]
+    fn a_completion_that_runs_at_once_is_not_lost() {
+        // A write refused before it reached a writer completes inside the
+        // publish, before the connection numbers it as routed.
+        let (out, mut client) = connected_output();
+        let completions = Arc::<Completions>::default();
+        let confirms = Arc::<ChannelConfirms>::default();
+        confirm_completion(&out, &completions, 1, &confirms, 1)(Ok(()));
+        confirms.published(1);
+        let mut frames = BytesMut::new();
+        confirms.flush(1, &mut frames);
+        out.push_now(|b| b.extend_from_slice(&frames));
+        assert_eq!(received(&mut client), [ack(1, false)]);
     }
 }

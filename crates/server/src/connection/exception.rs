@@ -115,6 +115,9 @@ impl Conn {
         tracing::debug!(peer = %self.peer, channel, code = e.reply_code, "channel error: {}", e.reply_text());
         if let Some(slot) = self.channels.get_mut(&channel) {
             slot.state = ChanState::Closing;
+            if let Some(c) = &slot.confirms {
+                c.close();
+            }
             slot.content.reset();
             slot.assembling.set(0);
             slot.ch.close(Self::now());

@@ -87,7 +87,8 @@ impl Conn {
         self.journal_has_room()
             && !self.flow.blocked
             && !self.flow.is_paused()
-            && self.unconfirmed + self.tx_waits < limits::COMPLETIONS_PER_CONNECTION_MAX
+            && self.completions.unconfirmed() + self.tx_waits
+                < limits::COMPLETIONS_PER_CONNECTION_MAX
             && !self.out.is_full()
     }
 

@@ -57,7 +57,7 @@ use crate::output::Output;
 use crate::state::Shared;
 use crate::stream::{ReadStream, WriteStream};
 
-use confirms::{Confirms, Stored};
+use confirms::{ChannelConfirms, Completions, Stored};
 use exception::{decode_error, frame_error, End};
 use flow::Flow;
 
@@ -75,8 +75,9 @@ struct Slot {
     content: ContentAssembler,
     /// `content`'s body bytes, counted for the memory alarm.
     assembling: crate::memory::Counted,
-    /// Set once the channel is in confirm mode.
-    confirms: Option<Confirms>,
+    /// Set once the channel is in confirm mode; shared with the
+    /// completions of its publishes.
+    confirms: Option<Arc<ChannelConfirms>>,
     /// The last queue declared on this channel, for empty queue names.
     last_queue: Option<String>,
     /// Journal writes the pending `tx.commit` still waits for.
@@ -85,6 +86,16 @@ struct Slot {
     tx_commit_pending: bool,
     /// Which life of this channel number this is (see [`Stored`]).
     generation: u64,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // Completions still running for this life of the channel send
+        // nothing more for it.
+        if let Some(c) = &self.confirms {
+            c.close();
+        }
+    }
 }
 
 struct Conn {
@@ -107,13 +118,13 @@ struct Conn {
     peer_cert_name: Option<String>,
     /// Memory alarm and flow pauses: when the connection is not read.
     flow: Flow,
-    /// Journal completions for this connection arrive here.
+    /// Transactions' journal completions arrive here.
     stored_tx: tokio::sync::mpsc::UnboundedSender<Stored>,
     stored_rx: tokio::sync::mpsc::UnboundedReceiver<Stored>,
     /// Confirm-mode publishes waiting for the journal, all channels.
-    unconfirmed: usize,
+    completions: Arc<Completions>,
     /// Journal writes of `tx.commit`s not completed yet, all channels
-    /// (with `unconfirmed`, bounds the `stored` channel; see [`flow`]).
+    /// (with `completions`, bounds what waits for the store; see [`flow`]).
     tx_waits: usize,
     /// Channels opened so far: the next slot's generation.
     generations: u64,
@@ -140,6 +151,9 @@ pub async fn serve_stream(
         config_limits.connection_output_bytes_max,
         config_limits.frame_size_bytes_max,
     );
+    if let Some(socket) = wr.second_plain_handle() {
+        out.write_directly_to(socket);
+    }
     let mut writer = tokio::spawn(write_loop(wr, Arc::clone(&out)));
     let (stored_tx, stored_rx) = tokio::sync::mpsc::unbounded_channel();
     let mut c = Conn {
@@ -160,7 +174,7 @@ pub async fn serve_stream(
         flow: Flow::new(config_limits.memory_high_watermark()),
         stored_tx,
         stored_rx,
-        unconfirmed: 0,
+        completions: Arc::default(),
         tx_waits: 0,
         generations: 0,
         client_properties: berth_protocol::FieldTable::default(),
@@ -244,6 +258,7 @@ async fn write_loop(mut wr: WriteStream, out: Arc<Outbound>) -> WriteStream {
             continue;
         }
         let written = write_telling_blocked(&mut wr, &buf, &out).await;
+        out.written();
         spare = buf.recycle(limits::OUTPUT_BUFFER_KEPT_BYTES_MAX);
         in_flight.set(0);
         if written.is_err() {
@@ -355,6 +370,7 @@ impl Conn {
             let reading = self.may_read();
             let journal_full = !self.journal_has_room();
             let shared = Arc::clone(&self.shared);
+            let completions = Arc::clone(&self.completions);
             tokio::select! {
                 () = tokio::time::sleep(Duration::from_millis(limits::FLOW_CHECK_MS)), if paused => {}
                 () = std::future::poll_fn(|cx| shared.broker.poll_journal_room(cx)), if journal_full => {}
@@ -368,6 +384,7 @@ impl Conn {
                         if let Err(e) = self.on_stored(more) { return e; }
                     }
                 }
+                () = completions.room.notified(), if !reading => {}
                 _ = tick.tick() => {
                     if let Err(e) = self.on_tick() { return e; }
                 }

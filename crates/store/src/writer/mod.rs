@@ -152,11 +152,14 @@ impl GroupShared {
 /// (a burst of many small requests) is freed after its batch.
 const WRITES_KEPT_MAX: usize = 4096;
 
-/// Empties `writes`, completing each waiter with `result`.
+/// Empties `writes`, completing each waiter with `result`, then runs the
+/// work the completions left for after the batch ([`crate::completion`]).
 fn complete_all(writes: &mut Vec<(Op, Option<Waiter>)>, result: &Result<(), StoreError>) {
-    for w in writes.drain(..).filter_map(|(_, d)| d) {
-        w.complete(result.clone());
-    }
+    crate::completion::completing(|| {
+        for w in writes.drain(..).filter_map(|(_, d)| d) {
+            w.complete(result.clone());
+        }
+    });
 }
 
 struct Active {
