@@ -18,10 +18,11 @@ use std::cell::RefCell;
 
 type Deferred = Box<dyn FnOnce()>;
 
-/// The work left by the batch being completed on this thread; `None` when
-/// no batch is.
+/// The batch being completed on this thread, if `open`.
 struct Batch {
     open: bool,
+    /// More requests wait for this thread than the batch it completes.
+    more_waiting: bool,
     /// Kept between batches so that leaving work allocates only its box.
     work: Vec<Deferred>,
 }
@@ -30,6 +31,7 @@ thread_local! {
     static BATCH: RefCell<Batch> = const {
         RefCell::new(Batch {
             open: false,
+            more_waiting: false,
             work: Vec::new(),
         })
     };
@@ -52,12 +54,26 @@ pub fn after_completions(f: impl FnOnce() + 'static) {
     }
 }
 
-/// Runs `completions` (a batch's), then the work they left. A batch inside
-/// another is part of the outer one. A group's writer runs each batch's
+/// Whether the thread completing the current batch has more requests
+/// waiting for it (false outside a batch): work left for after the batch
+/// then delays them, and is better handed to a thread that is free.
+pub fn more_waiting() -> bool {
+    BATCH.with_borrow(|b| b.more_waiting)
+}
+
+/// Runs `completions` (a batch's), then the work they left; `more_waiting`
+/// says whether more requests wait for this thread. A batch inside another
+/// is part of the outer one. A group's writer runs each batch's
 /// completions in one; any other thread that completes requests in
 /// batches may do the same.
-pub fn completing<R>(completions: impl FnOnce() -> R) -> R {
-    let opened = BATCH.with_borrow_mut(|b| !std::mem::replace(&mut b.open, true));
+pub fn completing<R>(more_waiting: bool, completions: impl FnOnce() -> R) -> R {
+    let opened = BATCH.with_borrow_mut(|b| {
+        let opened = !std::mem::replace(&mut b.open, true);
+        if opened {
+            b.more_waiting = more_waiting;
+        }
+        opened
+    });
     // Not `then_some`: that would make (and drop, running the work) the
     // guard of an inner batch too.
     let _after = if opened { Some(RunLeftWork) } else { None };
@@ -79,6 +95,8 @@ impl Drop for RunLeftWork {
             f();
         }
         BATCH.with_borrow_mut(|b| {
+            // Read by the left work too (`more_waiting`).
+            b.more_waiting = false;
             if b.work.is_empty() {
                 b.work = work;
             }
@@ -102,7 +120,7 @@ mod tests {
     fn left_work_runs_once_after_the_batch_in_order() {
         let (log, push) = log();
         let push = Rc::new(push);
-        completing(|| {
+        completing(false, || {
             for name in ["first", "second"] {
                 let p = Rc::clone(&push);
                 after_completions(move || p("left"));
@@ -112,7 +130,7 @@ mod tests {
             }
         });
         assert_eq!(*log.borrow(), ["first", "second", "left", "a", "left", "b"]);
-        completing(|| {});
+        completing(false, || {});
         assert_eq!(log.borrow().len(), 6, "nothing runs twice");
     }
 
@@ -127,8 +145,8 @@ mod tests {
     fn a_batch_inside_a_batch_is_part_of_it() {
         let (log, push) = log();
         let push = Rc::new(push);
-        completing(|| {
-            completing(|| {
+        completing(false, || {
+            completing(false, || {
                 let p = Rc::clone(&push);
                 after_completions(move || p("left"));
             });
@@ -142,7 +160,7 @@ mod tests {
         let (log, push) = log();
         let push = Rc::new(push);
         let p = Rc::clone(&push);
-        completing(move || {
+        completing(false, move || {
             after_completions(move || {
                 let q = Rc::clone(&p);
                 after_completions(move || q("nested"));
@@ -156,7 +174,7 @@ mod tests {
     fn left_work_runs_when_a_completion_panics() {
         let (log, push) = log();
         let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            completing(|| {
+            completing(false, || {
                 after_completions(move || push("left"));
                 panic!("a completion failed");
             })
@@ -167,5 +185,16 @@ mod tests {
         let (log, push) = self::log();
         after_completions(move || push("now"));
         assert_eq!(*log.borrow(), ["now"]);
+    }
+
+    #[test]
+    fn a_batch_says_whether_more_waits_for_its_thread() {
+        assert!(!more_waiting(), "outside a batch");
+        completing(true, || {
+            assert!(more_waiting());
+            after_completions(|| assert!(more_waiting(), "the left work sees it too"));
+        });
+        completing(false, || assert!(!more_waiting()));
+        assert!(!more_waiting());
     }
 }

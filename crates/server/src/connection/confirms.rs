@@ -163,7 +163,13 @@ impl ChannelConfirms {
             let me = Arc::clone(self);
             let out = Arc::clone(out);
             berth_store::completion::after_completions(move || {
-                out.push_now(|b| me.flush(channel, b));
+                // A writer with more requests waiting hands the write to
+                // the connection's writer task instead of doing it.
+                if berth_store::completion::more_waiting() {
+                    out.push(|b| me.flush(channel, b));
+                } else {
+                    out.push_now(|b| me.flush(channel, b));
+                }
             });
         }
     }
@@ -419,7 +425,7 @@ mod tests {
             .collect();
         assert_eq!(completions.unconfirmed(), 3);
         std::thread::spawn(move || {
-            berth_store::completion::completing(|| {
+            berth_store::completion::completing(false, || {
                 for d in dones {
                     d(Ok(()));
                 }
@@ -437,6 +443,28 @@ mod tests {
     }
 
     #[test]
+    fn a_writer_with_more_waiting_leaves_the_acks_to_the_connections_writer() {
+        let (out, mut client) = connected_output();
+        let completions = Arc::<Completions>::default();
+        let confirms = Arc::<ChannelConfirms>::default();
+        let done = confirm_completion(&out, &completions, 1, &confirms, 1);
+        confirms.published(1);
+        berth_store::completion::completing(true, || done(Ok(())));
+        assert_eq!(
+            received(&mut client),
+            [],
+            "not written by the store's thread"
+        );
+        let mut frames = BytesMut::new();
+        codec::encode_ack(&mut frames, 1, 1, false);
+        assert_eq!(
+            out.buffered_bytes(),
+            frames.len(),
+            "buffered for the writer"
+        );
+    }
+
+    #[test]
     fn a_failed_write_is_nacked_and_the_rest_acked_around_it() {
         let (out, mut client) = connected_output();
         let completions = Arc::<Completions>::default();
@@ -448,7 +476,7 @@ mod tests {
                 done
             })
             .collect();
-        berth_store::completion::completing(|| {
+        berth_store::completion::completing(false, || {
             for (seq, d) in (1..).zip(dones) {
                 d(if seq == 2 {
                     Err(JournalError::new("disk gone"))

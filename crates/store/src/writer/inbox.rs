@@ -157,6 +157,11 @@ impl Inbox {
         self.rx.try_recv().inspect(|_| self.room.taken())
     }
 
+    /// Requests sent and not yet taken.
+    pub fn queued(&self) -> usize {
+        self.room.queued.load(Ordering::Acquire)
+    }
+
     /// Blocks until at least `count` requests are queued or `timeout` has
     /// passed, without taking any; returns whether they are there. The
     /// senders wake the caller once, when the count is reached: a batch
