@@ -76,7 +76,7 @@ fn timed(cpu_a: usize, cpu_b: usize) -> Result<Handoff, BenchError> {
             .spawn(move || -> Result<f64, String> {
                 cpus::pin(cpu_b)?;
                 let a = a_rx.recv().map_err(|_| "thread a did not start")?;
-                let cpu0 = thread_cpu_s();
+                let cpu0 = cpus::thread_cpu_s();
                 for _ in 0..SAMPLES {
                     while !b_turn.load(Ordering::Acquire) {
                         std::thread::park();
@@ -84,7 +84,7 @@ fn timed(cpu_a: usize, cpu_b: usize) -> Result<Handoff, BenchError> {
                     b_turn.store(false, Ordering::Release);
                     a.unpark();
                 }
-                Ok(thread_cpu_s() - cpu0)
+                Ok(cpus::thread_cpu_s() - cpu0)
             })
             .map_err(spawn_error)?
     };
@@ -94,7 +94,7 @@ fn timed(cpu_a: usize, cpu_b: usize) -> Result<Handoff, BenchError> {
             cpus::pin(cpu_a)?;
             a_tx.send(std::thread::current())
                 .map_err(|_| "thread b is gone")?;
-            let cpu0 = thread_cpu_s();
+            let cpu0 = cpus::thread_cpu_s();
             let mut took = Vec::with_capacity(SAMPLES);
             for _ in 0..SAMPLES {
                 let t0 = Instant::now();
@@ -106,7 +106,7 @@ fn timed(cpu_a: usize, cpu_b: usize) -> Result<Handoff, BenchError> {
                 // A round trip is two hand-offs.
                 took.push(t0.elapsed().as_secs_f64() / 2.0);
             }
-            Ok((took, thread_cpu_s() - cpu0))
+            Ok((took, cpus::thread_cpu_s() - cpu0))
         })
         .map_err(spawn_error)?;
     let panicked = |_| BenchError::Task("a hand-off thread panicked".into());
@@ -127,26 +127,6 @@ fn timed(cpu_a: usize, cpu_b: usize) -> Result<Handoff, BenchError> {
         wall_s: percentile_sorted(&took, 0.5),
         cpu_s: (a_cpu + b_cpu) / handoffs,
     })
-}
-
-/// CPU seconds the calling thread has used (its own clock: /proc's ticks
-/// are too coarse for a probe of a fifth of a second).
-#[allow(unsafe_code)]
-fn thread_cpu_s() -> f64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `t` is a valid timespec for the call to fill; the clock id
-    // is a constant every Linux has.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
-    assert_eq!(
-        rc, 0,
-        "CLOCK_THREAD_CPUTIME_ID is always available on Linux"
-    );
-    #[allow(clippy::cast_precision_loss)] // seconds and nanoseconds of a run
-    let s = t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9;
-    s
 }
 
 #[cfg(test)]

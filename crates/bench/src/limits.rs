@@ -17,7 +17,10 @@
 //!   `fdatasync`: as berth's writer appends to a prepared segment. The
 //!   median of [`FSYNC_SAMPLES`]. (Appends that grow a file, through the
 //!   page cache, took twice as long on the reference VM: a bound taken
-//!   from them was one berth's own appends went past.)
+//!   from them was one berth's own appends went past.) Also the CPU the
+//!   appending thread spent per append: on a VM, kicking the virtual disk
+//!   costs the guest CPU (70 µs of it on the reference VM), a floor for
+//!   a message that has an fdatasync to itself.
 //! - RTT: a 64-byte ping-pong over a loopback TCP connection
 //!   (`TCP_NODELAY`), the median of [`RTT_SAMPLES`], timed with both ends
 //!   pinned within one CPU and across two (their medians differed 4-fold
@@ -51,6 +54,10 @@ pub const RTT_SAMPLES: usize = 2000;
 pub struct Limits {
     pub fsync_s_median: f64,
     pub fsync_s_p99: f64,
+    /// CPU the appending thread spent per append (the write and its
+    /// fdatasync): on a VM, kicking the virtual disk costs the guest CPU.
+    /// A message with an fdatasync of its own costs at least this.
+    pub fsync_cpu_s: f64,
     /// The cheaper placement's loopback round trip (the bound's).
     pub rtt_s_median: f64,
     pub rtt_s_p99: f64,
@@ -83,7 +90,7 @@ fn io(context: String) -> impl FnOnce(std::io::Error) -> BenchError {
 /// be timed (threads that may not be pinned) gets a warning, not a failed
 /// bench.
 pub fn measure(dir: &Path) -> Result<Limits, BenchError> {
-    let (fsync_s_median, fsync_s_p99) = fsync_seconds(dir)?;
+    let (fsync_s_median, fsync_s_p99, fsync_cpu_s) = fsync_seconds(dir)?;
     let cpus = cpus::allowed();
     let first = cpus.first().copied();
     let within = rtt_seconds(first.map(|c| (c, c)))?;
@@ -101,6 +108,7 @@ pub fn measure(dir: &Path) -> Result<Limits, BenchError> {
     Ok(Limits {
         fsync_s_median,
         fsync_s_p99,
+        fsync_cpu_s,
         rtt_s_median,
         rtt_s_p99,
         rtt_within_s_median: within.0,
@@ -114,7 +122,8 @@ fn median_p99(mut v: Vec<f64>) -> (f64, f64) {
     (percentile_sorted(&v, 0.5), percentile_sorted(&v, 0.99))
 }
 
-fn fsync_seconds(dir: &Path) -> Result<(f64, f64), BenchError> {
+/// The append's median and p99 wall time, and its CPU (the mean).
+fn fsync_seconds(dir: &Path) -> Result<(f64, f64, f64), BenchError> {
     use std::os::unix::fs::{FileExt, OpenOptionsExt};
     std::fs::create_dir_all(dir).map_err(io(format!("create {}", dir.display())))?;
     let path = dir.join(format!(".berth-bench-fsync-{}", std::process::id()));
@@ -141,6 +150,7 @@ fn fsync_seconds(dir: &Path) -> Result<(f64, f64), BenchError> {
         let at = mem.as_ptr().align_offset(FSYNC_APPEND_BYTES);
         let block = &mut mem[at..at + FSYNC_APPEND_BYTES];
         let mut took = Vec::with_capacity(FSYNC_SAMPLES);
+        let cpu0 = cpus::thread_cpu_s();
         for i in 0..FSYNC_SAMPLES {
             let t0 = Instant::now();
             file.write_all_at(block, (i * FSYNC_APPEND_BYTES) as u64)
@@ -149,14 +159,17 @@ fn fsync_seconds(dir: &Path) -> Result<(f64, f64), BenchError> {
                 .map_err(io(format!("fdatasync {}", path.display())))?;
             took.push(t0.elapsed().as_secs_f64());
         }
-        Ok(took)
+        #[allow(clippy::cast_precision_loss)] // a small count
+        let cpu = (cpus::thread_cpu_s() - cpu0) / FSYNC_SAMPLES as f64;
+        Ok((took, cpu))
     })();
     let removed = std::fs::remove_file(&path).map_err(io(format!("remove {}", path.display())));
-    let took = match (result, removed) {
+    let (took, cpu) = match (result, removed) {
         (Ok(took), Ok(())) => took,
         (Err(e), _) | (Ok(_), Err(e)) => return Err(e),
     };
-    Ok(median_p99(took))
+    let (median, p99) = median_p99(took);
+    Ok((median, p99, cpu))
 }
 
 /// The loopback round trip's median and p99, the client's thread and the
@@ -235,9 +248,10 @@ pub fn section(samples: &[Sample], limits: &Limits) -> String {
     }
     let ms = |s: f64| g6(s * 1e3);
     let mut out = format!(
-        "\nmachine limits: fdatasync {} ms median ({} ms p99, {FSYNC_SAMPLES} appends of {FSYNC_APPEND_BYTES} B), loopback RTT {} ms median ({} ms p99; {} ms within one CPU, {} ms across two)\n",
+        "\nmachine limits: fdatasync {} ms median ({} ms p99, {FSYNC_SAMPLES} appends of {FSYNC_APPEND_BYTES} B, each costing {} us of its thread's CPU), loopback RTT {} ms median ({} ms p99; {} ms within one CPU, {} ms across two)\n",
         ms(limits.fsync_s_median),
         ms(limits.fsync_s_p99),
+        g6(limits.fsync_cpu_s * 1e6),
         ms(limits.rtt_s_median),
         ms(limits.rtt_s_p99),
         ms(limits.rtt_within_s_median),
@@ -373,6 +387,7 @@ mod tests {
         Limits {
             fsync_s_median: 0.0003,
             fsync_s_p99: 0.001,
+            fsync_cpu_s: 0.000_07,
             rtt_s_median: 0.0001,
             rtt_s_p99: 0.0002,
             rtt_within_s_median: 0.0001,
@@ -480,6 +495,11 @@ mod tests {
             "{l:?}"
         );
         assert!(l.handoffs.is_some_and(|h| h.within.cpu_s > 0.0), "{l:?}");
+        // An append costs some CPU, and no more than it took.
+        assert!(
+            l.fsync_cpu_s > 0.0 && l.fsync_cpu_s < l.fsync_s_p99 * 2.0,
+            "{l:?}"
+        );
         // The bound takes the cheaper placement's round trip.
         let cheaper = l
             .rtt_across_s_median
