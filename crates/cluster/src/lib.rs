@@ -39,7 +39,7 @@ pub mod untrusted;
 
 pub use error::ClusterError;
 pub use log_noise::is_peer_retry_noise;
-pub use node::{ClusterNode, NodeConfig, ProposeError, Reply};
+pub use node::{ClusterNode, NodeConfig, ProposeError, Reply, ReplyBatch};
 pub use state_machine::Apply;
 pub use status::{ClusterStatus, MemberStatus, Role};
 pub use sync_gate::SyncGate;

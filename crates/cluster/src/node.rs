@@ -81,6 +81,20 @@ pub struct NodeConfig {
     /// Largest frame between authenticated members; larger appends are
     /// split. [`PEER_FRAME_BYTES_MAX`] unless a test makes it small.
     pub peer_frame_bytes_max: usize,
+    /// Runs the replies to one committed entry's proposals (the argument
+    /// says whether more proposals wait), so that a user of the node can
+    /// do once per entry what each reply would otherwise do (a connection
+    /// writing its confirms once for all of them). Runs them as they are
+    /// by default.
+    pub reply_batch: ReplyBatch,
+}
+
+/// How the replies to one entry's proposals are run: `replies` runs them
+/// all; `more_waiting` says whether more proposals are queued.
+pub type ReplyBatch = fn(more_waiting: bool, replies: &mut dyn FnMut());
+
+fn run_replies(_more_waiting: bool, replies: &mut dyn FnMut()) {
+    replies();
 }
 
 impl NodeConfig {
@@ -108,6 +122,7 @@ impl NodeConfig {
             sync_gate: SyncGate::default(),
             tls: None,
             peer_frame_bytes_max: PEER_FRAME_BYTES_MAX,
+            reply_batch: run_replies,
         }
     }
 
@@ -251,6 +266,7 @@ impl ClusterNode {
                 raft.clone(),
                 queue,
                 Duration::from_millis(config.commit_timeout_ms),
+                config.reply_batch,
             )),
             tokio::spawn(snapshot_by_size(
                 raft.clone(),
@@ -543,7 +559,12 @@ fn membership_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -
 
 /// Gathers proposals that arrive while an entry is being committed into the
 /// next entry (see [`batch`] for its bytes).
-async fn gather(raft: Raft, mut queue: mpsc::Receiver<Proposal>, commit_timeout: Duration) {
+async fn gather(
+    raft: Raft,
+    mut queue: mpsc::Receiver<Proposal>,
+    commit_timeout: Duration,
+    reply_batch: ReplyBatch,
+) {
     while let Some(first) = queue.recv().await {
         let mut bytes = first.command.len();
         let mut batch = vec![first];
@@ -573,9 +594,12 @@ async fn gather(raft: Raft, mut queue: mpsc::Receiver<Proposal>, commit_timeout:
             }
             Ok(Err(e)) => Err(ProposeError::Stopped(e.to_string())),
         };
-        for p in batch {
-            (p.reply)(result.clone());
-        }
+        let mut batch = Some(batch);
+        reply_batch(!queue.is_empty(), &mut || {
+            for p in batch.take().into_iter().flatten() {
+                (p.reply)(result.clone());
+            }
+        });
     }
 }
 

@@ -118,3 +118,59 @@ async fn a_leader_whose_fdatasync_stalls_loses_the_leadership() {
     }
     cluster.stop().await;
 }
+
+/// Replies run by the counting `reply_batch` below, and the batches.
+static REPLY_BATCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+std::thread_local! {
+    static IN_REPLY_BATCH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn counting_reply_batch(_more_waiting: bool, replies: &mut dyn FnMut()) {
+    REPLY_BATCHES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    IN_REPLY_BATCH.set(true);
+    replies();
+    IN_REPLY_BATCH.set(false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replies_to_one_entry_run_in_one_reply_batch() {
+    let cluster = Arc::new(
+        Cluster::start_tuned("reply-batch", &BTreeMap::new(), |c| {
+            c.reply_batch = counting_reply_batch;
+        })
+        .await,
+    );
+    let leader = cluster.leader().await;
+    let before = REPLY_BATCHES.load(std::sync::atomic::Ordering::SeqCst);
+    let mut answers = Vec::new();
+    for i in 0..200u32 {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let cluster = cluster.clone();
+        tokio::spawn(async move {
+            cluster.nodes[&leader]
+                .0
+                .submit(
+                    format!("r{i}").into_bytes(),
+                    Box::new(move |r| {
+                        let _ = tx.send((r.is_ok(), IN_REPLY_BATCH.get()));
+                    }),
+                )
+                .await;
+        });
+        answers.push(rx);
+    }
+    for a in answers {
+        let (ok, in_batch) = tokio::time::timeout(WAIT, a).await.unwrap().unwrap();
+        assert!(ok, "committed");
+        assert!(in_batch, "every reply runs inside the node's reply batch");
+    }
+    let batches = REPLY_BATCHES.load(std::sync::atomic::Ordering::SeqCst) - before;
+    assert!(
+        (1..200).contains(&batches),
+        "200 concurrent proposals were replied to in {batches} batches"
+    );
+    Arc::into_inner(cluster)
+        .expect("tasks are done")
+        .stop()
+        .await;
+}

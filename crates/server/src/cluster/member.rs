@@ -131,6 +131,11 @@ impl Member {
         nc.sync_stall_ms_max = c.sync_stall_ms_max;
         nc.commit_timeout_ms = (4 * t).max(5_000);
         nc.may_form = !c.join;
+        // A committed entry's confirms go out once per connection, as a
+        // store group's batch's do (`connection/confirms.rs`).
+        nc.reply_batch = |more_waiting, replies| {
+            berth_store::completion::completing(more_waiting, replies);
+        };
         if c.tls {
             nc.tls = Some(
                 crate::tls::peer_tls(&config.tls)
