@@ -110,16 +110,18 @@ mod tests {
 
     use super::*;
 
-    fn log() -> (Rc<RefCell<Vec<&'static str>>>, impl Fn(&'static str)) {
-        let log: Rc<RefCell<Vec<&'static str>>> = Rc::default();
+    type Log = Rc<RefCell<Vec<&'static str>>>;
+
+    /// A log, and a function (shared) that appends to it.
+    fn log() -> (Log, Rc<dyn Fn(&'static str)>) {
+        let log: Log = Rc::default();
         let l = Rc::clone(&log);
-        (log, move |s| l.borrow_mut().push(s))
+        (log, Rc::new(move |s| l.borrow_mut().push(s)))
     }
 
     #[test]
     fn left_work_runs_once_after_the_batch_in_order() {
         let (log, push) = log();
-        let push = Rc::new(push);
         completing(false, || {
             for name in ["first", "second"] {
                 let p = Rc::clone(&push);
@@ -144,7 +146,6 @@ mod tests {
     #[test]
     fn a_batch_inside_a_batch_is_part_of_it() {
         let (log, push) = log();
-        let push = Rc::new(push);
         completing(false, || {
             completing(false, || {
                 let p = Rc::clone(&push);
@@ -158,7 +159,6 @@ mod tests {
     #[test]
     fn work_left_by_left_work_runs_at_once() {
         let (log, push) = log();
-        let push = Rc::new(push);
         let p = Rc::clone(&push);
         completing(false, move || {
             after_completions(move || {

@@ -364,6 +364,35 @@ mod tests {
 
     use super::*;
 
+    /// A channel in confirm mode whose output's direct writes reach
+    /// `client`.
+    struct Fixture {
+        out: Arc<Outbound>,
+        client: TcpStream,
+        completions: Arc<Completions>,
+        confirms: Arc<ChannelConfirms>,
+    }
+
+    impl Fixture {
+        fn new() -> Self {
+            let (out, client) = connected_output();
+            Self {
+                out,
+                client,
+                completions: Arc::default(),
+                confirms: Arc::default(),
+            }
+        }
+
+        /// Publishes `seq` on `channel`: its completion, once routed.
+        fn publish(&self, channel: u16, seq: u64) -> Done {
+            let done =
+                confirm_completion(&self.out, &self.completions, channel, &self.confirms, seq);
+            self.confirms.published(seq);
+            done
+        }
+    }
+
     /// An output whose direct writes reach the returned client socket.
     fn connected_output() -> (Arc<Outbound>, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -413,17 +442,9 @@ mod tests {
     fn a_batch_of_stored_publishes_is_acked_once_from_the_completing_thread() {
         // No runtime and no connection task: only the thread completing
         // the batch can write the ack.
-        let (out, mut client) = connected_output();
-        let completions = Arc::<Completions>::default();
-        let confirms = Arc::<ChannelConfirms>::default();
-        let dones: Vec<Done> = (1..=3)
-            .map(|seq| {
-                let done = confirm_completion(&out, &completions, 7, &confirms, seq);
-                confirms.published(seq);
-                done
-            })
-            .collect();
-        assert_eq!(completions.unconfirmed(), 3);
+        let mut f = Fixture::new();
+        let dones: Vec<Done> = (1..=3).map(|seq| f.publish(7, seq)).collect();
+        assert_eq!(f.completions.unconfirmed(), 3);
         std::thread::spawn(move || {
             berth_store::completion::completing(false, || {
                 for d in dones {
@@ -434,31 +455,28 @@ mod tests {
         .join()
         .unwrap();
         assert_eq!(
-            received(&mut client),
+            received(&mut f.client),
             [ack(3, true)],
             "one ack for the batch"
         );
-        assert_eq!(completions.unconfirmed(), 0);
-        assert_eq!(out.buffered_bytes(), 0, "nothing left for the writer");
+        assert_eq!(f.completions.unconfirmed(), 0);
+        assert_eq!(f.out.buffered_bytes(), 0, "nothing left for the writer");
     }
 
     #[test]
     fn a_writer_with_more_waiting_leaves_the_acks_to_the_connections_writer() {
-        let (out, mut client) = connected_output();
-        let completions = Arc::<Completions>::default();
-        let confirms = Arc::<ChannelConfirms>::default();
-        let done = confirm_completion(&out, &completions, 1, &confirms, 1);
-        confirms.published(1);
+        let mut f = Fixture::new();
+        let done = f.publish(1, 1);
         berth_store::completion::completing(true, || done(Ok(())));
         assert_eq!(
-            received(&mut client),
+            received(&mut f.client),
             [],
             "not written by the store's thread"
         );
         let mut frames = BytesMut::new();
         codec::encode_ack(&mut frames, 1, 1, false);
         assert_eq!(
-            out.buffered_bytes(),
+            f.out.buffered_bytes(),
             frames.len(),
             "buffered for the writer"
         );
@@ -466,16 +484,8 @@ mod tests {
 
     #[test]
     fn a_failed_write_is_nacked_and_the_rest_acked_around_it() {
-        let (out, mut client) = connected_output();
-        let completions = Arc::<Completions>::default();
-        let confirms = Arc::<ChannelConfirms>::default();
-        let dones: Vec<Done> = (1..=3)
-            .map(|seq| {
-                let done = confirm_completion(&out, &completions, 1, &confirms, seq);
-                confirms.published(seq);
-                done
-            })
-            .collect();
+        let mut f = Fixture::new();
+        let dones: Vec<Done> = (1..=3).map(|seq| f.publish(1, seq)).collect();
         berth_store::completion::completing(false, || {
             for (seq, d) in (1..).zip(dones) {
                 d(if seq == 2 {
@@ -490,34 +500,32 @@ mod tests {
             multiple: false,
             requeue: false,
         }));
-        assert_eq!(received(&mut client), [nack, ack(1, false), ack(3, false)]);
+        assert_eq!(
+            received(&mut f.client),
+            [nack, ack(1, false), ack(3, false)]
+        );
     }
 
     #[test]
     fn a_closed_channel_gets_nothing_from_completions_of_its_life() {
-        let (out, mut client) = connected_output();
-        let completions = Arc::<Completions>::default();
-        let confirms = Arc::<ChannelConfirms>::default();
-        let done = confirm_completion(&out, &completions, 1, &confirms, 1);
-        confirms.published(1);
-        confirms.close();
+        let mut f = Fixture::new();
+        let done = f.publish(1, 1);
+        f.confirms.close();
         done(Ok(()));
-        assert_eq!(received(&mut client), []);
-        assert_eq!(completions.unconfirmed(), 0, "its count is released");
+        assert_eq!(received(&mut f.client), []);
+        assert_eq!(f.completions.unconfirmed(), 0, "its count is released");
     }
 
     #[test]
     fn a_completion_that_runs_at_once_is_not_lost() {
         // A write refused before it reached a writer completes inside the
         // publish, before the connection numbers it as routed.
-        let (out, mut client) = connected_output();
-        let completions = Arc::<Completions>::default();
-        let confirms = Arc::<ChannelConfirms>::default();
-        confirm_completion(&out, &completions, 1, &confirms, 1)(Ok(()));
-        confirms.published(1);
+        let mut f = Fixture::new();
+        confirm_completion(&f.out, &f.completions, 1, &f.confirms, 1)(Ok(()));
+        f.confirms.published(1);
         let mut frames = BytesMut::new();
-        confirms.flush(1, &mut frames);
-        out.push_now(|b| b.extend_from_slice(&frames));
-        assert_eq!(received(&mut client), [ack(1, false)]);
+        f.confirms.flush(1, &mut frames);
+        f.out.push_now(|b| b.extend_from_slice(&frames));
+        assert_eq!(received(&mut f.client), [ack(1, false)]);
     }
 }
