@@ -113,9 +113,14 @@ impl ChannelConfirms {
         self.state.lock().last_seq + 1
     }
 
-    /// The publish numbered `seq` was routed.
-    pub(super) fn published(&self, seq: u64) {
-        self.state.lock().last_seq = seq;
+    /// The publish numbered `seq` was routed; `rejected`: a queue refused
+    /// it. Whether to send a `basic.nack` for it. Both under one lock: a
+    /// completion flushing in between would ack what is about to be
+    /// nacked.
+    pub(super) fn published(&self, seq: u64, rejected: bool) -> bool {
+        let mut c = self.state.lock();
+        c.last_seq = seq;
+        rejected && c.nack(seq)
     }
 
     /// Nothing more is sent for this channel.
@@ -295,9 +300,7 @@ impl Conn {
     pub(super) fn track_confirm(&mut self, channel: u16, p: &Published, seq: u64) {
         let out = Arc::clone(&self.out);
         if let Some(c) = self.slot(channel).confirms.as_ref() {
-            c.published(seq);
-            let nack = p.result.rejected && c.state.lock().nack(seq);
-            if nack {
+            if c.published(seq, p.result.rejected) {
                 out.push(|b| codec::encode_nack(b, channel, seq, false));
             }
         }
@@ -388,7 +391,7 @@ mod tests {
         fn publish(&self, channel: u16, seq: u64) -> Done {
             let done =
                 confirm_completion(&self.out, &self.completions, channel, &self.confirms, seq);
-            self.confirms.published(seq);
+            self.confirms.published(seq, false);
             done
         }
     }
@@ -522,7 +525,7 @@ mod tests {
         // publish, before the connection numbers it as routed.
         let mut f = Fixture::new();
         confirm_completion(&f.out, &f.completions, 1, &f.confirms, 1)(Ok(()));
-        f.confirms.published(1);
+        f.confirms.published(1, false);
         let mut frames = BytesMut::new();
         f.confirms.flush(1, &mut frames);
         f.out.push_now(|b| b.extend_from_slice(&frames));
