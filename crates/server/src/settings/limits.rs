@@ -88,8 +88,9 @@ pub(super) static LIMITS: &[Setting] = &[
         flag: "connections-max",
         value_name: "N",
         default_note: "",
-        doc: "open connections allowed (0 = limited only by file descriptors; the soft limit \
-              is raised to the hard limit at startup)",
+        doc: "open connections allowed (0 = limited only by file descriptors, two per plain \
+              connection and one per TLS connection; the soft limit is raised to the hard \
+              limit at startup)",
         slot: &one(field!(limits.connections_max), || 0),
     },
     Setting {
