@@ -82,7 +82,7 @@ pub struct NodeConfig {
     /// split. [`PEER_FRAME_BYTES_MAX`] unless a test makes it small.
     pub peer_frame_bytes_max: usize,
     /// Runs the replies to one committed entry's proposals (the argument
-    /// says whether more proposals wait), so that a user of the node can
+    /// says how many more proposals wait), so that a user of the node can
     /// do once per entry what each reply would otherwise do (a connection
     /// writing its confirms once for all of them). Runs them as they are
     /// by default.
@@ -90,10 +90,10 @@ pub struct NodeConfig {
 }
 
 /// How the replies to one entry's proposals are run: `replies` runs them
-/// all; `more_waiting` says whether more proposals are queued.
-pub type ReplyBatch = fn(more_waiting: bool, replies: &mut dyn FnMut());
+/// all; `waiting` proposals are queued behind them.
+pub type ReplyBatch = fn(waiting: usize, replies: &mut dyn FnMut());
 
-fn run_replies(_more_waiting: bool, replies: &mut dyn FnMut()) {
+fn run_replies(_waiting: usize, replies: &mut dyn FnMut()) {
     replies();
 }
 
@@ -595,7 +595,7 @@ async fn gather(
             Ok(Err(e)) => Err(ProposeError::Stopped(e.to_string())),
         };
         let mut batch = Some(batch);
-        reply_batch(!queue.is_empty(), &mut || {
+        reply_batch(queue.len(), &mut || {
             for p in batch.take().into_iter().flatten() {
                 (p.reply)(result.clone());
             }

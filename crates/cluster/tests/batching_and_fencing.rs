@@ -125,7 +125,7 @@ std::thread_local! {
     static IN_REPLY_BATCH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-fn counting_reply_batch(_more_waiting: bool, replies: &mut dyn FnMut()) {
+fn counting_reply_batch(_waiting: usize, replies: &mut dyn FnMut()) {
     REPLY_BATCHES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     IN_REPLY_BATCH.set(true);
     replies();

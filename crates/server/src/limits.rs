@@ -70,6 +70,13 @@ pub const SOCKET_UNSENT_BYTES_MAX: u32 = 128 * 1024;
 /// `limits.connection_output_bytes_max` applies.
 pub const OUTPUT_BEHIND_BLOCKED_SOCKET_BYTES_MAX: usize = 64 * 1024;
 
+/// Requests queued behind a store writer's batch from which the writer
+/// leaves the batch's publisher confirms to the connections' writer tasks
+/// instead of sending them itself (`connection/confirms.rs`): at least
+/// this many means pipelined publishers, who wait for the writer's time.
+/// Fanin's producers, one publish in flight each, queue fewer.
+pub const ACKS_HANDED_BACK_QUEUED_MIN: usize = 64;
+
 /// Journal completions pending for one connection (confirm-mode publishes
 /// and `tx.commit` writes waiting for the journal) before the server stops
 /// reading from it: back-pressure instead of unbounded bookkeeping and an

@@ -21,8 +21,8 @@ type Deferred = Box<dyn FnOnce()>;
 /// The batch being completed on this thread, if `open`.
 struct Batch {
     open: bool,
-    /// More requests wait for this thread than the batch it completes.
-    more_waiting: bool,
+    /// Requests queued for this thread behind the batch it completes.
+    waiting: usize,
     /// Kept between batches so that leaving work allocates only its box.
     work: Vec<Deferred>,
 }
@@ -31,7 +31,7 @@ thread_local! {
     static BATCH: RefCell<Batch> = const {
         RefCell::new(Batch {
             open: false,
-            more_waiting: false,
+            waiting: 0,
             work: Vec::new(),
         })
     };
@@ -54,23 +54,23 @@ pub fn after_completions(f: impl FnOnce() + 'static) {
     }
 }
 
-/// Whether the thread completing the current batch has more requests
-/// waiting for it (false outside a batch): work left for after the batch
-/// then delays them, and is better handed to a thread that is free.
-pub fn more_waiting() -> bool {
-    BATCH.with_borrow(|b| b.more_waiting)
+/// How many requests wait for the thread completing the current batch (0
+/// outside a batch): work left for after the batch delays them, and with
+/// many waiting is better handed to a thread that is free.
+pub fn waiting() -> usize {
+    BATCH.with_borrow(|b| b.waiting)
 }
 
-/// Runs `completions` (a batch's), then the work they left; `more_waiting`
-/// says whether more requests wait for this thread. A batch inside another
-/// is part of the outer one. A group's writer runs each batch's
+/// Runs `completions` (a batch's), then the work they left; `waiting`
+/// requests are queued for this thread behind the batch. A batch inside
+/// another is part of the outer one. A group's writer runs each batch's
 /// completions in one; any other thread that completes requests in
 /// batches may do the same.
-pub fn completing<R>(more_waiting: bool, completions: impl FnOnce() -> R) -> R {
+pub fn completing<R>(waiting: usize, completions: impl FnOnce() -> R) -> R {
     let opened = BATCH.with_borrow_mut(|b| {
         let opened = !std::mem::replace(&mut b.open, true);
         if opened {
-            b.more_waiting = more_waiting;
+            b.waiting = waiting;
         }
         opened
     });
@@ -95,8 +95,8 @@ impl Drop for RunLeftWork {
             f();
         }
         BATCH.with_borrow_mut(|b| {
-            // Read by the left work too (`more_waiting`).
-            b.more_waiting = false;
+            // Read by the left work too (`waiting`).
+            b.waiting = 0;
             if b.work.is_empty() {
                 b.work = work;
             }
@@ -122,7 +122,7 @@ mod tests {
     #[test]
     fn left_work_runs_once_after_the_batch_in_order() {
         let (log, push) = log();
-        completing(false, || {
+        completing(0, || {
             for name in ["first", "second"] {
                 let p = Rc::clone(&push);
                 after_completions(move || p("left"));
@@ -132,7 +132,7 @@ mod tests {
             }
         });
         assert_eq!(*log.borrow(), ["first", "second", "left", "a", "left", "b"]);
-        completing(false, || {});
+        completing(0, || {});
         assert_eq!(log.borrow().len(), 6, "nothing runs twice");
     }
 
@@ -146,8 +146,8 @@ mod tests {
     #[test]
     fn a_batch_inside_a_batch_is_part_of_it() {
         let (log, push) = log();
-        completing(false, || {
-            completing(false, || {
+        completing(0, || {
+            completing(0, || {
                 let p = Rc::clone(&push);
                 after_completions(move || p("left"));
             });
@@ -160,7 +160,7 @@ mod tests {
     fn work_left_by_left_work_runs_at_once() {
         let (log, push) = log();
         let p = Rc::clone(&push);
-        completing(false, move || {
+        completing(0, move || {
             after_completions(move || {
                 let q = Rc::clone(&p);
                 after_completions(move || q("nested"));
@@ -174,7 +174,7 @@ mod tests {
     fn left_work_runs_when_a_completion_panics() {
         let (log, push) = log();
         let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            completing(false, || {
+            completing(0, || {
                 after_completions(move || push("left"));
                 panic!("a completion failed");
             })
@@ -188,13 +188,13 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_says_whether_more_waits_for_its_thread() {
-        assert!(!more_waiting(), "outside a batch");
-        completing(true, || {
-            assert!(more_waiting());
-            after_completions(|| assert!(more_waiting(), "the left work sees it too"));
+    fn a_batch_says_how_many_requests_wait_for_its_thread() {
+        assert_eq!(waiting(), 0, "outside a batch");
+        completing(7, || {
+            assert_eq!(waiting(), 7);
+            after_completions(|| assert_eq!(waiting(), 7, "the left work sees it too"));
         });
-        completing(false, || assert!(!more_waiting()));
-        assert!(!more_waiting());
+        completing(0, || assert_eq!(waiting(), 0));
+        assert_eq!(waiting(), 0);
     }
 }

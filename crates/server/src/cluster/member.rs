@@ -133,8 +133,8 @@ impl Member {
         nc.may_form = !c.join;
         // A committed entry's confirms go out once per connection, as a
         // store group's batch's do (`connection/confirms.rs`).
-        nc.reply_batch = |more_waiting, replies| {
-            berth_store::completion::completing(more_waiting, replies);
+        nc.reply_batch = |waiting, replies| {
+            berth_store::completion::completing(waiting, replies);
         };
         if c.tls {
             nc.tls = Some(

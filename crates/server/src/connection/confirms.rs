@@ -168,9 +168,10 @@ impl ChannelConfirms {
             let me = Arc::clone(self);
             let out = Arc::clone(out);
             berth_store::completion::after_completions(move || {
-                // A writer with more requests waiting hands the write to
-                // the connection's writer task instead of doing it.
-                if berth_store::completion::more_waiting() {
+                // A writer with a deep queue (pipelined publishers) hands
+                // the write to the connection's writer task instead of
+                // doing it: its time is what they wait for.
+                if berth_store::completion::waiting() >= limits::ACKS_HANDED_BACK_QUEUED_MIN {
                     out.push(|b| me.flush(channel, b));
                 } else {
                     out.push_now(|b| me.flush(channel, b));
@@ -299,10 +300,14 @@ impl Conn {
     /// completion, [`Self::publish_completion`]).
     pub(super) fn track_confirm(&mut self, channel: u16, p: &Published, seq: u64) {
         let out = Arc::clone(&self.out);
-        if let Some(c) = self.slot(channel).confirms.as_ref() {
-            if c.published(seq, p.result.rejected) {
-                out.push(|b| codec::encode_nack(b, channel, seq, false));
-            }
+        let Some(c) = self.slot(channel).confirms.as_ref() else {
+            return;
+        };
+        if c.published(seq, p.result.rejected) {
+            out.push(|b| codec::encode_nack(b, channel, seq, false));
+        }
+        if self.confirms_due.last() != Some(&channel) {
+            self.confirms_due.push(channel);
         }
     }
 
@@ -343,15 +348,20 @@ impl Conn {
         Ok(())
     }
 
-    /// Confirms everything that can be confirmed, one `basic.ack multiple`
-    /// per channel per read batch (publishes that were not journaled; the
-    /// journaled ones are confirmed by their completions).
+    /// Confirms what can be confirmed on the channels that published in
+    /// this read batch, one `basic.ack multiple` per channel (publishes
+    /// that were not journaled; the journaled ones are confirmed by their
+    /// completions). A connection with many channels does not look at
+    /// the others.
     pub(super) fn flush_confirms(&mut self) {
-        for (id, slot) in &self.channels {
-            if let Some(c) = slot.confirms.as_ref().filter(|c| c.has_due()) {
-                self.out.push(|b| c.flush(*id, b));
+        let mut due = std::mem::take(&mut self.confirms_due);
+        for id in due.drain(..) {
+            let confirms = self.channels.get(&id).and_then(|s| s.confirms.as_ref());
+            if let Some(c) = confirms.filter(|c| c.has_due()) {
+                self.out.push(|b| c.flush(id, b));
             }
         }
+        self.confirms_due = due;
     }
 }
 
@@ -449,7 +459,7 @@ mod tests {
         let dones: Vec<Done> = (1..=3).map(|seq| f.publish(7, seq)).collect();
         assert_eq!(f.completions.unconfirmed(), 3);
         std::thread::spawn(move || {
-            berth_store::completion::completing(false, || {
+            berth_store::completion::completing(0, || {
                 for d in dones {
                     d(Ok(()));
                 }
@@ -467,10 +477,22 @@ mod tests {
     }
 
     #[test]
-    fn a_writer_with_more_waiting_leaves_the_acks_to_the_connections_writer() {
+    fn a_writer_with_a_shallow_queue_still_writes_the_acks_itself() {
+        // Producers with one publish in flight each queue a few requests
+        // behind a batch: their acks are what the writer waits for.
         let mut f = Fixture::new();
         let done = f.publish(1, 1);
-        berth_store::completion::completing(true, || done(Ok(())));
+        let shallow = limits::ACKS_HANDED_BACK_QUEUED_MIN - 1;
+        berth_store::completion::completing(shallow, || done(Ok(())));
+        assert_eq!(received(&mut f.client), [ack(1, false)]);
+    }
+
+    #[test]
+    fn a_writer_with_a_deep_queue_leaves_the_acks_to_the_connections_writer() {
+        let mut f = Fixture::new();
+        let done = f.publish(1, 1);
+        let deep = limits::ACKS_HANDED_BACK_QUEUED_MIN;
+        berth_store::completion::completing(deep, || done(Ok(())));
         assert_eq!(
             received(&mut f.client),
             [],
@@ -489,7 +511,7 @@ mod tests {
     fn a_failed_write_is_nacked_and_the_rest_acked_around_it() {
         let mut f = Fixture::new();
         let dones: Vec<Done> = (1..=3).map(|seq| f.publish(1, seq)).collect();
-        berth_store::completion::completing(false, || {
+        berth_store::completion::completing(0, || {
             for (seq, d) in (1..).zip(dones) {
                 d(if seq == 2 {
                     Err(JournalError::new("disk gone"))

@@ -123,6 +123,9 @@ struct Conn {
     stored_rx: tokio::sync::mpsc::UnboundedReceiver<Stored>,
     /// Confirm-mode publishes waiting for the journal, all channels.
     completions: Arc<Completions>,
+    /// Channels that published in confirm mode since the last
+    /// `flush_confirms` (a channel may appear more than once).
+    confirms_due: Vec<u16>,
     /// Journal writes of `tx.commit`s not completed yet, all channels
     /// (with `completions`, bounds what waits for the store; see [`flow`]).
     tx_waits: usize,
@@ -175,6 +178,7 @@ pub async fn serve_stream(
         stored_tx,
         stored_rx,
         completions: Arc::default(),
+        confirms_due: Vec::new(),
         tx_waits: 0,
         generations: 0,
         client_properties: berth_protocol::FieldTable::default(),

@@ -154,13 +154,13 @@ const WRITES_KEPT_MAX: usize = 4096;
 
 /// Empties `writes`, completing each waiter with `result`, then runs the
 /// work the completions left for after the batch ([`crate::completion`]);
-/// `more_waiting`: more requests are queued for the writer.
+/// `waiting`: requests queued for the writer behind this batch.
 fn complete_all(
     writes: &mut Vec<(Op, Option<Waiter>)>,
     result: &Result<(), StoreError>,
-    more_waiting: bool,
+    waiting: usize,
 ) {
-    crate::completion::completing(more_waiting, || {
+    crate::completion::completing(waiting, || {
         for w in writes.drain(..).filter_map(|(_, d)| d) {
             w.complete(result.clone());
         }
@@ -522,7 +522,7 @@ impl Writer {
             .poison_error()
             .or_else(|| self.refused_for_space())
         {
-            complete_all(writes, &Err(e), self.rx.queued() > 0);
+            complete_all(writes, &Err(e), self.rx.queued());
             return;
         }
         let group = self.group();
@@ -542,7 +542,7 @@ impl Writer {
         let result = self.append(writes, force_sync);
         self.gather.batch_done(batch_writes, self.clock.now());
         let result = result.map_err(|e| self.write_failed(&mark, e));
-        complete_all(writes, &result, self.rx.queued() > 0);
+        complete_all(writes, &result, self.rx.queued());
     }
 
     /// Encodes, writes, applies and (per mode) syncs a batch.
