@@ -35,7 +35,7 @@ use berth_broker::channel::Outlet;
 use berth_broker::message::Message;
 use berth_protocol::codec;
 use bytes::{Bytes, BytesMut};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 
 use crate::limits::OUTPUT_BEHIND_BLOCKED_SOCKET_BYTES_MAX;
@@ -160,11 +160,7 @@ impl Outbound {
             .as_ref()
             .filter(|_| buf.out.is_empty() && !buf.writing)
         else {
-            buf.out.append(f);
-            let len = buf.out.len() as u64;
-            buf.counted.set(len);
-            drop(guard);
-            self.ready.notify_one();
+            self.append_and_wake(guard, |out| out.append(f));
             return;
         };
         f(&mut buf.scratch);
@@ -175,26 +171,25 @@ impl Outbound {
         let written: usize = std::io::Write::write(&mut &*socket, &buf.scratch).unwrap_or_default();
         let left = buf.scratch.split_off(written);
         buf.scratch.clear();
-        if left.is_empty() {
-            return;
+        if !left.is_empty() {
+            self.append_and_wake(guard, |out| out.append(|b| b.extend_from_slice(&left)));
         }
-        buf.out.append(|b| b.extend_from_slice(&left));
-        let len = buf.out.len() as u64;
-        buf.counted.set(len);
-        drop(guard);
-        self.ready.notify_one();
     }
 
     fn push_output(&self, f: impl FnOnce(&mut Output)) {
         if self.closed.load(Ordering::Relaxed) {
             return;
         }
-        {
-            let mut buf = self.buf.lock();
-            f(&mut buf.out);
-            let len = buf.out.len() as u64;
-            buf.counted.set(len);
-        }
+        self.append_and_wake(self.buf.lock(), f);
+    }
+
+    /// Appends to the locked buffer, counts it, and wakes the writer once
+    /// the lock is released.
+    fn append_and_wake(&self, mut buf: MutexGuard<'_, Buffer>, f: impl FnOnce(&mut Output)) {
+        f(&mut buf.out);
+        let len = buf.out.len() as u64;
+        buf.counted.set(len);
+        drop(buf);
         self.ready.notify_one();
     }
 
