@@ -91,6 +91,16 @@ pub struct Usage {
     pub sleeps: u64,
 }
 
+impl Usage {
+    /// CPU microseconds per message spent since `earlier` over `msgs`
+    /// messages; `None` without messages.
+    #[must_use]
+    pub fn cpu_us_per_msg_since(&self, earlier: &Usage, msgs: u64) -> Option<f64> {
+        #[allow(clippy::cast_precision_loss)] // a message count
+        (msgs > 0).then(|| (self.cpu_s - earlier.cpu_s) * 1e6 / msgs as f64)
+    }
+}
+
 /// The usage of `pid` and all its live descendants, from one walk of
 /// /proc; `None` when the process does not exist or /proc is unreadable.
 #[must_use]
@@ -170,6 +180,14 @@ mod tests {
         let _ = sh.stdin.take().expect("piped").write_all(b"\n");
         sh.wait().expect("wait");
         assert!(sleeps >= 20, "{sleeps}");
+    }
+
+    #[test]
+    fn cpu_per_message_is_the_difference_over_the_messages() {
+        let at = |cpu_s| Usage { cpu_s, sleeps: 0 };
+        let per = at(3.5).cpu_us_per_msg_since(&at(3.0), 100_000);
+        assert!(per.is_some_and(|us| (us - 5.0).abs() < 1e-9), "{per:?}");
+        assert_eq!(at(3.5).cpu_us_per_msg_since(&at(3.0), 0), None);
     }
 
     #[test]

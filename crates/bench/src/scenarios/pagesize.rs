@@ -4,7 +4,8 @@
 //! the page cache dropped where the OS allows, 5 consumers drain the 5
 //! queues. Run for each body size (2 KB and 16 KB by default).
 //!
-//! Figures per size: produce and drain rate in msg/s and MB/s.
+//! Figures per size: produce and drain rate in msg/s and MB/s, and with
+//! `--pid` the broker's CPU per message in each phase.
 //! Accounting: published = confirmed = N per queue, depth = N after the
 //! produce phase, consumed = N per queue, depth 0 after the drain.
 
@@ -17,7 +18,7 @@ use lapin::types::FieldTable;
 use crate::amqp::{self, Ctx as _};
 use crate::publisher::{PublishTemplate, Publisher};
 use crate::scenarios::{join_all, parse_list};
-use crate::{Accounting, BenchError, CommonArgs, Metric, Outcome, Scale, Target, Ui};
+use crate::{procstat, Accounting, BenchError, CommonArgs, Metric, Outcome, Scale, Target, Ui};
 
 /// A consumer that receives nothing for this long has stalled.
 pub const DRAIN_IDLE_TIMEOUT_S: u64 = 60;
@@ -107,7 +108,10 @@ async fn one_size(
 ) -> Result<(), BenchError> {
     let total = cfg.messages * queues.len() as u64;
     let tag = format!("s{size}");
+    let broker = || target.pid.and_then(procstat::usage_tree);
+    let produce0 = broker();
     let produce_s = produce(cfg, target, ui, size, queues, &tag, out).await?;
+    let produced = broker();
     for q in queues {
         let d = amqp::depth(admin, q).await?;
         out.accounting.expect_eq(
@@ -125,7 +129,9 @@ async fn one_size(
             }
         }
     }
+    let drain0 = broker();
     let drain_s = drain_all(cfg, target, ui, queues, &tag, out).await?;
+    let drained = broker();
     for q in queues {
         let d = amqp::depth(admin, q).await?;
         out.accounting
@@ -133,6 +139,8 @@ async fn one_size(
     }
     push_rates(out, &tag, total, size, "produce", produce_s);
     push_rates(out, &tag, total, size, "drain", drain_s);
+    push_broker_cpu(out, &tag, "produce", total, produce0, produced);
+    push_broker_cpu(out, &tag, "drain", total, drain0, drained);
     out.messages += total;
     Ok(())
 }
@@ -150,6 +158,28 @@ fn push_rates(out: &mut Outcome, tag: &str, total: u64, size: usize, phase: &str
         "MB/s",
         mb / secs,
     ));
+}
+
+/// The broker's CPU per message in one phase (issue 20 goal 2 names
+/// pagesize's produce on its own), when its pid was given.
+fn push_broker_cpu(
+    out: &mut Outcome,
+    tag: &str,
+    phase: &str,
+    total: u64,
+    before: Option<procstat::Usage>,
+    after: Option<procstat::Usage>,
+) {
+    if let Some(us) = before
+        .zip(after)
+        .and_then(|(b, a)| a.cpu_us_per_msg_since(&b, total))
+    {
+        out.metrics.push(Metric::new(
+            format!("{tag}.{phase}_broker_cpu_us_per_msg"),
+            "us/msg",
+            us,
+        ));
+    }
 }
 
 /// One producer connection per queue publishes `cfg.messages` of `size`
