@@ -52,8 +52,23 @@ pub enum FrameError {
     UnknownType(u8),
 }
 
+/// Bytes still to come before the frame at the front of `buf` is whole: 0
+/// when it is, or when not even its header has come (any read helps then).
+/// The size is the peer's claim, not yet checked against `frame_max`.
+#[must_use]
+pub fn frame_bytes_missing(buf: &[u8]) -> usize {
+    if buf.len() < FRAME_HEADER_SIZE {
+        return 0;
+    }
+    let size = u32::from_be_bytes([buf[3], buf[4], buf[5], buf[6]]);
+    let total = u64::from(size) + FRAME_OVERHEAD as u64;
+    usize::try_from(total)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(buf.len())
+}
+
 /// Takes one complete frame off the front of `buf`, or returns `Ok(None)` if
-/// more bytes are needed. `frame_max` bounds the whole frame (header, payload
+/// more bytes are needed (it reserves no room for them). `frame_max` bounds the whole frame (header, payload
 /// and end octet), as the spec defines it.
 pub fn decode_frame(buf: &mut BytesMut, frame_max: u32) -> Result<Option<Frame>, FrameError> {
     if buf.len() < FRAME_HEADER_SIZE {
@@ -74,7 +89,8 @@ pub fn decode_frame(buf: &mut BytesMut, frame_max: u32) -> Result<Option<Frame>,
     }
     let total = usize::try_from(total).expect("bounded by frame_max: u32");
     if buf.len() < total {
-        buf.reserve(total - buf.len());
+        // The caller makes room (`frame_bytes_missing`): it knows how
+        // large its reads should be.
         return Ok(None);
     }
     let end = buf[total - 1];
@@ -108,6 +124,17 @@ mod tests {
         b.extend_from_slice(payload);
         b.extend_from_slice(&[end]);
         b
+    }
+
+    #[test]
+    fn the_bytes_missing_are_what_the_header_claims_beyond_what_came() {
+        let full = frame_bytes(FRAME_BODY, 3, &[7; 100], FRAME_END);
+        assert_eq!(frame_bytes_missing(&full[..FRAME_HEADER_SIZE - 1]), 0);
+        assert_eq!(frame_bytes_missing(&full[..FRAME_HEADER_SIZE]), 101);
+        assert_eq!(frame_bytes_missing(&full[..50]), full.len() - 50);
+        assert_eq!(frame_bytes_missing(&full), 0);
+        let claim = [FRAME_BODY, 0, 1, 0xff, 0xff, 0xff, 0xff];
+        assert_eq!(frame_bytes_missing(&claim), 0xffff_ffff + 1);
     }
 
     #[test]

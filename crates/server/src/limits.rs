@@ -29,6 +29,15 @@ pub const CONNECTION_TICK_MS: u64 = 100;
 /// Step by which a connection's read buffer grows.
 pub const READ_CHUNK_BYTES: usize = 64 * 1024;
 
+/// The largest step: a connection whose reads fill all the room it gave
+/// them (a publisher streaming faster than it is read, issue 20) doubles
+/// its step up to this. Every step ends with a partial frame that must be
+/// copied to the next buffer (the earlier one is still held by the bodies
+/// read into it), so with 16 KB bodies a 64 KB step copied about one byte
+/// in eight a second time. A read that leaves room goes back to
+/// [`READ_CHUNK_BYTES`], so idle and slow connections keep small buffers.
+pub const READ_CHUNK_BYTES_MAX: usize = 256 * 1024;
+
 /// Free space in the read buffer below which it grows by
 /// [`READ_CHUNK_BYTES`] before the next read.
 pub const READ_FREE_BYTES_MIN: usize = 4096;

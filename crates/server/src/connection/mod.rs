@@ -28,6 +28,7 @@ mod flow;
 mod handshake;
 mod permissions;
 mod queue;
+mod read;
 mod tx;
 
 use std::collections::HashMap;
@@ -48,7 +49,8 @@ use berth_protocol::methods::connection as conn;
 use berth_protocol::reply::{CONNECTION_FORCED, UNEXPECTED_FRAME};
 use berth_protocol::AMQPClass;
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use read::{read_into, ReadStep};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 
 use crate::limits;
@@ -104,6 +106,7 @@ struct Conn {
     peer: SocketAddr,
     rd: ReadStream,
     rbuf: BytesMut,
+    rstep: ReadStep,
     out: Arc<Outbound>,
     frame_max: u32,
     channel_max: u16,
@@ -167,6 +170,7 @@ pub async fn serve_stream(
         peer,
         rd,
         rbuf: BytesMut::with_capacity(limits::READ_CHUNK_BYTES),
+        rstep: ReadStep::default(),
         out: Arc::clone(&out),
         heartbeat: Duration::ZERO,
         session: None,
@@ -295,28 +299,13 @@ async fn write_telling_blocked(
     written
 }
 
-/// Reads more bytes from the socket; EOF is an error (the peer went away).
-async fn read_into(rd: &mut ReadStream, rbuf: &mut BytesMut) -> Result<(), End> {
-    if rbuf.capacity() - rbuf.len() < limits::READ_FREE_BYTES_MIN {
-        rbuf.reserve(limits::READ_CHUNK_BYTES);
-    }
-    let n = rd.read_buf(rbuf).await?;
-    if n == 0 {
-        return Err(End::Io(std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            "peer closed the connection",
-        )));
-    }
-    Ok(())
-}
-
 impl Conn {
     fn send_method(&self, channel: u16, m: &AMQPClass) {
         self.out.push(|b| codec::encode_method(b, channel, m));
     }
 
     async fn read_more(&mut self) -> Result<(), End> {
-        read_into(&mut self.rd, &mut self.rbuf).await?;
+        read_into(&mut self.rd, &mut self.rbuf, &mut self.rstep).await?;
         self.last_read = Instant::now();
         Ok(())
     }
@@ -378,7 +367,7 @@ impl Conn {
             tokio::select! {
                 () = tokio::time::sleep(Duration::from_millis(limits::FLOW_CHECK_MS)), if paused => {}
                 () = std::future::poll_fn(|cx| shared.broker.poll_journal_room(cx)), if journal_full => {}
-                r = read_into(&mut self.rd, &mut self.rbuf), if reading => {
+                r = read_into(&mut self.rd, &mut self.rbuf, &mut self.rstep), if reading => {
                     if let Err(e) = r { return e; }
                     self.last_read = Instant::now();
                 }
@@ -596,11 +585,11 @@ impl Conn {
         if *shutdown.borrow() {
             return;
         }
-        let (rd, rbuf) = (&mut self.rd, &mut self.rbuf);
+        let (rd, rbuf, step) = (&mut self.rd, &mut self.rbuf, &mut self.rstep);
         let drain = async {
             loop {
                 rbuf.clear();
-                if read_into(rd, rbuf).await.is_err() {
+                if read_into(rd, rbuf, step).await.is_err() {
                     return;
                 }
             }
