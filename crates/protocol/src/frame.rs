@@ -68,8 +68,8 @@ pub fn frame_bytes_missing(buf: &[u8]) -> usize {
 }
 
 /// Takes one complete frame off the front of `buf`, or returns `Ok(None)` if
-/// more bytes are needed (it reserves no room for them). `frame_max` bounds the whole frame (header, payload
-/// and end octet), as the spec defines it.
+/// more bytes are needed (it reserves no room for them). `frame_max` bounds
+/// the whole frame (header, payload and end octet), as the spec defines it.
 pub fn decode_frame(buf: &mut BytesMut, frame_max: u32) -> Result<Option<Frame>, FrameError> {
     if buf.len() < FRAME_HEADER_SIZE {
         return Ok(None);
