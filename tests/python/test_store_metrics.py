@@ -1,6 +1,7 @@
 """The store's per log group metrics in `/metrics` (issue 9), parsed with
 prometheus_client: fsync count and latency histogram, records per batch
-histogram, bytes written, segments, live and dead bytes, recovery time.
+histogram, bytes written, segments, live and dead bytes, recovery time,
+the group commit's gathering.
 Time budget: a few seconds.
 """
 
@@ -85,6 +86,14 @@ def test_store_metrics_per_group_with_histograms():
         assert sum(per_group(fams["berth_store_segments"]).values()) >= 1
         rec = per_group(fams["berth_store_recovery_seconds"])
         assert set(rec) == groups and all(0 <= v < 30 for v in rec.values())
+        # Group commit's gathering: a pause is planned only with a wait, and
+        # in seconds, at most the default commit_delay_us_max (500 µs).
+        waits = per_group(fams["berth_store_gather_waits"], "_total")
+        pause = per_group(fams["berth_store_gather_pause_seconds_max"])
+        assert set(waits) == set(pause) == groups
+        for g in groups:
+            assert (waits[g] == 0) == (pause[g] == 0), (g, waits, pause)
+            assert 0 <= pause[g] <= 0.0005, pause
     finally:
         proc.stop()
 

@@ -386,7 +386,7 @@ type G = berth_store::GroupStats;
 type Family = (&'static str, &'static str, &'static str, fn(&G) -> String);
 
 /// The per-group store metrics (a data table: one row per family).
-const STORE_FAMILIES: [Family; 17] = [
+const STORE_FAMILIES: [Family; 19] = [
     (
         "berth_store_fsyncs_total",
         "counter",
@@ -420,6 +420,18 @@ const STORE_FAMILIES: [Family; 17] = [
     ("berth_store_segments", "gauge", "Segment files.", |g| {
         g.segments.to_string()
     }),
+    (
+        "berth_store_gather_waits_total",
+        "counter",
+        "Batches the writer held open for more committers (adaptive group commit; a lone committer never waits).",
+        |g| g.gather_waits.to_string(),
+    ),
+    (
+        "berth_store_gather_pause_seconds_max",
+        "gauge",
+        "Longest pause planned for committers to gather, since the start (at most store.commit_delay_us_max).",
+        |g| format!("{}", g.gather_us_max as f64 / 1e6),
+    ),
     (
         "berth_store_segments_deleted_total",
         "counter",
