@@ -465,11 +465,11 @@ pub async fn measure(
         match procstat::usage_tree(pid) {
             Some(u1) if msgs > 0.0 => {
                 let (c0, c1) = (u0.cpu_s, u1.cpu_s);
-                outcome.metrics.push(Metric::new(
-                    "broker_cpu_us_per_msg",
-                    "us/msg",
-                    (c1 - c0) * 1e6 / msgs,
-                ));
+                if let Some(us) = u1.cpu_us_per_msg_since(&u0, outcome.messages) {
+                    outcome
+                        .metrics
+                        .push(Metric::new("broker_cpu_us_per_msg", "us/msg", us));
+                }
                 outcome
                     .metrics
                     .push(Metric::new("broker_cpu_util", "cores", (c1 - c0) / wall_s));

@@ -57,23 +57,28 @@ pub enum FrameError {
 /// The size is the peer's claim, not yet checked against `frame_max`.
 #[must_use]
 pub fn frame_bytes_missing(buf: &[u8]) -> usize {
-    if buf.len() < FRAME_HEADER_SIZE {
-        return 0;
-    }
-    let size = u32::from_be_bytes([buf[3], buf[4], buf[5], buf[6]]);
-    let total = u64::from(size) + FRAME_OVERHEAD as u64;
-    usize::try_from(total)
-        .unwrap_or(usize::MAX)
-        .saturating_sub(buf.len())
+    claimed(buf).map_or(0, |(_, total)| {
+        usize::try_from(total)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(buf.len())
+    })
+}
+
+/// The payload size the header at the front of `buf` claims, and the
+/// whole frame's, once the header has come.
+fn claimed(buf: &[u8]) -> Option<(u32, u64)> {
+    let b = buf.get(3..FRAME_HEADER_SIZE)?;
+    let size = u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+    Some((size, u64::from(size) + FRAME_OVERHEAD as u64))
 }
 
 /// Takes one complete frame off the front of `buf`, or returns `Ok(None)` if
 /// more bytes are needed (it reserves no room for them). `frame_max` bounds
 /// the whole frame (header, payload and end octet), as the spec defines it.
 pub fn decode_frame(buf: &mut BytesMut, frame_max: u32) -> Result<Option<Frame>, FrameError> {
-    if buf.len() < FRAME_HEADER_SIZE {
+    let Some((size, total)) = claimed(buf) else {
         return Ok(None);
-    }
+    };
     let kind = buf[0];
     if !matches!(
         kind,
@@ -82,8 +87,6 @@ pub fn decode_frame(buf: &mut BytesMut, frame_max: u32) -> Result<Option<Frame>,
         return Err(FrameError::UnknownType(kind));
     }
     let channel = u16::from_be_bytes([buf[1], buf[2]]);
-    let size = u32::from_be_bytes([buf[3], buf[4], buf[5], buf[6]]);
-    let total = u64::from(size) + FRAME_OVERHEAD as u64;
     if total > u64::from(frame_max) {
         return Err(FrameError::TooLarge { size, frame_max });
     }
