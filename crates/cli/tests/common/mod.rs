@@ -23,6 +23,8 @@ use std::time::Duration;
 use berth_testdir::TestDir;
 use lapin::{Connection, ConnectionProperties};
 
+pub mod cluster;
+
 /// How long a broker may take to recover and report ready.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 /// Lines of broker log kept for a failure report.
