@@ -65,7 +65,10 @@ cluster() {
   # (crates/cli/tests/cluster_faults.rs); prints per fault what was
   # attempted, confirmed, delivered and lost.
   ensure_iptables || { echo "cannot install iptables (the cluster suite's partitions need it)" >&2; return 1; }
-  cargo test --release -p berth-cli --test cluster_faults -- --ignored --nocapture
+  cargo test --release -p berth-cli --test cluster_faults -- --ignored --nocapture &&
+    # A backlog larger than a frame (~500 MB of confirmed messages): every
+    # member killed and restarted in turn, then the leader (~30 s).
+    cargo test --release -p berth-cli --test cluster_backlog -- --ignored --nocapture
 }
 
 rust() {

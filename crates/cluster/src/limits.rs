@@ -27,8 +27,16 @@ pub const HANDSHAKE_FRAME_BYTES_MAX: usize = 4 * 1024;
 /// request carries at most this many batches.
 pub const APPEND_ENTRIES_MAX: u64 = 64;
 
-/// Snapshot chunk size sent per install-snapshot request.
+/// Snapshot chunk size sent per install-snapshot request: the most of a
+/// snapshot a leader or a follower holds in memory while it streams.
 pub const SNAPSHOT_CHUNK_BYTES: u64 = 4 * 1024 * 1024;
+
+/// How long one snapshot chunk may take to be answered. The last chunk's
+/// answer waits for the follower to check the whole file's CRC and
+/// restore it into its store (seconds for a backlog of gigabytes), so
+/// this is far above openraft's 200 ms default; a follower that dies
+/// mid-transfer costs only its own replication stream this long.
+pub const SNAPSHOT_CHUNK_TIMEOUT_MS: u64 = 120_000;
 
 /// How long a connecting peer has to complete the secret handshake.
 pub const HANDSHAKE_TIMEOUT_MS: u64 = 3_000;
@@ -49,6 +57,11 @@ pub const LOG_SEGMENT_BYTES: u64 = 32 * 1024 * 1024;
 /// at most half the bytes it saves), whatever the number of entries:
 /// entries since the last snapshot are held in memory.
 pub const SNAPSHOT_AFTER_LOG_BYTES: u64 = 128 * 1024 * 1024;
+
+/// The most log bytes kept between snapshots, however large the last
+/// snapshot: the log since the last snapshot is held in memory, so this
+/// bounds that memory whatever the backlog.
+pub const SNAPSHOT_AFTER_LOG_BYTES_MAX: u64 = 512 * 1024 * 1024;
 
 /// Entries kept behind a snapshot, so that a follower a little behind
 /// catches up from the log rather than a whole snapshot; few, since they

@@ -70,11 +70,18 @@ pub struct Scan<'a> {
 /// | remaining bytes at a frame start          | verdict            |
 /// |-------------------------------------------|--------------------|
 /// | none                                      | `Clean`            |
+/// | only zero bytes (a header claiming 0)     | `Torn`             |
 /// | fewer than a header                       | `Torn`             |
 /// | header claims more bytes than remain      | `Torn`             |
 /// | header claims more than the frame limit   | `Damaged`          |
 /// | complete frame, checksum mismatch         | `Damaged`          |
+/// | a header claiming 0 bytes, then non-zeros | `Damaged`          |
 /// | complete frame, checksum matches          | frame, go on       |
+///
+/// No payload berth writes is empty, so a header of zeros is never a
+/// frame: zeros to the end are an append whose size reached the disk and
+/// whose bytes did not (they read as a valid empty frame, CRC 0, and a
+/// log of them stopped a member from starting).
 #[must_use]
 pub fn scan(bytes: &[u8]) -> Scan<'_> {
     let mut frames = Vec::new();
@@ -84,13 +91,16 @@ pub fn scan(bytes: &[u8]) -> Scan<'_> {
         if rest.is_empty() {
             break Tail::Clean;
         }
+        if rest.iter().all(|b| *b == 0) {
+            break Tail::Torn { at: at as u64 };
+        }
         if rest.len() < FRAME_HEADER_BYTES {
             break Tail::Torn { at: at as u64 };
         }
         let len =
             u32::from_le_bytes(rest[LEN_AT..LEN_AT + 4].try_into().expect("4 bytes")) as usize;
         let crc = u32::from_le_bytes(rest[CRC_AT..CRC_AT + 4].try_into().expect("4 bytes"));
-        if len > ENTRY_BYTES_MAX_HARD {
+        if len == 0 || len > ENTRY_BYTES_MAX_HARD {
             break Tail::Damaged { at: at as u64 };
         }
         if rest.len() < FRAME_HEADER_BYTES + len {
@@ -104,4 +114,34 @@ pub fn scan(bytes: &[u8]) -> Scan<'_> {
         at += FRAME_HEADER_BYTES + len;
     };
     Scan { frames, tail }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zeros_after_the_last_frame_are_a_torn_tail_not_empty_frames() {
+        let mut bytes = encode_frame(b"an entry");
+        let end = bytes.len() as u64;
+        bytes.extend_from_slice(&[0; 4096]);
+        let s = scan(&bytes);
+        assert_eq!(s.frames.len(), 1, "zeros read as frames");
+        assert_eq!(s.tail, Tail::Torn { at: end });
+        // Zeros of less than a header, too.
+        let mut short = encode_frame(b"x");
+        short.extend_from_slice(&[0; 3]);
+        assert!(matches!(scan(&short).tail, Tail::Torn { .. }));
+    }
+
+    #[test]
+    fn a_zero_length_header_before_other_bytes_is_damage() {
+        let mut bytes = encode_frame(b"an entry");
+        let at = bytes.len() as u64;
+        bytes.extend_from_slice(&[0; 8]);
+        bytes.extend_from_slice(&encode_frame(b"later"));
+        let s = scan(&bytes);
+        assert_eq!(s.frames.len(), 1);
+        assert_eq!(s.tail, Tail::Damaged { at });
+    }
 }

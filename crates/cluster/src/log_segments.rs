@@ -86,6 +86,8 @@ pub struct Segments {
     spans: Vec<(u64, u64)>,
     /// The last segment, open for writing.
     current: File,
+    /// Segments left full since the last fdatasync (see `take_rolled`).
+    rolled: Vec<File>,
     segment_bytes: u64,
     /// Purged segments go to a thread of their own to be deleted.
     reaper: Reaper,
@@ -190,6 +192,7 @@ impl Segments {
                 spans,
                 current,
                 segment_bytes,
+                rolled: Vec::new(),
                 reaper: Reaper::start(dir).map_err(io_err(dir))?,
             },
             entries,
@@ -208,6 +211,13 @@ impl Segments {
     #[must_use]
     pub fn current(&self) -> &File {
         &self.current
+    }
+
+    /// Segments this batch of appends filled and left, whose last writes
+    /// are not yet durable: the caller fdatasyncs them with
+    /// [`Self::current`] (a batch that rolls writes to both).
+    pub fn take_rolled(&mut self) -> Vec<File> {
+        std::mem::take(&mut self.rolled)
     }
 
     /// Writes `frames` at log offset `at`, which must be the log's end;
@@ -229,7 +239,8 @@ impl Segments {
                 .open(&path)?;
             sync_dir(&self.dir)?;
             self.spans.push((at, 0));
-            self.current = file;
+            let full = std::mem::replace(&mut self.current, file);
+            self.rolled.push(full);
         }
         let last = self.spans.len() - 1;
         let (base, _) = self.spans[last];

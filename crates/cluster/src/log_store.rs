@@ -23,6 +23,7 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::error::ClusterError;
+use crate::limits::APPEND_BYTES_TARGET;
 use crate::log_file::{self, append_frame, Loaded, Writer, PURGED_FILE, VOTE_FILE};
 use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
 
@@ -164,6 +165,23 @@ impl RaftLogReader<TypeConfig> for LogStore {
             .range(range)
             .map(|(_, (_, e))| e.clone())
             .collect())
+    }
+
+    /// What one append may carry: the first entries of `[start, end)` that
+    /// fit [`APPEND_BYTES_TARGET`] (at least one). Sized here, so that the
+    /// transport never has to refuse an append as too large: openraft's
+    /// retry of a refused append with fewer entries could lose track of
+    /// where to start (seen: a follower restarted behind a purged log of
+    /// 8 MiB entries was probed with entries from index 0 forever).
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry>, StorageError> {
+        let s = self.state.lock();
+        let range: Vec<&Entry> = s.entries.range(start..end).map(|(_, (_, e))| e).collect();
+        let (fit, _) = crate::types::entries_within(range.iter().copied(), APPEND_BYTES_TARGET);
+        Ok(range[..fit].iter().map(|e| (*e).clone()).collect())
     }
 }
 

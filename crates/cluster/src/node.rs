@@ -31,11 +31,13 @@ use crate::error::ClusterError;
 use crate::limits::{
     APPEND_ENTRIES_MAX, DISK_WATCH_INTERVAL, ENTRIES_KEPT_BEHIND_SNAPSHOT, ENTRY_BYTES_MAX,
     LOG_SEGMENT_BYTES, PEER_FRAME_BYTES_MAX, PROPOSALS_PER_ENTRY_MAX, PROPOSALS_QUEUED_MAX,
-    SECRET_BYTES_MIN, SNAPSHOT_AFTER_LOG_BYTES, SNAPSHOT_CHECK_INTERVAL, SNAPSHOT_CHUNK_BYTES,
+    SECRET_BYTES_MIN, SNAPSHOT_AFTER_LOG_BYTES, SNAPSHOT_AFTER_LOG_BYTES_MAX,
+    SNAPSHOT_CHECK_INTERVAL, SNAPSHOT_CHUNK_BYTES, SNAPSHOT_CHUNK_TIMEOUT_MS,
 };
-use crate::log_file::{self, Writer, SNAPSHOT_FILE};
+use crate::log_file::{self, Writer};
 use crate::log_store::LogStore;
 use crate::probation::Probation;
+use crate::snapshot_file::SNAPSHOT_FILE;
 use crate::standing::Standing;
 use crate::state_machine::{Apply, StateMachine};
 use crate::status::{ClusterStatus, MemberStatus, Role};
@@ -58,10 +60,11 @@ pub struct NodeConfig {
     /// this range starts an election.
     pub election_timeout_ms: (u64, u64),
     pub heartbeat_ms: u64,
-    /// Committed entries kept before a snapshot replaces them…
+    /// Committed entries kept before a snapshot replaces them (`u64::MAX`,
+    /// the default: no count, only bytes; tests set a count)…
     pub snapshot_after_entries: u64,
     /// …or bytes of them, whichever comes first (twice the last snapshot's
-    /// size if larger).
+    /// size if larger, up to [`SNAPSHOT_AFTER_LOG_BYTES_MAX`]).
     pub snapshot_after_bytes: u64,
     /// Size at which a Raft log segment is closed (tests make it small).
     pub log_segment_bytes: u64,
@@ -113,7 +116,7 @@ impl NodeConfig {
             secret,
             election_timeout_ms: (1_000, 2_000),
             heartbeat_ms: 250,
-            snapshot_after_entries: 10_000,
+            snapshot_after_entries: u64::MAX,
             snapshot_after_bytes: SNAPSHOT_AFTER_LOG_BYTES,
             log_segment_bytes: LOG_SEGMENT_BYTES,
             sync_stall_ms_max: 5_000,
@@ -209,7 +212,7 @@ impl ClusterNode {
             config.log_segment_bytes,
         )?;
         let log = LogStore::from_loaded(&config.dir, &loaded, writer.clone())?;
-        let sm = StateMachine::from_loaded(&config.dir, &loaded, writer.clone(), app)?;
+        let sm = StateMachine::from_loaded(&config.dir, app)?;
         let raft_config = Config {
             cluster_name: "berth".into(),
             election_timeout_min: config.election_timeout_ms.0,
@@ -217,7 +220,13 @@ impl ClusterNode {
             heartbeat_interval: config.heartbeat_ms,
             max_payload_entries: APPEND_ENTRIES_MAX,
             snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_after_entries),
+            // By bytes (`snapshot_by_size`), unless a test asks for entries.
+            snapshot_policy: if config.snapshot_after_entries == u64::MAX {
+                SnapshotPolicy::Never
+            } else {
+                SnapshotPolicy::LogsSinceLast(config.snapshot_after_entries)
+            },
+            install_snapshot_timeout: SNAPSHOT_CHUNK_TIMEOUT_MS,
             max_in_snapshot_log_to_keep: config
                 .snapshot_after_entries
                 .min(ENTRIES_KEPT_BEHIND_SNAPSHOT),
@@ -604,7 +613,9 @@ async fn gather(
 }
 
 /// Asks for a snapshot once the entries since the last one hold
-/// `after_bytes` (or twice the last snapshot's size, if larger), however
+/// `after_bytes` (or twice the last snapshot's size, if larger, up to
+/// [`SNAPSHOT_AFTER_LOG_BYTES_MAX`]: the log since the last snapshot is
+/// held in memory), however
 /// few they are: openraft's policy counts entries only, and one entry is a
 /// whole batch (up to [`ENTRY_BYTES_MAX`]), so 10,000 of them could hold
 /// gigabytes — all of it in memory, and all of it copied at the purge.
@@ -613,10 +624,25 @@ async fn snapshot_by_size(raft: Raft, log: LogStore, snapshot_file: PathBuf, aft
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let snapshot_index = raft.metrics().borrow().snapshot.map(|l| l.index);
+        let (snapshot_index, applied) = {
+            let m = raft.metrics();
+            let m = m.borrow();
+            (m.snapshot.map(|l| l.index), m.last_applied.map(|l| l.index))
+        };
+        // Only what was applied since can make a new snapshot: a member
+        // whose log runs ahead of what it may apply (restarted, waiting
+        // to hear the commit index) would build the same one again and
+        // again (seen: 140 MB every 600 ms).
+        if applied <= snapshot_index {
+            continue;
+        }
         // A stat of one file: no I/O worth a blocking thread.
         let last_size = std::fs::metadata(&snapshot_file).map_or(0, |m| m.len());
-        let threshold = after_bytes.max(last_size.saturating_mul(2));
+        let threshold = after_bytes.max(
+            last_size
+                .saturating_mul(2)
+                .min(SNAPSHOT_AFTER_LOG_BYTES_MAX),
+        );
         if log.bytes_after(snapshot_index) >= threshold {
             // Ignored by openraft while a snapshot is being built.
             if raft.trigger().snapshot().await.is_err() {

@@ -1,6 +1,7 @@
 //! The seam between Raft and what it replicates: openraft's state machine
-//! calls [`Apply`] with each committed command, and snapshots are whatever
-//! [`Apply::snapshot`] returns, kept durable in `raft.snapshot`.
+//! calls [`Apply`] with each committed command, and snapshots are files
+//! (`snapshot_file`) whose data [`Apply::capture`] writes, streamed to
+//! followers chunk by chunk and restored from the file as a stream.
 //!
 //! Invariants:
 //! - Commands reach [`Apply::apply`] in log order (commands gathered into
@@ -10,9 +11,14 @@
 //!   ([`Apply::restore`]) or, with none, from empty ([`Apply::start_empty`]).
 //! - A snapshot is reported built or installed only once `raft.snapshot`
 //!   holding it is durable: openraft may purge the log behind it.
+//! - Building a snapshot does not hold up applying: only
+//!   [`Apply::capture`] runs on the apply path; the data is written by a
+//!   blocking thread of its own while later commands are applied.
+//! - No snapshot is ever held whole in memory: it is written, sent,
+//!   received, checked and restored through buffers of bounded size.
 
-use std::io::Cursor;
-use std::path::Path;
+use std::io;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -21,12 +27,12 @@ use openraft::{
     BasicNode, EntryPayload, RaftSnapshotBuilder, SnapshotMeta, StorageIOError, StoredMembership,
 };
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
-use tokio::sync::oneshot;
+use tokio::io::AsyncWriteExt;
 
 use crate::batch;
 use crate::error::ClusterError;
-use crate::log_file::{Loaded, Writer, SNAPSHOT_FILE};
+use crate::snapshot_file::{self, Checked, Meta, INCOMING_FILE};
+pub use crate::snapshot_file::{SnapshotSource, WriteSnapshot};
 use crate::types::{Entry, LogId, NodeId, StorageError, TypeConfig};
 
 /// What a cluster replicates, seen from the application's side.
@@ -34,49 +40,46 @@ pub trait Apply: Send + Sync + 'static {
     /// Applies one committed command (`index` is its Raft log index); it
     /// shares the entry's memory (a slice of it, not a copy).
     fn apply(&self, index: u64, command: Bytes);
-    /// The application's whole state, as of the last applied command.
-    fn snapshot(&self) -> Vec<u8>;
-    /// Replaces the application's state by a snapshot's.
-    fn restore(&self, snapshot: &[u8]);
+    /// Called on the apply path, as of the last applied command: takes
+    /// what a snapshot of the state then needs, cheaply (no message
+    /// bodies), and returns the job that writes the snapshot's data. The
+    /// job runs on a thread of its own while later commands are applied;
+    /// it may find that they removed what it captured, and must then
+    /// leave it out (applying those commands again after the snapshot
+    /// removes nothing more), but it must never write what was added
+    /// after the capture.
+    fn capture(&self) -> WriteSnapshot;
+    /// Replaces the application's state by a snapshot's; `snapshot` may
+    /// be read more than once, each time from its start.
+    fn restore(&self, snapshot: &dyn SnapshotSource);
     /// At a start with no snapshot: the log will be applied from its first
     /// entry, so the application starts from its empty state.
     fn start_empty(&self);
-}
 
-#[derive(Clone, Serialize, Deserialize)]
-struct StoredSnapshot {
-    meta: SnapshotMeta<NodeId, BasicNode>,
-    data: Vec<u8>,
+    /// A snapshot's data, taken now, in memory (for tests and tools: the
+    /// replication path never holds a snapshot whole).
+    fn snapshot_to_vec(&self) -> io::Result<Vec<u8>> {
+        let mut out = Vec::new();
+        (self.capture())(&mut out)?;
+        Ok(out)
+    }
 }
 
 pub(crate) struct StateMachine {
     app: Arc<dyn Apply>,
+    dir: PathBuf,
     last_applied: Option<LogId>,
     membership: StoredMembership<NodeId, BasicNode>,
-    current: Arc<Mutex<Option<StoredSnapshot>>>,
-    writer: Writer,
+    current: Arc<Mutex<Option<Checked>>>,
     snapshots_built: u64,
 }
 
 impl StateMachine {
-    pub(crate) fn from_loaded(
-        dir: &Path,
-        loaded: &Loaded,
-        writer: Writer,
-        app: Arc<dyn Apply>,
-    ) -> Result<Self, ClusterError> {
-        let stored: Option<StoredSnapshot> = loaded
-            .snapshot
-            .as_deref()
-            .map(postcard::from_bytes)
-            .transpose()
-            .map_err(|e| ClusterError::Undecodable {
-                path: dir.join(SNAPSHOT_FILE),
-                detail: e.to_string(),
-            })?;
-        let (last_applied, membership) = match &stored {
+    pub(crate) fn from_loaded(dir: &Path, app: Arc<dyn Apply>) -> Result<Self, ClusterError> {
+        let loaded = snapshot_file::load(dir)?;
+        let (last_applied, membership) = match &loaded {
             Some(s) => {
-                app.restore(&s.data);
+                app.restore(s);
                 (s.meta.last_log_id, s.meta.last_membership.clone())
             }
             None => {
@@ -86,51 +89,79 @@ impl StateMachine {
         };
         Ok(Self {
             app,
+            dir: dir.to_path_buf(),
             last_applied,
             membership,
-            current: Arc::new(Mutex::new(stored)),
-            writer,
+            current: Arc::new(Mutex::new(loaded)),
             snapshots_built: 0,
         })
     }
 }
 
-/// Writes `raft.snapshot` and waits until it is durable.
-async fn persist(writer: &Writer, stored: &StoredSnapshot) -> Result<(), StorageError> {
-    let signature = Some(stored.meta.signature());
-    let payload = postcard::to_allocvec(stored)
-        .map_err(|e| StorageIOError::write_snapshot(signature.clone(), &e))?;
-    let (tx, rx) = oneshot::channel();
-    writer.replace(
-        SNAPSHOT_FILE,
-        &payload,
-        Box::new(move |r| {
-            let _ = tx.send(r); // a dropped waiter only means shutdown
-        }),
-    );
-    rx.await
-        .unwrap_or_else(|_| Err(std::io::Error::other("the Raft log writer has stopped")))
-        .map_err(|e| StorageIOError::write_snapshot(signature, &e).into())
-}
-
-fn to_snapshot(s: StoredSnapshot) -> Snapshot<TypeConfig> {
-    Snapshot {
-        meta: s.meta,
-        snapshot: Box::new(Cursor::new(s.data)),
+fn io_error(meta: &Meta, e: &io::Error, reading: bool) -> StorageError {
+    let signature = Some(meta.signature());
+    if reading {
+        StorageIOError::read_snapshot(signature, e).into()
+    } else {
+        StorageIOError::write_snapshot(signature, e).into()
     }
 }
 
+async fn open(checked: &Checked) -> Result<Snapshot<TypeConfig>, StorageError> {
+    let file = tokio::fs::File::open(&checked.path)
+        .await
+        .map_err(|e| io_error(&checked.meta, &e, true))?;
+    Ok(Snapshot {
+        meta: checked.meta.clone(),
+        snapshot: Box::new(file),
+    })
+}
+
 pub(crate) struct SnapshotBuilder {
-    stored: StoredSnapshot,
-    current: Arc<Mutex<Option<StoredSnapshot>>>,
-    writer: Writer,
+    meta: Meta,
+    /// Taken by the one build (a lock only so the builder is `Sync`).
+    write: Mutex<Option<WriteSnapshot>>,
+    dir: PathBuf,
+    current: Arc<Mutex<Option<Checked>>>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        persist(&self.writer, &self.stored).await?;
-        *self.current.lock() = Some(self.stored.clone());
-        Ok(to_snapshot(self.stored.clone()))
+        let write = self.write.lock().take().ok_or_else(|| {
+            io_error(
+                &self.meta,
+                &io::Error::other("a snapshot builder used twice"),
+                false,
+            )
+        })?;
+        let (dir, meta, current) = (self.dir.clone(), self.meta.clone(), self.current.clone());
+        let started = std::time::Instant::now();
+        let built = tokio::task::spawn_blocking(move || -> io::Result<Option<Checked>> {
+            let file = snapshot_file::build(&dir, &meta, write)?;
+            let checked = snapshot_file::check(&file).map_err(io::Error::other)?;
+            snapshot_file::publish(&dir, &file, checked, &current)
+        })
+        .await
+        .map_err(|e| io_error(&self.meta, &io::Error::other(e), false))?
+        .map_err(|e| io_error(&self.meta, &e, false))?;
+        // A newer snapshot was installed meanwhile: offer that one.
+        let checked = match built {
+            Some(c) => c,
+            None => self.current.lock().clone().ok_or_else(|| {
+                io_error(
+                    &self.meta,
+                    &io::Error::other("no snapshot is current"),
+                    true,
+                )
+            })?,
+        };
+        tracing::info!(
+            index = ?checked.meta.last_log_id.map(|l| l.index),
+            bytes = std::fs::metadata(&checked.path).map_or(0, |m| m.len()),
+            took = ?started.elapsed(),
+            "snapshot built"
+        );
+        open(&checked).await
     }
 }
 
@@ -185,37 +216,71 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             snapshot_id: id,
         };
         SnapshotBuilder {
-            stored: StoredSnapshot {
-                meta,
-                data: self.app.snapshot(),
-            },
+            meta,
+            write: Mutex::new(Some(self.app.capture())),
+            dir: self.dir.clone(),
             current: self.current.clone(),
-            writer: self.writer.clone(),
         }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError> {
+        let path = self.dir.join(INCOMING_FILE);
+        let file = tokio::fs::File::create(&path)
+            .await
+            .map_err(|e| StorageError::from(StorageIOError::write_snapshot(None, &e)))?;
+        Ok(Box::new(file))
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta<NodeId, BasicNode>,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        mut snapshot: Box<tokio::fs::File>,
     ) -> Result<(), StorageError> {
-        let stored = StoredSnapshot {
-            meta: meta.clone(),
-            data: snapshot.into_inner(),
+        snapshot
+            .flush()
+            .await
+            .map_err(|e| io_error(meta, &e, false))?;
+        let file = snapshot.into_std().await;
+        let (dir, current, wanted) = (self.dir.clone(), self.current.clone(), meta.clone());
+        let installed = tokio::task::spawn_blocking(move || -> io::Result<Option<Checked>> {
+            file.sync_data()?;
+            drop(file);
+            let path = dir.join(INCOMING_FILE);
+            let checked = snapshot_file::check(&path).map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("the snapshot received ({}) is damaged: {e}", path.display()),
+                )
+            })?;
+            if checked.meta != wanted {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "the snapshot received is {} where {} was announced",
+                        checked.meta.snapshot_id, wanted.snapshot_id
+                    ),
+                ));
+            }
+            snapshot_file::publish(&dir, &path, checked, &current)
+        })
+        .await
+        .map_err(|e| io_error(meta, &io::Error::other(e), false))?
+        .map_err(|e| io_error(meta, &e, false))?;
+        let Some(checked) = installed else {
+            // This member holds a newer snapshot already: nothing to do.
+            return Ok(());
         };
-        persist(&self.writer, &stored).await?;
-        self.app.restore(&stored.data);
+        self.app.restore(&checked);
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
-        *self.current.lock() = Some(stored);
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        Ok(self.current.lock().clone().map(to_snapshot))
+        let current = self.current.lock().clone();
+        match current {
+            Some(c) => open(&c).await.map(Some),
+            None => Ok(None),
+        }
     }
 }

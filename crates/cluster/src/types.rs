@@ -2,7 +2,6 @@
 //! rest of berth sees [`crate::ClusterNode`] and plain bytes.
 
 use std::fmt;
-use std::io::Cursor;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -29,14 +28,14 @@ impl fmt::Display for Command {
 
 openraft::declare_raft_types!(
     /// berth's Raft types: opaque commands, numeric node ids, nodes known by
-    /// their peer address, snapshots held in memory.
+    /// their peer address, snapshots as files (`snapshot_file`).
     pub TypeConfig:
         D = Command,
         R = (),
         NodeId = NodeId,
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = tokio::fs::File,
         AsyncRuntime = openraft::TokioRuntime,
 );
 
@@ -45,6 +44,34 @@ pub type LogId = openraft::LogId<NodeId>;
 pub type Vote = openraft::Vote<NodeId>;
 pub type StorageError = openraft::StorageError<NodeId>;
 pub type Raft = openraft::Raft<TypeConfig>;
+
+/// How many of `entries`, from the first, fit in about `target` encoded
+/// bytes; at least one (a large entry goes alone).
+pub(crate) fn entries_within<'a>(
+    entries: impl IntoIterator<Item = &'a Entry>,
+    target: usize,
+) -> (usize, usize) {
+    /// Room for an entry's log id and framing, and for a membership.
+    const OVERHEAD: usize = 64;
+    const MEMBERSHIP: usize = 1024;
+    let mut size = OVERHEAD;
+    let mut count = 0;
+    for (n, e) in entries.into_iter().enumerate() {
+        let next = size
+            + OVERHEAD
+            + match &e.payload {
+                openraft::EntryPayload::Normal(c) => c.0.len(),
+                openraft::EntryPayload::Membership(_) => MEMBERSHIP,
+                openraft::EntryPayload::Blank => 0,
+            };
+        if next > target && n > 0 {
+            return (n, size);
+        }
+        size = next;
+        count = n + 1;
+    }
+    (count, size)
+}
 
 #[cfg(test)]
 mod tests {

@@ -209,3 +209,18 @@ pub const CLUSTER_ANNOUNCE_TIMEOUT_MS: u64 = 5_000;
 
 /// Worker threads of the runtime Raft runs on, apart from the broker's.
 pub const RAFT_WORKER_THREADS: usize = 2;
+
+/// A snapshot is written reading at most this many message bodies…
+pub const SNAPSHOT_READ_COUNT_MAX: usize = 256;
+/// …or about this many bytes of them at a time (judged by the last read;
+/// at least one body per read): with the snapshot file's own 1 MiB
+/// buffer, what a snapshot build holds in memory beyond the ids.
+pub const SNAPSHOT_READ_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+/// Largest command a snapshot may hold: one message record (128 MiB body
+/// and its header) with room to spare; a larger length is damage.
+pub const SNAPSHOT_COMMAND_BYTES_MAX: usize = 160 * 1024 * 1024;
+
+/// Restoring a snapshot waits for the store to write what it was handed
+/// every this many bytes, so the store's queue of writes stays bounded.
+pub const SNAPSHOT_RESTORE_UNFLUSHED_BYTES_MAX: usize = 64 * 1024 * 1024;

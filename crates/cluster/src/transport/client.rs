@@ -234,7 +234,8 @@ impl RaftNetwork<TypeConfig> for Peer {
         // Too big to send (or to be answered in time) at once: openraft
         // sends fewer entries next. Sized before encoding, so no append is
         // encoded only to be thrown away.
-        let (fit, size) = entries_within(&rpc.entries, self.frame_max.min(APPEND_BYTES_TARGET));
+        let (fit, size) =
+            crate::types::entries_within(&rpc.entries, self.frame_max.min(APPEND_BYTES_TARGET));
         if fit < rpc.entries.len() {
             return Err(RPCError::PayloadTooLarge(
                 PayloadTooLarge::new_entries_hint(fit as u64),
@@ -285,27 +286,4 @@ impl RaftNetwork<TypeConfig> for Peer {
 /// `e` with what was being done in front, its kind kept.
 fn context(what: &str, e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("{what}: {e}"))
-}
-
-/// How many of `entries`, from the first, fit in about `target` encoded
-/// bytes; at least one (a large entry goes alone).
-fn entries_within(entries: &[crate::types::Entry], target: usize) -> (usize, usize) {
-    /// Room for an entry's log id and framing, and for a membership.
-    const OVERHEAD: usize = 64;
-    const MEMBERSHIP: usize = 1024;
-    let mut size = OVERHEAD;
-    for (n, e) in entries.iter().enumerate() {
-        let next = size
-            + OVERHEAD
-            + match &e.payload {
-                openraft::EntryPayload::Normal(c) => c.0.len(),
-                openraft::EntryPayload::Membership(_) => MEMBERSHIP,
-                openraft::EntryPayload::Blank => 0,
-            };
-        if next > target && n > 0 {
-            return (n, size);
-        }
-        size = next;
-    }
-    (entries.len(), size)
 }

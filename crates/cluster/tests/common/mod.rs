@@ -6,7 +6,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use berth_cluster::{Apply, ClusterNode, NodeConfig, NodeId, SyncGate};
+use std::io::{Read, Write};
+
+use berth_cluster::{
+    Apply, ClusterNode, NodeConfig, NodeId, SnapshotSource, SyncGate, WriteSnapshot,
+};
 use berth_testdir::TestDir;
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
@@ -21,17 +25,21 @@ impl Apply for Recorder {
     fn apply(&self, _index: u64, command: bytes::Bytes) {
         self.applied.lock().push(command.to_vec());
     }
-    fn snapshot(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        for c in self.applied.lock().iter() {
-            out.extend_from_slice(&u32::try_from(c.len()).unwrap().to_le_bytes());
-            out.extend_from_slice(c);
-        }
-        out
+    fn capture(&self) -> WriteSnapshot {
+        let applied = self.applied.lock().clone();
+        Box::new(move |out: &mut dyn Write| {
+            for c in &applied {
+                out.write_all(&u32::try_from(c.len()).unwrap().to_le_bytes())?;
+                out.write_all(c)?;
+            }
+            Ok(())
+        })
     }
-    fn restore(&self, snapshot: &[u8]) {
+    fn restore(&self, snapshot: &dyn SnapshotSource) {
+        let mut whole = Vec::new();
+        snapshot.open().unwrap().read_to_end(&mut whole).unwrap();
         let mut applied = Vec::new();
-        let mut rest = snapshot;
+        let mut rest = whole.as_slice();
         while !rest.is_empty() {
             let len = u32::from_le_bytes(rest[..4].try_into().unwrap()) as usize;
             applied.push(rest[4..4 + len].to_vec());

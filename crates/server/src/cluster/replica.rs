@@ -18,15 +18,21 @@
 //!   the member stops serving and restarts (see `member`).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::{self, Read, Write};
 use std::sync::Arc;
 
-use berth_store::{MsgId, QueueId, StoreError, Ticket};
+use berth_cluster::{SnapshotSource, WriteSnapshot};
+use berth_store::{LiveState, MsgId, QueueId, StoreError, Ticket};
 use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
 
 use super::command::Command;
 use super::view::{Announcements, Serves};
 use crate::journal::{blocking, StoreJournal};
+use crate::limits::{
+    SNAPSHOT_COMMAND_BYTES_MAX, SNAPSHOT_READ_BYTES_MAX, SNAPSHOT_READ_COUNT_MAX,
+    SNAPSHOT_RESTORE_UNFLUSHED_BYTES_MAX,
+};
 
 pub struct Replica {
     /// The store commands are applied to; swapped (under the write lock)
@@ -162,7 +168,9 @@ impl berth_cluster::Apply for Replica {
         }
     }
 
-    fn snapshot(&self) -> Vec<u8> {
+    fn capture(&self) -> WriteSnapshot {
+        // Everything applied so far must be in the index before it is
+        // listed; the listing is ids only, the bodies are read later.
         if let Err(e) = self.flush() {
             refuse_snapshot(&format!("the store could not be flushed: {e}"));
         }
@@ -170,103 +178,188 @@ impl berth_cluster::Apply for Replica {
             refuse_snapshot("the store is closed");
         };
         let live = journal.store.live_state();
-        let mut out = Vec::new();
-        let mut put = |c: Command| {
-            let bytes = c.encode();
-            out.extend_from_slice(
-                &u32::try_from(bytes.len())
-                    .expect("one command is bounded by the store's record size")
-                    .to_le_bytes(),
-            );
-            out.extend_from_slice(&bytes);
-        };
-        for name in self.announced.names().into_values() {
-            put(Command::Member { name });
+        let names = self.announced.names();
+        let serving = self.announced.all();
+        Box::new(move |out: &mut dyn Write| write_snapshot(&journal, live, names, serving, out))
+    }
+
+    fn start_empty(&self) {
+        self.restore(&Vec::new());
+    }
+
+    fn restore(&self, snapshot: &dyn SnapshotSource) {
+        if let Err(e) = self.restore_from(snapshot) {
+            self.fail(e);
         }
-        for (name, serves) in &self.announced.all() {
-            put(Command::Announce {
-                name: name.clone(),
-                amqp: serves.amqp.clone(),
-                http: serves.http.clone(),
-            });
-        }
-        for (key, value) in live.metadata {
-            put(Command::PutMeta { key, value });
-        }
-        for (queue, (first, _)) in live.streams {
-            // The trim point first, so the copy keeps the same first offset.
-            put(Command::Trim {
-                queue: queue.0,
-                below: first,
-            });
-            let mut from = first;
-            loop {
-                let batch = blocking(|| journal.store.read_stream(queue, from, 1024, 8 << 20))
-                    .unwrap_or_else(|e| {
-                        refuse_snapshot(&format!("stream {} could not be read: {e}", queue.0))
-                    });
-                let Some(&(last, _)) = batch.last() else {
-                    break;
-                };
-                for (offset, payload) in batch {
-                    put(Command::Append {
-                        queue: queue.0,
-                        offset,
-                        payload,
-                    });
-                }
-                from = last + 1;
+    }
+}
+
+/// Writes a snapshot's commands (`u32 LE length | command`, repeated):
+/// the members and where they serve, every metadata key, every stream's
+/// records and every queue's live messages with their bodies, read a few
+/// at a time. Runs off the apply path, while later commands are applied:
+/// a message removed since the capture is left out (its removal is in
+/// the log after the snapshot), a stream is copied only up to where it
+/// ended at the capture.
+fn write_snapshot(
+    journal: &StoreJournal,
+    live: LiveState,
+    names: BTreeMap<u64, String>,
+    serving: BTreeMap<String, Serves>,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    let mut put = |c: Command| -> io::Result<()> {
+        let bytes = c.encode();
+        let len =
+            u32::try_from(bytes.len()).expect("one command is bounded by the store's record size");
+        out.write_all(&len.to_le_bytes())?;
+        out.write_all(&bytes)
+    };
+    for name in names.into_values() {
+        put(Command::Member { name })?;
+    }
+    for (name, serves) in serving {
+        put(Command::Announce {
+            name,
+            amqp: serves.amqp,
+            http: serves.http,
+        })?;
+    }
+    for (key, value) in live.metadata {
+        put(Command::PutMeta { key, value })?;
+    }
+    let store = &journal.store;
+    for (queue, (first, end)) in live.streams {
+        let mut from = first;
+        let mut trim_written = false;
+        loop {
+            let batch = store
+                .read_stream(
+                    queue,
+                    from,
+                    SNAPSHOT_READ_COUNT_MAX,
+                    SNAPSHOT_READ_BYTES_MAX,
+                )
+                .unwrap_or_else(|e| {
+                    refuse_snapshot(&format!("stream {} could not be read: {e}", queue.0))
+                });
+            let batch: Vec<(u64, Bytes)> =
+                batch.into_iter().take_while(|(o, _)| *o < end).collect();
+            if !trim_written {
+                // The trim point first, so the copy keeps the same first
+                // offset (later if a trim since the capture moved it).
+                let below = batch.first().map_or(end, |(o, _)| *o).max(first);
+                put(Command::Trim {
+                    queue: queue.0,
+                    below,
+                })?;
+                trim_written = true;
+            }
+            let Some(&(last, _)) = batch.last() else {
+                break;
+            };
+            for (offset, payload) in batch {
+                put(Command::Append {
+                    queue: queue.0,
+                    offset,
+                    payload,
+                })?;
+            }
+            from = last + 1;
+            if from >= end {
+                break;
             }
         }
-        for (queue, msgs) in live.queues {
-            let bodies = blocking(|| journal.store.read_many(queue, &msgs));
-            for (msg, body) in msgs.into_iter().zip(bodies) {
+    }
+    for (queue, msgs) in live.queues {
+        let mut at = 0;
+        let mut step = SNAPSHOT_READ_COUNT_MAX;
+        while at < msgs.len() {
+            let ids = &msgs[at..(at + step).min(msgs.len())];
+            let bodies = store.read_many(queue, ids);
+            let mut bytes = 0usize;
+            for (msg, body) in ids.iter().zip(bodies) {
                 match body {
-                    Ok(payload) => put(Command::Publish {
-                        msg: msg.0,
-                        queues: vec![queue.0],
-                        payload,
-                    }),
+                    Ok(payload) => {
+                        bytes += payload.len();
+                        put(Command::Publish {
+                            msg: msg.0,
+                            queues: vec![queue.0],
+                            payload,
+                        })?;
+                    }
+                    // Removed since the capture: its removal follows the
+                    // snapshot in the log.
+                    Err(StoreError::NotFound { .. }) => {}
                     Err(e) => refuse_snapshot(&format!(
                         "message {} of queue {} could not be read: {e}",
                         msg.0, queue.0
                     )),
                 }
             }
+            at += ids.len();
+            // As many bodies per read as fit the byte bound, judged by
+            // the last read's sizes.
+            let mean = bytes / ids.len().max(1);
+            step = (SNAPSHOT_READ_BYTES_MAX / mean.max(1)).clamp(1, SNAPSHOT_READ_COUNT_MAX);
         }
-        out
+    }
+    Ok(())
+}
+
+/// Reads a snapshot's commands one at a time.
+struct Commands<'a> {
+    from: Box<dyn Read + 'a>,
+}
+
+impl Commands<'_> {
+    fn next(&mut self) -> Result<Option<Command>, String> {
+        let mut len = [0u8; 4];
+        match self.from.read_exact(&mut len) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(e) => return Err(format!("the snapshot could not be read: {e}")),
+        }
+        let n = u32::from_le_bytes(len) as usize;
+        if n > SNAPSHOT_COMMAND_BYTES_MAX {
+            return Err(format!(
+                "a snapshot command of {n} bytes is claimed (damage)"
+            ));
+        }
+        let mut bytes = vec![0u8; n];
+        self.from
+            .read_exact(&mut bytes)
+            .map_err(|e| format!("a command of {n} bytes is cut short: {e}"))?;
+        Command::decode(&Bytes::from(bytes)).map(Some)
+    }
+}
+
+impl Replica {
+    fn commands<'a>(snapshot: &'a dyn SnapshotSource) -> Result<Commands<'a>, String> {
+        snapshot
+            .open()
+            .map(|from| Commands { from })
+            .map_err(|e| format!("the snapshot could not be opened: {e}"))
     }
 
-    fn start_empty(&self) {
-        self.restore(&[]);
-    }
-
-    fn restore(&self, snapshot: &[u8]) {
-        let commands = match split(&Bytes::copy_from_slice(snapshot)) {
-            Ok(c) => c,
-            Err(e) => {
-                self.fail(format!("the snapshot does not decode: {e}"));
-                return;
-            }
-        };
+    /// Makes the store equal to the snapshot in two passes over it: the
+    /// first lists what it holds (keys and ids, never bodies), the store's
+    /// extra state is then removed, and the second writes what the store
+    /// lacks. Memory: the metadata and the message ids, not the bodies.
+    fn restore_from(&self, snapshot: &dyn SnapshotSource) -> Result<(), String> {
         let mut meta: BTreeMap<Bytes, Bytes> = BTreeMap::new();
-        let mut queues: BTreeMap<QueueId, BTreeMap<MsgId, Bytes>> = BTreeMap::new();
-        let mut streams: BTreeMap<QueueId, (u64, Vec<(u64, Bytes)>)> = BTreeMap::new();
-        for c in commands {
+        let mut queues: BTreeMap<QueueId, BTreeSet<MsgId>> = BTreeMap::new();
+        let mut commands = Self::commands(snapshot)?;
+        while let Some(c) = commands.next()? {
             match c {
                 Command::PutMeta { key, value } => {
                     meta.insert(key, value);
                 }
                 Command::Publish {
-                    msg,
-                    queues: qs,
-                    payload,
+                    msg, queues: qs, ..
                 } => {
                     for q in qs {
-                        queues
-                            .entry(QueueId(q))
-                            .or_default()
-                            .insert(MsgId(msg), payload.clone());
+                        queues.entry(QueueId(q)).or_default().insert(MsgId(msg));
                     }
                 }
                 Command::Announce { name, amqp, http } => {
@@ -275,34 +368,18 @@ impl berth_cluster::Apply for Replica {
                 Command::Member { name } => {
                     self.announced.set_name(super::peers::raft_id(&name), name);
                 }
-                Command::Trim { queue, below } => {
-                    streams.entry(QueueId(queue)).or_default().0 = below;
-                }
-                Command::Append {
-                    queue,
-                    offset,
-                    payload,
-                } => streams
-                    .entry(QueueId(queue))
-                    .or_default()
-                    .1
-                    .push((offset, payload)),
-                other => self.fail(format!("a snapshot holds {other:?}")),
+                Command::Trim { .. } | Command::Append { .. } => {}
+                other => return Err(format!("a snapshot holds {other:?}")),
             }
         }
         // What this member applied before the snapshot may still be on
         // its way to the index: read the state only once it is there, or
         // those writes would land after the snapshot and outlive it.
-        if let Err(e) = self.flush() {
-            self.fail(format!(
-                "the store could not be flushed before a snapshot: {e}"
-            ));
-            return;
-        }
-        let Some(journal) = self.store() else {
-            self.fail("a snapshot came while the store was closed".into());
-            return;
-        };
+        self.flush()
+            .map_err(|e| format!("the store could not be flushed before a snapshot: {e}"))?;
+        let journal = self
+            .store()
+            .ok_or("a snapshot came while the store was closed")?;
         let store = &journal.store;
         let live = store.live_state();
         for key in live.metadata.keys().filter(|k| !meta.contains_key(*k)) {
@@ -313,6 +390,7 @@ impl berth_cluster::Apply for Replica {
                 store.put_meta(key.clone(), value.clone(), Some(self.watch(0)));
             }
         }
+        drop(meta);
         for queue in live.queues.keys().filter(|q| !queues.contains_key(*q)) {
             store.purge(*queue, Some(self.watch(0)));
         }
@@ -322,37 +400,72 @@ impl berth_cluster::Apply for Replica {
         for queue in live.streams.keys() {
             store.purge(*queue, Some(self.watch(0)));
         }
-        for (queue, (first, records)) in streams {
-            if first > 0 {
-                store.trim(queue, first, Some(self.watch(0)));
-            }
-            for (offset, payload) in records {
-                store.append(queue, offset, payload, Some(self.watch(0)));
-            }
-        }
-        for (queue, wanted) in &queues {
-            let held: BTreeSet<MsgId> = live
-                .queues
-                .get(queue)
-                .map(|m| m.iter().copied().collect())
-                .unwrap_or_default();
-            let extra: Vec<MsgId> = held
+        let mut held: BTreeMap<QueueId, BTreeSet<MsgId>> = BTreeMap::new();
+        for (queue, msgs) in live.queues {
+            let Some(wanted) = queues.get(&queue) else {
+                continue;
+            };
+            let extra: Vec<MsgId> = msgs
                 .iter()
-                .filter(|m| !wanted.contains_key(m))
+                .filter(|m| !wanted.contains(m))
                 .copied()
                 .collect();
             if !extra.is_empty() {
-                store.remove(*queue, &extra, Some(self.watch(0)));
+                store.remove(queue, &extra, Some(self.watch(0)));
             }
-            for (msg, payload) in wanted.iter().filter(|(m, _)| !held.contains(m)) {
-                store.publish(*msg, &[*queue], payload.clone(), Some(self.watch(0)));
+            held.insert(queue, msgs.into_iter().collect());
+        }
+        drop(queues);
+        // The second pass: what the store lacks, flushed every few MB so
+        // that the store's queue of writes stays bounded.
+        let mut unflushed = 0usize;
+        let mut commands = Self::commands(snapshot)?;
+        while let Some(c) = commands.next()? {
+            let bytes = match c {
+                Command::Publish {
+                    msg,
+                    queues: qs,
+                    payload,
+                } => {
+                    let lacking: Vec<QueueId> = qs
+                        .into_iter()
+                        .map(QueueId)
+                        .filter(|q| !held.get(q).is_some_and(|h| h.contains(&MsgId(msg))))
+                        .collect();
+                    if lacking.is_empty() {
+                        continue;
+                    }
+                    let n = payload.len();
+                    store.publish(MsgId(msg), &lacking, payload, Some(self.watch(0)));
+                    n
+                }
+                Command::Trim { queue, below } => {
+                    if below > 0 {
+                        store.trim(QueueId(queue), below, Some(self.watch(0)));
+                    }
+                    0
+                }
+                Command::Append {
+                    queue,
+                    offset,
+                    payload,
+                } => {
+                    let n = payload.len();
+                    store.append(QueueId(queue), offset, payload, Some(self.watch(0)));
+                    n
+                }
+                _ => 0,
+            };
+            unflushed += bytes;
+            if unflushed >= SNAPSHOT_RESTORE_UNFLUSHED_BYTES_MAX {
+                self.flush().map_err(|e| {
+                    format!("the store could not be flushed during a snapshot: {e}")
+                })?;
+                unflushed = 0;
             }
         }
-        if let Err(e) = self.flush() {
-            self.fail(format!(
-                "the store could not be flushed after a snapshot: {e}"
-            ));
-        }
+        self.flush()
+            .map_err(|e| format!("the store could not be flushed after a snapshot: {e}"))
     }
 }
 
@@ -362,23 +475,4 @@ impl berth_cluster::Apply for Replica {
 fn refuse_snapshot(why: &str) -> ! {
     tracing::error!("cannot build a complete snapshot: {why}; this member stops");
     std::process::exit(3)
-}
-
-/// The commands of a snapshot (`u32 LE length | command`, repeated).
-fn split(whole: &Bytes) -> Result<Vec<Command>, String> {
-    let mut bytes: &[u8] = whole;
-    let mut out = Vec::new();
-    while !bytes.is_empty() {
-        if bytes.len() < 4 {
-            return Err(format!("{} bytes where a length belongs", bytes.len()));
-        }
-        let n = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes")) as usize;
-        let rest = &bytes[4..];
-        if rest.len() < n {
-            return Err(format!("a command of {n} bytes in {}", rest.len()));
-        }
-        out.push(Command::decode(&whole.slice_ref(&rest[..n]))?);
-        bytes = &rest[n..];
-    }
-    Ok(out)
 }
