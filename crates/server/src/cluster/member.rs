@@ -153,7 +153,7 @@ impl Member {
             .build()
             .map_err(|e| startup(format!("cannot start the Raft runtime: {e}")))?;
         let app = Arc::clone(&replica) as Arc<dyn berth_cluster::Apply>;
-        let node = runtime
+        let started = runtime
             .spawn(async move {
                 let listener = TcpListener::from_std(listener)
                     .map_err(|e| startup(format!("cannot use the cluster listener: {e}")))?;
@@ -162,7 +162,17 @@ impl Member {
                     .map_err(|e| startup(format!("cannot start the cluster member: {e}")))
             })
             .await
-            .map_err(|e| startup(format!("the cluster member did not start: {e}")))??;
+            .map_err(|e| startup(format!("the cluster member did not start: {e}")))
+            .and_then(|r| r);
+        let node = match started {
+            Ok(node) => node,
+            Err(e) => {
+                // Dropping a runtime blocks, which a runtime worker (this
+                // code's caller) may not: that panic hid the real error.
+                runtime.shutdown_background();
+                return Err(e);
+            }
+        };
         tracing::info!(member = %name, cluster = %cluster_addr, "cluster member started");
         Ok(Self {
             view: Arc::new(ClusterView {

@@ -58,7 +58,13 @@ fn has_host_and_port(addr: &str) -> bool {
 pub fn parse_all(entries: &[String]) -> Result<Vec<Peer>, (String, String)> {
     let mut peers = Vec::new();
     let mut ids: BTreeMap<u64, String> = BTreeMap::new();
-    for e in entries {
+    // `a@h:1,b@h:2` in one value, as RabbitMQ's node lists are written,
+    // is the same list as one member per value.
+    for e in entries.iter().flat_map(|v| v.split(',')).map(str::trim) {
+        if e.is_empty() {
+            continue;
+        }
+        let e = &e.to_owned();
         let p = parse(e).map_err(|why| (e.clone(), why))?;
         if let Some(other) = ids.insert(raft_id(&p.name), p.name.clone()) {
             return Err((
@@ -84,6 +90,14 @@ mod tests {
         assert!(parse("a@nohost").unwrap_err().contains("HOST:PORT"));
         assert!(parse("a b@h:1").unwrap_err().contains("name"));
         let twice = parse_all(&["a@h:1".into(), "a@h:2".into()]).unwrap_err();
+        assert!(twice.1.contains("listed twice"), "{twice:?}");
+        // One comma-separated value is the same list (it read as one peer
+        // whose address was `h:1,b@h:2`, and the node was "not listed").
+        let one = parse_all(&["a@127.0.0.1:1, b@host.example:2,c@h:3".into()]).unwrap();
+        let names: Vec<&str> = one.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert_eq!(one[0].addr, "127.0.0.1:1");
+        let twice = parse_all(&["a@h:1,a@h:2".into()]).unwrap_err();
         assert!(twice.1.contains("listed twice"), "{twice:?}");
     }
 

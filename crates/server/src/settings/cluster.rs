@@ -31,7 +31,8 @@ pub(super) static CLUSTER: &[Setting] = &[
         value_name: "NAME@HOST:PORT",
         default_note: "",
         doc: "Every member, this one included: the static list a cluster forms from at \
-              its first start (the member with the smallest id initialises it).",
+              its first start (the member with the smallest id initialises it). Give one \
+              member per flag, or several comma-separated in one value.",
         slot: &list(field!(cluster.peers), Vec::new).check(|p| {
             peers::parse_all(p)
                 .map(|_| ())
