@@ -3,9 +3,12 @@
 # and black-box tests that start the real binary and drive it with real
 # client libraries (Rust lapin, Python pika, Node amqplib, Go amqp091-go,
 # Java amqp-client), the kill -9 loop (75 s), the cluster fault checker
-# (three berth processes, 120 s of faults) and a bounded fuzzing run of
-# every decoder (scripts/fuzz.sh). Installs what it needs (idempotent)
-# inside the work tree.
+# (three berth processes, 120 s of faults), a bounded fuzzing run of
+# every decoder (scripts/fuzz.sh) and the packaging suite (the container
+# image built with podman and tested black-box, the systemd unit, the
+# Kubernetes manifests, a cluster whose peers are DNS names:
+# tests/package/run.sh). Installs what it needs (idempotent) inside the
+# work tree.
 #
 #   scripts/test.sh            # everything
 #   SUITES="rust python" scripts/test.sh   # a subset
@@ -13,7 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 export BERTH_BIN="$root/target/release/berth"
-SUITES=${SUITES:-"lint rust python clients kill9 cluster fuzz"}
+SUITES=${SUITES:-"lint rust python clients kill9 cluster fuzz package"}
 
 passed=0
 failed=0
@@ -93,6 +96,7 @@ for s in $SUITES; do
     kill9) run_suite kill9 kill9 ;;
     cluster) run_suite cluster cluster ;;
     fuzz) run_suite fuzz scripts/fuzz.sh ;;
+    package) run_suite package tests/package/run.sh ;;
     *) echo "unknown suite $s"; failed=$((failed + 1)) ;;
   esac
 done

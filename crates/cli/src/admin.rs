@@ -155,6 +155,27 @@ impl ApiArgs {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Value, String> {
+        let timeout = Duration::from_millis(HTTP_TIMEOUT_MS);
+        let (status, value) = self.request(method, path, body, timeout)?;
+        if (200..300).contains(&status) {
+            return Ok(value);
+        }
+        let reason = value
+            .get("reason")
+            .and_then(Value::as_str)
+            .map_or_else(|| value.to_string(), str::to_owned);
+        Err(format!("{method} {path}: HTTP {status}: {reason}"))
+    }
+
+    /// One request, bounded by `timeout`; returns the HTTP status and the
+    /// JSON answer (Null for none), whatever the status.
+    pub(crate) fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        timeout: Duration,
+    ) -> Result<(u16, Value), String> {
         let (tls, rest) = if let Some(rest) = self.url.strip_prefix("https://") {
             (true, rest)
         } else if let Some(rest) = self.url.strip_prefix("http://") {
@@ -169,7 +190,6 @@ impl ApiArgs {
             Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
             None => (rest, ""),
         };
-        let timeout = Duration::from_millis(HTTP_TIMEOUT_MS);
         let addr = host_port
             .to_socket_addrs()
             .map_err(|e| format!("cannot resolve {host_port}: {e}"))?
@@ -213,14 +233,7 @@ impl ApiArgs {
         } else {
             serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_owned()))
         };
-        if (200..300).contains(&status) {
-            return Ok(value);
-        }
-        let reason = value
-            .get("reason")
-            .and_then(Value::as_str)
-            .map_or_else(|| value.to_string(), str::to_owned);
-        Err(format!("{method} {path}: HTTP {status}: {reason}"))
+        Ok((status, value))
     }
 }
 

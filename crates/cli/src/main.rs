@@ -14,10 +14,12 @@ mod cluster_cmd;
 mod compact_cmd;
 mod events_cmd;
 mod exit;
+mod health_cmd;
 mod heap_trim;
 mod https_client;
 mod log_filter;
 mod malloc_tune;
+mod sd_notify;
 mod serve_args;
 mod status;
 mod store_cmd;
@@ -72,6 +74,10 @@ enum Command {
     /// A cluster's members and leader; add or remove a member (through the
     /// leader's HTTP API; see docs/CLUSTERING.md).
     Cluster(cluster_cmd::ClusterArgs),
+    /// Exit 0 if the broker answers as a single node, a cluster's leader
+    /// or a follower (`--ready`: a follower must know a leader); for
+    /// container health checks and Kubernetes probes (packaging/).
+    Health(health_cmd::HealthArgs),
 }
 
 #[derive(Subcommand)]
@@ -108,12 +114,25 @@ fn serve(args: ServeArgs) -> ExitCode {
         },
         None => Config::default(),
     };
+    // Variables override the file; flags override both (docs/CONFIG.md).
+    let unknown_vars = match berth_server::settings::env::apply(&mut config, std::env::vars_os()) {
+        Ok(unknown) => unknown,
+        Err(e) => {
+            eprintln!("berth: {e}");
+            return ExitCode::from(EXIT_UNREADABLE);
+        }
+    };
     args.apply(&mut config);
     // Before any thread starts (config parsing above is single-threaded).
     malloc_tune::fix_malloc_settings(config.cluster.node_id.is_some());
     if let Err(e) = init_logging(&config.log.log_level) {
         eprintln!("berth: {e}");
         return ExitCode::from(EXIT_UNREADABLE);
+    }
+    for var in unknown_vars {
+        tracing::warn!(
+            "ignored the environment variable {var}: it names no setting (see docs/CONFIG.md)"
+        );
     }
     heap_trim::spawn();
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -127,6 +146,9 @@ fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     rt.block_on(async move {
+        // Before the ready line: a SIGTERM right after it must stop the
+        // broker cleanly, not kill it by the default action.
+        let stop = StopSignals::install();
         let running = match berth_server::start(config).await {
             Ok(r) => r,
             Err(e) => {
@@ -135,26 +157,42 @@ fn serve(args: ServeArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        wait_for_signal().await;
+        sd_notify::notify("READY=1");
+        stop.wait().await;
+        sd_notify::notify("STOPPING=1");
         tracing::info!("shutting down");
         running.shutdown().await;
         ExitCode::SUCCESS
     })
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::warn!("cannot install signal handlers; stop berth with SIGKILL");
-        std::future::pending::<()>().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+/// SIGTERM and SIGINT, caught from before the broker starts.
+struct StopSignals(Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>);
+
+impl StopSignals {
+    fn install() -> Self {
+        use tokio::signal::unix::{signal, SignalKind};
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(term), Ok(int)) => Self(Some((term, int))),
+            _ => {
+                tracing::warn!("cannot install signal handlers; stop berth with SIGKILL");
+                Self(None)
+            }
+        }
+    }
+
+    async fn wait(self) {
+        let Some((mut term, mut int)) = self.0 else {
+            std::future::pending::<()>().await;
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
     }
 }
 
@@ -187,6 +225,7 @@ fn main() -> ExitCode {
         Command::Vhost(a) => admin_result(admin::vhost(&a)),
         Command::Permissions(a) => admin_result(admin::permissions(&a)),
         Command::Cluster(a) => admin_result(cluster_cmd::run(&a)),
+        Command::Health(a) => health_cmd::run(&a),
         Command::Bench(args) => match berth_bench::run(*args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -84,6 +84,7 @@ impl clap::Args for ServeArgs {
                 .long(CONFIG)
                 .value_name("FILE")
                 .value_parser(clap::value_parser!(PathBuf))
+                .env("BERTH_CONFIG")
                 .help("Read settings from this TOML file (optional; defaults are embedded)."),
         )
         .args(settings::all().map(flag))

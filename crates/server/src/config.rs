@@ -301,6 +301,12 @@ pub enum ConfigError {
         value: String,
         why: String,
     },
+    #[error("invalid environment variable {var}={value:?}: {why}")]
+    Env {
+        var: String,
+        value: String,
+        why: String,
+    },
 }
 
 impl Limits {

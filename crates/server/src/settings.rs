@@ -2,7 +2,8 @@
 //! its type and where it lives in [`Config`], its default with the unit,
 //! its check and one line of doc. The embedded defaults
 //! ([`Config::default`]), the reading of `berth.toml`
-//! ([`Config::from_toml`]), the checks ([`Config::validate`]), the flags of
+//! ([`Config::from_toml`]), the `BERTH_*` environment variables
+//! ([`env::apply`]), the checks ([`Config::validate`]), the flags of
 //! `berth serve` (built by the cli from [`all`]) and the settings part of
 //! docs/CONFIG.md (rendered by [`docs::markdown`]) all come from it: adding
 //! a setting is one entry here and the code that uses its field.
@@ -25,6 +26,7 @@
 
 mod cluster;
 mod docs;
+pub mod env;
 mod file;
 mod limits;
 mod net;
