@@ -71,7 +71,10 @@ cluster() {
   cargo test --release -p berth-cli --test cluster_faults -- --ignored --nocapture &&
     # A backlog larger than a frame (~500 MB of confirmed messages): every
     # member killed and restarted in turn, then the leader (~30 s).
-    cargo test --release -p berth-cli --test cluster_backlog -- --ignored --nocapture
+    cargo test --release -p berth-cli --test cluster_backlog -- --ignored --nocapture &&
+    # A wiped member beside a lagging one: refused, no leader without
+    # the confirmed messages; then removed and added again (~20 s).
+    cargo test --release -p berth-cli --test cluster_rejoin -- --ignored --nocapture
 }
 
 rust() {

@@ -21,6 +21,7 @@
 
 mod batch;
 mod error;
+pub mod identity;
 pub mod limits;
 pub mod log_file;
 mod log_frame;

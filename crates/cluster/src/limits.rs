@@ -100,3 +100,7 @@ pub const LEADER_PROBE_TIMEOUT_MS: u64 = 200;
 pub const LEADER_DEATH_RETRY_MS: u64 = 100;
 /// …at most this many times; then the election timeout takes over.
 pub const ELECTION_RETRIES: u64 = 2;
+
+/// How often a member tries to meet the members whose member id it has
+/// not learned yet (then once a second, to notice departures).
+pub const MEET_RETRY_MS: u64 = 100;

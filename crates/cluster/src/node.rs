@@ -28,10 +28,11 @@ use tokio::task::JoinHandle;
 
 use crate::batch;
 use crate::error::ClusterError;
+use crate::identity::Identity;
 use crate::limits::{
     APPEND_ENTRIES_MAX, DISK_WATCH_INTERVAL, ENTRIES_KEPT_BEHIND_SNAPSHOT, ENTRY_BYTES_MAX,
-    LOG_SEGMENT_BYTES, PEER_FRAME_BYTES_MAX, PROPOSALS_PER_ENTRY_MAX, PROPOSALS_QUEUED_MAX,
-    SECRET_BYTES_MIN, SNAPSHOT_AFTER_LOG_BYTES, SNAPSHOT_AFTER_LOG_BYTES_MAX,
+    LOG_SEGMENT_BYTES, MEET_RETRY_MS, PEER_FRAME_BYTES_MAX, PROPOSALS_PER_ENTRY_MAX,
+    PROPOSALS_QUEUED_MAX, SECRET_BYTES_MIN, SNAPSHOT_AFTER_LOG_BYTES, SNAPSHOT_AFTER_LOG_BYTES_MAX,
     SNAPSHOT_CHECK_INTERVAL, SNAPSHOT_CHUNK_BYTES, SNAPSHOT_CHUNK_TIMEOUT_MS,
 };
 use crate::log_file::{self, Writer};
@@ -235,10 +236,12 @@ impl ClusterNode {
         .validate()
         .map_err(|e| ClusterError::Config(e.to_string()))?;
         let secret = Arc::new(config.secret);
+        let identity = Arc::new(Identity::open(&config.dir)?);
         let heard = Arc::new(Heard::default());
         let network = Network {
             node: config.id,
             secret: secret.clone(),
+            identity: identity.clone(),
             heard: heard.clone(),
             // Connections to peers leave from the address peers know this
             // node by, unless it listens on every address.
@@ -250,6 +253,7 @@ impl ClusterNode {
             tls: config.tls.clone(),
             frame_max: config.peer_frame_bytes_max,
         };
+        let network_for_meeting = network.clone();
         let raft = Raft::new(config.id, Arc::new(raft_config), network, log.clone(), sm)
             .await
             .map_err(|e| ClusterError::Engine(e.to_string()))?;
@@ -266,7 +270,7 @@ impl ClusterNode {
             tokio::spawn(transport::serve(
                 listener,
                 raft.clone(),
-                secret,
+                (secret, identity.clone()),
                 standing.clone(),
                 config.tls.clone(),
                 config.peer_frame_bytes_max,
@@ -283,6 +287,7 @@ impl ClusterNode {
                 config.dir.join(SNAPSHOT_FILE),
                 config.snapshot_after_bytes,
             )),
+            tokio::spawn(meet_members(raft.clone(), network_for_meeting, identity)),
             tokio::spawn(watch_disk(
                 raft.clone(),
                 writer.clone(),
@@ -647,6 +652,43 @@ async fn snapshot_by_size(raft: Raft, log: LogStore, snapshot_file: PathBuf, aft
             // Ignored by openraft while a snapshot is being built.
             if raft.trigger().snapshot().await.is_err() {
                 return; // the node has stopped
+            }
+        }
+    }
+}
+
+/// Meets every member once (a proven handshake, then the connection
+/// closes), so that each learns every other's member id within seconds
+/// of the cluster forming, not only those it happens to call (followers
+/// never call each other until an election): a member wiped later is then
+/// known by all as replaced. Forgets the ids of nodes that left the
+/// membership, so that one removed and added again is met afresh.
+async fn meet_members(raft: Raft, mut network: Network, identity: Arc<Identity>) {
+    use openraft::RaftNetworkFactory;
+    let mut all_met = false;
+    loop {
+        // Often while someone is still to be met, then once a second.
+        let pause = if all_met { 1_000 } else { MEET_RETRY_MS };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        let (me, members): (NodeId, BTreeMap<NodeId, BasicNode>) = {
+            let m = raft.metrics();
+            let m = m.borrow();
+            if m.membership_config.log_id().is_none() {
+                continue; // not formed yet: nobody to meet, nobody has left
+            }
+            let nodes = m.membership_config.membership().nodes();
+            (m.id, nodes.map(|(id, n)| (*id, n.clone())).collect())
+        };
+        identity.forget_all_but(&members.keys().copied().collect());
+        all_met = true;
+        for (id, node) in members {
+            if id == me || identity.knows(id) {
+                continue;
+            }
+            let peer = network.new_client(id, &node).await;
+            if let Err(e) = peer.meet().await {
+                all_met = false;
+                tracing::debug!(peer = id, error = %e, "could not meet a member yet");
             }
         }
     }

@@ -41,7 +41,7 @@ pub(crate) use server::serve;
 
 /// Version of the frames below; a peer speaking another version is refused
 /// at the handshake with both versions named.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 #[derive(Serialize, Deserialize)]
 pub(crate) enum Request {

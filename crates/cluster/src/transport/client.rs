@@ -19,15 +19,18 @@ use openraft::raft::{
 use openraft::BasicNode;
 
 use super::{framed, handshake, Conn, Request, Response};
+use crate::identity::Identity;
 use crate::limits::APPEND_BYTES_TARGET;
 use crate::types::{NodeId, TypeConfig};
 
 type RpcError<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, RaftError<NodeId, E>>;
 
 /// Makes a [`Peer`] for each member openraft replicates to.
+#[derive(Clone)]
 pub(crate) struct Network {
     pub(crate) node: NodeId,
     pub(crate) secret: Arc<Vec<u8>>,
+    pub(crate) identity: Arc<Identity>,
     pub(crate) heard: Arc<Heard>,
     /// The address outgoing connections leave from (see `dial`).
     pub(crate) source: Option<std::net::IpAddr>,
@@ -108,6 +111,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             target,
             addr: node.addr.clone(),
             secret: self.secret.clone(),
+            identity: self.identity.clone(),
             heard: self.heard.clone(),
             source: self.source,
             tls: self.tls.clone(),
@@ -122,6 +126,7 @@ pub(crate) struct Peer {
     target: NodeId,
     addr: String,
     secret: Arc<Vec<u8>>,
+    identity: Arc<Identity>,
     heard: Arc<Heard>,
     source: Option<std::net::IpAddr>,
     tls: Option<super::PeerTls>,
@@ -138,6 +143,15 @@ enum CallError {
 }
 
 impl Peer {
+    /// Connects and proves both sides (learning the peer's member id if
+    /// it is new), then lets the connection go.
+    pub(crate) async fn meet(mut self) -> io::Result<()> {
+        match self.connected().await {
+            Ok(_) => Ok(()),
+            Err(CallError::Unreachable(e) | CallError::Network(e)) => Err(e),
+        }
+    }
+
     async fn connected(&mut self) -> Result<&mut Conn, CallError> {
         if self.conn.is_none() {
             let stream = super::dial(&self.addr, self.source)
@@ -154,9 +168,14 @@ impl Peer {
                 None => super::plain(stream),
             };
             let mut conn = framed(stream);
-            handshake::connect(&mut conn, &self.secret, self.node)
-                .await
-                .map_err(|e| CallError::Unreachable(context("cluster handshake failed", e)))?;
+            handshake::connect(
+                &mut conn,
+                &self.secret,
+                (self.node, self.target),
+                &self.identity,
+            )
+            .await
+            .map_err(|e| CallError::Unreachable(context("cluster handshake failed", e)))?;
             super::authenticated(&mut conn, self.frame_max);
             self.conn = Some(conn);
         }

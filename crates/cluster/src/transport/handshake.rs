@@ -3,11 +3,17 @@
 //! HMAC-SHA256 keyed by the cluster secret, so a stranger can neither join
 //! nor impersonate a node, and the secret never crosses the wire.
 //!
+//! Each side also names itself (node id and member id, see `identity`)
+//! inside its proof, and each checks the other's member id against the
+//! one it met before: a member whose data directory was replaced is
+//! refused under its old name.
+//!
 //! ```text
 //! server → client  Hello  { version, server_challenge }
-//! client → server  Answer { version, node, client_challenge,
-//!                           proof = HMAC(secret, "client" ‖ server_challenge ‖ client_challenge) }
-//! server → client  Verdict::Accepted { proof = HMAC(secret, "server" ‖ client_challenge ‖ server_challenge) }
+//! client → server  Answer { version, node, member, client_challenge,
+//!                           proof = HMAC(secret, "client" ‖ server_challenge ‖ client_challenge ‖ node ‖ member) }
+//! server → client  Verdict::Accepted { node, member,
+//!                           proof = HMAC(secret, "server" ‖ client_challenge ‖ server_challenge ‖ node ‖ member) }
 //!                | Verdict::Refused { reason }
 //! ```
 
@@ -22,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
 use super::{Conn, PROTOCOL_VERSION};
+use crate::identity::{Identity, MemberId};
 use crate::limits::{CHALLENGE_BYTES, HANDSHAKE_TIMEOUT_MS};
 use crate::types::NodeId;
 
@@ -37,22 +44,37 @@ struct Hello {
 struct Answer {
     version: u32,
     node: NodeId,
+    member: MemberId,
     challenge: Challenge,
     proof: Vec<u8>,
 }
 
 #[derive(Serialize, Deserialize)]
 enum Verdict {
-    Accepted { proof: Vec<u8> },
-    Refused { reason: String },
+    Accepted {
+        node: NodeId,
+        member: MemberId,
+        proof: Vec<u8>,
+    },
+    Refused {
+        reason: String,
+    },
 }
 
-fn proof(secret: &[u8], role: &[u8], first: &Challenge, second: &Challenge) -> Hmac<Sha256> {
+fn proof(
+    secret: &[u8],
+    role: &[u8],
+    (first, second): (&Challenge, &Challenge),
+    node: NodeId,
+    member: MemberId,
+) -> Hmac<Sha256> {
     let mut mac =
         <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes a key of any length");
     mac.update(role);
     mac.update(first);
     mac.update(second);
+    mac.update(&node.to_le_bytes());
+    mac.update(&member.to_le_bytes());
     mac
 }
 
@@ -90,8 +112,13 @@ fn timeout() -> Duration {
     Duration::from_millis(HANDSHAKE_TIMEOUT_MS)
 }
 
-/// The accepting side. Returns the proven peer's node id.
-pub(crate) async fn accept(conn: &mut Conn, secret: &[u8]) -> io::Result<NodeId> {
+/// The accepting side, as node `node`. Returns the proven peer's node id.
+pub(crate) async fn accept(
+    conn: &mut Conn,
+    secret: &[u8],
+    node: NodeId,
+    identity: &Identity,
+) -> io::Result<NodeId> {
     tokio::time::timeout(timeout(), async {
         let ours = challenge();
         send(conn, &Hello { version: PROTOCOL_VERSION, challenge: ours }).await?;
@@ -101,21 +128,33 @@ pub(crate) async fn accept(conn: &mut Conn, secret: &[u8]) -> io::Result<NodeId>
             send(conn, &Verdict::Refused { reason: reason.clone() }).await?;
             return Err(refused(reason));
         }
-        if proof(secret, b"client", &ours, &answer.challenge).verify_slice(&answer.proof).is_err() {
+        let claimed = proof(secret, b"client", (&ours, &answer.challenge), answer.node, answer.member);
+        if claimed.verify_slice(&answer.proof).is_err() {
             let reason = "wrong cluster secret: every node needs the same cluster.secret_file contents".to_string();
             send(conn, &Verdict::Refused { reason: reason.clone() }).await?;
             return Err(refused(format!("node {} proved no knowledge of the secret ({reason})", answer.node)));
         }
-        let ours_proof = proof(secret, b"server", &answer.challenge, &ours).finalize().into_bytes().to_vec();
-        send(conn, &Verdict::Accepted { proof: ours_proof }).await?;
+        if let Err(reason) = identity.check(answer.node, answer.member) {
+            send(conn, &Verdict::Refused { reason: reason.clone() }).await?;
+            return Err(refused(reason));
+        }
+        let member = identity.own();
+        let ours_proof = proof(secret, b"server", (&answer.challenge, &ours), node, member).finalize().into_bytes().to_vec();
+        send(conn, &Verdict::Accepted { node, member, proof: ours_proof }).await?;
         Ok(answer.node)
     })
     .await
     .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "peer did not finish the handshake in time"))?
 }
 
-/// The connecting side: proves itself as `node` and checks the server.
-pub(crate) async fn connect(conn: &mut Conn, secret: &[u8], node: NodeId) -> io::Result<()> {
+/// The connecting side: proves itself as `node` and checks that the
+/// server is `target`, knows the secret, and is the member met before.
+pub(crate) async fn connect(
+    conn: &mut Conn,
+    secret: &[u8],
+    (node, target): (NodeId, NodeId),
+    identity: &Identity,
+) -> io::Result<()> {
     tokio::time::timeout(timeout(), async {
         let hello: Hello = recv(conn).await?;
         if hello.version != PROTOCOL_VERSION {
@@ -125,7 +164,8 @@ pub(crate) async fn connect(conn: &mut Conn, secret: &[u8], node: NodeId) -> io:
             )));
         }
         let ours = challenge();
-        let our_proof = proof(secret, b"client", &hello.challenge, &ours)
+        let member = identity.own();
+        let our_proof = proof(secret, b"client", (&hello.challenge, &ours), node, member)
             .finalize()
             .into_bytes()
             .to_vec();
@@ -134,6 +174,7 @@ pub(crate) async fn connect(conn: &mut Conn, secret: &[u8], node: NodeId) -> io:
             &Answer {
                 version: PROTOCOL_VERSION,
                 node,
+                member,
                 challenge: ours,
                 proof: our_proof,
             },
@@ -143,14 +184,24 @@ pub(crate) async fn connect(conn: &mut Conn, secret: &[u8], node: NodeId) -> io:
             Verdict::Refused { reason } => {
                 Err(refused(format!("the peer refused this node: {reason}")))
             }
-            Verdict::Accepted { proof: theirs } => {
-                proof(secret, b"server", &ours, &hello.challenge)
+            Verdict::Accepted {
+                node: theirs_node,
+                member: theirs_member,
+                proof: theirs,
+            } => {
+                proof(secret, b"server", (&ours, &hello.challenge), theirs_node, theirs_member)
                     .verify_slice(&theirs)
                     .map_err(|_| {
                         refused(
-                    "the peer does not know the cluster secret: it is not a member of this cluster",
-                )
-                    })
+                            "the peer does not know the cluster secret: it is not a member of this cluster",
+                        )
+                    })?;
+                if theirs_node != target {
+                    return Err(refused(format!(
+                        "the peer at this address is node {theirs_node}, not {target}: check cluster.peers"
+                    )));
+                }
+                identity.check(target, theirs_member).map_err(refused)
             }
         }
     })

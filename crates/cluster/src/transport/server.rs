@@ -11,6 +11,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpListener;
 
 use super::{framed, handshake, Conn, Request, Response};
+use crate::identity::Identity;
 use crate::limits::{
     ELECTION_RETRIES, HANDSHAKE_TIMEOUT_MS, LEADER_DEATH_RETRY_MS, LEADER_PROBE_AT_MS,
     LEADER_PROBE_TIMEOUT_MS,
@@ -25,11 +26,12 @@ use openraft::error::{Fatal, RaftError};
 pub(crate) async fn serve(
     listener: TcpListener,
     raft: Raft,
-    secret: Arc<Vec<u8>>,
+    (secret, identity): (Arc<Vec<u8>>, Arc<Identity>),
     standing: Arc<Standing>,
     tls: Option<super::PeerTls>,
     frame_max: usize,
 ) {
+    let node = raft.metrics().borrow().id;
     let mut connections = tokio::task::JoinSet::new();
     loop {
         while connections.try_join_next().is_some() {}
@@ -44,6 +46,7 @@ pub(crate) async fn serve(
         };
         let raft = raft.clone();
         let secret = secret.clone();
+        let identity = identity.clone();
         let standing = standing.clone();
         let tls = tls.clone();
         connections.spawn(async move {
@@ -65,7 +68,7 @@ pub(crate) async fn serve(
                 None => super::plain(stream),
             };
             let mut conn = framed(stream);
-            match handshake::accept(&mut conn, &secret).await {
+            match handshake::accept(&mut conn, &secret, node, &identity).await {
                 Ok(peer) => {
                     super::authenticated(&mut conn, frame_max);
                     serve_peer(conn, peer, &raft, &standing).await;
