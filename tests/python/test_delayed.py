@@ -130,6 +130,15 @@ def api(port, path):
     return json.loads(body) if path.startswith("/api") else body.decode()
 
 
+def api_post(port, path, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method="POST",
+                                 data=json.dumps(body).encode())
+    req.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
+    req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.status, json.loads(r.read())
+
+
 PENDING = 10_000
 
 
@@ -368,3 +377,25 @@ def test_a_waiting_retry_is_ready_at_once_after_a_restart_and_its_count_starts_a
             conn.close()
         finally:
             proc.stop()
+
+
+def test_an_http_publish_held_by_a_delayed_exchange_answers_routed_false(start_berth):
+    """Issue 48: the API answered `routed: true` for a message a delayed
+    exchange holds; it has reached no queue yet (the plugin answers false
+    too), so berth answers `routed: false, delayed: true`."""
+    b = start_berth("--http-listen", "127.0.0.1:0")
+    conn = b.connect()
+    ch = conn.channel()
+    x, q = unique("delayed"), unique("q")
+    declare_delayed(ch, x, "fanout")
+    ch.queue_declare(q)
+    ch.queue_bind(q, x)
+    conn.close()
+    path = f"/api/exchanges/%2F/{x}/publish"
+    msg = {"routing_key": "", "payload": "m", "payload_encoding": "string",
+           "properties": {"headers": {"x-delay": 60_000}}}
+    status, got = api_post(b.http_port, path, msg)
+    assert status == 200 and got.get("routed") is False and got.get("delayed") is True, (status, got)
+    msg["properties"] = {}
+    status, got = api_post(b.http_port, path, msg)
+    assert status == 200 and got.get("routed") is True, (status, got)

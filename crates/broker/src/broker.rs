@@ -247,4 +247,9 @@ impl Broker {
     pub fn next_timer(&self) -> Option<Instant> {
         self.timers.next_deadline()
     }
+
+    /// How many deadlines the timers hold and how many have fired.
+    pub fn timer_counts(&self) -> crate::timers::TimerCounts {
+        self.timers.counts()
+    }
 }

@@ -10,7 +10,12 @@
 //!   message of a durable delayed exchange keeps its body in memory only
 //!   until the journal reports it written, then only (due, id, length).
 //! - A stored message leaves the index exactly once: when it is taken to
-//!   be routed, or with the whole index when the exchange goes.
+//!   be routed, when its write failed (its publish was nacked, so it is
+//!   never routed), or with the whole index when the exchange goes.
+//! - A stored message is taken to be routed only once its write is known
+//!   to have succeeded: one due while its write is under way waits for it.
+//! - The exchange has one timer deadline at most (a slot of the timers):
+//!   ever shorter delays move it, never add to it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,6 +36,27 @@ pub const DELAYED_TYPE_ARG: &str = "x-delayed-type";
 /// Ids are unique, so two messages due at once keep publish order.
 pub type DueKey = (u64, u64);
 
+/// How a stored message's write ended, as its completion reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// Stored; `pages`: its body may leave memory (the journal reads
+    /// bodies back).
+    Stored { pages: bool },
+    /// Not stored: the publisher was nacked, so it is never routed.
+    Failed,
+}
+
+/// Where a resident message's write stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Write {
+    /// Not stored: held in memory only.
+    None,
+    /// Under way: not routed until it ends.
+    Pending,
+    /// Stored, body kept (the journal does not read bodies back).
+    Done,
+}
+
 /// A pending message.
 pub enum Held {
     /// The body is in memory: a message that is not stored (transient, or a
@@ -46,14 +72,13 @@ pub struct Delayed {
     /// delayed exchange), as a queue's are under the queue's.
     pub store_id: Option<u64>,
     pending: Mutex<Pending>,
-    /// Stored messages whose write completed, so their bodies may leave
-    /// memory: pushed by journal completions (which must be short),
-    /// applied by the next call on a broker thread.
-    written: Mutex<Vec<DueKey>>,
-    /// What the timers wake when a message is due (set once, when the
-    /// exchange is made; timers hold it weakly, so a deleted exchange's
-    /// deadlines lapse).
-    due: OnceLock<Arc<dyn TimerTarget>>,
+    /// Stored messages whose write ended: pushed by journal completions
+    /// (which must be short), applied by the next call on a broker thread.
+    written: Mutex<Vec<(DueKey, WriteOutcome)>>,
+    /// What the timers wake when a message is due, and the timers' slot
+    /// it is woken through (set once, when the exchange is made; timers
+    /// hold it weakly, so a deleted exchange's deadline lapses).
+    due: OnceLock<(Arc<dyn TimerTarget>, u64)>,
     /// Messages routed once due, since the broker started.
     routed: AtomicU64,
     /// The latest a message was routed after its due time, in ms.
@@ -64,10 +89,12 @@ pub struct Delayed {
 struct Pending {
     /// Every pending message, by due time: 16 bytes each in the B-tree.
     by_due: BTreeSet<DueKey>,
-    /// Those whose bodies are still in memory: (message, stored).
-    resident: HashMap<DueKey, (Arc<Message>, bool)>,
+    /// Those whose bodies are still in memory, and their write.
+    resident: HashMap<DueKey, (Arc<Message>, Write)>,
     /// Bodies held in memory, in bytes.
     resident_bytes: u64,
+    /// Messages held in memory only (not stored), for their bound.
+    memory_only: usize,
     /// The earliest due time a timer is set for, if any.
     timer_at_ms: Option<u64>,
 }
@@ -99,16 +126,16 @@ impl Delayed {
         }
     }
 
-    /// Sets what the timers wake (once).
-    pub fn set_due_target(&self, target: Arc<dyn TimerTarget>) {
-        if self.due.set(target).is_err() {
+    /// Sets what the timers wake, through which slot (once).
+    pub fn set_due_target(&self, target: Arc<dyn TimerTarget>, slot: u64) {
+        if self.due.set((target, slot)).is_err() {
             tracing::warn!("a delayed exchange's timer target was already set; keeping the first");
         }
     }
 
-    /// What the timers wake, for scheduling.
-    pub fn due_target(&self) -> Option<Weak<dyn TimerTarget>> {
-        self.due.get().map(Arc::downgrade)
+    /// What the timers wake and its slot, for scheduling.
+    pub fn due_target(&self) -> Option<(Weak<dyn TimerTarget>, u64)> {
+        self.due.get().map(|(t, slot)| (Arc::downgrade(t), *slot))
     }
 
     /// Holds a message until `key.0`. Returns the time a timer must be set
@@ -118,29 +145,52 @@ impl Delayed {
         let mut p = self.pending.lock();
         if let Held::Resident { msg, stored } = held {
             p.resident_bytes += msg.body_bytes();
-            p.resident.insert(key, (msg, stored));
+            let write = if stored { Write::Pending } else { Write::None };
+            p.memory_only += usize::from(!stored);
+            p.resident.insert(key, (msg, write));
         }
         p.by_due.insert(key);
         p.needs_timer(key.0)
     }
 
-    /// A stored message's write completed (called from the completion: it
-    /// only records the key).
-    pub fn note_written(&self, key: DueKey) {
-        self.written.lock().push(key);
+    /// A stored message's write ended (called from the completion: it
+    /// only records the outcome).
+    pub fn note_written(&self, key: DueKey, outcome: WriteOutcome) {
+        self.written.lock().push((key, outcome));
     }
 
-    /// Bodies of messages whose write completed leave memory.
+    /// Messages held in memory only, for their bound.
+    pub fn memory_only(&self) -> usize {
+        self.pending.lock().memory_only
+    }
+
+    /// Ended writes take effect: a stored body leaves memory (if the
+    /// journal reads it back), a failed one's message leaves the index.
     fn apply_written(&self) {
         let done = std::mem::take(&mut *self.written.lock());
         if done.is_empty() {
             return;
         }
         let mut p = self.pending.lock();
-        for key in done {
-            if p.resident.get(&key).is_some_and(|(_, stored)| *stored) {
-                let (msg, _) = p.resident.remove(&key).expect("found just above");
-                p.resident_bytes -= msg.body_bytes();
+        for (key, outcome) in done {
+            // Not pending: discarded meanwhile, or never stored.
+            let Some((_, write)) = p.resident.get_mut(&key) else {
+                continue;
+            };
+            if *write != Write::Pending {
+                continue;
+            }
+            match outcome {
+                WriteOutcome::Stored { pages: false } => *write = Write::Done,
+                WriteOutcome::Stored { pages: true } => {
+                    let (msg, _) = p.resident.remove(&key).expect("found just above");
+                    p.resident_bytes -= msg.body_bytes();
+                }
+                WriteOutcome::Failed => {
+                    let (msg, _) = p.resident.remove(&key).expect("found just above");
+                    p.resident_bytes -= msg.body_bytes();
+                    p.by_due.remove(&key);
+                }
             }
         }
         if p.resident.is_empty() {
@@ -155,15 +205,27 @@ impl Delayed {
         p.timer_at_ms = None;
         let mut out = Vec::new();
         while out.len() < max {
-            match p.by_due.first() {
-                Some(k) if k.0 <= now_ms => {}
+            let k = match p.by_due.first() {
+                Some(k) if k.0 <= now_ms => *k,
                 _ => break,
+            };
+            if p.resident
+                .get(&k)
+                .is_some_and(|(_, w)| *w == Write::Pending)
+            {
+                // Its write may yet fail (a nack): it waits for the outcome,
+                // and what is due after it with it (a write takes one fsync).
+                break;
             }
-            let k = p.by_due.pop_first().expect("peeked just above");
+            p.by_due.pop_first();
             let h = match p.resident.remove(&k) {
-                Some((msg, stored)) => {
+                Some((msg, write)) => {
                     p.resident_bytes -= msg.body_bytes();
-                    Held::Resident { msg, stored }
+                    p.memory_only -= usize::from(write == Write::None);
+                    Held::Resident {
+                        msg,
+                        stored: write != Write::None,
+                    }
                 }
                 None => Held::OnDisk,
             };
@@ -250,8 +312,8 @@ mod tests {
             },
         );
         assert_eq!(d.stats().resident_bytes, 8);
-        d.note_written((10, 1));
-        d.note_written((10, 2)); // not stored: stays
+        d.note_written((10, 1), WriteOutcome::Stored { pages: true });
+        d.note_written((10, 2), WriteOutcome::Stored { pages: true }); // not stored: stays
         assert_eq!(d.stats().resident_bytes, 4);
         let got = d.take_due(10, 10);
         assert!(matches!(got[0], ((10, 1), Held::OnDisk)));

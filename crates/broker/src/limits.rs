@@ -114,6 +114,13 @@ pub const BINDINGS_PER_EXCHANGE_MAX_DEFAULT: usize = 100_000;
 /// `consumer_max_per_channel`, unlimited there by default).
 pub const CONSUMERS_PER_CHANNEL_MAX_DEFAULT: usize = 4096;
 
+/// Default of `limits.delayed_in_memory_per_exchange_max`: messages one
+/// delayed exchange holds in memory only (transient ones, or any of a
+/// non-durable exchange). Their bytes count towards the memory watermark
+/// as every message's do; this bounds their number (~200 bytes each
+/// besides the body).
+pub const DELAYED_IN_MEMORY_PER_EXCHANGE_MAX_DEFAULT: usize = 1_000_000;
+
 /// How many of each thing a client can make the broker hold. The server
 /// sets them from `[limits]` (docs/CONFIG.md); going past one is refused
 /// with 406 PRECONDITION_FAILED, as RabbitMQ refuses its `max-queues` and
@@ -124,6 +131,7 @@ pub struct CountLimits {
     pub exchanges_max: usize,
     pub bindings_per_exchange_max: usize,
     pub consumers_per_channel_max: usize,
+    pub delayed_in_memory_per_exchange_max: usize,
 }
 
 impl Default for CountLimits {
@@ -133,6 +141,7 @@ impl Default for CountLimits {
             exchanges_max: EXCHANGES_MAX_DEFAULT,
             bindings_per_exchange_max: BINDINGS_PER_EXCHANGE_MAX_DEFAULT,
             consumers_per_channel_max: CONSUMERS_PER_CHANNEL_MAX_DEFAULT,
+            delayed_in_memory_per_exchange_max: DELAYED_IN_MEMORY_PER_EXCHANGE_MAX_DEFAULT,
         }
     }
 }
@@ -198,6 +207,7 @@ mod tests {
             exchanges_max: 3,
             bindings_per_exchange_max: 4,
             consumers_per_channel_max: 5,
+            delayed_in_memory_per_exchange_max: 6,
         };
         assert!(l.check_new_queue(1, "q", "/").is_ok());
         let e = l.check_new_queue(2, "q", "/").unwrap_err();

@@ -37,7 +37,7 @@ pub use crate::ready::QueuedMessage;
 use crate::ready::{Body, Deadline, Entry, Ready, StoredId};
 use crate::timers::{TimerTarget, Timers};
 use effects::Effects;
-pub use retry::{backoff_ms, delivery_limit, DELIVERY_COUNT_HEADER};
+pub use retry::{backoff_ms, delivery_limit, with_count, DELIVERY_COUNT_HEADER};
 pub use stream::{StoredEntry, OFFSET_HEADER};
 
 /// See [`view_reads`].
@@ -475,7 +475,12 @@ impl Queue {
             .pager
             .load(&mut s.ready, e, &self.queue_ref(), &self.env.dur, now)
         {
-            Loaded::Ready(m) => Some(m),
+            Loaded::Ready(mut m) => {
+                if self.args().delayed_retry.min_ms.is_some() {
+                    m.msg = retry::with_count(m.msg, m.returns);
+                }
+                Some(m)
+            }
             Loaded::Expired(m) => {
                 self.drop_message(m, Some(DeathReason::Expired), fx);
                 None

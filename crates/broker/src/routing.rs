@@ -47,6 +47,12 @@ impl PublishResult {
     pub fn unroutable(&self) -> bool {
         self.queues == 0 && !self.rejected && !self.delayed
     }
+
+    /// It reached a queue now (the HTTP publish's `routed`): one a delayed
+    /// exchange holds has not, yet, whatever comes of it when due.
+    pub fn routed_now(&self) -> bool {
+        self.queues > 0 || self.rejected
+    }
 }
 
 /// Looks exchanges and queues of one vhost up by name.

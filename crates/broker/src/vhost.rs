@@ -677,6 +677,7 @@ impl VHost {
     ) -> AmqpResult<PublishResult> {
         let start = self.check_publish_target(exchange)?;
         let routed = routing::resolve(self, start, msg, true);
+        self.check_delayed_room(&routed, msg)?;
         Ok(self.deliver_routed(routed, msg, now, Some(durable), origin))
     }
 

@@ -480,3 +480,158 @@ fn a_publish_stored_in_a_queue_and_held_by_a_delayed_exchange_is_confirmed_once(
     w.advance_ms(10);
     assert_eq!(w.take("later"), ["m"]);
 }
+
+/// Issue 48: each message published with a shorter delay than all before
+/// it used to push a timer entry, and every firing cleared the exchange's
+/// armed time and pushed another, so stale entries piled up and kept
+/// firing: timer work grew with the square of the messages. One live
+/// entry per delayed exchange keeps it linear.
+#[test]
+fn decreasing_delays_keep_one_timer_entry_and_fire_once_per_due_time() {
+    const N: u64 = 1_000;
+    let w = World::new();
+    w.declare_delayed("d", "fanout", false);
+    w.queue("q", "d", "", &FieldTable::default());
+    let base = w.broker.timer_counts();
+    for ms in (1..=N).rev() {
+        let delay = i64::try_from(ms).unwrap();
+        w.publish("d", &delayed("d", "", "m", Some(delay), false));
+    }
+    let mut peak = w.broker.timer_counts().entries;
+    let mut routed = 0;
+    for _ in 0..N {
+        w.advance_ms(1);
+        routed += w.take("q").len();
+        peak = peak.max(w.broker.timer_counts().entries);
+    }
+    let fired = w.broker.timer_counts().fired - base.fired;
+    assert_eq!(routed, usize::try_from(N).unwrap());
+    assert!(
+        peak <= base.entries + 1 && fired <= N,
+        "{N} messages due 1 ms apart: at most {} timer entries and {N} firings wanted, got {peak} entries and {fired} firings",
+        base.entries + 1
+    );
+}
+
+/// Issue 48: a delayed publish whose write failed was nacked, yet still
+/// routed when due; a nack means "not taken", so it must never arrive.
+#[test]
+fn a_delayed_publish_that_was_nacked_is_never_routed() {
+    let w = World::new();
+    w.declare_delayed("d", "direct", true);
+    w.queue("q", "d", "k", &FieldTable::default());
+    w.journal.fail_message_writes(true);
+    let (confirmed, _) = w.publish("d", &delayed("d", "k", "nacked", Some(100), true));
+    assert!(!confirmed, "the store write failed: nacked");
+    w.journal.fail_message_writes(false);
+    w.publish("d", &delayed("d", "k", "stored", Some(100), true));
+    w.advance_ms(100);
+    assert_eq!(w.take("q"), ["stored"], "a nacked publish is never routed");
+    let s = w.v.exchange("d").unwrap().delayed.as_ref().unwrap().stats();
+    assert_eq!(s.messages, 0, "nothing is left pending");
+}
+
+/// The `x-delay` header of a routed message, as its consumer sees it.
+fn delay_header(w: &World, queue: &str) -> Option<AMQPValue> {
+    let q = w.v.queue(1, queue).unwrap();
+    let (m, _) = q.get(true, w.clock.now())?;
+    m.msg.headers()?.inner().get("x-delay").cloned()
+}
+
+/// Issue 48 (the plugin's issue #52): once routed, a message's `x-delay`
+/// is negated, so a further delayed exchange on its way (or a delayed
+/// dead-letter exchange later) routes it at once instead of delaying it
+/// again; the consumer still sees that it was delayed, and by how much.
+#[test]
+fn a_routed_message_has_its_delay_negated_and_is_not_delayed_again() {
+    let w = World::new();
+    w.declare_delayed("first", "fanout", true);
+    w.declare_delayed("second", "fanout", true);
+    w.v.bind_exchange("second", "first", "", &FieldTable::default())
+        .unwrap();
+    w.queue("q", "second", "", &FieldTable::default());
+    w.publish("first", &delayed("first", "", "m", Some(100), true));
+    w.advance_ms(100);
+    let stats = |e: &str| w.v.exchange(e).unwrap().delayed.as_ref().unwrap().stats();
+    assert_eq!(
+        (stats("first").routed, stats("second").messages),
+        (1, 0),
+        "routed by the first delayed exchange, not held by the second"
+    );
+    assert_eq!(delay_header(&w, "q"), Some(AMQPValue::LongInt(-100)));
+}
+
+/// Issue 48: the plugin reads a string `x-delay` as an integer and a float
+/// one truncated; berth routed them at once.
+#[test]
+fn string_and_float_delays_delay_as_the_plugin_reads_them() {
+    let w = World::new();
+    w.declare_delayed("d", "fanout", false);
+    w.queue("q", "d", "", &FieldTable::default());
+    for (v, body) in [
+        (AMQPValue::LongString("100".into()), "string"),
+        (AMQPValue::Double(100.9), "double"),
+        (AMQPValue::Float(100.5), "float"),
+    ] {
+        let p = AMQPProperties::default().with_headers(table(&[("x-delay", v)]));
+        let m = Message::new(
+            "d".into(),
+            String::new(),
+            encode_properties(&p),
+            body.into(),
+        );
+        w.publish("d", &m.unwrap());
+    }
+    assert!(w.take("q").is_empty(), "all three held");
+    w.advance_ms(100);
+    assert_eq!(w.take("q"), ["string", "double", "float"]);
+}
+
+/// Issue 48: the plugin routes a delay above 2^32 − 1 ms (its timer's
+/// limit, ~49.7 days) at once; berth held it.
+#[test]
+fn a_delay_above_2_pow_32_minus_1_ms_is_routed_at_once() {
+    let w = World::new();
+    w.declare_delayed("d", "fanout", false);
+    w.queue("q", "d", "", &FieldTable::default());
+    let max = i64::from(u32::MAX);
+    w.publish("d", &delayed("d", "", "too long", Some(max + 1), false));
+    w.publish("d", &delayed("d", "", "longest", Some(max), false));
+    assert_eq!(w.take("q"), ["too long"]);
+    let s = w.v.exchange("d").unwrap().delayed.as_ref().unwrap().stats();
+    assert_eq!(s.messages, 1, "2^32 − 1 ms is still held");
+}
+
+/// Issue 48: messages a delayed exchange holds in memory only (transient,
+/// or of a non-durable exchange) had no bound; past
+/// `limits.delayed_in_memory_per_exchange_max` a publish is refused with
+/// an error that says what to do, and stored ones are not counted.
+#[test]
+fn messages_held_in_memory_only_are_bounded_with_a_clear_error() {
+    let w = World::new();
+    w.v.set_count_limits(berth_broker::limits::CountLimits {
+        delayed_in_memory_per_exchange_max: 2,
+        ..Default::default()
+    });
+    w.declare_delayed("d", "fanout", true);
+    w.queue("q", "d", "", &FieldTable::default());
+    let publish = |body: &str, persistent: bool| {
+        let m = delayed("d", "", body, Some(100), persistent);
+        w.v.publish("d", &m, w.clock.now(), &mut || Box::new(|_| {}))
+    };
+    publish("1", false).unwrap();
+    publish("2", false).unwrap();
+    let e = publish("3", false).err().expect("the third is refused");
+    assert_eq!(e.reply_code, 406, "{}", e.text);
+    for part in [
+        "delayed exchange 'd'",
+        "limits.delayed_in_memory_per_exchange_max",
+        "delivery_mode 2",
+    ] {
+        assert!(e.text.contains(part), "{part:?} not in {:?}", e.text);
+    }
+    publish("stored", true).expect("a stored one does not count");
+    w.advance_ms(100);
+    assert_eq!(w.take("q"), ["1", "2", "stored"]);
+    publish("room again", false).expect("routed ones leave room");
+}

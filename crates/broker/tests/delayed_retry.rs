@@ -280,3 +280,47 @@ fn a_policy_enables_delayed_retry() {
     );
     assert!(e.is_err(), "not an operator policy key");
 }
+
+/// Issue 48: on a queue with delayed retry the broker owns
+/// `x-delivery-count` (the number of returns); one a client put in its
+/// publish used to reach consumers as if the broker had counted it.
+#[test]
+fn a_client_supplied_delivery_count_is_stripped_where_delayed_retry_owns_it() {
+    let w = World::new();
+    let q = w.queue("q", &[("x-delayed-retry-min", int(10))]);
+    let plain = w.queue("plain", &[]);
+    for queue in ["q", "plain"] {
+        let p = AMQPProperties::default()
+            .with_delivery_mode(2)
+            .with_headers(table(&[("x-delivery-count", int(7)), ("app", int(1))]));
+        let m = Message::new(
+            String::new(),
+            queue.into(),
+            encode_properties(&p),
+            "m".into(),
+        );
+        w.v.publish("", &m.unwrap(), w.clock.now(), &mut || Box::new(|_| {}))
+            .unwrap();
+    }
+    let count = |m: &QueuedMessage| {
+        let h = m.msg.headers().unwrap();
+        assert_eq!(h.inner().get("app"), Some(&int(1)), "other headers kept");
+        h.inner().get("x-delivery-count").cloned()
+    };
+    let first = q.get(false, w.clock.now()).unwrap().0;
+    assert_eq!(
+        count(&first),
+        None,
+        "the client's count is not the broker's"
+    );
+    q.requeue(vec![first], w.clock.now(), None);
+    w.advance_ms(10);
+    let again = q.get(false, w.clock.now()).unwrap().0;
+    assert_eq!(count(&again), Some(int(1)), "the broker's count of returns");
+    let other = plain.get(false, w.clock.now()).unwrap().0;
+    assert_eq!(
+        count(&other),
+        Some(int(7)),
+        "without delayed retry: untouched"
+    );
+}

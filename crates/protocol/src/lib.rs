@@ -11,7 +11,9 @@ pub mod content;
 pub mod frame;
 
 pub use amq_protocol::protocol::{self as methods, basic::AMQPProperties, AMQPClass};
-pub use amq_protocol::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
+pub use amq_protocol::types::{
+    AMQPValue, DecimalValue, FieldArray, FieldTable, LongString, ShortString,
+};
 
 /// AMQP 0-9-1 reply codes used by berth, named as in the spec.
 pub mod reply {

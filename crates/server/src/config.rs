@@ -174,6 +174,9 @@ pub struct Limits {
     pub bindings_per_exchange_max: usize,
     /// Consumers per channel (RabbitMQ's `consumer_max_per_channel`).
     pub consumers_per_channel_max: usize,
+    /// Messages one delayed exchange holds in memory only (transient, or
+    /// of a non-durable exchange).
+    pub delayed_in_memory_per_exchange_max: usize,
     /// Free space on every data directory's filesystem below which
     /// publishers are blocked (RabbitMQ's `disk_free_limit`).
     pub disk_free_bytes_min: u64,
@@ -317,6 +320,7 @@ impl Limits {
             exchanges_max: self.exchanges_max,
             bindings_per_exchange_max: self.bindings_per_exchange_max,
             consumers_per_channel_max: self.consumers_per_channel_max,
+            delayed_in_memory_per_exchange_max: self.delayed_in_memory_per_exchange_max,
         }
     }
 

@@ -1,7 +1,7 @@
 //! Journals that keep nothing on disk: [`NoJournal`] (the broker without
 //! a store) and [`MemoryJournal`] (tests: what it holds is exactly what a
 //! perfect store would give back after a restart, and it can be told to
-//! fail metadata writes, as a store whose disk fails would).
+//! fail metadata or message writes, as a store whose disk fails would).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -62,6 +62,9 @@ pub struct MemoryJournal {
     /// While set, metadata writes fail (and change nothing), as with a
     /// store whose disk failed.
     pub fail_meta: AtomicBool,
+    /// While set, message writes fail (their completions get an error and
+    /// nothing is kept), as with a store whose disk failed.
+    pub fail_messages: AtomicBool,
     /// queue → (msg → payload), in publish order.
     pub messages: Mutex<BTreeMap<u64, BTreeMap<u64, Bytes>>>,
     /// Streams by queue.
@@ -70,6 +73,11 @@ pub struct MemoryJournal {
 
 impl Journal for MemoryJournal {
     fn publish(&self, msg: u64, queues: &[u64], payload: Bytes, done: Option<Done>) {
+        if self.fail_messages.load(Ordering::Relaxed) {
+            let why = "injected failure: the message write was not stored";
+            complete(done, Err(JournalError::new(why)));
+            return;
+        }
         let mut m = self.messages.lock();
         for q in queues {
             m.entry(*q).or_default().insert(msg, payload.clone());
@@ -192,6 +200,12 @@ impl MemoryJournal {
     /// again (`false`).
     pub fn fail_meta_writes(&self, fail: bool) {
         self.fail_meta.store(fail, Ordering::Relaxed);
+    }
+
+    /// Makes every message write fail from now on (`true`) or succeed
+    /// again (`false`).
+    pub fn fail_message_writes(&self, fail: bool) {
+        self.fail_messages.store(fail, Ordering::Relaxed);
     }
 
     fn check_meta_write(&self) -> Result<(), JournalError> {

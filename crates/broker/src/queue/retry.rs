@@ -11,14 +11,19 @@
 //!   (ordered by (due, seq)); each goes back to its place in publish order.
 //! - The backoff depends only on the arguments and the count of returns,
 //!   read against the broker's clock (so tests drive it by hand).
+//! - Where delayed retry is on, the broker owns `x-delivery-count`: a
+//!   delivered message carries its count of returns there, or none before
+//!   its first; a client's own value is never delivered.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use berth_protocol::AMQPValue;
+use berth_protocol::{AMQPValue, FieldTable};
 
 use crate::args::{QueueArgs, RetryArgs};
 use crate::limits::DELAYED_RETRY_DELIVERY_LIMIT_DEFAULT;
+use crate::message::Message;
 use crate::ready::{Body, Entry};
 
 /// The header counting a message's returns, as RabbitMQ 4 sets it.
@@ -49,6 +54,40 @@ pub fn delivery_limit(args: &QueueArgs) -> Option<u64> {
         .delayed_retry
         .min_ms
         .map(|_| DELAYED_RETRY_DELIVERY_LIMIT_DEFAULT))
+}
+
+/// `msg` as a queue with delayed retry delivers it after `returns`
+/// returns: `x-delivery-count` = `returns`, absent before the first (a
+/// client's own value is dropped). Costs a scan of the properties' bytes
+/// when there is nothing to change, the common case.
+pub fn with_count(msg: Arc<Message>, returns: u32) -> Arc<Message> {
+    let name = DELIVERY_COUNT_HEADER.as_bytes();
+    let named = msg.properties.windows(name.len()).any(|w| w == name);
+    if returns == 0 && !named {
+        return msg;
+    }
+    let want = (returns > 0).then(|| AMQPValue::LongLongInt(i64::from(returns)));
+    let have = msg
+        .headers()
+        .and_then(|h| h.inner().get(DELIVERY_COUNT_HEADER).cloned());
+    if have == want {
+        return msg;
+    }
+    let counted = msg.rewritten(msg.exchange.clone(), msg.routing_key.clone(), |p| {
+        let mut h = p.headers().clone().unwrap_or_default().inner().clone();
+        match want {
+            Some(v) => h.insert(DELIVERY_COUNT_HEADER.into(), v),
+            None => h.remove(DELIVERY_COUNT_HEADER),
+        };
+        *p = p.clone().with_headers(FieldTable::from(h));
+    });
+    match counted {
+        Ok(m) => m,
+        Err(why) => {
+            tracing::warn!(error = %why.text, "x-delivery-count not set");
+            msg
+        }
+    }
 }
 
 /// Messages waiting for their retry, by (due, seq).
@@ -155,5 +194,38 @@ mod tests {
         assert_eq!(delivery_limit(&a), Some(20));
         a.delivery_limit = Some(3);
         assert_eq!(delivery_limit(&a), Some(3));
+    }
+
+    #[test]
+    fn the_delivery_count_is_the_brokers_own() {
+        let make = |headers: Option<FieldTable>| {
+            let mut p = berth_protocol::AMQPProperties::default();
+            if let Some(h) = headers {
+                p = p.with_headers(h);
+            }
+            let raw = berth_protocol::codec::encode_properties(&p);
+            Message::new(String::new(), "q".into(), raw, "b".into()).unwrap()
+        };
+        let count = |m: &Message| {
+            m.headers()
+                .and_then(|h| h.inner().get(DELIVERY_COUNT_HEADER).cloned())
+        };
+        let plain = make(None);
+        assert!(
+            Arc::ptr_eq(&with_count(Arc::clone(&plain), 0), &plain),
+            "nothing to do"
+        );
+        assert_eq!(
+            count(&with_count(plain, 2)),
+            Some(AMQPValue::LongLongInt(2))
+        );
+        let mut h = FieldTable::default();
+        h.insert(DELIVERY_COUNT_HEADER.into(), AMQPValue::LongInt(9));
+        let claimed = make(Some(h));
+        assert_eq!(count(&with_count(Arc::clone(&claimed), 0)), None);
+        assert_eq!(
+            count(&with_count(claimed, 1)),
+            Some(AMQPValue::LongLongInt(1))
+        );
     }
 }

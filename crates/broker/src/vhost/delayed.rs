@@ -13,14 +13,22 @@
 //! - Due messages are taken earliest first and at most
 //!   [`DELAYED_ROUTED_PER_TURN_MAX`] per timer turn, so a burst coming due
 //!   never stalls the timer tick for other work.
+//! - A routed message has its `x-delay` negated (as the plugin does), so
+//!   no delayed exchange holds it again on its way or later.
+//! - A publish is never held in memory only past
+//!   `limits.delayed_in_memory_per_exchange_max` for its exchange.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use crate::delayed::{Delayed, DueKey, Held};
+use berth_protocol::reply::PRECONDITION_FAILED;
+
+use crate::delayed::{Delayed, DueKey, Held, WriteOutcome};
+use crate::delayed_args::negated;
 use crate::durable::{
     decode_delayed, encode_delayed, encode_message, split_done, Done, JournalError,
 };
+use crate::error::{AmqpError, AmqpResult};
 use crate::events::Origin;
 use crate::exchange::Exchange;
 use crate::limits::DELAYED_ROUTED_PER_TURN_MAX;
@@ -50,10 +58,11 @@ impl VHost {
     pub(crate) fn delayed_exchange(&self, e: Exchange, store_id: Option<u64>) -> Arc<Exchange> {
         let e = Arc::new(e.with_delayed(Delayed::new(store_id)));
         let d = e.delayed.as_ref().expect("just made delayed");
-        d.set_due_target(Arc::new(DueTimer {
+        let timer = Arc::new(DueTimer {
             vhost: self.me.clone(),
             exchange: Arc::downgrade(&e),
-        }));
+        });
+        d.set_due_target(timer, self.timers.new_slot());
         e
     }
 
@@ -63,13 +72,41 @@ impl VHost {
         self.clock.unix_time_us() / 1_000
     }
 
-    /// Sets a timer for `due_unix_ms`.
+    /// Sets the exchange's timer for `due_unix_ms` (its one deadline).
     fn schedule_due(&self, d: &Delayed, due_unix_ms: u64) {
-        let Some(target) = d.due_target() else {
+        let Some((target, slot)) = d.due_target() else {
             return;
         };
         let wait = Duration::from_millis(due_unix_ms.saturating_sub(self.now_unix_ms()));
-        self.timers.schedule(self.clock.now() + wait, target);
+        self.timers
+            .schedule_slot(slot, self.clock.now() + wait, target);
+    }
+
+    /// Refuses (406) a publish that a delayed exchange on its way would
+    /// hold in memory only when that exchange already holds
+    /// `limits.delayed_in_memory_per_exchange_max` such messages.
+    pub(crate) fn check_delayed_room(&self, routed: &Routed, msg: &Message) -> AmqpResult<()> {
+        for (e, _) in &routed.holds {
+            if let Some(why) = self.no_room_in_memory(e, msg) {
+                return Err(AmqpError::new(PRECONDITION_FAILED, why));
+            }
+        }
+        Ok(())
+    }
+
+    /// Why `ex` cannot hold `msg`: it would be held in memory only, and
+    /// the exchange holds as many such messages as it may.
+    fn no_room_in_memory(&self, ex: &Exchange, msg: &Message) -> Option<String> {
+        let d = ex.delayed.as_ref()?;
+        let stored = msg.persistent && d.store_id.is_some();
+        let max = self.count_limits().delayed_in_memory_per_exchange_max;
+        let held = d.memory_only();
+        (!stored && held >= max).then(|| {
+            format!(
+                "delayed exchange '{}' in vhost '{}' holds {held} messages in memory only, its limit (limits.delayed_in_memory_per_exchange_max); publish them persistent (delivery_mode 2) to a durable delayed exchange, which keeps them on disk, or raise the limit",
+                ex.name, self.name
+            )
+        })
     }
 
     /// Hands a routed message to the queues it reached and to the delayed
@@ -129,6 +166,12 @@ impl VHost {
     /// runs once it is (the publisher's confirm).
     fn hold_delayed(&self, ex: &Exchange, msg: &Arc<Message>, delay_ms: u64, done: Option<Done>) {
         let d = ex.delayed.as_ref().expect("called for delayed exchanges");
+        if let Some(why) = self.no_room_in_memory(ex, msg) {
+            // A publish was refused before this (check_delayed_room); a
+            // dead letter has no one to tell.
+            tracing::warn!(vhost = %self.name, exchange = %ex.name, reason = %why, "a delayed message was dropped");
+            return;
+        }
         let due = self.now_unix_ms().saturating_add(delay_ms);
         let key: DueKey = (due, self.dur.new_message_id());
         let resident = |stored| Held::Resident {
@@ -143,8 +186,12 @@ impl VHost {
                         let written = Arc::downgrade(d);
                         let pages = self.journal().pages();
                         let done: Done = Box::new(move |res: Result<(), JournalError>| {
-                            if let (true, true, Some(d)) = (res.is_ok(), pages, written.upgrade()) {
-                                d.note_written(key);
+                            if let Some(d) = written.upgrade() {
+                                let outcome = match res {
+                                    Ok(()) => WriteOutcome::Stored { pages },
+                                    Err(_) => WriteOutcome::Failed,
+                                };
+                                d.note_written(key, outcome);
                             }
                             if let Some(done) = done {
                                 done(res);
@@ -157,12 +204,12 @@ impl VHost {
                         timer
                     }
                     // Entrances refuse such names (`names.rs`); should one
-                    // get through, it is nacked and held in memory only.
+                    // get through, it is nacked, so it is not held either.
                     Err(e) => {
                         if let Some(done) = done {
                             done(Err(JournalError::new(e.to_string())));
                         }
-                        d.hold(key, resident(false))
+                        None
                     }
                 }
             }
@@ -207,8 +254,15 @@ impl VHost {
             },
         };
         let sid = d.store_id.filter(|_| stored);
-        // Not held again here; a further delayed exchange on the way holds
-        // it if it still asks for a delay (docs/DELAYED.md).
+        // Its `x-delay` negated, no delayed exchange holds it again: not
+        // one on its way now, nor a delayed dead-letter exchange later.
+        let msg = match negated(&msg) {
+            Ok(m) => m,
+            Err(why) => {
+                tracing::warn!(vhost = %self.name, exchange = %ex.name, error = %why.text, "x-delay not negated");
+                msg
+            }
+        };
         let routed = routing::resolve(self, Some(Arc::clone(ex)), &msg, false);
         let mut journaled = false;
         let mut removal = || -> Done {

@@ -1,6 +1,8 @@
 //! Messages through the API: `POST /api/queues/{vhost}/{name}/get`
 //! (`count`, `ackmode`, `encoding`, `truncate`) and
-//! `POST /api/exchanges/{vhost}/{name}/publish` (answers `routed`).
+//! `POST /api/exchanges/{vhost}/{name}/publish` (answers `routed`, and
+//! `delayed: true` when a delayed exchange holds the message: it has
+//! reached no queue yet, so `routed` is false, as with the plugin).
 //!
 //! Invariants:
 //! - A publish answers only once a persistent message routed to durable
@@ -251,7 +253,11 @@ pub(super) async fn publish(
             }
         }
     }
-    Json(json!({ "routed": !result.unroutable() })).into_response()
+    let mut answer = json!({ "routed": result.routed_now() });
+    if result.delayed {
+        answer["delayed"] = json!(true);
+    }
+    Json(answer).into_response()
 }
 
 enum AckMode {

@@ -157,6 +157,18 @@ pub(super) static LIMITS: &[Setting] = &[
             broker::CONSUMERS_PER_CHANNEL_MAX_DEFAULT
         }),
     },
+    Setting {
+        key: "limits.delayed_in_memory_per_exchange_max",
+        flag: "delayed-in-memory-per-exchange-max",
+        value_name: "N",
+        default_note: "",
+        doc: "messages one delayed exchange holds in memory only (transient ones, or any of a \
+              non-durable exchange; stored ones do not count); one more publish is refused \
+              with 406 PRECONDITION_FAILED (docs/DELAYED.md)",
+        slot: &one(field!(limits.delayed_in_memory_per_exchange_max), || {
+            broker::DELAYED_IN_MEMORY_PER_EXCHANGE_MAX_DEFAULT
+        }),
+    },
 ];
 
 pub(super) static AUTH: &[Setting] = &[
