@@ -259,7 +259,12 @@ impl ClusterNode {
             .map_err(|e| ClusterError::Engine(e.to_string()))?;
         let standing = Arc::new(Standing {
             fenced: AtomicBool::new(false),
-            probation: Probation::new(loaded.damaged_at.is_some()),
+            probation: Probation::open(&config.dir, loaded.damaged_at.is_some()).map_err(
+                |source| ClusterError::Io {
+                    path: config.dir.join(crate::probation::PROBATION_FILE),
+                    source,
+                },
+            )?,
         });
         if standing.probation.active() {
             raft.runtime_config().elect(false);

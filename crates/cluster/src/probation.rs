@@ -10,11 +10,22 @@
 //! - While on probation the node grants no vote and stands for no election.
 //! - Probation ends only when `last_applied >= leader_commit` for a
 //!   `leader_commit` received in an append from a leader.
+//! - Probation is on disk (`raft.probation`, made durable before the node
+//!   starts): a restart during the catch-up keeps it, although the log it
+//!   finds then (cut at the damage) looks whole. The file goes only once
+//!   probation ends.
 
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+pub const PROBATION_FILE: &str = "raft.probation";
 
 #[derive(Default)]
 pub(crate) struct Probation {
+    /// `raft.probation` (`None` in tests that keep it in memory).
+    file: Option<PathBuf>,
     active: AtomicBool,
     /// The highest commit index a leader has told this node of; `0` = none
     /// yet (Raft indexes of committed entries start at 0, so the value is
@@ -23,11 +34,35 @@ pub(crate) struct Probation {
 }
 
 impl Probation {
+    #[cfg(test)]
     pub(crate) fn new(active: bool) -> Self {
         Self {
+            file: None,
             active: AtomicBool::new(active),
             leader_commit_plus_one: AtomicU64::new(0),
         }
+    }
+
+    /// Probation for the node of `dir`: on if its log was found damaged
+    /// now (`damaged`, then recorded durably) or an earlier start left it
+    /// on.
+    pub(crate) fn open(dir: &Path, damaged: bool) -> io::Result<Self> {
+        let file = dir.join(PROBATION_FILE);
+        let left_on = file.exists();
+        if damaged && !left_on {
+            File::create(&file)?.sync_all()?;
+            File::open(dir)?.sync_all()?;
+        }
+        if left_on && !damaged {
+            tracing::warn!(file = %file.display(),
+                "still on probation from an earlier start (its log had been damaged): \
+                 no vote until caught up with a leader");
+        }
+        Ok(Self {
+            file: Some(file),
+            active: AtomicBool::new(damaged || left_on),
+            leader_commit_plus_one: AtomicU64::new(0),
+        })
     }
 
     pub(crate) fn active(&self) -> bool {
@@ -50,7 +85,23 @@ impl Probation {
         }
         let seen = self.leader_commit_plus_one.load(Ordering::Acquire);
         let caught_up = seen > 0 && last_applied.is_some_and(|a| a + 1 >= seen);
-        caught_up && self.active.swap(false, Ordering::AcqRel)
+        if !caught_up {
+            return false;
+        }
+        // Off disk first: were the file left, a restart would only delay
+        // the vote; were the flag cleared first and the removal failed, a
+        // restart would bring probation back, which is safe too.
+        if let Some(file) = &self.file {
+            match fs::remove_file(file) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(file = %file.display(), error = %e,
+                        "probation ends, but its file could not be removed: it comes back at the next start");
+                }
+            }
+        }
+        self.active.swap(false, Ordering::AcqRel)
     }
 }
 
@@ -68,5 +119,18 @@ mod tests {
         assert!(p.end_if_caught_up(Some(20)));
         assert!(!p.active());
         assert!(!Probation::new(false).end_if_caught_up(Some(5)));
+    }
+
+    /// Probation was kept in memory only: a restart during the catch-up
+    /// found a log that looked whole (cut at the damage) and voted at once.
+    #[test]
+    fn probation_outlives_a_restart_until_it_ends() {
+        let dir = berth_testdir::TestDir::new("probation-on-disk");
+        assert!(Probation::open(dir.path(), true).unwrap().active());
+        let again = Probation::open(dir.path(), false).unwrap();
+        assert!(again.active(), "a restart during the catch-up keeps it");
+        again.heard_commit(Some(4));
+        assert!(again.end_if_caught_up(Some(4)));
+        assert!(!Probation::open(dir.path(), false).unwrap().active());
     }
 }
