@@ -69,7 +69,8 @@ impl Probation {
         self.active.load(Ordering::Acquire)
     }
 
-    /// A leader said `commit` is committed.
+    /// A leader said `commit` is committed. Only a leader this node
+    /// accepted counts (`from_current_leader`).
     pub(crate) fn heard_commit(&self, commit: Option<u64>) {
         if let Some(c) = commit {
             self.leader_commit_plus_one
@@ -105,6 +106,18 @@ impl Probation {
     }
 }
 
+/// Whether an append answered `reply` came from a leader this node
+/// accepted: its term is not behind the vote this node holds. A deposed
+/// leader that has not heard of the next term is answered `HigherVote`;
+/// its commit index may be behind what the newer leader committed with
+/// this node's help, so it must not end probation.
+pub(crate) fn from_current_leader<E>(
+    reply: &Result<openraft::raft::AppendEntriesResponse<crate::types::NodeId>, E>,
+) -> bool {
+    use openraft::raft::AppendEntriesResponse as R;
+    matches!(reply, Ok(R::Success | R::PartialSuccess(_) | R::Conflict))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,5 +145,20 @@ mod tests {
         again.heard_commit(Some(4));
         assert!(again.end_if_caught_up(Some(4)));
         assert!(!Probation::open(dir.path(), false).unwrap().active());
+    }
+
+    /// `heard_commit` took any append answered without an error: a
+    /// deposed leader (answered `HigherVote`) could end probation with a
+    /// commit index behind the one the newer leader reached.
+    #[test]
+    fn a_deposed_leaders_commit_does_not_count() {
+        use openraft::raft::AppendEntriesResponse as R;
+        use openraft::Vote;
+        let stale: Result<R<u64>, ()> = Ok(R::HigherVote(Vote::new(7, 2)));
+        assert!(!from_current_leader(&stale));
+        assert!(!from_current_leader::<()>(&Err(())));
+        assert!(from_current_leader::<()>(&Ok(R::Success)));
+        assert!(from_current_leader::<()>(&Ok(R::Conflict)));
+        assert!(from_current_leader::<()>(&Ok(R::PartialSuccess(None))));
     }
 }

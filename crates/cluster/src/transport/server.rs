@@ -104,7 +104,7 @@ async fn serve_peer(mut conn: Conn, peer: NodeId, raft: &Raft, standing: &Standi
             Request::Append(rpc) => {
                 let commit = rpc.leader_commit.map(|c| c.index);
                 let reply = raft.append_entries(rpc).await;
-                if reply.is_ok() {
+                if crate::probation::from_current_leader(&reply) {
                     standing.probation.heard_commit(commit);
                 }
                 Response::Append(reply)
