@@ -35,6 +35,7 @@ mod paging;
 pub mod password;
 pub mod policy;
 pub mod queue;
+pub mod quorum_args;
 mod ready;
 mod restore;
 pub mod routing;

@@ -4,7 +4,7 @@
 //! acts on (delivery mode, priority, expiration, headers) are decoded once at
 //! publish time. One `Arc<Message>` is shared by every queue it was routed to.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use berth_protocol::codec::{decode_properties, encode_properties};
@@ -44,7 +44,30 @@ pub struct Message {
     pub expiration_ms: Option<u64>,
     /// Unique in this broker process (events name messages by it).
     pub id: u64,
+    /// Whether its write is known to be durable (see [`Commit`]); a queue
+    /// that reads only committed messages (a quorum queue) delivers it
+    /// only once it is.
+    commit: AtomicU8,
 }
+
+/// Where a message's journal write stands, for queues that deliver only
+/// what is durable (quorum queues: on a majority of disks in a cluster,
+/// fdatasynced on one node).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Commit {
+    /// Durable, or never waited for (the default).
+    Committed,
+    /// Written, not yet durable: not to be delivered yet.
+    Awaiting,
+    /// The write failed: the publisher was nacked, the message is dropped
+    /// where it waits (a nack means "maybe not stored": it is never
+    /// delivered, and its removal is journaled after the write).
+    Failed,
+}
+
+const COMMITTED: u8 = 0;
+const AWAITING: u8 = 1;
+const FAILED: u8 = 2;
 
 impl Message {
     /// Builds a message from a publish, checking the properties the broker
@@ -118,7 +141,28 @@ impl Message {
             priority: props.priority().unwrap_or(0),
             expiration_ms,
             id: NEXT_MESSAGE_ID.fetch_add(1, Ordering::Relaxed),
+            commit: AtomicU8::new(COMMITTED),
         }))
+    }
+
+    /// Where its journal write stands.
+    pub fn commit(&self) -> Commit {
+        match self.commit.load(Ordering::Acquire) {
+            AWAITING => Commit::Awaiting,
+            FAILED => Commit::Failed,
+            _ => Commit::Committed,
+        }
+    }
+
+    /// Its write is under way: hold it back until [`Message::committed`].
+    pub(crate) fn await_commit(&self) {
+        self.commit.store(AWAITING, Ordering::Release);
+    }
+
+    /// Its write completed (`ok`) or failed.
+    pub(crate) fn committed(&self, ok: bool) {
+        let to = if ok { COMMITTED } else { FAILED };
+        self.commit.store(to, Ordering::Release);
     }
 
     /// Bytes this message costs in memory, for limits and metrics.

@@ -23,6 +23,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::args::{Overflow, QueueArgs};
 
 mod effects;
+mod quorum;
 mod retry;
 mod settings;
 mod stream;
@@ -37,6 +38,7 @@ pub use crate::ready::QueuedMessage;
 use crate::ready::{Body, Deadline, Entry, Ready, StoredId};
 use crate::timers::{TimerTarget, Timers};
 use effects::Effects;
+pub(crate) use quorum::release_on_commit;
 pub use retry::{backoff_ms, delivery_limit, with_count, DELIVERY_COUNT_HEADER};
 pub use stream::{StoredEntry, OFFSET_HEADER};
 
@@ -584,8 +586,14 @@ impl Queue {
         }
         loop {
             self.expire_head(s, now, fx);
-            let Some(first) = s.ready.pop_front() else {
-                return;
+            let first = match quorum::next_head(self, s, fx) {
+                None => return,
+                Some(quorum::Head::Ready(e)) => e,
+                Some(quorum::Head::Awaiting(e)) => {
+                    // Delivered once durable (quorum.rs).
+                    s.ready.push_front(e);
+                    return;
+                }
             };
             let Some(first) = self.load(s, first, now, fx) else {
                 continue;
@@ -640,7 +648,13 @@ impl Queue {
             s.last_used = now;
             q.expire_head(s, now, fx);
             let m = loop {
-                let e = s.ready.pop_front()?;
+                let e = match quorum::next_head(q, s, fx)? {
+                    quorum::Head::Ready(e) => e,
+                    quorum::Head::Awaiting(e) => {
+                        s.ready.push_front(e);
+                        return None; // get-empty until it is durable
+                    }
+                };
                 if let Some(m) = q.load(s, e, now, fx) {
                     break m;
                 }

@@ -5,9 +5,10 @@
 //! Invariants:
 //! - Each queue receives a message at most once per publish, however many
 //!   bindings or exchange paths lead to it; exchange loops end.
-//! - A persistent message reaching durable queues is given to the journal
-//!   (one record for all of them) before any queue holds it, so its removal
-//!   can never be journaled before it.
+//! - A persistent message reaching durable queues (any message reaching a
+//!   quorum queue) is given to the journal (one record for all of them)
+//!   before any queue holds it, so its removal can never be journaled
+//!   before it.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -140,7 +141,7 @@ pub(crate) fn resolve(
 }
 
 /// Hands `msg` to `targets`. A persistent message reaching durable queues
-/// is journaled first; `durable` then makes the completion that runs once
+/// (any message, for a quorum queue) is journaled first; `durable` then makes the completion that runs once
 /// it is stored (and [`PublishResult::durable`] says so).
 pub(crate) fn deliver_to(
     dur: &Durability,
@@ -160,8 +161,7 @@ pub(crate) fn deliver_to(
     let stored_one: u64;
     let stored_many: Vec<u64>;
     let stored_in: &[u64] = match targets {
-        _ if !msg.persistent => &[],
-        [q] => match q.store_id.filter(|_| !q.is_stream()) {
+        [q] => match q.store_id.filter(|_| q.stores(msg)) {
             Some(id) => {
                 stored_one = id;
                 std::slice::from_ref(&stored_one)
@@ -171,7 +171,7 @@ pub(crate) fn deliver_to(
         _ => {
             stored_many = targets
                 .iter()
-                .filter(|q| !q.is_stream())
+                .filter(|q| q.stores(msg))
                 .filter_map(|q| q.store_id)
                 .collect();
             &stored_many
@@ -200,7 +200,8 @@ pub(crate) fn deliver_to(
     let stored = if stored_in.is_empty() {
         None
     } else {
-        let done = record_done;
+        // A quorum queue delivers it once this write is durable.
+        let done = crate::queue::release_on_commit(targets, msg, record_done);
         // In parts: the journal copies the body once, into its batch.
         match MessageHead::new(&msg.exchange, &msg.routing_key, msg.properties.len()) {
             Ok(head) => {
@@ -228,7 +229,7 @@ pub(crate) fn deliver_to(
         let accepted = if q.is_stream() {
             q.stream_append(msg, now, stream_dones.pop(), origin)
         } else {
-            let id = stored.filter(|_| q.store_id.is_some());
+            let id = stored.filter(|_| q.stores(msg));
             q.enqueue_from(Arc::clone(msg), id, now, origin)
         };
         if accepted {

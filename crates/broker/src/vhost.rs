@@ -474,6 +474,9 @@ impl VHost {
                 self.name
             )));
         }
+        if args.queue_type == QueueType::Quorum {
+            crate::quorum_args::check(&name, &self.name, &d.arguments, self.journal().copies())?;
+        }
         let guard = self.definitions.lock();
         let existing = self.queues.read().get(&name).cloned();
         if let Some(q) = existing.as_ref() {

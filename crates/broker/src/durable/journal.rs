@@ -167,6 +167,12 @@ pub trait Journal: Send + Sync {
         let _ = queue;
         0
     }
+    /// On how many members' disks a completed write is kept (1 on one
+    /// node; a cluster's voting members). Every quorum queue is on all of
+    /// them (`quorum_args.rs`).
+    fn copies(&self) -> u32 {
+        1
+    }
     /// Whether every group's queue of writes is below its bound now.
     fn has_room(&self) -> bool {
         true

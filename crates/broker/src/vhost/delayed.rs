@@ -130,7 +130,7 @@ impl VHost {
         };
         let stored_holds = holds.iter().filter(|(e, _)| stored(e)).count();
         // deliver_to journals one record for the durable queues reached.
-        let queue_write = msg.persistent && queues.iter().any(|q| q.store_id.is_some());
+        let queue_write = queues.iter().any(|q| q.stores(msg));
         let writes = stored_holds + usize::from(queue_write);
         let had_durable = durable.is_some();
         let mut parts: Vec<Option<Done>> = match durable {

@@ -62,6 +62,7 @@ impl Room {
 }
 
 pub struct ReplicatedJournal {
+    node: Arc<ClusterNode>,
     local: Arc<StoreJournal>,
     forward: mpsc::UnboundedSender<Pending>,
     room: Arc<Room>,
@@ -79,7 +80,9 @@ impl ReplicatedJournal {
         let (forward, mut queue) = mpsc::unbounded_channel::<Pending>();
         let room = Arc::new(Room::default());
         let released = Arc::clone(&room);
+        let forwarding = Arc::clone(&node);
         raft.spawn(async move {
+            let node = forwarding;
             while let Some(p) = queue.recv().await {
                 let room = Arc::clone(&released);
                 let done = p.done;
@@ -96,6 +99,7 @@ impl ReplicatedJournal {
             }
         });
         Self {
+            node,
             local,
             forward,
             room,
@@ -248,6 +252,10 @@ impl Journal for ReplicatedJournal {
 
     fn written(&self, queue: u64, msgs: &[u64]) -> Vec<bool> {
         self.local.written(queue, msgs)
+    }
+
+    fn copies(&self) -> u32 {
+        u32::try_from(self.node.voters().len()).unwrap_or(u32::MAX)
     }
 
     fn has_room(&self) -> bool {
