@@ -936,6 +936,9 @@ fn with_cluster_tls_members_need_a_certificate_the_ca_signed() {
     let file = |f: &str| certs.join(f).to_string_lossy().into_owned();
     // n1 and n2 hold certificates of the cluster's CA; n3 one of another
     // CA (it trusts the cluster's CA, so only its own certificate is wrong).
+    // Each member serves AMQPS and HTTPS too (with the same certificate).
+    let amqps: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let https: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let cluster = Cluster::start_with(&root, |i| {
         let (cert, key) = if i < 2 {
             ("member.pem", "member.key")
@@ -950,6 +953,10 @@ fn with_cluster_tls_members_need_a_certificate_the_ca_signed() {
             &file(key),
             "--tls-ca-file",
             &file("ca.pem"),
+            "--amqps-listen",
+            &format!("127.0.0.1:{}", amqps[i]),
+            "--https-listen",
+            &format!("127.0.0.1:{}", https[i]),
         ]
         .map(str::to_owned)
         .to_vec()
@@ -989,4 +996,43 @@ fn with_cluster_tls_members_need_a_certificate_the_ca_signed() {
         logs.contains("TLS handshake failed"),
         "the members say why they refused the stranger: {logs}"
     );
+
+    // A follower bound its AMQPS and HTTPS ports but never accepted on
+    // them: TLS clients hung until their own timeout. It answers them as
+    // plain ones now: 320 (AMQPS) and 503 (HTTPS), naming the leader.
+    let leader_name = &cluster.nodes[leader].name;
+    let amqps_answer = amqps_first_words(amqps[other]);
+    assert!(
+        amqps_answer.contains("CONNECTION_FORCED") && amqps_answer.contains(leader_name.as_str()),
+        "a follower's AMQPS port answers 320 naming the leader: {amqps_answer:?}"
+    );
+    let out = Command::new("curl")
+        .args(["-sk", "--max-time", "10", "-w", "\n%{http_code}"])
+        .arg(format!(
+            "https://127.0.0.1:{}/api/health/checks/is-leader",
+            https[other]
+        ))
+        .output()
+        .expect("run curl");
+    let https_answer = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        https_answer.ends_with("503") && https_answer.contains(leader_name.as_str()),
+        "a follower's HTTPS port answers 503 naming the leader: {https_answer:?}"
+    );
+}
+
+/// What a follower's AMQPS port says to a client that sends the protocol
+/// header and three (heartbeat) frames, as `openssl s_client` reads it
+/// within 10 s (empty if it never answers).
+fn amqps_first_words(port: u16) -> String {
+    let script = format!(
+        "(printf 'AMQP\\000\\000\\011\\001'; sleep 0.3; \
+          for i in 1 2 3; do printf '\\010\\000\\000\\000\\000\\000\\000\\316'; sleep 0.2; done; sleep 2) \
+         | timeout 10 openssl s_client -quiet -connect 127.0.0.1:{port} 2>/dev/null"
+    );
+    let out = Command::new("bash")
+        .args(["-c", &script])
+        .output()
+        .expect("run openssl s_client");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

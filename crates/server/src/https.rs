@@ -64,6 +64,7 @@ pub fn serve(
         listener,
         tx,
         handshake_timeout,
+        shutdown.clone(),
     ));
     tokio::spawn(async move {
         let served = axum::serve(
@@ -87,13 +88,20 @@ async fn accept_loop(
     listener: TcpListener,
     done: mpsc::Sender<(TlsStream<tokio::net::TcpStream>, SocketAddr)>,
     timeout: Duration,
+    mut shutdown: watch::Receiver<bool>,
 ) {
     let slots = HandshakeSlots::default();
     loop {
         let Some(total) = slots.free().await else {
             return;
         };
-        let (stream, peer) = crate::listen::accept(&listener, "https").await;
+        // No new connection once shutdown is asked (the connections open
+        // may take a while to finish; meanwhile another server — a new
+        // leader's — may serve this port).
+        let (stream, peer) = tokio::select! {
+            a = crate::listen::accept(&listener, "https") => a,
+            _ = shutdown.changed() => return,
+        };
         let Some(slot) = slots.take(total, peer.ip()) else {
             tracing::debug!(%peer, "HTTPS: closed, its address has {} TLS handshakes running",
                 limits::HTTPS_HANDSHAKES_PER_ADDRESS_MAX);

@@ -316,12 +316,16 @@ async fn start_member(
     let view = Arc::clone(&member.view);
     let handshake = Duration::from_millis(config.net.handshake_timeout_ms);
     let mut follower = Vec::new();
-    for l in &listeners.amqp.listeners {
+    let secure = listeners.tls.as_ref().map(|t| t.acceptor());
+    let amqp = (listeners.amqp.listeners.iter()).map(|l| (l, None));
+    let amqps = (listeners.amqps.listeners.iter()).map(|l| (l, secure.clone()));
+    for (l, tls) in amqp.chain(amqps) {
         let l = twin(l)?;
         follower.push(tokio::spawn(cluster::redirect::turn_away(
             l,
             Arc::clone(&view),
             handshake,
+            tls,
         )));
     }
     for l in &listeners.http.listeners {
@@ -332,6 +336,21 @@ async fn start_member(
                 tracing::error!(error = %e, "HTTP listener failed");
             }
         }));
+    }
+    // HTTPS answers as HTTP does, after the TLS handshake; stopped when
+    // this member starts to lead (its twin listeners close then).
+    let (stop_https, https_stopped) = tokio::sync::watch::channel(false);
+    if let Some(tls) = &listeners.tls {
+        let timeout = Duration::from_millis(config.net.tls_handshake_timeout_ms);
+        for l in &listeners.https.listeners {
+            let app = cluster::follower_http::router(Arc::clone(&view));
+            https::serve(tls, twin(l)?, app, timeout, &https_stopped).map_err(|source| {
+                ServerError::Bind {
+                    addr: "net.https_listen".to_owned(),
+                    source,
+                }
+            })?;
+        }
     }
     let ready = ready_line(&listeners, Some(member.cluster_addr));
     let serves = cluster::view::Serves {
@@ -353,6 +372,7 @@ async fn start_member(
         for t in &follower {
             t.abort();
         }
+        let _no_https_is_fine = stop_https.send(true);
         let served = lead(&config, listeners, &member).await;
         match served {
             Ok(serving) => {

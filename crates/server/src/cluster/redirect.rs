@@ -8,9 +8,13 @@
 //! RabbitMQ client reports it as the broker closing the connection with
 //! that reply code and text (pika: `ConnectionClosedByBroker(320, ...)`).
 //!
+//! On an AMQPS listener the TLS handshake comes first (the server's own
+//! certificate, as the leader presents it), then the same exchange.
+//!
 //! Invariants:
-//! - Each exchange is bounded by `net.handshake_timeout_ms` and costs only
-//!   its own task; a follower never reads more than one handshake's frames.
+//! - Each exchange (TLS handshake included) is bounded by
+//!   `net.handshake_timeout_ms` and costs only its own task; a follower
+//!   never reads more than one handshake's frames.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,31 +25,50 @@ use berth_protocol::methods::connection as conn;
 use berth_protocol::reply::CONNECTION_FORCED;
 use berth_protocol::{AMQPClass, FieldTable};
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 
 use super::view::ClusterView;
 
-/// Turns away every connection on `listener` until the task is aborted.
-pub async fn turn_away(listener: TcpListener, view: Arc<ClusterView>, timeout: Duration) {
+/// Turns away every connection on `listener` until the task is aborted;
+/// with `tls`, after a TLS handshake (an AMQPS listener).
+pub async fn turn_away(
+    listener: TcpListener,
+    view: Arc<ClusterView>,
+    timeout: Duration,
+    tls: Option<TlsAcceptor>,
+) {
+    let kind = if tls.is_some() { "amqps" } else { "amqp" };
     loop {
-        let (stream, peer) = crate::listen::accept(&listener, "amqp").await;
+        let (stream, peer) = crate::listen::accept(&listener, kind).await;
         let text = format!(
             "CONNECTION_FORCED - {}",
             view.not_leader_text(|s| format!("amqp {}", s.amqp))
         );
+        let tls = tls.clone();
         tokio::spawn(async move {
-            if tokio::time::timeout(timeout, exchange(stream, &text))
-                .await
-                .is_err()
-            {
-                tracing::debug!(%peer, "a turned-away client did not finish the handshake in time");
+            let answered = tokio::time::timeout(timeout, async {
+                match tls {
+                    None => exchange(stream, &text).await,
+                    Some(acceptor) => exchange(acceptor.accept(stream).await?, &text).await,
+                }
+            });
+            match answered.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "a turned-away client left"),
+                Err(_) => {
+                    tracing::debug!(%peer, "a turned-away client did not finish the handshake in time")
+                }
             }
         });
     }
 }
 
-async fn exchange(mut stream: TcpStream, text: &str) -> std::io::Result<()> {
+async fn exchange<S>(mut stream: S, text: &str) -> std::io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let mut header = [0u8; 8];
     stream.read_exact(&mut header).await?;
     if header != PROTOCOL_HEADER {
