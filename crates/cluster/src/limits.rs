@@ -41,6 +41,14 @@ pub const SNAPSHOT_CHUNK_TIMEOUT_MS: u64 = 120_000;
 /// How long a connecting peer has to complete the secret handshake.
 pub const HANDSHAKE_TIMEOUT_MS: u64 = 3_000;
 
+/// Cluster handshakes (TLS and secret) one member runs at once from one
+/// remote address; a further connection from it is closed at once. A
+/// member reconnects to a peer one connection at a time.
+pub const PEER_HANDSHAKES_PER_ADDRESS_MAX: usize = 8;
+
+/// Cluster handshakes one member runs at once in all.
+pub const PEER_HANDSHAKES_MAX: usize = 64;
+
 /// Bytes of the random challenge each side sends in the handshake.
 pub const CHALLENGE_BYTES: usize = 32;
 

@@ -3,15 +3,20 @@
 //! postcard-encoded request or response. With [`PeerTls`] every connection
 //! is TLS first, both sides presenting a certificate their CA signed
 //! (mutual TLS). Then, TLS or not, a connection starts with a
-//! challenge-response proof of the cluster secret in both directions.
+//! challenge-response proof of the cluster secret in both directions;
+//! without TLS every later frame carries a MAC keyed from the secret and
+//! that handshake (`frame_mac.rs`).
 //!
 //! Invariants:
 //! - Nothing reaches Raft from a connection that has not proven the secret
-//!   (and, with TLS, a certificate the CA signed).
+//!   (and, with TLS, a certificate the CA signed), nor a frame that was not
+//!   sent by the peer that proved it (TLS, or the frame's MAC).
 //! - A frame that does not decode closes its connection, never the node.
 
+mod admission;
 mod client;
 pub use client::Heard;
+mod frame_mac;
 mod handshake;
 mod server;
 
@@ -29,7 +34,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio_rustls::rustls;
-use tokio_util::codec::{Framed, LengthDelimitedCodec};
+use tokio_util::codec::Framed;
 
 use crate::limits::HANDSHAKE_FRAME_BYTES_MAX;
 #[cfg(doc)]
@@ -37,11 +42,12 @@ use crate::limits::PEER_FRAME_BYTES_MAX;
 use crate::types::{NodeId, TypeConfig};
 
 pub(crate) use client::Network;
+pub(crate) use frame_mac::FrameKeys;
 pub(crate) use server::serve;
 
 /// Version of the frames below; a peer speaking another version is refused
 /// at the handshake with both versions named.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 #[derive(Serialize, Deserialize)]
 pub(crate) enum Request {
@@ -71,7 +77,7 @@ pub struct PeerTls {
 pub(crate) trait PeerIo: AsyncRead + AsyncWrite + Unpin + Send + Sync {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync> PeerIo for T {}
 
-pub(crate) type Conn = Framed<Box<dyn PeerIo>, LengthDelimitedCodec>;
+pub(crate) type Conn = Framed<Box<dyn PeerIo>, frame_mac::PeerCodec>;
 
 /// The server name a peer's certificate must carry: the host of its
 /// `host:port` (an IP address or a DNS name).
@@ -119,18 +125,16 @@ pub(crate) fn plain(stream: TcpStream) -> Box<dyn PeerIo> {
 /// A new connection, taking only handshake-sized frames until
 /// [`authenticated`] lifts the limit.
 pub(crate) fn framed(stream: Box<dyn PeerIo>) -> Conn {
-    Framed::new(
-        stream,
-        LengthDelimitedCodec::builder()
-            .max_frame_length(HANDSHAKE_FRAME_BYTES_MAX)
-            .new_codec(),
-    )
+    Framed::new(stream, frame_mac::PeerCodec::new(HANDSHAKE_FRAME_BYTES_MAX))
 }
 
 /// The peer proved the secret: it may send frames up to `frame_max` (an
-/// append's size, [`PEER_FRAME_BYTES_MAX`] outside tests).
-pub(crate) fn authenticated(conn: &mut Conn, frame_max: usize) {
-    conn.codec_mut().set_max_frame_length(frame_max);
+/// append's size, [`PEER_FRAME_BYTES_MAX`] outside tests). On a plain link
+/// (`tls` false) every frame from now on carries a MAC under `keys`
+/// (`frame_mac.rs`); TLS authenticates its own.
+pub(crate) fn authenticated(conn: &mut Conn, frame_max: usize, keys: FrameKeys, tls: bool) {
+    conn.codec_mut()
+        .set_limit(frame_max, (!tls).then_some(keys));
 }
 
 /// Connects to a peer's `host:port`. With a `source`, the connection

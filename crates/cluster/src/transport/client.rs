@@ -168,7 +168,7 @@ impl Peer {
                 None => super::plain(stream),
             };
             let mut conn = framed(stream);
-            handshake::connect(
+            let keys = handshake::connect(
                 &mut conn,
                 &self.secret,
                 (self.node, self.target),
@@ -176,7 +176,7 @@ impl Peer {
             )
             .await
             .map_err(|e| CallError::Unreachable(context("cluster handshake failed", e)))?;
-            super::authenticated(&mut conn, self.frame_max);
+            super::authenticated(&mut conn, self.frame_max, keys, self.tls.is_some());
             self.conn = Some(conn);
         }
         Ok(self.conn.as_mut().expect("connected above"))

@@ -27,7 +27,7 @@ use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
-use super::{Conn, PROTOCOL_VERSION};
+use super::{Conn, FrameKeys, PROTOCOL_VERSION};
 use crate::identity::{Identity, MemberId};
 use crate::limits::{CHALLENGE_BYTES, HANDSHAKE_TIMEOUT_MS};
 use crate::types::NodeId;
@@ -112,13 +112,14 @@ fn timeout() -> Duration {
     Duration::from_millis(HANDSHAKE_TIMEOUT_MS)
 }
 
-/// The accepting side, as node `node`. Returns the proven peer's node id.
+/// The accepting side, as node `node`. Returns the proven peer's node id
+/// and this connection's frame keys.
 pub(crate) async fn accept(
     conn: &mut Conn,
     secret: &[u8],
     node: NodeId,
     identity: &Identity,
-) -> io::Result<NodeId> {
+) -> io::Result<(NodeId, FrameKeys)> {
     tokio::time::timeout(timeout(), async {
         let ours = challenge();
         send(conn, &Hello { version: PROTOCOL_VERSION, challenge: ours }).await?;
@@ -141,7 +142,8 @@ pub(crate) async fn accept(
         let member = identity.own();
         let ours_proof = proof(secret, b"server", (&answer.challenge, &ours), node, member).finalize().into_bytes().to_vec();
         send(conn, &Verdict::Accepted { node, member, proof: ours_proof }).await?;
-        Ok(answer.node)
+        let keys = FrameKeys::derive(secret, (&ours, &answer.challenge), false);
+        Ok((answer.node, keys))
     })
     .await
     .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "peer did not finish the handshake in time"))?
@@ -149,12 +151,13 @@ pub(crate) async fn accept(
 
 /// The connecting side: proves itself as `node` and checks that the
 /// server is `target`, knows the secret, and is the member met before.
+/// Returns this connection's frame keys.
 pub(crate) async fn connect(
     conn: &mut Conn,
     secret: &[u8],
     (node, target): (NodeId, NodeId),
     identity: &Identity,
-) -> io::Result<()> {
+) -> io::Result<FrameKeys> {
     tokio::time::timeout(timeout(), async {
         let hello: Hello = recv(conn).await?;
         if hello.version != PROTOCOL_VERSION {
@@ -201,7 +204,8 @@ pub(crate) async fn connect(
                         "the peer at this address is node {theirs_node}, not {target}: check cluster.peers"
                     )));
                 }
-                identity.check(target, theirs_member).map_err(refused)
+                identity.check(target, theirs_member).map_err(refused)?;
+                Ok(FrameKeys::derive(secret, (&hello.challenge, &ours), true))
             }
         }
     })

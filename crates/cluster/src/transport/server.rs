@@ -33,6 +33,7 @@ pub(crate) async fn serve(
 ) {
     let node = raft.metrics().borrow().id;
     let mut connections = tokio::task::JoinSet::new();
+    let handshakes = Arc::new(super::admission::Handshakes::default());
     loop {
         while connections.try_join_next().is_some() {}
         let (stream, addr) = match listener.accept().await {
@@ -41,6 +42,13 @@ pub(crate) async fn serve(
                 // Out of descriptors and the like: wait, never spin.
                 tracing::warn!(error = %e, "cluster listener cannot accept");
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let slot = match handshakes.take(addr.ip()) {
+            Ok(slot) => slot,
+            Err(why) => {
+                tracing::debug!(%addr, "closed a cluster connection at once: {why}");
                 continue;
             }
         };
@@ -68,9 +76,11 @@ pub(crate) async fn serve(
                 None => super::plain(stream),
             };
             let mut conn = framed(stream);
-            match handshake::accept(&mut conn, &secret, node, &identity).await {
-                Ok(peer) => {
-                    super::authenticated(&mut conn, frame_max);
+            let proven = handshake::accept(&mut conn, &secret, node, &identity).await;
+            drop(slot);
+            match proven {
+                Ok((peer, keys)) => {
+                    super::authenticated(&mut conn, frame_max, keys, tls.is_some());
                     serve_peer(conn, peer, &raft, &standing).await;
                 }
                 // A member probing whether this one is alive connects and
