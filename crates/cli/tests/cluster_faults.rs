@@ -936,6 +936,8 @@ fn with_cluster_tls_members_need_a_certificate_the_ca_signed() {
     let file = |f: &str| certs.join(f).to_string_lossy().into_owned();
     // n1 and n2 hold certificates of the cluster's CA; n3 one of another
     // CA (it trusts the cluster's CA, so only its own certificate is wrong).
+    // That other CA is every member's client CA (tls.ca_file): the peers
+    // trust only their own (cluster.tls_ca_file).
     // Each member serves AMQPS and HTTPS too (with the same certificate).
     let amqps: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let https: Vec<u16> = (0..3).map(|_| free_port()).collect();
@@ -952,6 +954,8 @@ fn with_cluster_tls_members_need_a_certificate_the_ca_signed() {
             "--tls-key-file",
             &file(key),
             "--tls-ca-file",
+            &file("rogue-ca.pem"),
+            "--cluster-tls-ca-file",
             &file("ca.pem"),
             "--amqps-listen",
             &format!("127.0.0.1:{}", amqps[i]),

@@ -225,8 +225,11 @@ pub struct Cluster {
     pub election_timeout_ms: u64,
     /// An fdatasync of the Raft log running longer fences the node.
     pub sync_stall_ms_max: u64,
-    /// Mutual TLS between members with the `[tls]` certificate, key and CA.
+    /// Mutual TLS between members with the `[tls]` certificate and key.
     pub tls: bool,
+    /// The CA that signs members' certificates (cluster TLS trusts only
+    /// it); unset, `tls.ca_file`.
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 /// `[log]`.

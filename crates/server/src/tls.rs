@@ -158,7 +158,10 @@ fn server_config(c: &config::Tls) -> Result<ServerConfig, TlsError> {
 /// requires the other's certificate, signed by `tls.ca_file` (whatever
 /// `verify_peer` says for clients: a member without a certificate is a
 /// stranger).
-pub fn peer_tls(c: &config::Tls) -> Result<berth_cluster::PeerTls, TlsError> {
+pub fn peer_tls(
+    c: &config::Tls,
+    members_ca: Option<&std::path::Path>,
+) -> Result<berth_cluster::PeerTls, TlsError> {
     let missing = |key, flag| TlsError::Missing { key, flag };
     let cert_file = c
         .cert_file
@@ -168,7 +171,9 @@ pub fn peer_tls(c: &config::Tls) -> Result<berth_cluster::PeerTls, TlsError> {
         .key_file
         .as_deref()
         .ok_or(missing("key_file", "key-file"))?;
-    let ca_file = c.ca_file.as_deref().ok_or(missing("ca_file", "ca-file"))?;
+    let ca_file = members_ca
+        .or(c.ca_file.as_deref())
+        .ok_or(missing("ca_file", "ca-file"))?;
     let key = certified_key(cert_file, key_file)?;
     let roots = roots(ca_file)?;
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::clone(&roots), provider())

@@ -137,8 +137,13 @@ impl Member {
             berth_store::completion::completing(waiting, replies);
         };
         if c.tls {
+            if c.tls_ca_file.is_none() {
+                tracing::warn!(
+                    "cluster.tls trusts tls.ca_file, the clients' CA: give members a CA of their own (cluster.tls_ca_file)"
+                );
+            }
             nc.tls = Some(
-                crate::tls::peer_tls(&config.tls)
+                crate::tls::peer_tls(&config.tls, c.tls_ca_file.as_deref())
                     .map_err(|e| startup(format!("cluster.tls: {e}")))?,
             );
         }

@@ -64,10 +64,22 @@ pub(super) static CLUSTER: &[Setting] = &[
         default_note: "off",
         doc: "Encrypts the traffic between members with mutual TLS: this member presents \
               `tls.cert_file` (key `tls.key_file`) and accepts and reaches only peers whose \
-              certificate `tls.ca_file` signed, the certificate naming the host of the \
-              peer's `cluster.peers` address. The secret is still proven inside TLS. Every \
-              member must have it on or off alike.",
+              certificate `cluster.tls_ca_file` signed, the certificate naming the host of \
+              the peer's `cluster.peers` address. The secret is still proven inside TLS. \
+              Every member must have it on or off alike. Without it, every frame between \
+              members carries a MAC keyed from the secret (not encrypted).",
         slot: &switch(field!(cluster.tls)),
+    },
+    Setting {
+        key: "cluster.tls_ca_file",
+        flag: "cluster-tls-ca-file",
+        value_name: "FILE",
+        default_note: "`tls.ca_file`",
+        doc: "The CA that signs members' certificates: with `cluster.tls` a peer is \
+              accepted only with a certificate it signed. Give the cluster a CA of its own: \
+              left unset, `tls.ca_file` is used, and any client certificate that CA signed \
+              for a member's host name would pass the TLS step (the secret is still needed).",
+        slot: &maybe(field!(cluster.tls_ca_file)),
     },
     Setting {
         key: "cluster.election_timeout_ms",
@@ -134,12 +146,14 @@ pub(super) fn check_together(
             "a cluster member needs an address to listen on for its peers".into(),
         ));
     }
-    if c.tls && (tls.cert_file.is_none() || tls.key_file.is_none() || tls.ca_file.is_none()) {
+    let no_ca = c.tls_ca_file.is_none() && tls.ca_file.is_none();
+    if c.tls && (tls.cert_file.is_none() || tls.key_file.is_none() || no_ca) {
         return Err((
             "cluster.tls",
             "true".into(),
-            "needs tls.cert_file, tls.key_file and tls.ca_file (--tls-cert-file, --tls-key-file, \
-             --tls-ca-file): the member's certificate and the CA that signed every member's"
+            "needs tls.cert_file, tls.key_file and cluster.tls_ca_file (--tls-cert-file, \
+             --tls-key-file, --cluster-tls-ca-file): the member's certificate and the CA that \
+             signed every member's"
                 .into(),
         ));
     }
@@ -202,7 +216,12 @@ mod tests {
         };
         let e = check_together(&tls_on, &no_ca).unwrap_err();
         assert_eq!(e.0, "cluster.tls");
-        assert!(e.2.contains("tls.ca_file"), "{}", e.2);
+        assert!(e.2.contains("cluster.tls_ca_file"), "{}", e.2);
+        let own_ca = Cluster {
+            tls_ca_file: Some("members-ca.pem".into()),
+            ..tls_on.clone()
+        };
+        assert_eq!(check_together(&own_ca, &no_ca), Ok(()));
         let all = Tls {
             ca_file: Some("ca.pem".into()),
             ..no_ca
