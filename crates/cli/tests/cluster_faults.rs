@@ -767,6 +767,30 @@ fn followers_name_the_leader_and_members_can_be_added_and_removed() {
     );
     let (code, _) = cluster.nodes[follower].http("GET", "/api/health/checks/is-leader", "");
     assert_eq!(code, 503);
+    // A follower answered every other request 503 too: no status, metrics
+    // or alarms of its own, although CLUSTERING.md said it had them.
+    let f = &cluster.nodes[follower];
+    let (code, status) = f.http("GET", "/api/berth/cluster", "");
+    assert_eq!(code, 200, "a follower's own status: {status}");
+    assert!(
+        status.contains("\"role\":\"follower\"")
+            && status.contains(&format!("\"node\":\"{}\"", f.name))
+            && status.contains(&format!("\"leader\":\"{}\"", l.name)),
+        "{status}"
+    );
+    let (code, metrics) = f.http("GET", "/metrics", "");
+    assert_eq!(code, 200, "{metrics}");
+    assert!(
+        metrics.contains("berth_raft_leader 0")
+            && metrics.contains("rabbitmq_raft_log_last_applied_index")
+            && metrics.contains("berth_raft_fenced 0"),
+        "{metrics}"
+    );
+    let (code, alarms) = f.http("GET", "/api/health/checks/alarms", "");
+    assert_eq!(code, 200, "{alarms}");
+    let port = f.http;
+    let (code, body) = f.http("GET", &format!("/api/health/checks/port-listener/{port}"), "");
+    assert_eq!(code, 200, "{body}");
 
     // A fourth member joins, then a follower is removed.
     let mut n4 = Node {

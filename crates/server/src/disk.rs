@@ -45,7 +45,7 @@ pub fn free_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
 }
 
 /// The smallest free space over `dirs`, or why one could not be measured.
-fn lowest_free_bytes(dirs: &[PathBuf]) -> Result<u64, (PathBuf, std::io::Error)> {
+pub(crate) fn lowest_free_bytes(dirs: &[PathBuf]) -> Result<u64, (PathBuf, std::io::Error)> {
     let mut lowest = u64::MAX;
     for d in dirs {
         lowest = lowest.min(free_bytes(d).map_err(|e| (d.clone(), e))?);

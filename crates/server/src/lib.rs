@@ -328,8 +328,21 @@ async fn start_member(
             tls,
         )));
     }
+    let follower_http = || {
+        http::follower::router(http::follower::Follower {
+            view: Arc::clone(&view),
+            data_dirs: config.store.data_dirs.clone(),
+            disk_free_bytes_min: config.limits.disk_free_bytes_min,
+            listeners: (listeners.amqp.addrs.iter())
+                .chain(&listeners.amqps.addrs)
+                .chain(&listeners.http.addrs)
+                .chain(&listeners.https.addrs)
+                .copied()
+                .collect(),
+        })
+    };
     for l in &listeners.http.listeners {
-        let app = cluster::follower_http::router(Arc::clone(&view));
+        let app = follower_http();
         let l = twin(l)?;
         follower.push(tokio::spawn(async move {
             if let Err(e) = axum::serve(l, app).await {
@@ -343,7 +356,7 @@ async fn start_member(
     if let Some(tls) = &listeners.tls {
         let timeout = Duration::from_millis(config.net.tls_handshake_timeout_ms);
         for l in &listeners.https.listeners {
-            let app = cluster::follower_http::router(Arc::clone(&view));
+            let app = follower_http();
             https::serve(tls, twin(l)?, app, timeout, &https_stopped).map_err(|source| {
                 ServerError::Bind {
                     addr: "net.https_listen".to_owned(),

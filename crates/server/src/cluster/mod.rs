@@ -3,7 +3,7 @@
 //! command in the Raft log ([`replicated`]), confirmed once a majority has
 //! fdatasynced it; every member applies committed commands to its own
 //! store ([`replica`]); a follower turns clients away naming the leader
-//! ([`redirect`], [`follower_http`]); [`member`] opens the replica, starts
+//! ([`redirect`]; its HTTP side is `http::follower`); [`member`] opens the replica, starts
 //! Raft and follows the member's role.
 //!
 //! Invariants:
@@ -11,7 +11,6 @@
 //!   never touches Raft.
 
 pub mod command;
-pub mod follower_http;
 pub mod member;
 pub mod peers;
 pub mod redirect;

@@ -8,11 +8,12 @@
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use berth_cluster::Role;
+use berth_cluster::{MemberStatus, Role};
 use serde_json::{json, Value};
 
 use super::auth::AdminAuthed;
 use super::{bad_request, Authed, HttpState};
+use crate::cluster::view::ClusterView;
 
 /// A member counts as running while it answered the leader within this
 /// many election timeouts (a leader calls every member every heartbeat).
@@ -86,6 +87,16 @@ pub(super) async fn status(State(st): State<HttpState>, _: Authed) -> Response {
     let Some(view) = &st.shared.cluster else {
         return Json(json!({"clustered": false})).into_response();
     };
+    Json(status_of(view, &|m| Some(running(&st, m)))).into_response()
+}
+
+/// The cluster as member `view` sees it; `running` tells whether a member
+/// answered the leader lately (`None` where this member cannot tell: a
+/// follower hears only the leader).
+pub(super) fn status_of(
+    view: &ClusterView,
+    running: &dyn Fn(&MemberStatus) -> Option<bool>,
+) -> Value {
     let s = view.node.status();
     let members: Vec<Value> = s
         .members
@@ -99,14 +110,14 @@ pub(super) async fn status(State(st): State<HttpState>, _: Authed) -> Response {
                 "amqp": serves.amqp,
                 "voter": m.voter,
                 "leader": s.leader == Some(m.id),
-                "running": running(&st, m),
+                "running": running(m),
                 "matched_index": m.matched_index,
                 "lag_entries": m.lag,
                 "millis_since_heard": m.millis_since_heard,
             })
         })
         .collect();
-    Json(json!({
+    json!({
         "clustered": true,
         "node": view.name,
         "role": match s.role {
@@ -125,8 +136,7 @@ pub(super) async fn status(State(st): State<HttpState>, _: Authed) -> Response {
         "fenced": s.fenced,
         "on_probation": s.on_probation,
         "members": members,
-    }))
-    .into_response()
+    })
 }
 
 /// The members as `/api/nodes` lists them (RabbitMQ's node objects).
@@ -191,26 +201,38 @@ pub(super) struct Numbers {
     pub leader: u64,
     /// Per member: name, lag in entries, running (1) or not (0).
     pub members: Vec<(String, u64, u8)>,
+    /// 1 while this member's disk stalls (it neither leads nor votes).
+    pub fenced: u64,
+    /// 1 while this member catches up after a damaged log.
+    pub on_probation: u64,
 }
 
 impl Numbers {
     pub(super) fn of(st: &HttpState) -> Option<Self> {
         let view = st.shared.cluster.as_ref()?;
+        Some(Self::of_view(view, Some(&|m| running(st, m))))
+    }
+
+    /// Member `view`'s numbers; per member only where `running` can tell
+    /// (the leader).
+    pub(super) fn of_view(
+        view: &ClusterView,
+        running: Option<&dyn Fn(&MemberStatus) -> bool>,
+    ) -> Self {
         let s = view.node.status();
-        Some(Self {
+        Self {
             term: s.term,
             last_log_index: s.last_log_index.unwrap_or(0),
             applied_index: s.applied_index.unwrap_or(0),
             snapshot_index: s.snapshot_index.unwrap_or(0),
             leader: u64::from(s.role == Role::Leader),
-            members: s
-                .members
-                .iter()
-                .map(|m| {
-                    let running = running(st, m);
-                    (view.name_of(m.id), m.lag.unwrap_or(0), u8::from(running))
-                })
-                .collect(),
-        })
+            members: running.map_or_else(Vec::new, |running| {
+                (s.members.iter())
+                    .map(|m| (view.name_of(m.id), m.lag.unwrap_or(0), u8::from(running(m))))
+                    .collect()
+            }),
+            fenced: u64::from(s.fenced),
+            on_probation: u64::from(s.on_probation),
+        }
     }
 }

@@ -273,9 +273,19 @@ fn common(st: &HttpState, out: &mut Out, totals: &Totals) {
 /// The cluster's Raft state (a cluster member only), with RabbitMQ's
 /// quorum-queue names where it has them.
 fn raft(st: &HttpState, out: &mut Out) {
-    let Some(r) = super::cluster::Numbers::of(st) else {
-        return;
-    };
+    if let Some(r) = super::cluster::Numbers::of(st) {
+        raft_numbers(&r, out);
+    }
+}
+
+/// A follower's `/metrics`: its own Raft state (it holds no broker).
+pub(super) fn follower(view: &crate::cluster::view::ClusterView) -> Response {
+    let mut out = Out(String::with_capacity(2 * 1024));
+    raft_numbers(&super::cluster::Numbers::of_view(view, None), &mut out);
+    text(out)
+}
+
+fn raft_numbers(r: &super::cluster::Numbers, out: &mut Out) {
     for (name, kind, help, value) in [
         (
             "rabbitmq_raft_term_total",
@@ -307,8 +317,23 @@ fn raft(st: &HttpState, out: &mut Out) {
             "1 on the member that leads.",
             r.leader,
         ),
+        (
+            "berth_raft_fenced",
+            "gauge",
+            "1 while this member's Raft log disk stalls (it neither leads nor votes).",
+            r.fenced,
+        ),
+        (
+            "berth_raft_on_probation",
+            "gauge",
+            "1 while this member catches up after a damaged log (it does not vote).",
+            r.on_probation,
+        ),
     ] {
         out.one(name, kind, help, value);
+    }
+    if r.members.is_empty() {
+        return; // a follower cannot tell the others' state
     }
     out.family(
         "berth_raft_member_lag_entries",

@@ -23,6 +23,7 @@ mod console;
 mod definitions;
 mod error;
 mod exchanges;
+pub mod follower;
 mod health;
 mod list;
 mod message;
