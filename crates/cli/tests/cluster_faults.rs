@@ -789,7 +789,11 @@ fn followers_name_the_leader_and_members_can_be_added_and_removed() {
     let (code, alarms) = f.http("GET", "/api/health/checks/alarms", "");
     assert_eq!(code, 200, "{alarms}");
     let port = f.http;
-    let (code, body) = f.http("GET", &format!("/api/health/checks/port-listener/{port}"), "");
+    let (code, body) = f.http(
+        "GET",
+        &format!("/api/health/checks/port-listener/{port}"),
+        "",
+    );
     assert_eq!(code, 200, "{body}");
 
     // A fourth member joins, then a follower is removed.

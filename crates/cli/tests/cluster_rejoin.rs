@@ -9,74 +9,12 @@
 //! cluster suite:
 //! `cargo test --release -p berth-cli --test cluster_rejoin -- --ignored --nocapture`.
 
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use lapin::options::{
-    BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
-    QueueDeclareOptions,
-};
-use lapin::types::FieldTable;
-use lapin::{BasicProperties, Connection};
-
 mod common;
-use common::cluster::{signal, Cluster};
+use common::cluster::{drain, publish, signal, Cluster};
 
 const QUEUE: &str = "rejoin";
-
-async fn publish(uri: &str, ids: std::ops::Range<u64>) -> HashSet<u64> {
-    let conn = Connection::connect(uri, Default::default())
-        .await
-        .expect("connect to the leader");
-    let ch = conn.create_channel().await.unwrap();
-    ch.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
-    ch.queue_declare(
-        QUEUE.into(),
-        QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
-    let mut confirmed = HashSet::new();
-    for id in ids {
-        let c = ch
-            .basic_publish(
-                "".into(),
-                QUEUE.into(),
-                BasicPublishOptions::default(),
-                &id.to_le_bytes(),
-                BasicProperties::default().with_delivery_mode(2),
-            )
-            .await
-            .expect("publish");
-        assert!(c.await.expect("confirm").is_ack(), "message {id} nacked");
-        confirmed.insert(id);
-    }
-    let _ = conn.close(200, "published".into()).await;
-    confirmed
-}
-
-async fn drain(uri: &str) -> HashSet<u64> {
-    let conn = Connection::connect(uri, Default::default())
-        .await
-        .expect("connect to the leader");
-    let ch = conn.create_channel().await.unwrap();
-    let mut got = HashSet::new();
-    while let Some(m) = ch
-        .basic_get(QUEUE.into(), BasicGetOptions::default())
-        .await
-        .expect("basic.get")
-    {
-        got.insert(u64::from_le_bytes(m.delivery.data[..8].try_into().unwrap()));
-        m.delivery.ack(BasicAckOptions::default()).await.unwrap();
-    }
-    got
-}
 
 #[test]
 #[ignore = "a cluster fault test of ~30 s: scripts/test.sh runs it in the cluster suite"]
@@ -90,7 +28,7 @@ fn a_wiped_member_cannot_elect_a_leader_that_lacks_confirmed_messages() {
         .unwrap();
     let leader = cluster.leader();
     let (wiped, lagging) = ((leader + 1) % 3, (leader + 2) % 3);
-    let mut confirmed = rt.block_on(publish(&cluster.nodes[leader].uri(), 0..100));
+    let mut confirmed = rt.block_on(publish(&cluster.nodes[leader].uri(), QUEUE, 0..100, 8));
     // Members meet each other (learn their ids) within a moment of the
     // cluster forming; a wipe comes long after in any real cluster.
     std::thread::sleep(Duration::from_secs(1));
@@ -99,7 +37,7 @@ fn a_wiped_member_cannot_elect_a_leader_that_lacks_confirmed_messages() {
     // confirm next.
     let lag_pid = cluster.nodes[lagging].pid().unwrap();
     signal(lag_pid, "STOP");
-    confirmed.extend(rt.block_on(publish(&cluster.nodes[leader].uri(), 100..300)));
+    confirmed.extend(rt.block_on(publish(&cluster.nodes[leader].uri(), QUEUE, 100..300, 8)));
 
     // The two that hold it all go down; one comes back with an empty data
     // directory under its old name, beside the lagging one.
@@ -122,7 +60,7 @@ fn a_wiped_member_cannot_elect_a_leader_that_lacks_confirmed_messages() {
     }
     if let Some(i) = led {
         // Whoever leads must hold every confirmed message.
-        let held = rt.block_on(drain(&cluster.nodes[i].uri()));
+        let held = rt.block_on(drain(&cluster.nodes[i].uri(), QUEUE));
         let lost = confirmed.difference(&held).count();
         panic!(
             "{} led with the wiped member's vote, holding {} of {} confirmed messages ({lost} lost)",
@@ -140,7 +78,7 @@ fn a_wiped_member_cannot_elect_a_leader_that_lacks_confirmed_messages() {
     // The member that held it all comes back: it leads, nothing is lost.
     cluster.restart(leader);
     let now = cluster.leader();
-    let held = rt.block_on(drain(&cluster.nodes[now].uri()));
+    let held = rt.block_on(drain(&cluster.nodes[now].uri(), QUEUE));
     let lost: Vec<&u64> = confirmed.difference(&held).collect();
     println!(
         "confirmed {}, delivered {}, lost {}; {} leads",

@@ -203,6 +203,14 @@ pub const CLUSTER_WRITES_IN_FLIGHT_MAX: usize = 16_384;
 /// held, replica healthy).
 pub const CLUSTER_ROLE_POLL_MS: u64 = 50;
 
+/// A member whose Raft stopped (a failed log write) restarts no sooner
+/// than this after the stop, and only once its disk has room.
+pub const CLUSTER_RESTART_AFTER_STOP_MS: u64 = 2_000;
+
+/// Free space a member whose Raft stopped waits for before it restarts
+/// (or `limits.disk_free_bytes_min`, if larger): room for its log to grow.
+pub const CLUSTER_RESTART_FREE_BYTES_MIN: u64 = 64 * 1024 * 1024;
+
 /// How long a new leader waits for its announcement (the barrier behind
 /// which every earlier committed entry is applied) before it tries again.
 pub const CLUSTER_ANNOUNCE_TIMEOUT_MS: u64 = 5_000;

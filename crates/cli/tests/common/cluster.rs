@@ -316,3 +316,68 @@ impl Drop for Cluster {
         let _may_be_gone = std::fs::remove_dir_all(&self.root);
     }
 }
+
+/// Publishes messages `ids` (each body: the id, little-endian, padded to
+/// `bytes`) persistent to the durable queue `queue` through `uri`, each
+/// confirmed before the next; returns the confirmed ids (all of them: a
+/// nack fails the test).
+pub async fn publish(
+    uri: &str,
+    queue: &str,
+    ids: std::ops::Range<u64>,
+    bytes: usize,
+) -> std::collections::HashSet<u64> {
+    use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+    let conn = lapin::Connection::connect(uri, Default::default())
+        .await
+        .expect("connect to the leader");
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    ch.queue_declare(queue.into(), durable, lapin::types::FieldTable::default())
+        .await
+        .unwrap();
+    let mut confirmed = std::collections::HashSet::new();
+    for id in ids {
+        let mut body = id.to_le_bytes().to_vec();
+        body.resize(bytes.max(8), b'x');
+        let c = ch
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                &body,
+                lapin::BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .expect("publish");
+        assert!(c.await.expect("confirm").is_ack(), "message {id} nacked");
+        confirmed.insert(id);
+    }
+    let _ = conn.close(200, "published".into()).await;
+    confirmed
+}
+
+/// Takes (and acks) every message of `queue` through `uri`: the ids.
+pub async fn drain(uri: &str, queue: &str) -> std::collections::HashSet<u64> {
+    use lapin::options::{BasicAckOptions, BasicGetOptions};
+    let conn = lapin::Connection::connect(uri, Default::default())
+        .await
+        .expect("connect to the leader");
+    let ch = conn.create_channel().await.unwrap();
+    let mut got = std::collections::HashSet::new();
+    while let Some(m) = ch
+        .basic_get(queue.into(), BasicGetOptions::default())
+        .await
+        .expect("basic.get")
+    {
+        got.insert(u64::from_le_bytes(m.delivery.data[..8].try_into().unwrap()));
+        m.delivery.ack(BasicAckOptions::default()).await.unwrap();
+    }
+    got
+}

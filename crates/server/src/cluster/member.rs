@@ -11,6 +11,11 @@
 //!   stops serving at once: it replaces itself with a fresh process
 //!   (`exec` of the same command line), which starts as a follower. Its
 //!   in-memory broker state is never trusted again.
+//! - A member whose Raft stopped (a write to its log failed: a full disk)
+//!   says so in its alarms, waits until its data directories have room
+//!   again, and restarts the same way: its log is reopened, a torn tail
+//!   cut, and it catches up from the leader. Nothing it acknowledged is
+//!   lost (an append is answered only once fdatasynced).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -28,7 +33,10 @@ use super::replica::Replica;
 use super::view::{Announcements, ClusterView, Serves};
 use crate::config::Config;
 use crate::journal::StoreJournal;
-use crate::limits::{CLUSTER_ANNOUNCE_TIMEOUT_MS, CLUSTER_ROLE_POLL_MS, RAFT_WORKER_THREADS};
+use crate::limits::{
+    CLUSTER_ANNOUNCE_TIMEOUT_MS, CLUSTER_RESTART_AFTER_STOP_MS, CLUSTER_RESTART_FREE_BYTES_MIN,
+    CLUSTER_ROLE_POLL_MS, RAFT_WORKER_THREADS,
+};
 use crate::ServerError;
 
 pub struct Member {
@@ -37,6 +45,10 @@ pub struct Member {
     /// Where the cluster listener is bound.
     pub cluster_addr: SocketAddr,
     lease: Duration,
+    /// The data directories, and the free space that lets a member whose
+    /// Raft stopped start again.
+    data_dirs: Vec<PathBuf>,
+    room_bytes: u64,
     /// Raft's own runtime (see `start`).
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -188,6 +200,11 @@ impl Member {
             replica,
             cluster_addr,
             lease: Duration::from_millis(t),
+            data_dirs: config.store.data_dirs.clone(),
+            room_bytes: config
+                .limits
+                .disk_free_bytes_min
+                .max(CLUSTER_RESTART_FREE_BYTES_MIN),
             runtime: Some(runtime),
         })
     }
@@ -205,9 +222,16 @@ impl Member {
     /// and applied (so is every entry before it).
     pub async fn until_leading(&self, serves: &Serves) {
         let poll = Duration::from_millis(CLUSTER_ROLE_POLL_MS);
+        let mut stopped_since = None;
         loop {
             if let Some(why) = self.replica.failure() {
                 restart(&why);
+            }
+            if self.view.node.status().role == berth_cluster::Role::Stopped {
+                let since = *stopped_since.get_or_insert_with(std::time::Instant::now);
+                self.restart_when_room(since);
+                tokio::time::sleep(poll).await;
+                continue;
             }
             if !self.view.leads() || !self.view.node.may_serve() {
                 tokio::time::sleep(poll).await;
@@ -233,6 +257,22 @@ impl Member {
                     tokio::time::sleep(poll).await;
                 }
             }
+        }
+    }
+
+    /// Raft stopped (since `since`): a write to its log failed. Restarts
+    /// once the data directories have room again, and not sooner than
+    /// [`CLUSTER_RESTART_AFTER_STOP_MS`] after the stop (a failing disk
+    /// must not turn into a loop of restarts).
+    fn restart_when_room(&self, since: std::time::Instant) {
+        if since.elapsed() < Duration::from_millis(CLUSTER_RESTART_AFTER_STOP_MS) {
+            return;
+        }
+        match crate::disk::lowest_free_bytes(&self.data_dirs) {
+            Ok(free) if free >= self.room_bytes => restart(&format!(
+                "its Raft stopped after a failed log write; the disk has room again ({free} bytes free)"
+            )),
+            Ok(_) | Err(_) => {}
         }
     }
 
