@@ -31,7 +31,7 @@ mod placement;
 mod stored_stream;
 
 pub use completion::{all_of, complete, split_done, Done};
-pub use delayed_payload::{decode_delayed, encode_delayed};
+pub use delayed_payload::{decode_delayed, due_of, encode_delayed, DUE_BYTES};
 pub use durability::{Durability, PAGING_BIT};
 pub use error::JournalError;
 pub use journal::{EventSink, Journal};

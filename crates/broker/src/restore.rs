@@ -24,7 +24,7 @@ use berth_protocol::codec::decode_field_table;
 use parking_lot::Mutex;
 
 use crate::broker::Broker;
-use crate::durable::decode_delayed;
+use crate::durable::{due_of, DUE_BYTES};
 use crate::limits::{RESTORE_PAGED_RUN_MESSAGES, RESTORE_READ_BATCH_MESSAGES, RESTORE_THREADS_MAX};
 use crate::message::Message;
 use crate::meta::{key_kind, queue_id_of, ExchangeDef, MetaCommand};
@@ -257,8 +257,9 @@ impl Broker {
     }
 
     /// Puts a delayed exchange's stored messages back in it: each one's due
-    /// time is read from its record (time in proportion to the messages
-    /// pending, not to history); bodies stay on disk.
+    /// time is read from the first 8 bytes of its record's payload, not
+    /// its body (time and memory in proportion to the messages pending,
+    /// not to their bytes or to history); bodies stay on disk.
     fn restore_delayed(
         &self,
         x: &ExchangeDef,
@@ -274,17 +275,18 @@ impl Broker {
                 .filter(|(_, b)| matches!(b, StoredBody::OnDisk { .. }))
                 .map(|(m, _)| *m)
                 .collect();
-            let mut read = self.journal().read_many(id, &on_disk).into_iter();
+            let heads = self.journal().read_heads(id, &on_disk, DUE_BYTES);
+            let mut read = heads.into_iter();
             for (mid, body) in chunk {
-                let payload = match body {
+                let head = match body {
                     StoredBody::Payload(p) => Ok(p.clone()),
                     StoredBody::OnDisk { .. } => read.next().expect("one result per message"),
                 };
-                match payload
+                match head
                     .map_err(|e| e.to_string())
-                    .and_then(|p| decode_delayed(&p).ok_or_else(|| "no due time".to_owned()))
+                    .and_then(|p| due_of(&p).ok_or_else(|| "no due time".to_owned()))
                 {
-                    Ok((due, _)) => held.push((due, *mid)),
+                    Ok(due) => held.push((due, *mid)),
                     Err(why) => report.skipped.push(format!(
                         "delayed message {mid} of exchange '{}': {why}",
                         x.name
