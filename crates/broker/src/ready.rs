@@ -210,6 +210,28 @@ impl Ready {
         }
     }
 
+    /// Takes out, in order, every entry for which `f` (which may change
+    /// it) says yes; one pass over the queue.
+    pub(crate) fn take_where(&mut self, mut f: impl FnMut(&mut Entry) -> bool) -> Vec<Entry> {
+        let mut out = Vec::new();
+        for l in 0..self.levels.len() {
+            let level = std::mem::take(&mut self.levels[l]);
+            let mut kept = VecDeque::with_capacity(level.len());
+            for mut e in level {
+                if f(&mut e) {
+                    out.push(e);
+                } else {
+                    kept.push_back(e);
+                }
+            }
+            self.levels[l] = kept;
+        }
+        for e in &out {
+            self.count_out(e);
+        }
+        out
+    }
+
     pub(crate) fn drain(&mut self) -> Vec<Entry> {
         self.len = 0;
         self.bytes = 0;

@@ -24,14 +24,15 @@ use berth_protocol::codec::decode_field_table;
 use parking_lot::Mutex;
 
 use crate::broker::Broker;
-use crate::durable::{due_of, DUE_BYTES};
+use crate::durable::{decode_retry_mark, due_of, retry_id, retry_id_of, RetryMark, DUE_BYTES};
 use crate::limits::{RESTORE_PAGED_RUN_MESSAGES, RESTORE_READ_BATCH_MESSAGES, RESTORE_THREADS_MAX};
 use crate::message::Message;
 use crate::meta::{key_kind, queue_id_of, ExchangeDef, MetaCommand};
 use crate::queue::{Queue, StoredEntry};
 
-/// A queue and its stored messages, to be put back.
-type QueueJob = (Arc<Queue>, u64, Held);
+/// A queue, its stored messages and its retry marks (mark id, mark), to be
+/// put back.
+type QueueJob = (Arc<Queue>, u64, Held, Vec<(u64, RetryMark)>);
 
 /// One queue's (or delayed exchange's) stored messages, in id order.
 enum Held {
@@ -103,9 +104,11 @@ impl Recovered {
             .max()
             .unwrap_or(0)
             + 1;
+        // A retry id is a queue's, with a bit set: not a queue id itself.
         let stored = (self.messages.keys())
             .chain(self.paged.keys())
             .chain(self.streams.keys())
+            .filter(|q| retry_id_of(**q).is_none())
             .max();
         (msg, queue.max(stored.map_or(1, |m| m + 1)))
     }
@@ -225,7 +228,8 @@ impl Broker {
                         let appended = streams.remove(&d.id);
                         self.restore_stream(&q, appended.as_ref(), held.into_stored(), &mut report);
                     } else {
-                        queued.push((q, d.id, held));
+                        let marks = self.read_retry_marks(&q, take(retry_id(d.id)), &mut report);
+                        queued.push((q, d.id, held, marks));
                     }
                 }
                 _ => {}
@@ -244,7 +248,7 @@ impl Broker {
             .collect();
         left.sort_unstable();
         for (qid, count) in left {
-            if claims.orphans(qid) {
+            if claims.orphans(retry_id_of(qid).unwrap_or(qid)) {
                 report.orphaned_queues.push(qid);
                 report.orphaned_messages += count;
             } else {
@@ -341,12 +345,12 @@ impl Broker {
             .min(RESTORE_THREADS_MAX)
             .min(jobs.len());
         if threads <= 1 {
-            for (q, id, held) in jobs {
-                self.restore_messages(&q, id, held, now, report);
+            for (q, id, held, marks) in jobs {
+                self.restore_messages(&q, id, held, marks, now, report);
             }
             return;
         }
-        jobs.sort_by_key(|(_, _, held)| std::cmp::Reverse(held.len()));
+        jobs.sort_by_key(|(_, _, held, _)| std::cmp::Reverse(held.len()));
         let slots: Vec<Mutex<Option<QueueJob>>> =
             jobs.into_iter().map(|j| Mutex::new(Some(j))).collect();
         let done: Vec<Mutex<RestoreReport>> = slots.iter().map(|_| Mutex::default()).collect();
@@ -356,8 +360,8 @@ impl Broker {
                 s.spawn(|| loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(slot) = slots.get(i) else { break };
-                    let (q, id, held) = slot.lock().take().expect("each job taken once");
-                    self.restore_messages(&q, id, held, now, &mut done[i].lock());
+                    let (q, id, held, marks) = slot.lock().take().expect("each job taken once");
+                    self.restore_messages(&q, id, held, marks, now, &mut done[i].lock());
                 });
             }
         });
@@ -368,8 +372,65 @@ impl Broker {
         }
     }
 
-    /// Puts a restored queue's messages back in it, in order.
+    /// A queue's retry marks, read back (20 bytes each); one that does not
+    /// decode is reported and left in the journal.
+    fn read_retry_marks(
+        &self,
+        q: &Queue,
+        held: Held,
+        report: &mut RestoreReport,
+    ) -> Vec<(u64, RetryMark)> {
+        let Some(qid) = q.store_id else {
+            return Vec::new();
+        };
+        let stored = held.into_stored();
+        let mut marks = Vec::with_capacity(stored.len());
+        for chunk in stored.chunks(RESTORE_READ_BATCH_MESSAGES) {
+            let ids: Vec<u64> = chunk.iter().map(|(m, _)| *m).collect();
+            let mut read = self.journal().read_many(retry_id(qid), &ids).into_iter();
+            for (mark_id, body) in chunk {
+                let payload = match body {
+                    StoredBody::Payload(p) => {
+                        read.next();
+                        Ok(p.clone())
+                    }
+                    StoredBody::OnDisk { .. } => read.next().expect("one result per message"),
+                };
+                match payload
+                    .map_err(|e| e.to_string())
+                    .and_then(|p| decode_retry_mark(&p).ok_or_else(|| format!("{} bytes", p.len())))
+                {
+                    Ok(m) => marks.push((*mark_id, m)),
+                    Err(why) => report
+                        .skipped
+                        .push(format!("retry mark {mark_id} of queue '{}': {why}", q.name)),
+                }
+            }
+        }
+        marks
+    }
+
+    /// Puts a restored queue's messages back in it, in order, then gives
+    /// the marked ones their count of returns and the rest of their wait;
+    /// marks that name no message of it are removed.
     fn restore_messages(
+        &self,
+        q: &Arc<Queue>,
+        id: u64,
+        held: Held,
+        marks: Vec<(u64, RetryMark)>,
+        now: Instant,
+        report: &mut RestoreReport,
+    ) {
+        self.restore_entries(q, id, held, now, report);
+        let stale = q.restore_retries(marks, now);
+        if !stale.is_empty() {
+            self.journal().remove(retry_id(id), &stale, None);
+        }
+    }
+
+    /// Puts a restored queue's messages back in it, in order.
+    fn restore_entries(
         &self,
         q: &Arc<Queue>,
         id: u64,
