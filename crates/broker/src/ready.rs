@@ -211,20 +211,18 @@ impl Ready {
     }
 
     /// Takes out, in order, every entry for which `f` (which may change
-    /// it) says yes; one pass over the queue.
+    /// it) says yes: one pass over the queue, in place (a deep queue is
+    /// not copied to take a few out).
     pub(crate) fn take_where(&mut self, mut f: impl FnMut(&mut Entry) -> bool) -> Vec<Entry> {
         let mut out = Vec::new();
-        for l in 0..self.levels.len() {
-            let level = std::mem::take(&mut self.levels[l]);
-            let mut kept = VecDeque::with_capacity(level.len());
-            for mut e in level {
-                if f(&mut e) {
-                    out.push(e);
-                } else {
-                    kept.push_back(e);
+        for level in &mut self.levels {
+            level.retain_mut(|e| {
+                let take = f(e);
+                if take {
+                    out.push(e.clone());
                 }
-            }
-            self.levels[l] = kept;
+                !take
+            });
         }
         for e in &out {
             self.count_out(e);
