@@ -78,9 +78,10 @@ fn payload_span(rec: &[u8], msg: MsgId, loc: Loc) -> Result<(usize, usize), Stri
 impl Store {
     /// The first `len` bytes of each message's payload (all of it when
     /// shorter), without reading the rest: heads close to each other in
-    /// a segment are read with one `pread` (through the page cache, so
-    /// the kernel's read-ahead serves a long run of small records). One
-    /// result per message, in the order asked.
+    /// a segment are read with one read, as [`Store::read_many`] reads
+    /// (past the page cache where the segment was appended past it, so a
+    /// restart does not fill the cache with segments nobody reads soon).
+    /// One result per message, in the order asked.
     pub fn read_heads(
         &self,
         queue: QueueId,
@@ -112,7 +113,6 @@ impl Store {
             .collect();
         let mut order: Vec<usize> = (0..msgs.len()).filter(|&i| located[i].is_some()).collect();
         order.sort_by_key(|&i| located[i].as_ref().map(|(_, l)| (l.seg, l.offset)));
-        let mut buf = Vec::new();
         let mut at = 0;
         while at < order.len() {
             let (file, first) = located[order[at]].clone().expect("located");
@@ -132,8 +132,7 @@ impl Store {
                 run_end += 1;
             }
             let path = crate::segment::segment_path(&group.shared.dir, first.seg);
-            buf.resize(usize::try_from(end - start).expect("at most 1 MiB"), 0);
-            let read = file.read_exact_at(&mut buf, start);
+            let read = file.read_owned(start, usize::try_from(end - start).expect("at most 1 MiB"));
             for &i in &order[at..run_end] {
                 let (file, l) = located[i].as_ref().expect("located");
                 let from = (u64::from(l.offset) - start) as usize;
@@ -143,7 +142,7 @@ impl Store {
                         &path,
                         std::io::Error::new(e.kind(), e.to_string()),
                     )),
-                    Ok(()) => {
+                    Ok(buf) => {
                         let rec = &buf[from..from + window(l) as usize];
                         head_of(file.as_ref(), rec, msgs[i], *l, len).map_err(|reason| {
                             StoreError::Corrupt {
@@ -179,8 +178,9 @@ fn head_of(
     if payload + take <= rec.len() {
         return Ok(Bytes::copy_from_slice(&rec[payload..payload + take]));
     }
-    let mut head = vec![0; take];
-    file.read_exact_at(&mut head, u64::from(loc.offset) + payload as u64)
+    let at = u64::from(loc.offset) + payload as u64;
+    let head = (file.read_owned(at, take))
         .map_err(|e| format!("reading the head of message {}: {e}", msg.0))?;
-    Ok(Bytes::from(head))
+    // Copied: the read may hold a whole block.
+    Ok(Bytes::copy_from_slice(&head))
 }
