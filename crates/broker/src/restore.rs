@@ -24,7 +24,9 @@ use berth_protocol::codec::decode_field_table;
 use parking_lot::Mutex;
 
 use crate::broker::Broker;
-use crate::durable::{decode_retry_mark, due_of, retry_id, retry_id_of, RetryMark, DUE_BYTES};
+use crate::durable::{
+    decode_retry_mark, due_of, retry_id, retry_id_of, JournalError, RetryMark, DUE_BYTES,
+};
 use crate::limits::{RESTORE_PAGED_RUN_MESSAGES, RESTORE_READ_BATCH_MESSAGES, RESTORE_THREADS_MAX};
 use crate::message::Message;
 use crate::meta::{key_kind, queue_id_of, ExchangeDef, MetaCommand};
@@ -214,8 +216,7 @@ impl Broker {
                 MetaCommand::PutExchange(x) => {
                     report.exchanges += 1;
                     if let Some(id) = x.delayed_id {
-                        let stored = take(id).into_stored();
-                        self.restore_delayed(x, id, stored, &mut report);
+                        self.restore_delayed(x, id, take(id), &mut report);
                     }
                 }
                 MetaCommand::PutBinding(_) => report.bindings += 1,
@@ -264,42 +265,54 @@ impl Broker {
     /// time is read from the first 8 bytes of its record's payload, not
     /// its body (time and memory in proportion to the messages pending,
     /// not to their bytes or to history); bodies stay on disk.
-    fn restore_delayed(
-        &self,
-        x: &ExchangeDef,
-        id: u64,
-        stored: Vec<(u64, StoredBody)>,
-        report: &mut RestoreReport,
-    ) {
+    fn restore_delayed(&self, x: &ExchangeDef, id: u64, stored: Held, report: &mut RestoreReport) {
         let v = self.vhost(&x.vhost).expect("applied in this vhost");
         let ex = v.exchange(&x.name).expect("just applied");
         let mut held = Vec::with_capacity(stored.len());
-        for chunk in stored.chunks(RESTORE_READ_BATCH_MESSAGES) {
-            let on_disk: Vec<u64> = (chunk.iter())
-                .filter(|(_, b)| matches!(b, StoredBody::OnDisk { .. }))
-                .map(|(m, _)| *m)
-                .collect();
-            let heads = self.journal().read_heads(id, &on_disk, DUE_BYTES);
-            let mut read = heads.into_iter();
-            for (mid, body) in chunk {
-                let head = match body {
-                    StoredBody::Payload(p) => Ok(p.clone()),
-                    StoredBody::OnDisk { .. } => read.next().expect("one result per message"),
-                };
-                match head
-                    .map_err(|e| e.to_string())
-                    .and_then(|p| due_of(&p).ok_or_else(|| "no due time".to_owned()))
-                {
-                    Ok(due) => held.push((due, *mid)),
-                    Err(why) => report.skipped.push(format!(
-                        "delayed message {mid} of exchange '{}': {why}",
-                        x.name
-                    )),
+        let mut put = |mid: u64, head: Result<bytes::Bytes, JournalError>| match head
+            .map_err(|e| e.to_string())
+            .and_then(|p| due_of(&p).ok_or_else(|| "no due time".to_owned()))
+        {
+            Ok(due) => held.push((due, mid)),
+            Err(why) => report.skipped.push(format!(
+                "delayed message {mid} of exchange '{}': {why}",
+                x.name
+            )),
+        };
+        match stored {
+            // After a restart: ids and sizes only, never converted to a
+            // list of bodies (40 bytes a message, at its peak).
+            Held::Paged(list) => {
+                for chunk in list.chunks(RESTORE_READ_BATCH_MESSAGES) {
+                    let ids: Vec<u64> = chunk.iter().map(|(m, _)| *m).collect();
+                    let heads = self.journal().read_heads(id, &ids, DUE_BYTES);
+                    for (mid, head) in ids.into_iter().zip(heads) {
+                        put(mid, head);
+                    }
+                }
+            }
+            Held::Stored(list) => {
+                for chunk in list.chunks(RESTORE_READ_BATCH_MESSAGES) {
+                    let on_disk: Vec<u64> = (chunk.iter())
+                        .filter(|(_, b)| matches!(b, StoredBody::OnDisk { .. }))
+                        .map(|(m, _)| *m)
+                        .collect();
+                    let heads = self.journal().read_heads(id, &on_disk, DUE_BYTES);
+                    let mut read = heads.into_iter();
+                    for (mid, body) in chunk {
+                        let head = match body {
+                            StoredBody::Payload(p) => Ok(p.clone()),
+                            StoredBody::OnDisk { .. } => {
+                                read.next().expect("one result per message")
+                            }
+                        };
+                        put(*mid, head);
+                    }
                 }
             }
         }
         report.delayed_messages += held.len();
-        v.restore_delayed(&ex, &held);
+        v.restore_delayed(&ex, held);
     }
 
     /// Rebuilds a stream from what the journal holds of it: its appends
