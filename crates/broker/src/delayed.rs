@@ -153,6 +153,20 @@ impl Delayed {
         p.needs_timer(key.0)
     }
 
+    /// Holds stored messages whose bodies are on disk (a restart puts
+    /// millions back): one lock, and the index built in one pass from
+    /// the keys sorted, not one B-tree insert in random order each.
+    /// Returns the time a timer must be set for, as [`Delayed::hold`].
+    pub fn hold_on_disk(&self, mut keys: Vec<DueKey>) -> Option<u64> {
+        let first = keys.iter().min()?.0;
+        let mut p = self.pending.lock();
+        keys.extend(std::mem::take(&mut p.by_due));
+        // Collecting a vector reuses its buffer; the set sorts it and
+        // builds its nodes in one pass.
+        p.by_due = keys.into_iter().collect();
+        p.needs_timer(first)
+    }
+
     /// A stored message's write ended (called from the completion: it
     /// only records the outcome).
     pub fn note_written(&self, key: DueKey, outcome: WriteOutcome) {

@@ -11,7 +11,8 @@
 //! (`error.rs`), completions (`completion.rs`), the shared ids and
 //! deferred removals (`durability.rs`), journals without a disk
 //! (`memory.rs`), the message payload encoding (`payload.rs`), a delayed
-//! message's (`delayed_payload.rs`).
+//! message's (`delayed_payload.rs`), a delayed retry's count and wait
+//! (`retry_mark.rs`).
 //!
 //! Invariants:
 //! - A message's publish record is handed to the journal before the message
@@ -28,10 +29,11 @@ mod journal;
 mod memory;
 mod payload;
 mod placement;
+mod retry_mark;
 mod stored_stream;
 
 pub use completion::{all_of, complete, split_done, Done};
-pub use delayed_payload::{decode_delayed, encode_delayed};
+pub use delayed_payload::{decode_delayed, due_of, encode_delayed, DUE_BYTES};
 pub use durability::{Durability, PAGING_BIT};
 pub use error::JournalError;
 pub use journal::{EventSink, Journal};
@@ -41,6 +43,10 @@ pub use payload::{
     MESSAGE_HEAD_BYTES_MAX,
 };
 pub use placement::Placement;
+pub use retry_mark::{
+    decode_retry_mark, encode_retry_mark, retry_id, retry_id_of, RetryMark, RETRY_BIT,
+    RETRY_MARK_BYTES,
+};
 pub use stored_stream::StoredStream;
 
 // The metadata key namespace lives with the metadata commands; these stay

@@ -27,9 +27,9 @@ pub const DELAYED_ROUTED_PER_TURN_MAX: usize = 10_000;
 /// (`x-delivery-limit`), as RabbitMQ 4's quorum queues default it.
 pub const DELAYED_RETRY_DELIVERY_LIMIT_DEFAULT: u64 = 20;
 
-/// Stored delayed messages read back together at restore (for their due
-/// times).
-pub const RESTORE_READ_BATCH_MESSAGES: usize = 1024;
+/// Stored delayed messages whose due times (8 bytes each, not their
+/// bodies) are read back together at restore.
+pub const RESTORE_READ_BATCH_MESSAGES: usize = 65_536;
 
 /// Restored messages whose bodies stay on disk put back into their queue
 /// under one lock: the queue is scheduled and reported once per run, not

@@ -727,7 +727,7 @@ impl Queue {
                         if delivery_limit(&args).is_none_or(|l| u64::from(m.returns) <= l) {
                             // With delayed retry it waits its backoff first.
                             match retry::due_at(&args.delayed_retry, m.returns, now) {
-                                Some(due) => s.retrying.hold(due, Entry::resident(m)),
+                                Some(due) => q.start_wait(s, m, due, now, fx),
                                 None => s.ready.insert_by_seq(Entry::resident(m)),
                             }
                             continue;

@@ -210,6 +210,26 @@ impl Ready {
         }
     }
 
+    /// Takes out, in order, every entry for which `f` (which may change
+    /// it) says yes: one pass over the queue, in place (a deep queue is
+    /// not copied to take a few out).
+    pub(crate) fn take_where(&mut self, mut f: impl FnMut(&mut Entry) -> bool) -> Vec<Entry> {
+        let mut out = Vec::new();
+        for level in &mut self.levels {
+            level.retain_mut(|e| {
+                let take = f(e);
+                if take {
+                    out.push(e.clone());
+                }
+                !take
+            });
+        }
+        for e in &out {
+            self.count_out(e);
+        }
+        out
+    }
+
     pub(crate) fn drain(&mut self) -> Vec<Entry> {
         self.len = 0;
         self.bytes = 0;

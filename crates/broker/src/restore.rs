@@ -24,14 +24,17 @@ use berth_protocol::codec::decode_field_table;
 use parking_lot::Mutex;
 
 use crate::broker::Broker;
-use crate::durable::decode_delayed;
+use crate::durable::{
+    decode_retry_mark, due_of, retry_id, retry_id_of, JournalError, RetryMark, DUE_BYTES,
+};
 use crate::limits::{RESTORE_PAGED_RUN_MESSAGES, RESTORE_READ_BATCH_MESSAGES, RESTORE_THREADS_MAX};
 use crate::message::Message;
 use crate::meta::{key_kind, queue_id_of, ExchangeDef, MetaCommand};
 use crate::queue::{Queue, StoredEntry};
 
-/// A queue and its stored messages, to be put back.
-type QueueJob = (Arc<Queue>, u64, Held);
+/// A queue, its stored messages and its retry marks (mark id, mark), to be
+/// put back.
+type QueueJob = (Arc<Queue>, u64, Held, Vec<(u64, RetryMark)>);
 
 /// One queue's (or delayed exchange's) stored messages, in id order.
 enum Held {
@@ -103,9 +106,11 @@ impl Recovered {
             .max()
             .unwrap_or(0)
             + 1;
+        // A retry id is a queue's, with a bit set: not a queue id itself.
         let stored = (self.messages.keys())
             .chain(self.paged.keys())
             .chain(self.streams.keys())
+            .filter(|q| retry_id_of(**q).is_none())
             .max();
         (msg, queue.max(stored.map_or(1, |m| m + 1)))
     }
@@ -211,8 +216,7 @@ impl Broker {
                 MetaCommand::PutExchange(x) => {
                     report.exchanges += 1;
                     if let Some(id) = x.delayed_id {
-                        let stored = take(id).into_stored();
-                        self.restore_delayed(x, id, stored, &mut report);
+                        self.restore_delayed(x, id, take(id), &mut report);
                     }
                 }
                 MetaCommand::PutBinding(_) => report.bindings += 1,
@@ -225,7 +229,8 @@ impl Broker {
                         let appended = streams.remove(&d.id);
                         self.restore_stream(&q, appended.as_ref(), held.into_stored(), &mut report);
                     } else {
-                        queued.push((q, d.id, held));
+                        let marks = self.read_retry_marks(&q, take(retry_id(d.id)), &mut report);
+                        queued.push((q, d.id, held, marks));
                     }
                 }
                 _ => {}
@@ -244,7 +249,7 @@ impl Broker {
             .collect();
         left.sort_unstable();
         for (qid, count) in left {
-            if claims.orphans(qid) {
+            if claims.orphans(retry_id_of(qid).unwrap_or(qid)) {
                 report.orphaned_queues.push(qid);
                 report.orphaned_messages += count;
             } else {
@@ -257,43 +262,57 @@ impl Broker {
     }
 
     /// Puts a delayed exchange's stored messages back in it: each one's due
-    /// time is read from its record (time in proportion to the messages
-    /// pending, not to history); bodies stay on disk.
-    fn restore_delayed(
-        &self,
-        x: &ExchangeDef,
-        id: u64,
-        stored: Vec<(u64, StoredBody)>,
-        report: &mut RestoreReport,
-    ) {
+    /// time is read from the first 8 bytes of its record's payload, not
+    /// its body (time and memory in proportion to the messages pending,
+    /// not to their bytes or to history); bodies stay on disk.
+    fn restore_delayed(&self, x: &ExchangeDef, id: u64, stored: Held, report: &mut RestoreReport) {
         let v = self.vhost(&x.vhost).expect("applied in this vhost");
         let ex = v.exchange(&x.name).expect("just applied");
         let mut held = Vec::with_capacity(stored.len());
-        for chunk in stored.chunks(RESTORE_READ_BATCH_MESSAGES) {
-            let on_disk: Vec<u64> = (chunk.iter())
-                .filter(|(_, b)| matches!(b, StoredBody::OnDisk { .. }))
-                .map(|(m, _)| *m)
-                .collect();
-            let mut read = self.journal().read_many(id, &on_disk).into_iter();
-            for (mid, body) in chunk {
-                let payload = match body {
-                    StoredBody::Payload(p) => Ok(p.clone()),
-                    StoredBody::OnDisk { .. } => read.next().expect("one result per message"),
-                };
-                match payload
-                    .map_err(|e| e.to_string())
-                    .and_then(|p| decode_delayed(&p).ok_or_else(|| "no due time".to_owned()))
-                {
-                    Ok((due, _)) => held.push((due, *mid)),
-                    Err(why) => report.skipped.push(format!(
-                        "delayed message {mid} of exchange '{}': {why}",
-                        x.name
-                    )),
+        let mut put = |mid: u64, head: Result<bytes::Bytes, JournalError>| match head
+            .map_err(|e| e.to_string())
+            .and_then(|p| due_of(&p).ok_or_else(|| "no due time".to_owned()))
+        {
+            Ok(due) => held.push((due, mid)),
+            Err(why) => report.skipped.push(format!(
+                "delayed message {mid} of exchange '{}': {why}",
+                x.name
+            )),
+        };
+        match stored {
+            // After a restart: ids and sizes only, never converted to a
+            // list of bodies (40 bytes a message, at its peak).
+            Held::Paged(list) => {
+                for chunk in list.chunks(RESTORE_READ_BATCH_MESSAGES) {
+                    let ids: Vec<u64> = chunk.iter().map(|(m, _)| *m).collect();
+                    let heads = self.journal().read_heads(id, &ids, DUE_BYTES);
+                    for (mid, head) in ids.into_iter().zip(heads) {
+                        put(mid, head);
+                    }
+                }
+            }
+            Held::Stored(list) => {
+                for chunk in list.chunks(RESTORE_READ_BATCH_MESSAGES) {
+                    let on_disk: Vec<u64> = (chunk.iter())
+                        .filter(|(_, b)| matches!(b, StoredBody::OnDisk { .. }))
+                        .map(|(m, _)| *m)
+                        .collect();
+                    let heads = self.journal().read_heads(id, &on_disk, DUE_BYTES);
+                    let mut read = heads.into_iter();
+                    for (mid, body) in chunk {
+                        let head = match body {
+                            StoredBody::Payload(p) => Ok(p.clone()),
+                            StoredBody::OnDisk { .. } => {
+                                read.next().expect("one result per message")
+                            }
+                        };
+                        put(*mid, head);
+                    }
                 }
             }
         }
         report.delayed_messages += held.len();
-        v.restore_delayed(&ex, &held);
+        v.restore_delayed(&ex, held);
     }
 
     /// Rebuilds a stream from what the journal holds of it: its appends
@@ -339,12 +358,12 @@ impl Broker {
             .min(RESTORE_THREADS_MAX)
             .min(jobs.len());
         if threads <= 1 {
-            for (q, id, held) in jobs {
-                self.restore_messages(&q, id, held, now, report);
+            for (q, id, held, marks) in jobs {
+                self.restore_messages(&q, id, held, marks, now, report);
             }
             return;
         }
-        jobs.sort_by_key(|(_, _, held)| std::cmp::Reverse(held.len()));
+        jobs.sort_by_key(|(_, _, held, _)| std::cmp::Reverse(held.len()));
         let slots: Vec<Mutex<Option<QueueJob>>> =
             jobs.into_iter().map(|j| Mutex::new(Some(j))).collect();
         let done: Vec<Mutex<RestoreReport>> = slots.iter().map(|_| Mutex::default()).collect();
@@ -354,8 +373,8 @@ impl Broker {
                 s.spawn(|| loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(slot) = slots.get(i) else { break };
-                    let (q, id, held) = slot.lock().take().expect("each job taken once");
-                    self.restore_messages(&q, id, held, now, &mut done[i].lock());
+                    let (q, id, held, marks) = slot.lock().take().expect("each job taken once");
+                    self.restore_messages(&q, id, held, marks, now, &mut done[i].lock());
                 });
             }
         });
@@ -366,8 +385,65 @@ impl Broker {
         }
     }
 
-    /// Puts a restored queue's messages back in it, in order.
+    /// A queue's retry marks, read back (20 bytes each); one that does not
+    /// decode is reported and left in the journal.
+    fn read_retry_marks(
+        &self,
+        q: &Queue,
+        held: Held,
+        report: &mut RestoreReport,
+    ) -> Vec<(u64, RetryMark)> {
+        let Some(qid) = q.store_id else {
+            return Vec::new();
+        };
+        let stored = held.into_stored();
+        let mut marks = Vec::with_capacity(stored.len());
+        for chunk in stored.chunks(RESTORE_READ_BATCH_MESSAGES) {
+            let ids: Vec<u64> = chunk.iter().map(|(m, _)| *m).collect();
+            let mut read = self.journal().read_many(retry_id(qid), &ids).into_iter();
+            for (mark_id, body) in chunk {
+                let payload = match body {
+                    StoredBody::Payload(p) => {
+                        read.next();
+                        Ok(p.clone())
+                    }
+                    StoredBody::OnDisk { .. } => read.next().expect("one result per message"),
+                };
+                match payload
+                    .map_err(|e| e.to_string())
+                    .and_then(|p| decode_retry_mark(&p).ok_or_else(|| format!("{} bytes", p.len())))
+                {
+                    Ok(m) => marks.push((*mark_id, m)),
+                    Err(why) => report
+                        .skipped
+                        .push(format!("retry mark {mark_id} of queue '{}': {why}", q.name)),
+                }
+            }
+        }
+        marks
+    }
+
+    /// Puts a restored queue's messages back in it, in order, then gives
+    /// the marked ones their count of returns and the rest of their wait;
+    /// marks that name no message of it are removed.
     fn restore_messages(
+        &self,
+        q: &Arc<Queue>,
+        id: u64,
+        held: Held,
+        marks: Vec<(u64, RetryMark)>,
+        now: Instant,
+        report: &mut RestoreReport,
+    ) {
+        self.restore_entries(q, id, held, now, report);
+        let stale = q.restore_retries(marks, now);
+        if !stale.is_empty() {
+            self.journal().remove(retry_id(id), &stale, None);
+        }
+    }
+
+    /// Puts a restored queue's messages back in it, in order.
+    fn restore_entries(
         &self,
         q: &Arc<Queue>,
         id: u64,

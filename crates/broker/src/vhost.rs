@@ -612,7 +612,10 @@ impl VHost {
         // After the definition: a purge without it would empty a queue
         // that a restart brings back. Messages left by a crash in between
         // belong to no queue and are reported at startup.
-        for id in paging_id.into_iter().chain(q.store_id) {
+        let marks = (q.store_id)
+            .filter(|_| q.has_retry_marks())
+            .map(crate::durable::retry_id);
+        for id in paging_id.into_iter().chain(q.store_id).chain(marks) {
             self.journal().purge(id, None);
         }
         drop(guard);

@@ -272,6 +272,31 @@ fn a_delayed_persistent_message_is_confirmed_once_stored_and_routed_once_after_a
 }
 
 #[test]
+fn a_restart_reads_each_pending_messages_due_time_not_its_body() {
+    use std::sync::atomic::Ordering;
+    let w = World::new();
+    w.declare_delayed("d", "direct", true);
+    w.queue("q", "d", "k", &FieldTable::default());
+    let big = "b".repeat(64 * 1024);
+    for i in 0..50u64 {
+        w.publish("d", &delayed("d", "k", &big, Some(1_000 + i as i64), true));
+    }
+    w.journal.bytes_read.store(0, Ordering::Relaxed);
+    let w2 = w.restart();
+    let read = w2.journal.bytes_read.load(Ordering::Relaxed);
+    assert!(
+        read <= 50 * 8,
+        "a restart read {read} bytes to learn 50 due times of 8 bytes each"
+    );
+    let e = w2.v.exchange("d").unwrap();
+    assert_eq!(e.delayed.as_ref().unwrap().stats().messages, 50);
+    w2.advance_ms(1_000);
+    assert_eq!(w2.take("q").len(), 1, "due times as stored");
+    w2.advance_ms(49);
+    assert_eq!(w2.take("q").len(), 49);
+}
+
+#[test]
 fn a_routed_message_whose_queue_copy_is_not_yet_durable_stays_stored() {
     // The removal waits for the routed copy (defer_removal): until the
     // next flush the record stays, so a crash in between routes it again

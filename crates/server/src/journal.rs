@@ -180,6 +180,16 @@ impl Journal for StoreJournal {
             .collect()
     }
 
+    fn read_heads(&self, queue: u64, msgs: &[u64], len: usize) -> Vec<Result<Bytes, JournalError>> {
+        let msgs: Vec<MsgId> = msgs.iter().map(|m| MsgId(*m)).collect();
+        blocking(|| self.store.read_heads(QueueId(queue), &msgs, len))
+            .into_iter()
+            .map(|r| {
+                r.map_err(|e| JournalError::caused_by("the store could not read the message", e))
+            })
+            .collect()
+    }
+
     fn pages(&self) -> bool {
         true
     }

@@ -35,6 +35,7 @@ use crate::storage::{OsStorage, Storage, StorageFile};
 use crate::writer::{self, Cmd, Done, GroupShared, Op, Outbox, Waiter, Writer, WriterInit};
 use crate::{group_of, MsgId, QueueId, StoreConfig};
 
+mod heads;
 mod live;
 mod online_backup;
 mod streams;

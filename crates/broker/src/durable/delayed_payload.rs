@@ -34,6 +34,13 @@ pub fn decode_delayed(p: &Bytes) -> Option<(u64, Bytes)> {
     Some((u64::from_be_bytes(due), p.slice(DUE_BYTES..)))
 }
 
+/// The due time alone, from a payload's first [`DUE_BYTES`] (all a
+/// restart reads of a pending message), or `None` if it is shorter.
+pub fn due_of(head: &[u8]) -> Option<u64> {
+    let due: [u8; DUE_BYTES] = head.get(..DUE_BYTES)?.try_into().ok()?;
+    Some(u64::from_be_bytes(due))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -53,6 +60,7 @@ mod tests {
         assert_eq!(&b[..], expected);
         let (due, back) = decode_delayed(&b).unwrap();
         assert_eq!((due, &back[..]), (0x0102_0304_0506_0708, &msg[..]));
+        assert_eq!(due_of(&b[..DUE_BYTES]), Some(due), "the head alone");
     }
 
     #[test]
@@ -60,6 +68,7 @@ mod tests {
         let b = encode_delayed(5, b"");
         for cut in 0..DUE_BYTES {
             assert!(decode_delayed(&b.slice(..cut)).is_none(), "cut at {cut}");
+            assert!(due_of(&b[..cut]).is_none(), "cut at {cut}");
         }
         assert_eq!(decode_delayed(&b), Some((5, Bytes::new())));
     }

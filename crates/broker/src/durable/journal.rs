@@ -142,6 +142,15 @@ pub trait Journal: Send + Sync {
     fn read_many(&self, queue: u64, msgs: &[u64]) -> Vec<Result<Bytes, JournalError>> {
         msgs.iter().map(|m| self.read(queue, *m)).collect()
     }
+    /// The first `len` bytes of each stored message's payload (all of it
+    /// when shorter), for what a payload says up front without its body (a
+    /// delayed message's due time at restart): one result per message, in
+    /// order. A journal that cannot read less reads whole payloads.
+    fn read_heads(&self, queue: u64, msgs: &[u64], len: usize) -> Vec<Result<Bytes, JournalError>> {
+        (self.read_many(queue, msgs).into_iter())
+            .map(|r| r.map(|p| p.slice(..len.min(p.len()))))
+            .collect()
+    }
     /// Can messages be written for paging and read back? (A journal that
     /// keeps nothing says no, and queues keep every body in memory.)
     fn pages(&self) -> bool {

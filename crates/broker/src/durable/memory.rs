@@ -4,7 +4,7 @@
 //! fail metadata or message writes, as a store whose disk fails would).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -69,6 +69,9 @@ pub struct MemoryJournal {
     pub messages: Mutex<BTreeMap<u64, BTreeMap<u64, Bytes>>>,
     /// Streams by queue.
     pub streams: Mutex<BTreeMap<u64, MemoryStream>>,
+    /// Payload bytes handed back by reads (`read`, `read_many`,
+    /// `read_heads`), for tests that bound what a restart reads.
+    pub bytes_read: AtomicU64,
 }
 
 impl Journal for MemoryJournal {
@@ -111,14 +114,20 @@ impl Journal for MemoryJournal {
         Ok(())
     }
     fn read(&self, queue: u64, msg: u64) -> Result<Bytes, JournalError> {
-        self.messages
-            .lock()
-            .get(&queue)
-            .and_then(|q| q.get(&msg))
-            .cloned()
-            .ok_or_else(|| {
-                JournalError::new(format!("message {msg} of queue {queue} is not stored"))
+        let p = self.stored(queue, msg)?;
+        self.bytes_read.fetch_add(p.len() as u64, Ordering::Relaxed);
+        Ok(p)
+    }
+    fn read_heads(&self, queue: u64, msgs: &[u64], len: usize) -> Vec<Result<Bytes, JournalError>> {
+        (msgs.iter())
+            .map(|m| {
+                let p = self.stored(queue, *m)?;
+                let head = p.slice(..len.min(p.len()));
+                self.bytes_read
+                    .fetch_add(head.len() as u64, Ordering::Relaxed);
+                Ok(head)
             })
+            .collect()
     }
     fn stream_append(&self, queue: u64, offset: u64, payload: Bytes, done: Option<Done>) {
         (self.streams.lock())
@@ -167,6 +176,16 @@ impl Journal for MemoryJournal {
 }
 
 impl MemoryJournal {
+    /// Message `msg` of `queue` as stored, not counted as read.
+    fn stored(&self, queue: u64, msg: u64) -> Result<Bytes, JournalError> {
+        (self.messages.lock().get(&queue))
+            .and_then(|q| q.get(&msg))
+            .cloned()
+            .ok_or_else(|| {
+                JournalError::new(format!("message {msg} of queue {queue} is not stored"))
+            })
+    }
+
     /// Its streams as a store gives them back after a restart.
     pub fn stored_streams(&self) -> std::collections::HashMap<u64, super::StoredStream> {
         self.streams

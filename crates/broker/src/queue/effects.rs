@@ -17,7 +17,7 @@ use std::time::Instant;
 use smallvec::SmallVec;
 
 use crate::dead_letter::DeadLetter;
-use crate::durable::{split_done, Done, PAGING_BIT};
+use crate::durable::{retry_id, split_done, Done, PAGING_BIT};
 use crate::events::Origin;
 use crate::limits::FLOW_READY_MAX;
 use crate::timers::TimerTarget;
@@ -43,6 +43,10 @@ pub struct Effects {
     pub timer_at: Option<Instant>,
     /// Who caused the operation (the events it causes name them).
     pub origin: Origin,
+    /// Retry marks to store (mark id, payload) and to remove (mark ids),
+    /// under the queue's retry id (`queue/retry.rs`).
+    pub marks_written: Vec<(u64, bytes::Bytes)>,
+    pub marks_removed: Removed,
 }
 
 impl Queue {
@@ -56,6 +60,16 @@ impl Queue {
         let r = {
             let mut s = self.state.lock();
             let r = f(self, &mut s, &mut fx);
+            if !s.retrying.marks.is_empty() {
+                // A message that leaves the queue takes its mark along.
+                let gone = fx.removed.iter().copied();
+                let gone: Removed = gone
+                    .chain(fx.dead.iter().filter_map(|d| d.stored))
+                    .collect();
+                for id in gone {
+                    fx.marks_removed.extend(s.retrying.marks.remove(&id));
+                }
+            }
             if !s.deleted {
                 fx.timer_at = self.schedule(&mut s, now);
             }
@@ -77,6 +91,15 @@ impl Queue {
             self.env.timers.schedule(at, me);
         }
         let journal = self.env.dur.journal();
+        if let Some(qid) = self.store_id {
+            let rid = retry_id(qid);
+            for (id, mark) in fx.marks_written {
+                journal.publish(id, &[rid], mark, None);
+            }
+            if !fx.marks_removed.is_empty() {
+                journal.remove(rid, &fx.marks_removed, None);
+            }
+        }
         // Paging copies (PAGING_BIT) go to the queue's paging id; their
         // removal is never waited for.
         let (paging, removed): (Removed, Removed) =

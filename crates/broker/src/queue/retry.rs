@@ -14,14 +14,23 @@
 //! - Where delayed retry is on, the broker owns `x-delivery-count`: a
 //!   delivered message carries its count of returns there, or none before
 //!   its first; a client's own value is never delivered.
+//! - A stored message of a durable queue that was returned has one retry
+//!   mark in the journal (`durable/retry_mark.rs`: its count and when its
+//!   wait ends) from its return until it leaves the queue, listed in
+//!   `Retrying::marks`; a restart gives it back its count and the rest of
+//!   its wait. Such a message waits with its body on disk once its record
+//!   is written (paged, as the pager pages ready messages), so a deep
+//!   waiting set does not hold its bodies in memory.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use berth_protocol::{AMQPValue, FieldTable};
 
+use super::{Effects, Queue, QueueState, QueuedMessage};
 use crate::args::{QueueArgs, RetryArgs};
+use crate::durable::{encode_retry_mark, RetryMark, PAGING_BIT};
 use crate::limits::DELAYED_RETRY_DELIVERY_LIMIT_DEFAULT;
 use crate::message::Message;
 use crate::ready::{Body, Entry};
@@ -94,6 +103,9 @@ pub fn with_count(msg: Arc<Message>, returns: u32) -> Arc<Message> {
 #[derive(Default)]
 pub(crate) struct Retrying {
     by_due: BTreeMap<(Instant, u64), Entry>,
+    /// Stored id of each message returned at least once that is still in
+    /// the queue (waiting, ready or unacked) → the id of its retry mark.
+    pub(crate) marks: HashMap<u64, u64>,
 }
 
 impl Retrying {
@@ -145,6 +157,102 @@ impl Retrying {
 /// When a message returned now for the `returns`-th time is due again.
 pub(crate) fn due_at(r: &RetryArgs, returns: u32, now: Instant) -> Option<Instant> {
     backoff_ms(r, returns).map(|ms| now + Duration::from_millis(ms))
+}
+
+impl Queue {
+    /// A returned message starts waiting until `due`. A stored message of
+    /// a durable queue gets a new retry mark (replacing its last) and waits
+    /// with its body on disk once its record is written.
+    pub(super) fn start_wait(
+        &self,
+        s: &mut QueueState,
+        m: QueuedMessage,
+        due: Instant,
+        now: Instant,
+        fx: &mut Effects,
+    ) {
+        let mut e = Entry::resident(m);
+        let stored = e.stored.get().filter(|id| id & PAGING_BIT == 0);
+        if let (Some(qid), Some(id)) = (self.store_id, stored) {
+            let dur = &self.env.dur;
+            let wait_ms = u64::try_from(due.saturating_duration_since(now).as_millis());
+            let mark = RetryMark {
+                msg: id,
+                returns: e.returns,
+                due_unix_ms: (self.env.clock.unix_time_us() / 1_000)
+                    .saturating_add(wait_ms.unwrap_or(u64::MAX)),
+            };
+            let mark_id = dur.new_message_id();
+            fx.marks_written.push((mark_id, encode_retry_mark(&mark)));
+            fx.marks_removed
+                .extend(s.retrying.marks.insert(id, mark_id));
+            let journal = dur.journal();
+            if journal.pages() && journal.written(qid, &[id]).first() == Some(&true) {
+                if let Body::Resident(msg) = &e.body {
+                    e.body = Body::Paged {
+                        bytes: u32::try_from(msg.body_bytes()).unwrap_or(u32::MAX),
+                        priority: msg.priority,
+                        restored: false,
+                    };
+                }
+            }
+        }
+        s.retrying.hold(due, e);
+    }
+
+    /// Whether some message of the queue has a retry mark in the journal
+    /// (its deletion purges them).
+    pub(crate) fn has_retry_marks(&self) -> bool {
+        !self.state.lock().retrying.marks.is_empty()
+    }
+
+    /// After a restart: each message a mark names gets its count of
+    /// returns back and, if its wait is not over and delayed retry is on,
+    /// waits the rest of it. Returns the ids of marks to remove: those
+    /// naming no message of the queue, and all but the newest of a
+    /// message's (a crash between writing a new mark and removing the old).
+    pub(crate) fn restore_retries(
+        self: &Arc<Self>,
+        marks: Vec<(u64, RetryMark)>,
+        now: Instant,
+    ) -> Vec<u64> {
+        let mut stale = Vec::new();
+        let mut newest: HashMap<u64, (u64, RetryMark)> = HashMap::with_capacity(marks.len());
+        for (id, m) in marks {
+            match newest.insert(m.msg, (id, m)) {
+                Some(old) if old.0 > id => stale.extend(newest.insert(m.msg, old).map(|x| x.0)),
+                Some(old) => stale.push(old.0),
+                None => {}
+            }
+        }
+        if newest.is_empty() {
+            return stale;
+        }
+        let now_ms = self.env.clock.unix_time_us() / 1_000;
+        let retry_on = self.args().delayed_retry.min_ms.is_some();
+        self.with_state(now, |_, s, _| {
+            let mut waiting = Vec::new();
+            s.ready
+                .take_where(|e| {
+                    let Some((mark_id, m)) = e.stored.get().and_then(|id| newest.remove(&id))
+                    else {
+                        return false;
+                    };
+                    e.returns = m.returns;
+                    s.retrying.marks.insert(m.msg, mark_id);
+                    let wait = retry_on && m.due_unix_ms > now_ms;
+                    if wait {
+                        waiting.push(m.due_unix_ms - now_ms);
+                    }
+                    wait
+                })
+                .into_iter()
+                .zip(waiting)
+                .for_each(|(e, wait_ms)| s.retrying.hold(now + Duration::from_millis(wait_ms), e));
+        });
+        stale.extend(newest.into_values().map(|(id, _)| id));
+        stale
+    }
 }
 
 #[cfg(test)]

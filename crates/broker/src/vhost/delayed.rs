@@ -289,15 +289,11 @@ impl VHost {
 
     /// A delayed exchange's stored messages put back after a restart:
     /// (due time, journal id) each; their bodies stay on disk.
-    pub(crate) fn restore_delayed(&self, ex: &Exchange, stored: &[(u64, u64)]) {
+    pub(crate) fn restore_delayed(&self, ex: &Exchange, stored: Vec<DueKey>) {
         let Some(d) = ex.delayed.as_ref() else {
             return;
         };
-        let mut timer = None;
-        for (due, id) in stored {
-            timer = d.hold((*due, *id), Held::OnDisk).or(timer);
-        }
-        if let Some(at) = timer {
+        if let Some(at) = d.hold_on_disk(stored) {
             self.schedule_due(d, at);
         }
     }
