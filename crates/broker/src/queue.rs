@@ -478,7 +478,7 @@ impl Queue {
             .load(&mut s.ready, e, &self.queue_ref(), &self.env.dur, now)
         {
             Loaded::Ready(mut m) => {
-                if self.args().delayed_retry.min_ms.is_some() {
+                if self.args().delayed_retry.min_ms.is_some() || self.is_quorum() {
                     m.msg = retry::with_count(m.msg, m.returns);
                 }
                 Some(m)
@@ -728,7 +728,7 @@ impl Queue {
                             // With delayed retry it waits its backoff first.
                             match retry::due_at(&args.delayed_retry, m.returns, now) {
                                 Some(due) => q.start_wait(s, m, due, now, fx),
-                                None => s.ready.insert_by_seq(Entry::resident(m)),
+                                None => q.requeue_counted(s, Entry::resident(m), fx),
                             }
                             continue;
                         }

@@ -16,6 +16,9 @@ use berth_protocol::{AMQPProperties, AMQPValue, FieldTable};
 use bytes::Bytes;
 use parking_lot::Mutex;
 
+mod common;
+use common::{restart, Bodies};
+
 /// A journal that stores at once but completes only when told
 /// (`release`), or fails the held writes (`fail`).
 #[derive(Default)]
@@ -59,14 +62,21 @@ impl Journal for HeldJournal {
 }
 
 #[derive(Default)]
-struct Sink(Mutex<Vec<Vec<u8>>>);
+struct Sink(Mutex<Vec<Vec<u8>>>, Mutex<Vec<Option<i128>>>);
+
+fn delivery_count(m: &Message) -> Option<i128> {
+    let v = m.headers()?.inner().get("x-delivery-count").cloned()?;
+    berth_broker::args::as_i128(&v)
+}
 
 impl Outlet for Sink {
     fn deliver(&self, _: u16, _: &str, _: u64, _: bool, m: &Message) {
         self.0.lock().push(m.body.to_vec());
+        self.1.lock().push(delivery_count(m));
     }
     fn get_ok(&self, _: u16, _: u64, _: bool, m: &Message, _: u32) {
         self.0.lock().push(m.body.to_vec());
+        self.1.lock().push(delivery_count(m));
     }
     fn consumer_cancelled(&self, _: u16, _: &str) {}
     fn is_congested(&self) -> bool {
@@ -199,4 +209,44 @@ fn a_classic_queue_is_unchanged() {
     publish(&v, "t", t0, &Arc::new(Mutex::new(Vec::new())));
     assert_eq!(journal.stored(), 0);
     assert!(ch.get(&q, true, t0));
+}
+
+/// The count of returns lived in the leader's memory only: a restart or a
+/// failover gave a poison message a fresh `x-delivery-limit` quota, and
+/// there was no `x-delivery-count` header.
+#[test]
+fn delivery_counts_and_the_limit_survive_a_restart() {
+    let journal = Arc::new(MemoryJournal::default());
+    let broker = Broker::with_journal(["/"], journal.clone(), 1, 1);
+    let v = broker.vhost("/").unwrap();
+    let t0 = Instant::now();
+    let mut args = FieldTable::default();
+    args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    args.insert("x-delivery-limit".into(), AMQPValue::LongInt(2));
+    let d = QueueDeclare {
+        durable: true,
+        arguments: args,
+        ..Default::default()
+    };
+    v.declare_queue(1, "qq", &d, t0).unwrap();
+    let confirmed = Arc::new(Mutex::new(Vec::new()));
+    publish(&v, "poison", t0, &confirmed);
+    let out = Arc::new(Sink::default());
+    let ch = channel(&v, &out);
+    let q = v.queue(1, "qq").unwrap();
+    for tag in 1..=2 {
+        assert!(ch.get(&q, false, t0));
+        ch.nack(tag, false, true, t0).unwrap();
+    }
+    assert_eq!(*out.1.lock(), [None, Some(1)], "x-delivery-count per delivery");
+
+    let (broker2, _) = restart(&journal, Bodies::OnDisk, t0);
+    let v2 = broker2.vhost("/").unwrap();
+    let out2 = Arc::new(Sink::default());
+    let ch2 = channel(&v2, &out2);
+    let q2 = v2.queue(1, "qq").unwrap();
+    assert!(ch2.get(&q2, false, t0), "still there after two returns");
+    assert_eq!(*out2.1.lock(), [Some(2)], "the count came back");
+    ch2.nack(1, false, true, t0).unwrap();
+    assert!(!ch2.get(&q2, false, t0), "a third return is over the limit of 2");
 }

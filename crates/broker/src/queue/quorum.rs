@@ -14,6 +14,11 @@
 //!   journaled (after the failed write, so a write that did land after all
 //!   is removed too).
 //! - The completion that ends the wait runs the queue's dispatch again.
+//! - A message's count of returns (nack or reject with requeue, its
+//!   channel closed unacked) is journaled at each return (a retry mark,
+//!   `durable/retry_mark.rs`), so `x-delivery-count` and the
+//!   `x-delivery-limit` quota survive a restart and a failover, as they
+//!   do in RabbitMQ's quorum queues.
 
 use std::sync::{Arc, Weak};
 use std::time::Instant;
@@ -33,6 +38,15 @@ pub(super) enum Head {
 }
 
 impl Queue {
+    /// Puts a returned entry back in its place; in a quorum queue its
+    /// count of returns is journaled first (a mark with no wait).
+    pub(super) fn requeue_counted(&self, s: &mut QueueState, e: Entry, fx: &mut Effects) {
+        if self.is_quorum() {
+            self.mark_returns(s, &e, 0, fx);
+        }
+        s.ready.insert_by_seq(e);
+    }
+
     /// A quorum queue (`x-queue-type: quorum`).
     pub fn is_quorum(&self) -> bool {
         self.declared_args.queue_type == QueueType::Quorum

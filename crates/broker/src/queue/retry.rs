@@ -172,21 +172,11 @@ impl Queue {
         fx: &mut Effects,
     ) {
         let mut e = Entry::resident(m);
-        let stored = e.stored.get().filter(|id| id & PAGING_BIT == 0);
-        if let (Some(qid), Some(id)) = (self.store_id, stored) {
-            let dur = &self.env.dur;
-            let wait_ms = u64::try_from(due.saturating_duration_since(now).as_millis());
-            let mark = RetryMark {
-                msg: id,
-                returns: e.returns,
-                due_unix_ms: (self.env.clock.unix_time_us() / 1_000)
-                    .saturating_add(wait_ms.unwrap_or(u64::MAX)),
-            };
-            let mark_id = dur.new_message_id();
-            fx.marks_written.push((mark_id, encode_retry_mark(&mark)));
-            fx.marks_removed
-                .extend(s.retrying.marks.insert(id, mark_id));
-            let journal = dur.journal();
+        let wait_ms = u64::try_from(due.saturating_duration_since(now).as_millis());
+        let due_unix_ms =
+            (self.env.clock.unix_time_us() / 1_000).saturating_add(wait_ms.unwrap_or(u64::MAX));
+        if let (Some(qid), Some(id)) = (self.store_id, self.mark_returns(s, &e, due_unix_ms, fx)) {
+            let journal = self.env.dur.journal();
             if journal.pages() && journal.written(qid, &[id]).first() == Some(&true) {
                 if let Body::Resident(msg) = &e.body {
                     e.body = Body::Paged {
@@ -198,6 +188,31 @@ impl Queue {
             }
         }
         s.retrying.hold(due, e);
+    }
+
+    /// Writes a stored entry's retry mark: its count of returns, and the
+    /// wall-clock end of its wait (`0`: none). It replaces the entry's
+    /// last mark. Returns the entry's stored id (`None`: not stored, no
+    /// mark).
+    pub(super) fn mark_returns(
+        &self,
+        s: &mut QueueState,
+        e: &Entry,
+        due_unix_ms: u64,
+        fx: &mut Effects,
+    ) -> Option<u64> {
+        self.store_id?;
+        let id = e.stored.get().filter(|id| id & PAGING_BIT == 0)?;
+        let mark = RetryMark {
+            msg: id,
+            returns: e.returns,
+            due_unix_ms,
+        };
+        let mark_id = self.env.dur.new_message_id();
+        fx.marks_written.push((mark_id, encode_retry_mark(&mark)));
+        fx.marks_removed
+            .extend(s.retrying.marks.insert(id, mark_id));
+        Some(id)
     }
 
     /// Whether some message of the queue has a retry mark in the journal
