@@ -96,6 +96,10 @@ impl Raw {
 
     fn connect(&mut self, client_id: &str, password: &str) -> Packet {
         let o = ConnectOptions::new(client_id).with_credentials("guest", password);
+        self.connect_with(o)
+    }
+
+    fn connect_with(&mut self, o: ConnectOptions) -> Packet {
         let c = if self.version == 5 {
             ConnectPacket::new(o.with_protocol_version(ProtocolVersion::V5))
         } else {
@@ -365,14 +369,14 @@ async fn bad_input_gets_its_reason_code_and_leaves_other_clients_alone() {
     bad.send_bytes(&[0x00, 0x00]);
     assert_eq!(bad.expect_disconnect(), ReasonCode::MalformedPacket);
 
-    // A QoS 2 publish, which CONNACK said is not supported.
-    let mut qos2 = Raw::open(&b, 5);
+    // A retained publish, which CONNACK said is not available.
+    let mut retained = Raw::open(&b, 5);
     assert_eq!(
-        connack_code(&qos2.connect("qos2", "guest")),
+        connack_code(&retained.connect("retainer", "guest")),
         ReasonCode::Success
     );
-    qos2.send(&PublishPacket::new("watch/x", &b"two"[..], QoS::ExactlyOnce).with_packet_id(1));
-    assert_eq!(qos2.expect_disconnect(), ReasonCode::QoSNotSupported);
+    retained.send(&PublishPacket::new("watch/x", &b"kept"[..], QoS::AtMostOnce).with_retain(true));
+    assert_eq!(retained.expect_disconnect(), ReasonCode::RetainNotSupported);
 
     // The bystander still gets what is published.
     let o = mosquitto(
@@ -389,4 +393,80 @@ async fn bad_input_gets_its_reason_code_and_leaves_other_clients_alone() {
         other => panic!("the bystander lost its subscription: {other:?}"),
     }
     assert!(b.errors().is_empty(), "errors logged: {:?}", b.errors());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_qos2_publish_is_routed_once_across_a_resend_and_a_client_reconnect() {
+    let dir = temp_dir("mqtt-qos2", 0);
+    let b = start(dir.path());
+    let conn = connect(&b.uri).await;
+    let ch = conn.create_channel().await.unwrap();
+    ch.queue_declare(
+        "once".into(),
+        QueueDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    ch.queue_bind(
+        "once".into(),
+        "amq.topic".into(),
+        "orders.#".into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    let session = || {
+        ConnectOptions::new("exactly")
+            .with_credentials("guest", "guest")
+            .with_clean_start(false)
+            .with_session_expiry_interval(300)
+    };
+    let publish = |dup| {
+        PublishPacket::new("orders/1", &b"pay"[..], QoS::ExactlyOnce)
+            .with_packet_id(7)
+            .with_dup(dup)
+    };
+    let mut c = Raw::open(&b, 5);
+    assert_eq!(
+        connack_code(&c.connect_with(session())),
+        ReasonCode::Success
+    );
+    c.send(&publish(false));
+    assert!(matches!(c.recv(), Some(Packet::PubRec(r)) if r.packet_id == 7));
+    // Sent again (the PUBREC might have been lost): not routed again.
+    c.send(&publish(true));
+    assert!(matches!(c.recv(), Some(Packet::PubRec(r)) if r.packet_id == 7));
+    // The client goes away before PUBREL and comes back to the session.
+    drop(c);
+    let mut c = Raw::open(&b, 5);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        // The old connection may still hold the id for a moment.
+        match c.connect_with(session()) {
+            Packet::ConnAck(a) if a.reason_code == ReasonCode::Success => {
+                assert!(a.session_present, "the session was kept");
+                break;
+            }
+            other => assert!(Instant::now() < deadline, "reconnect: {other:?}"),
+        }
+        c = Raw::open(&b, 5);
+    }
+    c.send(&publish(true));
+    assert!(matches!(c.recv(), Some(Packet::PubRec(r)) if r.packet_id == 7));
+    c.send(&mqtt5_protocol::packet::pubrel::PubRelPacket::new(7));
+    assert!(matches!(c.recv(), Some(Packet::PubComp(r)) if r.packet_id == 7));
+    let q = ch
+        .queue_declare(
+            "once".into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(q.message_count(), 1, "one QoS 2 publish, one message");
 }

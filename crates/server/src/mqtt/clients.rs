@@ -11,7 +11,7 @@
 //! - A connection lets go of its id only if it still holds it (a newer
 //!   connection may have taken it already).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +31,10 @@ struct Holder {
 #[derive(Default)]
 pub struct Clients {
     held: Mutex<HashMap<(String, String), Holder>>,
+    /// QoS 2 packet ids received and not yet released (PUBREL) by kept
+    /// sessions whose client is not connected: exactly once across a
+    /// reconnect (in memory: a restart forgets them, docs/MQTT.md).
+    awaiting_release: Mutex<HashMap<(String, String), HashSet<u16>>>,
 }
 
 /// A connection's hold on its client id; [`Clients::release`] gives it up.
@@ -99,6 +103,25 @@ impl Clients {
             held.remove(&key);
         }
         hold.released.notify_one();
+    }
+
+    /// The QoS 2 packet ids a kept session of `client_id` awaits PUBREL
+    /// for (empty for a new or clean session).
+    pub fn take_awaiting_release(&self, vhost: &str, client_id: &str) -> HashSet<u16> {
+        let key = (vhost.to_owned(), client_id.to_owned());
+        self.awaiting_release
+            .lock()
+            .remove(&key)
+            .unwrap_or_default()
+    }
+
+    /// Keeps a session's QoS 2 packet ids for its next connection.
+    pub fn keep_awaiting_release(&self, vhost: &str, client_id: &str, ids: HashSet<u16>) {
+        if ids.is_empty() {
+            return;
+        }
+        let key = (vhost.to_owned(), client_id.to_owned());
+        self.awaiting_release.lock().insert(key, ids);
     }
 
     /// Whether a connection holds `client_id` in `vhost` now.

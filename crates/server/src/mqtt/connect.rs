@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use mqtt5_protocol::packet::connack::ConnAckPacket;
 use mqtt5_protocol::packet::connect::ConnectPacket;
-use mqtt5_protocol::{Packet, QoS, ReasonCode};
+use mqtt5_protocol::{Packet, ReasonCode};
 use tokio::io::AsyncReadExt;
 use tokio::net::tcp::OwnedReadHalf;
 
@@ -78,8 +78,8 @@ pub fn connack_refusal(version: u8, reason: ReasonCode, out: &mut BytesMut) {
 }
 
 /// What berth refuses in a CONNECT before the login: the protocol
-/// version, an authentication method (v5 enhanced auth), a will it
-/// cannot carry out, a client id too long for a queue name or empty on a
+/// version, an authentication method (v5 enhanced auth), a retained or
+/// unroutable will, a client id too long for a queue name or empty on a
 /// 3.1.1 persistent session.
 pub fn check(c: &ConnectPacket) -> Result<(), Refused> {
     let refuse = |code, why: &str| Err(Refused::Connack(code, why.to_owned()));
@@ -108,9 +108,6 @@ pub fn check(c: &ConnectPacket) -> Result<(), Refused> {
         );
     }
     if let Some(w) = &c.will {
-        if w.qos == QoS::ExactlyOnce {
-            return refuse(ReasonCode::QoSNotSupported, "will QoS 2 is not supported");
-        }
         if w.retain {
             return refuse(
                 ReasonCode::RetainNotSupported,
@@ -160,7 +157,6 @@ pub fn connack_accepted(
         return ConnAckPacket::new_v311(session_present, ReasonCode::Success);
     }
     let mut ack = ConnAckPacket::new(session_present, ReasonCode::Success)
-        .with_maximum_qos(1)
         .with_retain_available(false)
         .with_shared_subscription_available(false)
         .with_subscription_identifier_available(false)

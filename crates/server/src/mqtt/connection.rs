@@ -70,6 +70,9 @@ pub(super) struct Conn {
     pub(super) has_published: bool,
     will: Option<Will>,
     clients: Arc<Clients>,
+    /// QoS 2 packet ids routed and not yet released by the client's
+    /// PUBREL: a PUBLISH again with one of them is not routed again.
+    pub(super) awaiting_release: std::collections::HashSet<u16>,
 }
 
 /// Serves one accepted TCP connection until it ends.
@@ -225,11 +228,14 @@ fn start(
         };
         (Some(code), format!("session: {}", e.reply_text()))
     };
-    let session_present = if connect.clean_start {
+    let kept_release = clients.take_awaiting_release(&login.vhost.name, &client_id);
+    let (session_present, awaiting_release) = if connect.clean_start {
         session.discard_kept().map_err(fail)?;
-        false
+        (false, std::collections::HashSet::new())
     } else {
-        session.was_kept()
+        // A session is kept in its queues (subscriptions) and in the
+        // QoS 2 ids it has not seen released.
+        (session.was_kept() || !kept_release.is_empty(), kept_release)
     };
     let will = match &connect.will {
         Some(w) => Some(Will::new(w, &session, &login.user, version).map_err(fail)?),
@@ -280,6 +286,7 @@ fn start(
         has_published: false,
         will,
         clients: Arc::clone(clients),
+        awaiting_release,
     })
 }
 
@@ -405,6 +412,13 @@ impl Conn {
             if will_due {
                 will.publish(&self.session, &self.clients, &self.client_id);
             }
+        }
+        if self.session.lifetime != super::session::Lifetime::Connection {
+            self.clients.keep_awaiting_release(
+                &self.session.vhost.name,
+                &self.client_id,
+                std::mem::take(&mut self.awaiting_release),
+            );
         }
         self.session.end(self.shared.broker.now());
     }

@@ -21,8 +21,9 @@
 //!   bind calls, `crate::permissions::authorise`, `crate::auth::login`),
 //!   so both protocols get the same rules, the same permission verdicts
 //!   and the same durability.
-//! - A PUBACK (QoS 1) is sent only after every journal write its message
-//!   needed completed (the AMQP publisher confirm's rule).
+//! - A PUBACK (QoS 1) or PUBREC (QoS 2) is sent only after every journal
+//!   write its message needed completed (the AMQP publisher confirm's
+//!   rule).
 //! - Nothing a client sends can panic the server or touch another client:
 //!   a bad packet ends only its own connection.
 

@@ -1,5 +1,6 @@
 //! What a connected client's packets do: PUBLISH (routed to `amq.topic`,
-//! PUBACK after the store), PUBACK (acks a delivery), SUBSCRIBE and
+//! PUBACK or PUBREC after the store; a QoS 2 id routed once until its
+//! PUBREL), PUBACK (acks a delivery), SUBSCRIBE and
 //! UNSUBSCRIBE (the session's bindings), PINGREQ, DISCONNECT; and what is
 //! refused, with the reason code of the client's version (3.1.1 has none
 //! after CONNACK: the connection is closed).
@@ -8,14 +9,16 @@
 //! - Every publish and subscription is authorised as the AMQP equivalent
 //!   would be (`crate::permissions`), before the broker changes.
 //! - A packet the server never accepts from a client (CONNACK, SUBACK,
-//!   a second CONNECT, QoS 2 flows that were refused) ends the connection
+//!   a second CONNECT, PUBREC or PUBCOMP: berth sends QoS 2 to no one) ends the connection
 //!   with 0x82 (protocol error).
 
 use std::sync::Arc;
 
 use berth_broker::AmqpError;
 use mqtt5_protocol::packet::puback::PubAckPacket;
+use mqtt5_protocol::packet::pubcomp::PubCompPacket;
 use mqtt5_protocol::packet::publish::PublishPacket;
+use mqtt5_protocol::packet::pubrec::PubRecPacket;
 use mqtt5_protocol::packet::suback::{SubAckPacket, SubAckReasonCode};
 use mqtt5_protocol::packet::subscribe::SubscribePacket;
 use mqtt5_protocol::packet::unsuback::{UnsubAckPacket, UnsubAckReasonCode};
@@ -24,7 +27,7 @@ use mqtt5_protocol::{Packet, QoS, ReasonCode};
 
 use super::codec;
 use super::connection::{Conn, End};
-use super::publish::{self, Outcome};
+use super::publish::{self, AckKind, Outcome};
 use super::{topic, EXCHANGE};
 use crate::permissions::{authorise, Action};
 
@@ -43,6 +46,21 @@ impl Conn {
                         tracing::debug!(error = %e.reply_text(), "MQTT PUBACK of a settled delivery");
                     }
                 }
+                Ok(())
+            }
+            Packet::PubRel(r) => {
+                // The second step of a QoS 2 publish: the message was
+                // routed at its PUBLISH, its id is free again.
+                let known = self.awaiting_release.remove(&r.packet_id);
+                let comp = if known || self.version == 4 {
+                    PubCompPacket::new(r.packet_id)
+                } else {
+                    PubCompPacket::new_with_reason(
+                        r.packet_id,
+                        ReasonCode::PacketIdentifierNotFound,
+                    )
+                };
+                self.send(&comp);
                 Ok(())
             }
             Packet::Subscribe(s) => {
@@ -79,10 +97,21 @@ impl Conn {
     /// A client's PUBLISH.
     fn publish(&mut self, p: &PublishPacket) -> Result<(), End> {
         let refuse = |code, why: String| Err(End::Refuse(code, why));
-        if p.qos == QoS::ExactlyOnce {
+        let packet_id = p.packet_id.unwrap_or(0);
+        if p.qos == QoS::ExactlyOnce && self.awaiting_release.contains(&packet_id) {
+            // Sent again before our PUBREC reached the client: routed
+            // once already; its PUBREC goes (again) once it is stored.
+            if !self.acks.owes_pubrec(packet_id) {
+                self.send(&PubRecPacket::new(packet_id));
+            }
+            return Ok(());
+        }
+        if p.qos == QoS::ExactlyOnce
+            && self.awaiting_release.len() >= usize::from(crate::limits::MQTT_PUBLISHES_UNACKED_MAX)
+        {
             return refuse(
-                ReasonCode::QoSNotSupported,
-                "QoS 2 publishes are not supported (CONNACK said maximum QoS 1)".into(),
+                ReasonCode::ReceiveMaximumExceeded,
+                "more QoS 2 publishes awaiting PUBREL than the receive maximum".into(),
             );
         }
         if p.retain {
@@ -101,7 +130,6 @@ impl Conn {
             Ok(k) => k,
             Err(e) => return refuse(ReasonCode::TopicNameInvalid, format!("topic name: {e}")),
         };
-        let packet_id = p.packet_id.unwrap_or(0);
         let allowed = authorise(
             self.shared.broker.access(),
             &self.user,
@@ -114,12 +142,14 @@ impl Conn {
         if let Err(e) = allowed {
             // v5 can refuse one QoS 1 message and go on; otherwise the
             // connection ends, as RabbitMQ's plugin ends it.
-            if self.version == 5 && p.qos == QoS::AtLeastOnce {
+            if self.version == 5 && p.qos != QoS::AtMostOnce {
                 tracing::info!(peer = %self.peer, "MQTT publish refused: {}", e.reply_text());
-                self.send(&PubAckPacket::new_with_reason(
-                    packet_id,
-                    ReasonCode::NotAuthorized,
-                ));
+                let code = ReasonCode::NotAuthorized;
+                if p.qos == QoS::AtLeastOnce {
+                    self.send(&PubAckPacket::new_with_reason(packet_id, code));
+                } else {
+                    self.send(&PubRecPacket::new_with_reason(packet_id, code));
+                }
                 return Ok(());
             }
             return refuse(ReasonCode::NotAuthorized, e.reply_text());
@@ -156,13 +186,19 @@ impl Conn {
             Ok(_) => Outcome::Accepted,
             Err(e) => return refuse(ReasonCode::UnspecifiedError, e.reply_text()),
         };
-        self.acks.owe(packet_id, waits, outcome);
+        let kind = if p.qos == QoS::ExactlyOnce {
+            self.awaiting_release.insert(packet_id);
+            AckKind::PubRec
+        } else {
+            AckKind::PubAck
+        };
+        self.acks.owe(packet_id, kind, waits, outcome);
         self.send_due_acks()
     }
 
     /// Sends the PUBACKs that are due, in order.
     pub(super) fn send_due_acks(&mut self) -> Result<(), End> {
-        for (packet_id, outcome) in self.acks.due() {
+        for (packet_id, kind, outcome) in self.acks.due() {
             let code = match outcome {
                 Outcome::Accepted => ReasonCode::Success,
                 Outcome::NoMatchingSubscribers => ReasonCode::NoMatchingSubscribers,
@@ -181,12 +217,22 @@ impl Conn {
                     ReasonCode::UnspecifiedError
                 }
             };
-            let ack = if code == ReasonCode::Success || self.version == 4 {
-                PubAckPacket::new(packet_id)
-            } else {
-                PubAckPacket::new_with_reason(packet_id, code)
-            };
-            self.send(&ack);
+            let plain = code == ReasonCode::Success || self.version == 4;
+            match kind {
+                AckKind::PubAck if plain => self.send(&PubAckPacket::new(packet_id)),
+                AckKind::PubAck => self.send(&PubAckPacket::new_with_reason(packet_id, code)),
+                AckKind::PubRec => {
+                    if u8::from(code) >= 0x80 {
+                        // A refused QoS 2 publish ends its exchange here.
+                        self.awaiting_release.remove(&packet_id);
+                    }
+                    if plain {
+                        self.send(&PubRecPacket::new(packet_id));
+                    } else {
+                        self.send(&PubRecPacket::new_with_reason(packet_id, code));
+                    }
+                }
+            }
         }
         Ok(())
     }

@@ -1,6 +1,6 @@
-//! A client's PUBLISH as a broker message, and the PUBACKs owed for
-//! QoS 1 publishes: each is sent once every journal write its message
-//! needed has completed (the AMQP publisher confirm's rule: after
+//! A client's PUBLISH as a broker message, and the PUBACKs (QoS 1) and
+//! PUBRECs (QoS 2) owed: each is sent once every journal write its
+//! message needed has completed (the AMQP publisher confirm's rule: after
 //! fdatasync under `store.sync = always`), in the order the PUBLISHes
 //! came (MQTT 3.1.1 §4.6, 5.0 §4.6).
 //!
@@ -73,7 +73,16 @@ pub struct Stored {
     pub result: Result<(), String>,
 }
 
-/// What a QoS 1 publish's PUBACK will say.
+/// Which acknowledgement a publish is owed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckKind {
+    /// QoS 1.
+    PubAck,
+    /// QoS 2, first step (the PUBCOMP answers the client's PUBREL).
+    PubRec,
+}
+
+/// What a QoS 1 publish's PUBACK (or QoS 2's PUBREC) will say.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// Stored (or needed no store) and routed to a queue.
@@ -89,6 +98,7 @@ pub enum Outcome {
 struct Owed {
     seq: u64,
     packet_id: u16,
+    kind: AckKind,
     /// Journal writes still running.
     waits: usize,
     outcome: Outcome,
@@ -140,20 +150,24 @@ impl Acks {
         }
     }
 
-    /// A QoS 1 publish was routed, with `waits` journal writes running.
-    pub fn owe(&mut self, packet_id: u16, waits: usize, outcome: Outcome) {
+    /// A QoS 1 or 2 publish was routed, with `waits` journal writes
+    /// running.
+    pub fn owe(&mut self, packet_id: u16, kind: AckKind, waits: usize, outcome: Outcome) {
         self.owed.push_back(Owed {
             seq: self.next_seq,
             packet_id,
+            kind,
             waits,
             outcome,
         });
         self.next_seq += 1;
     }
 
-    /// A QoS 0 publish took a number too (its writes report to no one).
-    pub fn skip(&mut self) {
-        self.next_seq += 1;
+    /// Whether a QoS 2 publish with `packet_id` still waits for its PUBREC.
+    pub fn owes_pubrec(&self, packet_id: u16) -> bool {
+        self.owed
+            .iter()
+            .any(|o| o.packet_id == packet_id && o.kind == AckKind::PubRec)
     }
 
     /// A journal write finished.
@@ -169,7 +183,10 @@ impl Acks {
         else {
             return;
         };
-        debug_assert_eq!(o.seq, s.seq, "owed publishes are numbered in order");
+        if o.seq != s.seq {
+            tracing::error!(seq = s.seq, "a journal completion for a publish not owed");
+            return;
+        }
         o.waits = o.waits.saturating_sub(1);
         if let Err(e) = s.result {
             o.outcome = Outcome::Failed(e);
@@ -177,11 +194,11 @@ impl Acks {
     }
 
     /// The PUBACKs due now: from the front, while nothing is waited for.
-    pub fn due(&mut self) -> Vec<(u16, Outcome)> {
+    pub fn due(&mut self) -> Vec<(u16, AckKind, Outcome)> {
         let mut out = Vec::new();
         while self.owed.front().is_some_and(|o| o.waits == 0) {
             let o = self.owed.pop_front().expect("front exists");
-            out.push((o.packet_id, o.outcome));
+            out.push((o.packet_id, o.kind, o.outcome));
         }
         out
     }
@@ -203,7 +220,7 @@ mod tests {
                 let mut make = acks.completion(seq, &mut waits);
                 dones.push(make());
             }
-            acks.owe(packet_id, waits, Outcome::Accepted);
+            acks.owe(packet_id, AckKind::PubAck, waits, Outcome::Accepted);
         }
         assert!(acks.due().is_empty(), "nothing stored yet");
         // The second write completes first: its PUBACK still waits.
@@ -216,9 +233,9 @@ mod tests {
         assert_eq!(due.len(), 2);
         assert_eq!(due[0].0, 10);
         assert!(
-            matches!(due[0].1, Outcome::Failed(_)),
+            matches!(due[0].2, Outcome::Failed(_)),
             "a failed write is no success"
         );
-        assert_eq!(due[1], (11, Outcome::Accepted));
+        assert_eq!(due[1], (11, AckKind::PubAck, Outcome::Accepted));
     }
 }
