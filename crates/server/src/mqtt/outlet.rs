@@ -148,8 +148,8 @@ impl MqttOut {
         loop {
             f.last_packet_id = f.last_packet_id.checked_add(1).unwrap_or(1);
             let id = f.last_packet_id;
-            if !f.by_packet_id.contains_key(&id) {
-                f.by_packet_id.insert(id, tag);
+            if let std::collections::hash_map::Entry::Vacant(free) = f.by_packet_id.entry(id) {
+                free.insert(tag);
                 return id;
             }
         }
