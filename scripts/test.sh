@@ -86,6 +86,11 @@ rust() {
   command -v openssl >/dev/null 2>&1 || {
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null
   } || { echo "cannot install openssl (the cluster TLS test needs it)" >&2; return 1; }
+  # The MQTT tests (crates/cli/tests/mqtt.rs) drive berth with Debian's
+  # mosquitto_pub and mosquitto_sub.
+  command -v mosquitto_sub >/dev/null 2>&1 || {
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto-clients >/dev/null
+  } || { echo "cannot install mosquitto-clients (the MQTT tests need it)" >&2; return 1; }
   # One release build shared by the binary and every test.
   cargo build --release --workspace --bins && cargo test --release --workspace
 }

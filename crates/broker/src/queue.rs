@@ -212,6 +212,15 @@ pub struct Queue {
 }
 
 impl Queue {
+    /// Whether `exchange` routes to this queue with `routing_key` (any
+    /// arguments): what an MQTT UNSUBSCRIBE asks before it unbinds.
+    pub fn is_bound_from(&self, exchange: &str, routing_key: &str) -> bool {
+        self.bound_from
+            .lock()
+            .iter()
+            .any(|(x, k, _)| x == exchange && k == routing_key)
+    }
+
     #[allow(clippy::too_many_arguments)] // one per part of a queue's identity
     pub(crate) fn new(
         name: String,

@@ -91,6 +91,9 @@ pub struct Net {
     /// HTTPS listen addresses for the same API as `http_listen`, with the
     /// `[tls]` certificate; empty = off; 15671 by RabbitMQ's convention.
     pub https_listen: Vec<String>,
+    /// MQTT (3.1.1 and 5.0) listen addresses; empty = off, as RabbitMQ's
+    /// MQTT plugin is off until enabled; 1883 by convention.
+    pub mqtt_listen: Vec<String>,
     /// Heartbeat interval the server proposes in `connection.tune` (0 = off).
     pub heartbeat_s: u16,
     /// Time a client has to complete the AMQP handshake.

@@ -29,6 +29,7 @@ pub mod limits;
 mod listen;
 pub mod mechanism;
 pub mod memory;
+pub mod mqtt;
 pub mod outbound;
 pub mod output;
 pub mod permissions;
@@ -91,6 +92,8 @@ pub struct Running {
     pub amqp_addrs: Vec<SocketAddr>,
     pub amqps_addrs: Vec<SocketAddr>,
     pub http_addrs: Vec<SocketAddr>,
+    /// The MQTT listeners (`net.mqtt_listen`; none by default).
+    pub mqtt_addrs: Vec<SocketAddr>,
     /// The cluster listener, for a cluster member.
     pub cluster_addr: Option<SocketAddr>,
     /// The broker being served: from the start on a single node; on a
@@ -231,6 +234,7 @@ struct Listeners {
     amqps: Bound,
     http: Bound,
     https: Bound,
+    mqtt: Bound,
     tls: Option<Arc<tls::Tls>>,
 }
 
@@ -247,6 +251,7 @@ fn bind_listeners(config: &Config) -> Result<Listeners, ServerError> {
         amqps: listen::bind_all(&net.amqps_listen, Ipv6::Required)?,
         http: listen::bind_all(&net.http_listen, Ipv6::Required)?,
         https: listen::bind_all(&net.https_listen, Ipv6::Required)?,
+        mqtt: listen::bind_all(&net.mqtt_listen, Ipv6::Required)?,
         tls,
     })
 }
@@ -270,10 +275,11 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         load_definitions(&broker, path)?;
     }
     let ready = ready_line(&listeners, None);
-    let (amqp_addrs, amqps_addrs, http_addrs) = (
+    let (amqp_addrs, amqps_addrs, http_addrs, mqtt_addrs) = (
         listeners.amqp.addrs.clone(),
         listeners.amqps.addrs.clone(),
         listeners.http.addrs.clone(),
+        listeners.mqtt.addrs.clone(),
     );
     let serving = serve_broker(config, listeners, broker, journal, None)?;
     tracing::info!("{ready}");
@@ -281,6 +287,7 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         amqp_addrs,
         amqps_addrs,
         http_addrs,
+        mqtt_addrs,
         cluster_addr: None,
         serving: Arc::new(parking_lot::Mutex::new(Some(serving))),
         member: None,
@@ -374,6 +381,7 @@ async fn start_member(
         amqp_addrs: listeners.amqp.addrs.clone(),
         amqps_addrs: listeners.amqps.addrs.clone(),
         http_addrs: listeners.http.addrs.clone(),
+        mqtt_addrs: listeners.mqtt.addrs.clone(),
         cluster_addr: Some(member.cluster_addr),
         serving: Arc::default(),
         member: None,
@@ -475,6 +483,7 @@ fn serve_broker(
         amqps,
         http,
         https,
+        mqtt,
         tls,
     } = listeners;
     let logins = throttle::LoginThrottle::new(config.auth.login_failures_per_s_max);
@@ -523,7 +532,7 @@ fn serve_broker(
         listeners.extend(tls_listeners.map(|l| (l, Transport::Tls(Arc::clone(tls)))));
         tls::reload_on_sighup(tls, &rx);
     }
-    let task = tokio::spawn(serve(listeners, accepting));
+    let task = tokio::spawn(serve(listeners, mqtt.listeners, accepting));
     Ok(Serving {
         journal,
         broker,
@@ -533,10 +542,15 @@ fn serve_broker(
 }
 
 /// `berth ready amqp=ADDR[,ADDR...]`, then ` http=`, ` amqps=`,
-/// ` https=` and ` cluster=` for the kinds that have listeners.
+/// ` https=`, ` mqtt=` and ` cluster=` for the kinds that have listeners.
 fn ready_line(l: &Listeners, cluster: Option<SocketAddr>) -> String {
     let mut ready = format!("berth ready amqp={}", l.amqp.addr_list());
-    for (kind, bound) in [("http", &l.http), ("amqps", &l.amqps), ("https", &l.https)] {
+    for (kind, bound) in [
+        ("http", &l.http),
+        ("amqps", &l.amqps),
+        ("https", &l.https),
+        ("mqtt", &l.mqtt),
+    ] {
         if !bound.addrs.is_empty() {
             ready.push_str(&format!(" {kind}={}", bound.addr_list()));
         }
@@ -593,8 +607,9 @@ fn serve_http(
 }
 
 /// The server's task: the broker's timers and one accept loop per AMQP
-/// listener until shutdown, then a bounded wait for the connections to go.
-async fn serve(listeners: Vec<(TcpListener, Transport)>, a: Accepting) {
+/// and MQTT listener until shutdown, then a bounded wait for the
+/// connections to go.
+async fn serve(listeners: Vec<(TcpListener, Transport)>, mqtt: Vec<TcpListener>, a: Accepting) {
     let timers = {
         let broker = Arc::clone(&a.shared.broker);
         let mut stop = a.shutdown.clone();
@@ -617,10 +632,15 @@ async fn serve(listeners: Vec<(TcpListener, Transport)>, a: Accepting) {
             }
         })
     };
-    let accepts: Vec<_> = listeners
+    let mut accepts: Vec<_> = listeners
         .into_iter()
         .map(|(l, transport)| tokio::spawn(accept::accept_loop(l, transport, a.clone())))
         .collect();
+    let mqtt_clients = Arc::new(mqtt::clients::Clients::default());
+    accepts.extend(mqtt.into_iter().map(|l| {
+        let clients = Arc::clone(&mqtt_clients);
+        tokio::spawn(mqtt::accept::accept_loop(l, a.clone(), clients))
+    }));
     let mut stop = a.shutdown.clone();
     let _sender_dropped_means_stop_too = stop.changed().await;
     for task in accepts {

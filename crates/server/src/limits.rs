@@ -232,3 +232,37 @@ pub const SNAPSHOT_COMMAND_BYTES_MAX: usize = 160 * 1024 * 1024;
 /// Restoring a snapshot waits for the store to write what it was handed
 /// every this many bytes, so the store's queue of writes stays bounded.
 pub const SNAPSHOT_RESTORE_UNFLUSHED_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+// ---- MQTT (fixed; see docs/MQTT.md) ----
+
+/// The largest packet a client may send before its CONNECT is accepted
+/// (the CONNECT itself, will message included): RabbitMQ's
+/// `mqtt.max_packet_size_unauthenticated` default.
+pub const MQTT_CONNECT_BYTES_MAX: usize = 64 * 1024;
+
+/// What an accepted client's packet may hold beyond its payload (topic
+/// name up to 64 KiB, v5 properties): its packet limit is
+/// `limits.message_size_bytes_max` plus this.
+pub const MQTT_PACKET_HEADERS_BYTES_MAX: usize = 128 * 1024;
+
+/// QoS 1 deliveries sent to one client and not yet PUBACKed (lower if a
+/// v5 client's receive maximum says so): RabbitMQ's `mqtt.prefetch`
+/// default.
+pub const MQTT_DELIVERIES_UNACKED_MAX: u16 = 10;
+
+/// QoS 1 PUBLISHes of one client whose PUBACK waits for the store before
+/// the server stops reading from it (the receive maximum a v5 client is
+/// told).
+pub const MQTT_PUBLISHES_UNACKED_MAX: u16 = 1024;
+
+/// How long a CONNECT waits for the connection that holds its client id
+/// to close (session take-over).
+pub const MQTT_TAKEOVER_WAIT_MS: u64 = 5_000;
+
+/// A client's output buffer: above it queues hold deliveries back, above
+/// twice it the client is not read.
+pub const MQTT_OUTPUT_BYTES_MAX: usize = 1024 * 1024;
+
+/// The longest client id: a session's queue name
+/// (`mqtt-subscription-<id>qos1`) must fit AMQP's 255-byte short string.
+pub const MQTT_CLIENT_ID_BYTES_MAX: usize = 255 - "mqtt-subscription-".len() - "qos1".len();

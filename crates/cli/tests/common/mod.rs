@@ -45,6 +45,8 @@ pub struct Broker {
     child: Child,
     pub uri: String,
     pub log: Arc<Mutex<Log>>,
+    /// The `berth ready ...` line, for the other listeners' addresses.
+    pub ready: String,
 }
 
 impl Broker {
@@ -68,14 +70,9 @@ impl Broker {
         std::thread::spawn(move || {
             let mut tx = Some(tx);
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(addr) = line
-                    .split("amqp=")
-                    .nth(1)
-                    .filter(|_| line.contains("berth ready"))
-                {
-                    let addr = addr.split([',', ' ']).next().unwrap_or_default().to_owned();
+                if line.contains("berth ready") {
                     if let Some(tx) = tx.take() {
-                        let _receiver_may_have_given_up = tx.send(addr);
+                        let _receiver_may_have_given_up = tx.send(line.clone());
                     }
                 }
                 let mut log = kept.lock().unwrap();
@@ -91,7 +88,7 @@ impl Broker {
                 log.tail.push_back(line);
             }
         });
-        let Ok(addr) = rx.recv_timeout(STARTUP_TIMEOUT) else {
+        let Ok(ready) = rx.recv_timeout(STARTUP_TIMEOUT) else {
             let _already_dead_is_fine = child.kill();
             let _reap_errors_do_not_matter = child.wait();
             let tail: Vec<String> = log.lock().unwrap().tail.iter().cloned().collect();
@@ -100,11 +97,18 @@ impl Broker {
                 tail.join("\n")
             );
         };
+        let addr = ready_addr(&ready, "amqp").expect("the ready line names the AMQP listener");
         Broker {
             child,
             uri: format!("amqp://guest:guest@{addr}/%2f"),
             log,
+            ready,
         }
+    }
+
+    /// The first address of the `kind` listener (`amqp`, `mqtt`, ...).
+    pub fn addr(&self, kind: &str) -> Option<String> {
+        ready_addr(&self.ready, kind)
     }
 
     pub fn kill9(&mut self) {
@@ -127,6 +131,12 @@ impl Broker {
     pub fn errors(&self) -> Vec<String> {
         self.log.lock().unwrap().errors.clone()
     }
+}
+
+/// The first address after ` KIND=` in a ready line.
+fn ready_addr(ready: &str, kind: &str) -> Option<String> {
+    let after = ready.split(&format!("{kind}=")).nth(1)?;
+    Some(after.split([',', ' ']).next()?.to_owned())
 }
 
 impl Drop for Broker {

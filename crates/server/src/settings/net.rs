@@ -72,6 +72,18 @@ pub(super) static NET: &[Setting] = &[
             .check(|a| listen_addresses(a, "0.0.0.0:15671")),
     },
     Setting {
+        key: "net.mqtt_listen",
+        flag: "mqtt-listen",
+        value_name: "ADDR:PORT",
+        default_note: "off",
+        doc: "MQTT 3.1.1 and 5.0 listen addresses, 1883 by convention: MQTT clients log in \
+              as AMQP users, publish to `amq.topic` and subscribe through queues bound to it \
+              (see [MQTT.md](MQTT.md)). Off by default, as RabbitMQ's MQTT plugin is until \
+              enabled. The ready line then also says `mqtt=ADDR`.",
+        slot: &list(field!(net.mqtt_listen), Vec::new)
+            .check(|a| listen_addresses(a, "0.0.0.0:1883")),
+    },
+    Setting {
         key: "net.heartbeat_s",
         flag: "heartbeat-s",
         value_name: "SECONDS",
