@@ -221,7 +221,10 @@ fn delivery_counts_and_the_limit_survive_a_restart() {
     let v = broker.vhost("/").unwrap();
     let t0 = Instant::now();
     let mut args = FieldTable::default();
-    args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
     args.insert("x-delivery-limit".into(), AMQPValue::LongInt(2));
     let d = QueueDeclare {
         durable: true,
@@ -238,7 +241,11 @@ fn delivery_counts_and_the_limit_survive_a_restart() {
         assert!(ch.get(&q, false, t0));
         ch.nack(tag, false, true, t0).unwrap();
     }
-    assert_eq!(*out.1.lock(), [None, Some(1)], "x-delivery-count per delivery");
+    assert_eq!(
+        *out.1.lock(),
+        [None, Some(1)],
+        "x-delivery-count per delivery"
+    );
 
     let (broker2, _) = restart(&journal, Bodies::OnDisk, t0);
     let v2 = broker2.vhost("/").unwrap();
@@ -248,5 +255,8 @@ fn delivery_counts_and_the_limit_survive_a_restart() {
     assert!(ch2.get(&q2, false, t0), "still there after two returns");
     assert_eq!(*out2.1.lock(), [Some(2)], "the count came back");
     ch2.nack(1, false, true, t0).unwrap();
-    assert!(!ch2.get(&q2, false, t0), "a third return is over the limit of 2");
+    assert!(
+        !ch2.get(&q2, false, t0),
+        "a third return is over the limit of 2"
+    );
 }

@@ -711,7 +711,10 @@ fn no_confirmed_message_is_lost_under_leader_kills_pauses_isolation_and_damage()
 fn followers_name_the_leader_and_members_can_be_added_and_removed() {
     let root = std::env::temp_dir().join(format!("berth-cluster-api-{}", std::process::id()));
     let _left_over = std::fs::remove_dir_all(&root);
-    let cluster = Cluster::start(&root);
+    let mqtt: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let cluster = Cluster::start_with(&root, |i| {
+        vec!["--mqtt-listen".into(), format!("127.0.0.1:{}", mqtt[i])]
+    });
     let leader = cluster.leader();
     let follower = (leader + 1) % 3;
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -788,6 +791,13 @@ fn followers_name_the_leader_and_members_can_be_added_and_removed() {
     );
     let (code, alarms) = f.http("GET", "/api/health/checks/alarms", "");
     assert_eq!(code, 200, "{alarms}");
+    // Its MQTT port bound and never accepted: a client waited until its
+    // own timeout. It answers CONNECT with "server unavailable" now.
+    assert_eq!(
+        mqtt_connack(mqtt[follower]),
+        [0x20, 0x02, 0x00, 0x03],
+        "a follower's CONNACK"
+    );
     let port = f.http;
     let (code, body) = f.http(
         "GET",
@@ -1051,6 +1061,29 @@ fn with_cluster_tls_members_need_a_certificate_the_ca_signed() {
         https_answer.ends_with("503") && https_answer.contains(leader_name.as_str()),
         "a follower's HTTPS port answers 503 naming the leader: {https_answer:?}"
     );
+}
+
+/// The first 4 bytes a member answers an MQTT 3.1.1 CONNECT with (empty
+/// if none within 5 s).
+fn mqtt_connack(port: u16) -> Vec<u8> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to MQTT");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    // CONNECT: protocol MQTT level 4, clean session, keepalive 60, id "c".
+    let connect = [
+        0x10, 13, 0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 60, 0, 1, b'c',
+    ];
+    s.write_all(&connect).unwrap();
+    let mut got = vec![0u8; 4];
+    let mut n = 0;
+    while n < 4 {
+        match s.read(&mut got[n..]) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => n += k,
+        }
+    }
+    got.truncate(n);
+    got
 }
 
 /// What a follower's AMQPS port says to a client that sends the protocol

@@ -335,6 +335,13 @@ async fn start_member(
             tls,
         )));
     }
+    for l in &listeners.mqtt.listeners {
+        follower.push(tokio::spawn(mqtt::follower::turn_away(
+            twin(l)?,
+            Arc::clone(&view),
+            handshake,
+        )));
+    }
     let follower_http = || {
         http::follower::router(http::follower::Follower {
             view: Arc::clone(&view),
@@ -344,6 +351,7 @@ async fn start_member(
                 .chain(&listeners.amqps.addrs)
                 .chain(&listeners.http.addrs)
                 .chain(&listeners.https.addrs)
+                .chain(&listeners.mqtt.addrs)
                 .copied()
                 .collect(),
         })

@@ -32,6 +32,7 @@ pub mod clients;
 pub mod codec;
 pub mod connect;
 pub mod connection;
+pub mod follower;
 pub mod login;
 pub mod outlet;
 mod packets;
