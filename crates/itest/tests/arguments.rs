@@ -793,7 +793,17 @@ async fn x_queue_type_classic_and_quorum_are_accepted() {
                 .unwrap_or_else(|e| panic!("x-queue-type {kind} durable={durable}: {e}"));
             publish(&ch, "", &q, kind.as_bytes()).await;
             assert_eq!(wait_for_message_count(&ch, &q, 1).await, 1);
-            assert_eq!(drain_strings(&ch, &q).await, [kind]);
+            // A quorum queue hands a message out once its write is
+            // durable (fdatasynced): a get at once may find nothing yet.
+            let mut got = drain_strings(&ch, &q).await;
+            for _ in 0..100 {
+                if !got.is_empty() {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                got = drain_strings(&ch, &q).await;
+            }
+            assert_eq!(got, [kind]);
             delete(&ch, &q).await;
         }
     })
