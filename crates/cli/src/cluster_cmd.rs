@@ -51,6 +51,11 @@ pub fn render(v: &Value) -> String {
         text(v, "snapshot_index"),
     );
     out.push_str(&format!(
+        "cluster id {}  member id {}\n",
+        text(v, "cluster_id"),
+        text(v, "member_id"),
+    ));
+    out.push_str(&format!(
         "{:<12} {:<22} {:<22} {:<7} {:<8} {:>10} {:>8} {:>8}\n",
         "member", "cluster", "amqp", "leader", "running", "matched", "lag", "heard_ms"
     ));
@@ -124,6 +129,6 @@ mod tests {
                 .any(|l| l.starts_with("n2") && l.contains("false") && l.contains('6')),
             "{t}"
         );
-        assert_eq!(t.lines().count(), 4, "{t}");
+        assert_eq!(t.lines().count(), 5, "{t}");
     }
 }

@@ -194,6 +194,7 @@ pub struct ClusterNode {
     lease_ms: u64,
     /// When each peer last answered this node.
     heard: Arc<Heard>,
+    identity: Arc<Identity>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -292,7 +293,11 @@ impl ClusterNode {
                 config.dir.join(SNAPSHOT_FILE),
                 config.snapshot_after_bytes,
             )),
-            tokio::spawn(meet_members(raft.clone(), network_for_meeting, identity)),
+            tokio::spawn(meet_members(
+                raft.clone(),
+                network_for_meeting,
+                identity.clone(),
+            )),
             tokio::spawn(watch_disk(
                 raft.clone(),
                 writer.clone(),
@@ -309,6 +314,7 @@ impl ClusterNode {
             standing,
             lease_ms: config.election_timeout_ms.0,
             heard,
+            identity,
             tasks,
         };
         let first = config.members.keys().next().copied();
@@ -325,6 +331,13 @@ impl ClusterNode {
                 .iter()
                 .map(|(id, addr)| (*id, BasicNode::new(addr)))
                 .collect();
+            // The cluster's id, before anyone can meet the cluster.
+            node.identity
+                .found_cluster()
+                .map_err(|source| ClusterError::Io {
+                    path: config.dir.join(crate::identity::CLUSTER_ID_FILE),
+                    source,
+                })?;
             if let Err(e) = node.raft.initialize(members).await {
                 // Another start of this member got there first: fine.
                 tracing::info!(error = %e, "cluster already initialised");
@@ -529,6 +542,8 @@ impl ClusterNode {
             millis_since_quorum_ack: m.millis_since_quorum_ack,
             fenced: self.fenced(),
             on_probation: self.on_probation(),
+            member_id: self.identity.own(),
+            cluster_id: self.identity.cluster(),
             members,
         }
     }
@@ -666,11 +681,18 @@ async fn snapshot_by_size(raft: Raft, log: LogStore, snapshot_file: PathBuf, aft
 /// closes), so that each learns every other's member id within seconds
 /// of the cluster forming, not only those it happens to call (followers
 /// never call each other until an election): a member wiped later is then
-/// known by all as replaced. Forgets the ids of nodes that left the
-/// membership, so that one removed and added again is met afresh.
+/// known by all as replaced. Meets each once more after this member's
+/// cluster id is made or learned, so that every member learns it (a
+/// handshake carries it both ways). Forgets the ids of nodes that left
+/// the membership, so that one removed and added again is met afresh.
+///
+/// In a cluster formed before cluster ids existed, the member with the
+/// smallest node id makes one: a single member, so two ids never compete.
 async fn meet_members(raft: Raft, mut network: Network, identity: Arc<Identity>) {
     use openraft::RaftNetworkFactory;
     let mut all_met = false;
+    // Members met since this member knew its cluster id, and under which.
+    let mut told: (Option<crate::identity::ClusterId>, BTreeSet<NodeId>) = (None, BTreeSet::new());
     loop {
         // Often while someone is still to be met, then once a second.
         let pause = if all_met { 1_000 } else { MEET_RETRY_MS };
@@ -685,15 +707,29 @@ async fn meet_members(raft: Raft, mut network: Network, identity: Arc<Identity>)
             (m.id, nodes.map(|(id, n)| (*id, n.clone())).collect())
         };
         identity.forget_all_but(&members.keys().copied().collect());
+        if identity.cluster().is_none() && members.keys().next() == Some(&me) {
+            if let Err(e) = identity.found_cluster() {
+                tracing::warn!(error = %e, "cannot record this cluster's new id; retrying");
+            }
+        }
+        if told.0 != identity.cluster() {
+            told = (identity.cluster(), BTreeSet::new());
+        }
         all_met = true;
         for (id, node) in members {
-            if id == me || identity.knows(id) {
+            let tell = told.0.is_some() && !told.1.contains(&id);
+            if id == me || (identity.knows(id) && !tell) {
                 continue;
             }
             let peer = network.new_client(id, &node).await;
-            if let Err(e) = peer.meet().await {
-                all_met = false;
-                tracing::debug!(peer = id, error = %e, "could not meet a member yet");
+            match peer.meet().await {
+                Ok(()) => {
+                    told.1.insert(id);
+                }
+                Err(e) => {
+                    all_met = false;
+                    tracing::debug!(peer = id, error = %e, "could not meet a member yet");
+                }
             }
         }
     }

@@ -45,5 +45,9 @@ pub struct ClusterStatus {
     pub fenced: bool,
     /// Damaged log: no vote, no election until caught up.
     pub on_probation: bool,
+    /// This member's id (made with its data directory).
+    pub member_id: u128,
+    /// Its cluster's id, once made or learned.
+    pub cluster_id: Option<u128>,
     pub members: Vec<MemberStatus>,
 }

@@ -47,7 +47,7 @@ pub(crate) use server::serve;
 
 /// Version of the frames below; a peer speaking another version is refused
 /// at the handshake with both versions named.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 #[derive(Serialize, Deserialize)]
 pub(crate) enum Request {

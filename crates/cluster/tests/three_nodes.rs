@@ -16,6 +16,21 @@ async fn members_apply_one_order_and_survive_the_leader_stopping() {
     cluster.propose_all(first, 0, 30).await;
     cluster.agree(&commands(30)).await;
 
+    // One cluster id, made at formation and learned by every member.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let ids: Vec<_> = cluster
+            .nodes
+            .values()
+            .map(|(n, _)| n.status().cluster_id)
+            .collect();
+        if ids[0].is_some() && ids.iter().all(|i| *i == ids[0]) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no common cluster id: {ids:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
     // A follower refuses to propose and names the leader.
     let follower = *cluster.nodes.keys().find(|id| **id != first).unwrap();
     match cluster.nodes[&follower]

@@ -3,19 +3,21 @@
 //! HMAC-SHA256 keyed by the cluster secret, so a stranger can neither join
 //! nor impersonate a node, and the secret never crosses the wire.
 //!
-//! Each side also names itself (node id and member id, see `identity`)
-//! inside its proof, and each checks the other's member id against the
-//! one it met before: a member whose data directory was replaced is
-//! refused under its old name.
+//! Each side also names itself (node id, member id and cluster id, see
+//! `identity`) inside its proof; each checks the other's cluster id
+//! against its own (a member of another cluster sharing the secret is
+//! refused) and its member id against the one it met before (a member
+//! whose data directory was replaced is refused under its old name).
 //!
 //! ```text
 //! server → client  Hello  { version, server_challenge }
-//! client → server  Answer { version, node, member, client_challenge,
-//!                           proof = HMAC(secret, "client" ‖ server_challenge ‖ client_challenge ‖ node ‖ member) }
-//! server → client  Verdict::Accepted { node, member,
-//!                           proof = HMAC(secret, "server" ‖ client_challenge ‖ server_challenge ‖ node ‖ member) }
+//! client → server  Answer { version, node, member, cluster, client_challenge,
+//!                           proof = HMAC(secret, "client" ‖ server_challenge ‖ client_challenge ‖ node ‖ member ‖ cluster) }
+//! server → client  Verdict::Accepted { node, member, cluster,
+//!                           proof = HMAC(secret, "server" ‖ client_challenge ‖ server_challenge ‖ node ‖ member ‖ cluster) }
 //!                | Verdict::Refused { reason }
 //! ```
+//! (`cluster` is 0 in a proof while the member does not know its cluster.)
 
 use std::io;
 use std::time::Duration;
@@ -28,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
 use super::{Conn, FrameKeys, PROTOCOL_VERSION};
-use crate::identity::{Identity, MemberId};
+use crate::identity::{ClusterId, Identity, MemberId};
 use crate::limits::{CHALLENGE_BYTES, HANDSHAKE_TIMEOUT_MS};
 use crate::types::NodeId;
 
@@ -45,6 +47,7 @@ struct Answer {
     version: u32,
     node: NodeId,
     member: MemberId,
+    cluster: Option<ClusterId>,
     challenge: Challenge,
     proof: Vec<u8>,
 }
@@ -54,6 +57,7 @@ enum Verdict {
     Accepted {
         node: NodeId,
         member: MemberId,
+        cluster: Option<ClusterId>,
         proof: Vec<u8>,
     },
     Refused {
@@ -61,12 +65,14 @@ enum Verdict {
     },
 }
 
+/// Who a side says it is: node id, member id, cluster id.
+type Names = (NodeId, MemberId, Option<ClusterId>);
+
 fn proof(
     secret: &[u8],
     role: &[u8],
     (first, second): (&Challenge, &Challenge),
-    node: NodeId,
-    member: MemberId,
+    (node, member, cluster): Names,
 ) -> Hmac<Sha256> {
     let mut mac =
         <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes a key of any length");
@@ -75,6 +81,7 @@ fn proof(
     mac.update(second);
     mac.update(&node.to_le_bytes());
     mac.update(&member.to_le_bytes());
+    mac.update(&cluster.unwrap_or(0).to_le_bytes());
     mac
 }
 
@@ -129,19 +136,24 @@ pub(crate) async fn accept(
             send(conn, &Verdict::Refused { reason: reason.clone() }).await?;
             return Err(refused(reason));
         }
-        let claimed = proof(secret, b"client", (&ours, &answer.challenge), answer.node, answer.member);
+        let claimed = proof(secret, b"client", (&ours, &answer.challenge), (answer.node, answer.member, answer.cluster));
         if claimed.verify_slice(&answer.proof).is_err() {
             let reason = "wrong cluster secret: every node needs the same cluster.secret_file contents".to_string();
             send(conn, &Verdict::Refused { reason: reason.clone() }).await?;
             return Err(refused(format!("node {} proved no knowledge of the secret ({reason})", answer.node)));
         }
-        if let Err(reason) = identity.check(answer.node, answer.member) {
+        // The cluster first: a member of another cluster is not learned.
+        if let Err(reason) = identity
+            .check_cluster(answer.node, answer.cluster)
+            .and_then(|()| identity.check(answer.node, answer.member))
+        {
             send(conn, &Verdict::Refused { reason: reason.clone() }).await?;
             return Err(refused(reason));
         }
         let member = identity.own();
-        let ours_proof = proof(secret, b"server", (&answer.challenge, &ours), node, member).finalize().into_bytes().to_vec();
-        send(conn, &Verdict::Accepted { node, member, proof: ours_proof }).await?;
+        let cluster = identity.cluster();
+        let ours_proof = proof(secret, b"server", (&answer.challenge, &ours), (node, member, cluster)).finalize().into_bytes().to_vec();
+        send(conn, &Verdict::Accepted { node, member, cluster, proof: ours_proof }).await?;
         let keys = FrameKeys::derive(secret, (&ours, &answer.challenge), false);
         Ok((answer.node, keys))
     })
@@ -168,7 +180,8 @@ pub(crate) async fn connect(
         }
         let ours = challenge();
         let member = identity.own();
-        let our_proof = proof(secret, b"client", (&hello.challenge, &ours), node, member)
+        let cluster = identity.cluster();
+        let our_proof = proof(secret, b"client", (&hello.challenge, &ours), (node, member, cluster))
             .finalize()
             .into_bytes()
             .to_vec();
@@ -178,6 +191,7 @@ pub(crate) async fn connect(
                 version: PROTOCOL_VERSION,
                 node,
                 member,
+                cluster,
                 challenge: ours,
                 proof: our_proof,
             },
@@ -190,9 +204,10 @@ pub(crate) async fn connect(
             Verdict::Accepted {
                 node: theirs_node,
                 member: theirs_member,
+                cluster: theirs_cluster,
                 proof: theirs,
             } => {
-                proof(secret, b"server", (&ours, &hello.challenge), theirs_node, theirs_member)
+                proof(secret, b"server", (&ours, &hello.challenge), (theirs_node, theirs_member, theirs_cluster))
                     .verify_slice(&theirs)
                     .map_err(|_| {
                         refused(
@@ -204,7 +219,10 @@ pub(crate) async fn connect(
                         "the peer at this address is node {theirs_node}, not {target}: check cluster.peers"
                     )));
                 }
-                identity.check(target, theirs_member).map_err(refused)?;
+                identity
+                    .check_cluster(target, theirs_cluster)
+                    .and_then(|()| identity.check(target, theirs_member))
+                    .map_err(refused)?;
                 Ok(FrameKeys::derive(secret, (&hello.challenge, &ours), true))
             }
         }
@@ -223,4 +241,94 @@ pub(crate) fn decode_untrusted(bytes: &[u8]) {
     let _ = postcard::from_bytes::<Hello>(bytes);
     let _ = postcard::from_bytes::<Answer>(bytes);
     let _ = postcard::from_bytes::<Verdict>(bytes);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use berth_testdir::TestDir;
+
+    const SECRET: &[u8] = b"a cluster secret of enough bytes";
+
+    fn pipe() -> (Conn, Conn) {
+        let (a, b) = tokio::io::duplex(64 * 1024);
+        (
+            super::super::framed(Box::new(a)),
+            super::super::framed(Box::new(b)),
+        )
+    }
+
+    /// Before cluster ids, two members of different clusters that share
+    /// the secret and had not met under these node ids proved each other
+    /// and talked Raft.
+    #[tokio::test]
+    async fn members_of_two_clusters_refuse_each_other_and_learn_nothing() {
+        let (da, db) = (TestDir::new("hs-cluster-a"), TestDir::new("hs-cluster-b"));
+        let (ia, ib) = (
+            Identity::open(da.path()).unwrap(),
+            Identity::open(db.path()).unwrap(),
+        );
+        let (a_id, b_id) = (ia.found_cluster().unwrap(), ib.found_cluster().unwrap());
+        let (mut server, mut client) = pipe();
+        let (accepted, connected) = tokio::join!(
+            accept(&mut server, SECRET, 1, &ia),
+            connect(&mut client, SECRET, (2, 1), &ib)
+        );
+        let e = accepted.err().expect("the server refuses").to_string();
+        assert!(
+            e.contains(&format!("{a_id:032x}")) && e.contains(&format!("{b_id:032x}")),
+            "{e}"
+        );
+        let e = connected.err().expect("the client is refused").to_string();
+        assert!(e.contains("cluster.peers"), "{e}");
+        assert!(!ia.knows(2), "a member of another cluster was learned");
+        assert_eq!((ia.cluster(), ib.cluster()), (Some(a_id), Some(b_id)));
+    }
+
+    #[tokio::test]
+    async fn a_member_that_knows_no_cluster_learns_it_from_either_side() {
+        let (da, dn, dm) = (
+            TestDir::new("hs-learn-a"),
+            TestDir::new("hs-learn-n"),
+            TestDir::new("hs-learn-m"),
+        );
+        let ia = Identity::open(da.path()).unwrap();
+        let a_id = ia.found_cluster().unwrap();
+        // The new member connects to one that knows.
+        let new = Identity::open(dn.path()).unwrap();
+        let (mut server, mut client) = pipe();
+        let (accepted, connected) = tokio::join!(
+            accept(&mut server, SECRET, 1, &ia),
+            connect(&mut client, SECRET, (2, 1), &new)
+        );
+        accepted.unwrap();
+        connected.unwrap();
+        assert_eq!(new.cluster(), Some(a_id));
+        // One that knows connects to the new member.
+        let other = Identity::open(dm.path()).unwrap();
+        let (mut server, mut client) = pipe();
+        let (accepted, connected) = tokio::join!(
+            accept(&mut server, SECRET, 3, &other),
+            connect(&mut client, SECRET, (1, 3), &ia)
+        );
+        accepted.unwrap();
+        connected.unwrap();
+        assert_eq!(Identity::open(dm.path()).unwrap().cluster(), Some(a_id));
+    }
+
+    /// The cluster id is inside the proof: a verdict whose cluster id was
+    /// changed on the way does not verify.
+    #[test]
+    fn the_proof_binds_the_cluster_id() {
+        let (c1, c2) = (challenge(), challenge());
+        let good = proof(SECRET, b"server", (&c1, &c2), (1, 7, Some(9)))
+            .finalize()
+            .into_bytes();
+        assert!(proof(SECRET, b"server", (&c1, &c2), (1, 7, Some(10)))
+            .verify_slice(&good)
+            .is_err());
+        assert!(proof(SECRET, b"server", (&c1, &c2), (1, 7, Some(9)))
+            .verify_slice(&good)
+            .is_ok());
+    }
 }

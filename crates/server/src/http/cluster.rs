@@ -135,6 +135,8 @@ pub(super) fn status_of(
         "millis_since_quorum_ack": s.millis_since_quorum_ack,
         "fenced": s.fenced,
         "on_probation": s.on_probation,
+        "member_id": format!("{:032x}", s.member_id),
+        "cluster_id": s.cluster_id.map(|id| format!("{id:032x}")),
         "members": members,
     })
 }
