@@ -65,7 +65,8 @@ ensure_iptables() {
 cluster() {
   # Three berth processes on loopback ports under leader kill -9, SIGSTOP,
   # network partitions (iptables) and a damaged follower log
-  # (crates/cli/tests/cluster_faults.rs); prints per fault what was
+  # (crates/cli/tests/cluster_faults.rs), every member killed at once, and
+  # a follower removed, wiped and added again under load; prints per fault what was
   # attempted, confirmed, delivered and lost.
   ensure_iptables || { echo "cannot install iptables (the cluster suite's partitions need it)" >&2; return 1; }
   cargo test --release -p berth-cli --test cluster_faults -- --ignored --nocapture &&

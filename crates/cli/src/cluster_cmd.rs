@@ -38,6 +38,10 @@ fn text(v: &Value, k: &str) -> String {
     }
 }
 
+fn text_of(v: &Value) -> String {
+    v.as_str().map_or_else(|| v.to_string(), str::to_string)
+}
+
 /// The status as a table: one line for the cluster, one per member.
 pub fn render(v: &Value) -> String {
     let mut out = format!(
@@ -56,8 +60,8 @@ pub fn render(v: &Value) -> String {
         text(v, "member_id"),
     ));
     out.push_str(&format!(
-        "{:<12} {:<22} {:<22} {:<7} {:<8} {:>10} {:>8} {:>8}\n",
-        "member", "cluster", "amqp", "leader", "running", "matched", "lag", "heard_ms"
+        "{:<12} {:<22} {:<22} {:<7} {:<8} {:>10} {:>8} {:>8}  {}\n",
+        "member", "cluster", "amqp", "leader", "running", "matched", "lag", "heard_ms", "alarms"
     ));
     for m in v
         .get("members")
@@ -65,8 +69,13 @@ pub fn render(v: &Value) -> String {
         .into_iter()
         .flatten()
     {
+        let alarms = match m.get("alarms").and_then(Value::as_array) {
+            Some(a) if a.is_empty() => "none".to_string(),
+            Some(a) => a.iter().map(text_of).collect::<Vec<_>>().join("; "),
+            None => "-".to_string(),
+        };
         out.push_str(&format!(
-            "{:<12} {:<22} {:<22} {:<7} {:<8} {:>10} {:>8} {:>8}\n",
+            "{:<12} {:<22} {:<22} {:<7} {:<8} {:>10} {:>8} {:>8}  {}\n",
             text(m, "name"),
             text(m, "cluster_address"),
             text(m, "amqp"),
@@ -75,6 +84,7 @@ pub fn render(v: &Value) -> String {
             text(m, "matched_index"),
             text(m, "lag_entries"),
             text(m, "millis_since_heard"),
+            alarms,
         ));
     }
     out
@@ -121,12 +131,15 @@ mod tests {
             "members": [{"name": "n1", "cluster_address": "127.0.0.1:1", "amqp": "127.0.0.1:5672",
                          "leader": true, "running": true, "matched_index": 10, "lag_entries": 0, "millis_since_heard": 0},
                         {"name": "n2", "cluster_address": "127.0.0.1:2", "amqp": "",
-                         "leader": false, "running": false, "matched_index": 4, "lag_entries": 6, "millis_since_heard": 9000}]});
+                         "leader": false, "running": false, "matched_index": 4, "lag_entries": 6, "millis_since_heard": 9000,
+                         "alarms": ["disk (5 bytes free)"]}]});
         let t = render(&v);
         assert!(t.contains("leader n1"), "{t}");
         assert!(
-            t.lines()
-                .any(|l| l.starts_with("n2") && l.contains("false") && l.contains('6')),
+            t.lines().any(|l| l.starts_with("n2")
+                && l.contains("false")
+                && l.contains('6')
+                && l.ends_with("disk (5 bytes free)")),
             "{t}"
         );
         assert_eq!(t.lines().count(), 5, "{t}");

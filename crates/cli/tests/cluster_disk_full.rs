@@ -107,6 +107,39 @@ fn a_follower_whose_disk_filled_says_so_and_recovers_by_itself() {
         std::thread::sleep(Duration::from_millis(200));
     };
     assert!(alarms.contains("disk"), "{alarms}");
+    // The leader shows it too: in its cluster-wide alarms check (not in
+    // its local one), in /api/nodes and in /metrics.
+    let l = &cluster.nodes[leader];
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (code, body) = l.http("GET", "/api/health/checks/alarms", "");
+        if code == 503 && body.contains("member n3: disk") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the leader does not show the follower's alarm: {code} {body}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (code, body) = l.http("GET", "/api/health/checks/local-alarms", "");
+    assert_eq!(code, 200, "the leader's own alarms: {body}");
+    let (_, nodes) = l.http("GET", "/api/nodes", "");
+    let n3 = json(&nodes)
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "n3")
+        .cloned()
+        .unwrap_or_else(|| panic!("no n3 in {nodes}"));
+    assert_eq!(n3["disk_free_alarm"], true, "{n3}");
+    let (_, metrics) = l.http("GET", "/metrics", "");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("berth_raft_member_alarms{member=\"n3\"}") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
 
     // Room again: the follower comes back by itself and catches up.
     std::fs::remove_file(&filler).unwrap();

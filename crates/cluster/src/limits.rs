@@ -112,3 +112,13 @@ pub const ELECTION_RETRIES: u64 = 2;
 /// How often a member tries to meet the members whose member id it has
 /// not learned yet (then once a second, to notice departures).
 pub const MEET_RETRY_MS: u64 = 100;
+
+/// How often a leader asks every member for its report (`report.rs`).
+pub const REPORT_INTERVAL_MS: u64 = 1_000;
+
+/// A member's report is shown for this long after it was heard.
+pub const REPORT_FRESH_MS: u64 = 5_000;
+
+/// How long `add-node` waits for a new member to catch up before it makes
+/// it a voter (it stays a learner past that, and the call says so).
+pub const LEARNER_CATCH_UP_MS: u64 = 120_000;

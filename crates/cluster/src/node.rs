@@ -31,13 +31,15 @@ use crate::error::ClusterError;
 use crate::identity::Identity;
 use crate::limits::{
     APPEND_ENTRIES_MAX, DISK_WATCH_INTERVAL, ENTRIES_KEPT_BEHIND_SNAPSHOT, ENTRY_BYTES_MAX,
-    LOG_SEGMENT_BYTES, MEET_RETRY_MS, PEER_FRAME_BYTES_MAX, PROPOSALS_PER_ENTRY_MAX,
-    PROPOSALS_QUEUED_MAX, SECRET_BYTES_MIN, SNAPSHOT_AFTER_LOG_BYTES, SNAPSHOT_AFTER_LOG_BYTES_MAX,
-    SNAPSHOT_CHECK_INTERVAL, SNAPSHOT_CHUNK_BYTES, SNAPSHOT_CHUNK_TIMEOUT_MS,
+    LEARNER_CATCH_UP_MS, LOG_SEGMENT_BYTES, MEET_RETRY_MS, PEER_FRAME_BYTES_MAX,
+    PROPOSALS_PER_ENTRY_MAX, PROPOSALS_QUEUED_MAX, SECRET_BYTES_MIN, SNAPSHOT_AFTER_LOG_BYTES,
+    SNAPSHOT_AFTER_LOG_BYTES_MAX, SNAPSHOT_CHECK_INTERVAL, SNAPSHOT_CHUNK_BYTES,
+    SNAPSHOT_CHUNK_TIMEOUT_MS,
 };
 use crate::log_file::{self, Writer};
 use crate::log_store::LogStore;
 use crate::probation::Probation;
+use crate::report::{LocalAlarms, Reports};
 use crate::snapshot_file::SNAPSHOT_FILE;
 use crate::standing::Standing;
 use crate::state_machine::{Apply, StateMachine};
@@ -195,6 +197,7 @@ pub struct ClusterNode {
     /// When each peer last answered this node.
     heard: Arc<Heard>,
     identity: Arc<Identity>,
+    reports: Arc<Reports>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -270,6 +273,7 @@ impl ClusterNode {
         if standing.probation.active() {
             raft.runtime_config().elect(false);
         }
+        let reports = Arc::new(Reports::default());
         let (proposals, queue) = mpsc::channel(PROPOSALS_QUEUED_MAX);
         let stall = Duration::from_millis(config.sync_stall_ms_max);
         let tasks = vec![
@@ -277,7 +281,7 @@ impl ClusterNode {
                 listener,
                 raft.clone(),
                 (secret, identity.clone()),
-                standing.clone(),
+                (standing.clone(), reports.clone()),
                 config.tls.clone(),
                 config.peer_frame_bytes_max,
             )),
@@ -295,8 +299,13 @@ impl ClusterNode {
             )),
             tokio::spawn(meet_members(
                 raft.clone(),
-                network_for_meeting,
+                network_for_meeting.clone(),
                 identity.clone(),
+            )),
+            tokio::spawn(crate::report::collect(
+                raft.clone(),
+                network_for_meeting,
+                reports.clone(),
             )),
             tokio::spawn(watch_disk(
                 raft.clone(),
@@ -315,6 +324,7 @@ impl ClusterNode {
             lease_ms: config.election_timeout_ms.0,
             heard,
             identity,
+            reports,
             tasks,
         };
         let first = config.members.keys().next().copied();
@@ -349,6 +359,12 @@ impl ClusterNode {
     #[must_use]
     pub fn id(&self) -> NodeId {
         self.id
+    }
+
+    /// Tells this member how to list its own alarms: answered to the
+    /// leader's reports (`report.rs`) and shown in its own status.
+    pub fn set_local_alarms(&self, alarms: LocalAlarms) {
+        self.reports.set_local(alarms);
     }
 
     /// Replicates `command`; `Ok(index)` once it is committed and applied
@@ -394,11 +410,18 @@ impl ClusterNode {
     /// Adds a member (leader only): it joins as a learner, catches up (by
     /// snapshot if it is far behind), then becomes a voter. Returns once
     /// the new membership is committed.
+    ///
+    /// It becomes a voter only once it holds the log as it was when it
+    /// was added: openraft's own wait (`add_learner`'s `blocking`)
+    /// returned within milliseconds for a member removed and added again
+    /// with an empty directory, leaving a voter with nothing, one failure
+    /// away from a cluster that cannot commit.
     pub async fn add_member(&self, id: NodeId, addr: String) -> Result<(), ProposeError> {
         self.raft
             .add_learner(id, BasicNode::new(addr), true)
             .await
             .map_err(membership_error)?;
+        self.learner_caught_up(id).await?;
         let mut voters = self.voters();
         voters.insert(id);
         self.raft
@@ -406,6 +429,39 @@ impl ClusterNode {
             .await
             .map_err(membership_error)?;
         Ok(())
+    }
+
+    /// Waits until learner `id` holds this leader's log as it is now.
+    async fn learner_caught_up(&self, id: NodeId) -> Result<(), ProposeError> {
+        let wanted = self.raft.metrics().borrow().last_log_index.unwrap_or(0);
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(LEARNER_CATCH_UP_MS);
+        loop {
+            let (held, leads) = {
+                let m = self.raft.metrics();
+                let m = m.borrow();
+                let held = (m.replication.as_ref())
+                    .and_then(|r| r.get(&id).copied().flatten())
+                    .map_or(0, |l| l.index);
+                (held, m.state == ServerState::Leader)
+            };
+            if held >= wanted {
+                return Ok(());
+            }
+            if !leads {
+                return Err(ProposeError::Stopped(format!(
+                    "this node stopped leading while {id} caught up (at index {held} of {wanted}); \
+                     it stays a learner: add it again on the leader"
+                )));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ProposeError::Stopped(format!(
+                    "{id} did not catch up within {} s (at index {held} of {wanted}); it stays a \
+                     learner, receiving the log: add it again to make it a voter once it has",
+                    LEARNER_CATCH_UP_MS / 1000
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Removes a member (leader only); returns once the new membership is
@@ -485,17 +541,17 @@ impl ClusterNode {
             .collect()
     }
 
+    /// This node's part in Raft right now.
+    #[must_use]
+    pub fn role(&self) -> Role {
+        role_of(self.raft.metrics().borrow().state)
+    }
+
     /// The node's view of the cluster (see [`ClusterStatus`]).
     #[must_use]
     pub fn status(&self) -> ClusterStatus {
         let m = self.raft.metrics().borrow().clone();
-        let role = match m.state {
-            ServerState::Leader => Role::Leader,
-            ServerState::Follower => Role::Follower,
-            ServerState::Candidate => Role::Candidate,
-            ServerState::Learner => Role::Learner,
-            ServerState::Shutdown => Role::Stopped,
-        };
+        let role = role_of(m.state);
         let membership = m.membership_config.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         let members = membership
@@ -516,6 +572,13 @@ impl ClusterNode {
                     _ => None,
                 };
                 MemberStatus {
+                    alarms: if *id == m.id {
+                        Some(self.reports.local().alarms)
+                    } else if role == Role::Leader {
+                        self.reports.of(*id).map(|r| r.alarms)
+                    } else {
+                        None
+                    },
                     millis_since_heard: if *id == m.id {
                         Some(0)
                     } else {
@@ -578,6 +641,16 @@ impl ClusterNode {
         for task in self.tasks {
             let _ = task.await; // cancelled, as asked
         }
+    }
+}
+
+fn role_of(state: ServerState) -> Role {
+    match state {
+        ServerState::Leader => Role::Leader,
+        ServerState::Follower => Role::Follower,
+        ServerState::Candidate => Role::Candidate,
+        ServerState::Learner => Role::Learner,
+        ServerState::Shutdown => Role::Stopped,
     }
 }
 

@@ -27,6 +27,9 @@ pub struct MemberStatus {
     /// Milliseconds since this member last answered a call of this node
     /// (0 for the node itself; `None` if it never did).
     pub millis_since_heard: Option<u64>,
+    /// The member's alarms: this node's own, or (leader only) the last
+    /// report the member sent within a few seconds; `None` when unknown.
+    pub alarms: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug)]

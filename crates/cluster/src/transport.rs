@@ -41,7 +41,7 @@ use crate::limits::HANDSHAKE_FRAME_BYTES_MAX;
 use crate::limits::PEER_FRAME_BYTES_MAX;
 use crate::types::{NodeId, TypeConfig};
 
-pub(crate) use client::Network;
+pub(crate) use client::{Network, Peer};
 pub(crate) use frame_mac::FrameKeys;
 pub(crate) use server::serve;
 
@@ -54,6 +54,8 @@ pub(crate) enum Request {
     Append(AppendEntriesRequest<TypeConfig>),
     Vote(VoteRequest<NodeId>),
     Snapshot(InstallSnapshotRequest<TypeConfig>),
+    /// The leader asks for the member's report (`report.rs`).
+    Report,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -61,6 +63,7 @@ pub(crate) enum Response {
     Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
     Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
     Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
+    Report(crate::report::MemberReport),
 }
 
 /// TLS between members: this member's server side (its certificate, and

@@ -152,6 +152,21 @@ impl Peer {
         }
     }
 
+    /// Asks the member for its report (`report.rs`), within `ttl`.
+    pub(crate) async fn report(
+        &mut self,
+        ttl: Duration,
+    ) -> io::Result<crate::report::MemberReport> {
+        match self.call(&Request::Report, ttl).await {
+            Ok(Response::Report(r)) => Ok(r),
+            Ok(_) => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the peer answered a different request",
+            )),
+            Err(CallError::Unreachable(e) | CallError::Network(e)) => Err(e),
+        }
+    }
+
     async fn connected(&mut self) -> Result<&mut Conn, CallError> {
         if self.conn.is_none() {
             let stream = super::dial(&self.addr, self.source)

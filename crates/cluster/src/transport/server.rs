@@ -16,6 +16,7 @@ use crate::limits::{
     ELECTION_RETRIES, HANDSHAKE_TIMEOUT_MS, LEADER_DEATH_RETRY_MS, LEADER_PROBE_AT_MS,
     LEADER_PROBE_TIMEOUT_MS,
 };
+use crate::report::Reports;
 use crate::standing::Standing;
 use crate::types::{NodeId, Raft};
 use openraft::error::{Fatal, RaftError};
@@ -27,7 +28,7 @@ pub(crate) async fn serve(
     listener: TcpListener,
     raft: Raft,
     (secret, identity): (Arc<Vec<u8>>, Arc<Identity>),
-    standing: Arc<Standing>,
+    (standing, reports): (Arc<Standing>, Arc<Reports>),
     tls: Option<super::PeerTls>,
     frame_max: usize,
 ) {
@@ -56,6 +57,7 @@ pub(crate) async fn serve(
         let secret = secret.clone();
         let identity = identity.clone();
         let standing = standing.clone();
+        let reports = reports.clone();
         let tls = tls.clone();
         connections.spawn(async move {
             let stream = match &tls {
@@ -81,7 +83,7 @@ pub(crate) async fn serve(
             match proven {
                 Ok((peer, keys)) => {
                     super::authenticated(&mut conn, frame_max, keys, tls.is_some());
-                    serve_peer(conn, peer, &raft, &standing).await;
+                    serve_peer(conn, peer, &raft, (&standing, &reports)).await;
                 }
                 // A member probing whether this one is alive connects and
                 // closes at once; that is not worth a warning.
@@ -94,7 +96,12 @@ pub(crate) async fn serve(
     }
 }
 
-async fn serve_peer(mut conn: Conn, peer: NodeId, raft: &Raft, standing: &Standing) {
+async fn serve_peer(
+    mut conn: Conn,
+    peer: NodeId,
+    raft: &Raft,
+    (standing, reports): (&Standing, &Reports),
+) {
     while let Some(frame) = conn.next().await {
         let frame = match frame {
             Ok(f) => f,
@@ -126,6 +133,7 @@ async fn serve_peer(mut conn: Conn, peer: NodeId, raft: &Raft, standing: &Standi
             }
             Request::Vote(rpc) => Response::Vote(raft.vote(rpc).await),
             Request::Snapshot(rpc) => Response::Snapshot(raft.install_snapshot(rpc).await),
+            Request::Report => Response::Report(reports.local()),
         };
         let bytes = match postcard::to_allocvec(&response) {
             Ok(b) => b,

@@ -191,10 +191,18 @@ impl Member {
             }
         };
         tracing::info!(member = %name, cluster = %cluster_addr, "cluster member started");
+        let node = Arc::new(node);
+        super::alarms::install(
+            &node,
+            super::alarms::Watched {
+                data_dirs: config.store.data_dirs.clone(),
+                disk_free_bytes_min: config.limits.disk_free_bytes_min,
+            },
+        );
         Ok(Self {
             view: Arc::new(ClusterView {
                 name,
-                node: Arc::new(node),
+                node,
                 announced,
             }),
             replica,

@@ -4,12 +4,14 @@
 //! fdatasynced it; every member applies committed commands to its own
 //! store ([`replica`]); a follower turns clients away naming the leader
 //! ([`redirect`]; its HTTP side is `http::follower`); [`member`] opens the replica, starts
-//! Raft and follows the member's role.
+//! Raft and follows the member's role; each member reports its
+//! [`alarms`] to the leader.
 //!
 //! Invariants:
 //! - Nothing here runs unless `cluster.node_id` is set: a single node
 //!   never touches Raft.
 
+pub mod alarms;
 pub mod command;
 pub mod member;
 pub mod peers;

@@ -114,6 +114,7 @@ pub(super) fn status_of(
                 "matched_index": m.matched_index,
                 "lag_entries": m.lag,
                 "millis_since_heard": m.millis_since_heard,
+                "alarms": m.alarms,
             })
         })
         .collect();
@@ -141,23 +142,47 @@ pub(super) fn status_of(
     })
 }
 
-/// The members as `/api/nodes` lists them (RabbitMQ's node objects).
+/// The members as `/api/nodes` lists them (RabbitMQ's node objects),
+/// with each member's alarms as it last reported them to this leader
+/// (`alarms` null where unknown: a follower hears only the leader, and a
+/// member that stopped answering sends no report).
 pub(super) fn nodes(st: &HttpState) -> Option<Vec<Value>> {
-    let members = Members::of(st)?;
+    let view = st.shared.cluster.as_ref()?;
+    let status = view.node.status();
     Some(
-        members
-            .all
+        status
+            .members
             .iter()
-            .map(|name| {
+            .map(|m| {
+                let alarms = m.alarms.as_ref();
                 json!({
-                    "name": name,
+                    "name": view.name_of(m.id),
                     "type": "disc",
-                    "running": members.online.contains(name),
+                    "running": running(st, m) || m.id == status.id,
                     "being_drained": false,
+                    "disk_free_alarm": alarms.map(|a| a.iter().any(|x| x.starts_with("disk"))),
+                    "mem_alarm": alarms.map(|_| false),
+                    "alarms": alarms,
                 })
             })
             .collect(),
     )
+}
+
+/// Every member's reported alarms but this one's, each named by its
+/// member (for the cluster-wide alarms check on the leader).
+pub(super) fn member_alarms(st: &HttpState) -> Vec<String> {
+    let Some(view) = st.shared.cluster.as_ref() else {
+        return Vec::new();
+    };
+    let status = view.node.status();
+    (status.members.iter())
+        .filter(|m| m.id != status.id)
+        .flat_map(|m| {
+            let name = view.name_of(m.id);
+            (m.alarms.iter().flatten()).map(move |a| format!("member {name}: {a}"))
+        })
+        .collect()
 }
 
 /// `POST /api/berth/cluster/members` `{"peer": "NAME@HOST:PORT"}`: adds a
@@ -194,6 +219,17 @@ pub(super) async fn remove(
     }
 }
 
+/// What `/metrics` shows per member.
+pub(super) struct MemberNumbers {
+    pub name: String,
+    /// Entries behind the leader's log.
+    pub lag: u64,
+    /// 1 while it answers the leader.
+    pub running: u8,
+    /// How many alarms it last reported (`None`: no fresh report).
+    pub alarms: Option<u64>,
+}
+
 /// The numbers `/metrics` shows of a cluster member.
 pub(super) struct Numbers {
     pub term: u64,
@@ -201,8 +237,8 @@ pub(super) struct Numbers {
     pub applied_index: u64,
     pub snapshot_index: u64,
     pub leader: u64,
-    /// Per member: name, lag in entries, running (1) or not (0).
-    pub members: Vec<(String, u64, u8)>,
+    /// Per member, where this member can tell (the leader).
+    pub members: Vec<MemberNumbers>,
     /// 1 while this member's disk stalls (it neither leads nor votes).
     pub fenced: u64,
     /// 1 while this member catches up after a damaged log.
@@ -230,7 +266,12 @@ impl Numbers {
             leader: u64::from(s.role == Role::Leader),
             members: running.map_or_else(Vec::new, |running| {
                 (s.members.iter())
-                    .map(|m| (view.name_of(m.id), m.lag.unwrap_or(0), u8::from(running(m))))
+                    .map(|m| MemberNumbers {
+                        name: view.name_of(m.id),
+                        lag: m.lag.unwrap_or(0),
+                        running: u8::from(running(m)),
+                        alarms: m.alarms.as_ref().map(|a| a.len() as u64),
+                    })
                     .collect()
             }),
             fenced: u64::from(s.fenced),

@@ -21,7 +21,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use berth_cluster::Role;
 use serde_json::json;
 
 use crate::cluster::view::ClusterView;
@@ -57,31 +56,15 @@ fn not_leader(view: &ClusterView) -> Response {
         .into_response()
 }
 
-/// This member's alarms: its disk below the free space it must keep, its
-/// Raft log's disk stalled, its Raft stopped (a log write failed).
+/// This member's alarms (`cluster::alarms`).
 fn alarms(f: &Follower) -> Vec<String> {
-    let mut alarms = Vec::new();
-    if f.disk_free_bytes_min > 0 {
-        match crate::disk::lowest_free_bytes(&f.data_dirs) {
-            Ok(free) if free < f.disk_free_bytes_min => alarms.push(format!(
-                "disk ({free} bytes free, limits.disk_free_bytes_min is {})",
-                f.disk_free_bytes_min
-            )),
-            Ok(_) => {}
-            Err((dir, e)) => alarms.push(format!(
-                "disk (cannot measure the free space of {}: {e})",
-                dir.display()
-            )),
-        }
-    }
-    let s = f.view.node.status();
-    if s.fenced {
-        alarms.push("raft log disk stalled (an fdatasync ran past cluster.sync_stall_ms_max): this member neither votes nor leads until it answers".into());
-    }
-    if s.role == Role::Stopped {
-        alarms.push("raft stopped (a write to its log failed; see this member's log)".into());
-    }
-    alarms
+    crate::cluster::alarms::of(
+        &f.view.node,
+        &crate::cluster::alarms::Watched {
+            data_dirs: f.data_dirs.clone(),
+            disk_free_bytes_min: f.disk_free_bytes_min,
+        },
+    )
 }
 
 fn check(alarms: Vec<String>) -> Response {

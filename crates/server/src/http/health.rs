@@ -79,7 +79,20 @@ pub(super) async fn aliveness(
     }
 }
 
+/// `GET /api/health/checks/alarms`: this broker's alarms and, on a
+/// cluster's leader, every member's (as each last reported them).
 pub(super) async fn alarms(State(st): State<HttpState>, _: Authed) -> Response {
+    let mut alarms = local(&st);
+    alarms.extend(super::cluster::member_alarms(&st));
+    verdict(alarms)
+}
+
+/// `GET /api/health/checks/local-alarms`: this broker's own.
+pub(super) async fn local_alarms(State(st): State<HttpState>, _: Authed) -> Response {
+    verdict(local(&st))
+}
+
+fn local(st: &HttpState) -> Vec<String> {
     let used = berth_broker::message::message_bytes();
     let limit = st.shared.config.limits.memory_high_watermark();
     let mut alarms = Vec::new();
@@ -89,6 +102,21 @@ pub(super) async fn alarms(State(st): State<HttpState>, _: Authed) -> Response {
         ));
     }
     alarms.extend(super::store_alarms::store_alarms(&st.journal.store.stats()));
+    if let Some(view) = &st.shared.cluster {
+        let node = &view.node;
+        alarms.extend(
+            node.status()
+                .members
+                .into_iter()
+                .find(|m| m.id == node.id())
+                .and_then(|m| m.alarms)
+                .unwrap_or_default(),
+        );
+    }
+    alarms
+}
+
+fn verdict(alarms: Vec<String>) -> Response {
     if alarms.is_empty() {
         return ok();
     }

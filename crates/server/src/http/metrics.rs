@@ -340,11 +340,11 @@ fn raft_numbers(r: &super::cluster::Numbers, out: &mut Out) {
         "gauge",
         "Entries a member is behind the leader's log.",
     );
-    for (member, lag, _) in &r.members {
+    for m in &r.members {
         out.sample(
             "berth_raft_member_lag_entries",
-            &format!("member=\"{}\"", escape_label(member)),
-            lag,
+            &format!("member=\"{}\"", escape_label(&m.name)),
+            m.lag,
         );
     }
     out.family(
@@ -352,12 +352,26 @@ fn raft_numbers(r: &super::cluster::Numbers, out: &mut Out) {
         "gauge",
         "1 while a member answers the leader.",
     );
-    for (member, _, running) in &r.members {
+    for m in &r.members {
         out.sample(
             "berth_raft_member_running",
-            &format!("member=\"{}\"", escape_label(member)),
-            running,
+            &format!("member=\"{}\"", escape_label(&m.name)),
+            m.running,
         );
+    }
+    out.family(
+        "berth_raft_member_alarms",
+        "gauge",
+        "Alarms a member reported to the leader (its disk, its Raft log's disk, its Raft stopped); absent while it sends no report.",
+    );
+    for m in &r.members {
+        if let Some(alarms) = m.alarms {
+            out.sample(
+                "berth_raft_member_alarms",
+                &format!("member=\"{}\"", escape_label(&m.name)),
+                alarms,
+            );
+        }
     }
 }
 

@@ -82,7 +82,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/api/berth/cluster", get(cluster::status))
         .route("/api/berth/cluster/members", post(cluster::add))
         .route("/api/berth/cluster/members/{name}", delete(cluster::remove))
-        .route("/api/health/checks/local-alarms", get(health::alarms))
+        .route("/api/health/checks/local-alarms", get(health::local_alarms))
         .route(
             "/api/health/checks/port-listener/{port}",
             get(health::port_listener),
