@@ -26,6 +26,7 @@ pub mod limits;
 pub mod log_file;
 mod log_frame;
 mod log_noise;
+mod log_reader;
 pub mod log_segments;
 pub mod log_store;
 mod node;

@@ -122,3 +122,7 @@ pub const REPORT_FRESH_MS: u64 = 5_000;
 /// How long `add-node` waits for a new member to catch up before it makes
 /// it a voter (it stays a learner past that, and the call says so).
 pub const LEARNER_CATCH_UP_MS: u64 = 120_000;
+
+/// The newest bytes of a member's Raft log kept in memory once durable;
+/// older entries are read back from the log's segments (`log_reader.rs`).
+pub const LOG_RESIDENT_BYTES_MAX: u64 = 64 * 1024 * 1024;

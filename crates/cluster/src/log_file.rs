@@ -38,6 +38,7 @@ use parking_lot::Mutex;
 
 use crate::error::ClusterError;
 use crate::limits::LOG_SEGMENT_BYTES;
+pub use crate::log_segments::ENTRY_HEAD_BYTES;
 use crate::log_segments::{Opened, Segments};
 use crate::sync_gate::SyncGate;
 
@@ -52,7 +53,10 @@ pub const SYNCED_FILE: &str = "raft.synced";
 /// What a node's cluster directory held at start.
 #[derive(Debug, Default)]
 pub struct Loaded {
-    /// Each entry's payload with the offset of its frame in `raft.log`.
+    /// Each entry's payload with the log offset of its frame; frames are
+    /// contiguous, so a frame's length is the next one's offset (or
+    /// `log_end`) less its own. Only a payload's first [`ENTRY_HEAD_BYTES`]
+    /// where [`open_keeping`] kept the entry on disk.
     pub entries: Vec<(u64, Vec<u8>)>,
     /// Where the next frame of `raft.log` goes.
     pub log_end: u64,
@@ -157,6 +161,19 @@ pub fn open_with(
     gate: SyncGate,
     segment_bytes: u64,
 ) -> Result<(Loaded, Writer), ClusterError> {
+    open_keeping(dir, gate, segment_bytes, u64::MAX)
+}
+
+/// [`open_with`], loading whole only the entries in the last
+/// `resident_bytes` of the log; of older ones [`Loaded::entries`] holds
+/// the first [`ENTRY_HEAD_BYTES`] of the payload (its log id), so that a
+/// start reads the log without holding it all in memory.
+pub fn open_keeping(
+    dir: &Path,
+    gate: SyncGate,
+    segment_bytes: u64,
+    resident_bytes: u64,
+) -> Result<(Loaded, Writer), ClusterError> {
     let io_err = |path: &Path| {
         let path = path.to_path_buf();
         move |source| ClusterError::Io { path, source }
@@ -166,7 +183,7 @@ pub fn open_with(
         segments,
         entries,
         mut damaged_at,
-    } = Segments::open(dir, segment_bytes)?;
+    } = Segments::open_keeping(dir, segment_bytes, resident_bytes)?;
     let log_end = segments.end();
     let synced_path = dir.join(SYNCED_FILE);
     let synced = OpenOptions::new()

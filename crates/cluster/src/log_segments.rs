@@ -26,7 +26,11 @@ use std::sync::mpsc;
 use std::thread;
 
 use crate::error::ClusterError;
-use crate::log_frame::{scan, Tail, LOG_FILE};
+use crate::log_frame::{scan, Tail, FRAME_HEADER_BYTES, LOG_FILE};
+
+/// Bytes of a payload enough to decode a Raft entry's log id (its first
+/// field: three varints of at most 10 bytes).
+pub const ENTRY_HEAD_BYTES: usize = 32;
 
 const PREFIX: &str = "raft.";
 const SUFFIX: &str = ".log";
@@ -54,7 +58,7 @@ pub fn segment_paths(dir: &Path) -> io::Result<Vec<PathBuf>> {
         .collect())
 }
 
-fn bases(dir: &Path) -> io::Result<Vec<u64>> {
+pub(crate) fn bases(dir: &Path) -> io::Result<Vec<u64>> {
     let mut found = Vec::new();
     for entry in fs::read_dir(dir)? {
         if let Some(base) = entry?.file_name().to_str().and_then(parse_name) {
@@ -98,6 +102,17 @@ impl Segments {
     /// cuts a torn tail off the last one, and sets aside anything from a
     /// damaged frame on, into `raft.log.damaged-<offset>`.
     pub fn open(dir: &Path, segment_bytes: u64) -> Result<Opened, ClusterError> {
+        Self::open_keeping(dir, segment_bytes, u64::MAX)
+    }
+
+    /// [`Self::open`], copying whole only the payloads of frames that end
+    /// in the last `resident_bytes` of the log; of older frames only the
+    /// first [`ENTRY_HEAD_BYTES`] (a Raft entry's log id comes first).
+    pub fn open_keeping(
+        dir: &Path,
+        segment_bytes: u64,
+        resident_bytes: u64,
+    ) -> Result<Opened, ClusterError> {
         let io_err = |path: &Path| {
             let path = path.to_path_buf();
             move |source| ClusterError::Io { path, source }
@@ -123,6 +138,14 @@ impl Segments {
             File::create(&first).map_err(io_err(&first))?;
             found.push(0);
         }
+        // Where the kept tail starts, by the files' sizes (a cut tail only
+        // keeps a little more whole).
+        let mut total = 0;
+        for &base in &found {
+            let path = dir.join(segment_name(base));
+            total = base + fs::metadata(&path).map_err(io_err(&path))?.len();
+        }
+        let whole_from = total.saturating_sub(resident_bytes);
         let mut entries = Vec::new();
         let mut spans: Vec<(u64, u64)> = Vec::new();
         let mut damaged_at = None;
@@ -138,7 +161,15 @@ impl Segments {
             }
             let bytes = fs::read(&path).map_err(io_err(&path))?;
             let scan = scan(&bytes);
-            entries.extend(scan.frames.iter().map(|(at, p)| (base + at, p.to_vec())));
+            entries.extend(scan.frames.iter().map(|(at, p)| {
+                let end = base + at + (FRAME_HEADER_BYTES + p.len()) as u64;
+                let kept = if end > whole_from {
+                    p.to_vec()
+                } else {
+                    p[..p.len().min(ENTRY_HEAD_BYTES)].to_vec()
+                };
+                (base + at, kept)
+            }));
             let last = i + 1 == found.len();
             let cut = match scan.tail {
                 Tail::Clean => None,
@@ -364,6 +395,29 @@ mod tests {
         let at = s.end();
         s.write(at, &encode_frame(payload)).unwrap();
         at
+    }
+
+    /// A start used to copy every payload of the log into memory.
+    #[test]
+    fn a_start_keeping_the_tail_copies_only_heads_of_older_frames() {
+        let dir = temp_dir("keeping");
+        let mut s = Segments::open(&dir, 1_000).unwrap().segments;
+        for i in 0..10u8 {
+            append(&mut s, &[i; 200]);
+        }
+        drop(s);
+        // The last 500 bytes of 2,080: the three frames (208 bytes each)
+        // that end in them whole.
+        let opened = Segments::open_keeping(&dir, 1_000, 500).unwrap();
+        let lens: Vec<usize> = opened.entries.iter().map(|(_, p)| p.len()).collect();
+        let mut wanted = vec![ENTRY_HEAD_BYTES; 7];
+        wanted.extend([200, 200, 200]);
+        assert_eq!(lens, wanted);
+        assert!(opened
+            .entries
+            .iter()
+            .enumerate()
+            .all(|(i, (_, p))| p[0] == i as u8));
     }
 
     #[test]

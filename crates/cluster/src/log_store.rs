@@ -1,8 +1,12 @@
 //! A node's Raft log and vote, as openraft's `RaftLogStorage` sees them:
-//! entries kept in memory for reading and in the log's segments for
-//! durability, the vote in `raft.vote`, the purge point in `raft.purged`.
+//! entries in the log's segments for durability, the newest of them also
+//! in memory (up to [`LOG_RESIDENT_BYTES_MAX`] once durable; older ones
+//! are read back from the segments, `log_reader.rs`), the vote in
+//! `raft.vote`, the purge point in `raft.purged`.
 //!
 //! Invariants:
+//! - An entry leaves memory only once its write completed, oldest first:
+//!   entries below `first_resident` are on disk only, the rest in memory.
 //! - `append` makes entries readable at once and reports them flushed only
 //!   through the writer thread, after their fdatasync (log_file's contract).
 //! - Entries are contiguous: each index is one more than the previous, and
@@ -24,7 +28,11 @@ use tokio::sync::oneshot;
 
 use crate::error::ClusterError;
 use crate::limits::APPEND_BYTES_TARGET;
+#[cfg(doc)]
+use crate::limits::LOG_RESIDENT_BYTES_MAX;
 use crate::log_file::{self, append_frame, Loaded, Writer, PURGED_FILE, VOTE_FILE};
+use crate::log_frame::FRAME_HEADER_BYTES;
+use crate::log_reader::SegmentReader;
 use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
 
 /// postcard's output appended to a buffer that holds other frames
@@ -49,14 +57,80 @@ impl postcard::ser_flavors::Flavor for AppendTo<'_> {
     }
 }
 
+/// An entry as the log holds it.
+enum Held {
+    /// In memory: the newest entries, and any not yet durable.
+    Resident(Entry),
+    /// Only in its segment (read back by `log_reader`).
+    OnDisk(LogId),
+}
+
+struct Slot {
+    /// Log offset of its frame.
+    offset: u64,
+    /// Its frame's length in bytes.
+    frame_len: u64,
+    held: Held,
+}
+
+impl Slot {
+    fn log_id(&self) -> LogId {
+        match &self.held {
+            Held::Resident(e) => *e.get_log_id(),
+            Held::OnDisk(id) => *id,
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
-    /// index → (log offset of its frame, entry).
-    entries: BTreeMap<u64, (u64, Entry)>,
+    /// index → where its frame is, and the entry if resident.
+    entries: BTreeMap<u64, Slot>,
     /// Where the next frame goes.
     log_end: u64,
+    /// The log offset up to which writes completed.
+    written_end: u64,
+    /// Bumped by every cut, so that a completion of an append made before
+    /// a cut does not mark bytes written after it.
+    cuts: u64,
+    /// Frame bytes of the resident entries.
+    resident_bytes: u64,
+    /// Entries below this index are on disk only.
+    first_resident: u64,
+    /// The resident bytes kept once durable (`LOG_RESIDENT_BYTES_MAX`).
+    resident_max: u64,
     vote: Option<Vote>,
     purged: Option<LogId>,
+}
+
+impl State {
+    /// Lets the oldest durable entries go from memory while the resident
+    /// ones pass `resident_max`.
+    fn evict(&mut self) {
+        let (mut resident, written) = (self.resident_bytes, self.written_end);
+        let mut next = self.first_resident;
+        for (index, slot) in self.entries.range_mut(self.first_resident..) {
+            if resident <= self.resident_max || slot.offset + slot.frame_len > written {
+                break;
+            }
+            if let Held::Resident(e) = &slot.held {
+                slot.held = Held::OnDisk(*e.get_log_id());
+                resident -= slot.frame_len;
+            }
+            next = index + 1;
+        }
+        self.resident_bytes = resident;
+        self.first_resident = next;
+    }
+
+    /// Forgets the resident bytes of `removed` (cut or purged entries).
+    fn removed(&mut self, removed: &BTreeMap<u64, Slot>) {
+        for slot in removed.values() {
+            if matches!(slot.held, Held::Resident(_)) {
+                self.resident_bytes -= slot.frame_len;
+            }
+        }
+    }
 }
 
 /// The log; cheap to clone (openraft asks for a separate reader).
@@ -64,6 +138,7 @@ struct State {
 pub struct LogStore {
     state: Arc<Mutex<State>>,
     writer: Writer,
+    reader: Arc<SegmentReader>,
 }
 
 impl LogStore {
@@ -73,6 +148,7 @@ impl LogStore {
         dir: &Path,
         loaded: &Loaded,
         writer: Writer,
+        resident_max: u64,
     ) -> Result<Self, ClusterError> {
         let undecodable = |file: &str, e: postcard::Error| ClusterError::Undecodable {
             path: dir.join(file),
@@ -91,11 +167,26 @@ impl LogStore {
             .transpose()
             .map_err(|e| undecodable(PURGED_FILE, e))?;
         let mut entries = BTreeMap::new();
+        let mut resident_bytes = 0;
         let mut last = purged.map(|p| p.index);
-        for (offset, payload) in &loaded.entries {
-            let entry: Entry =
-                postcard::from_bytes(payload).map_err(|e| undecodable(log_file::LOG_FILE, e))?;
-            let index = entry.get_log_id().index;
+        for (n, (offset, payload)) in loaded.entries.iter().enumerate() {
+            let next = loaded
+                .entries
+                .get(n + 1)
+                .map_or(loaded.log_end, |(o, _)| *o);
+            let frame_len = next - offset;
+            // A whole payload, or only its head (`open_keeping`).
+            let whole = (FRAME_HEADER_BYTES + payload.len()) as u64 == frame_len;
+            let (log_id, held) = if whole {
+                let entry: Entry = postcard::from_bytes(payload)
+                    .map_err(|e| undecodable(log_file::LOG_FILE, e))?;
+                (*entry.get_log_id(), Held::Resident(entry))
+            } else {
+                let (log_id, _) = postcard::take_from_bytes::<LogId>(payload)
+                    .map_err(|e| undecodable(log_file::LOG_FILE, e))?;
+                (log_id, Held::OnDisk(log_id))
+            };
+            let index = log_id.index;
             if purged.is_some_and(|p| index <= p.index) {
                 continue; // purged: the file keeps it until it is rewritten
             }
@@ -108,17 +199,39 @@ impl LogStore {
                 });
             }
             last = Some(index);
-            entries.insert(index, (*offset, entry));
+            if matches!(held, Held::Resident(_)) {
+                resident_bytes += frame_len;
+            }
+            entries.insert(
+                index,
+                Slot {
+                    offset: *offset,
+                    frame_len,
+                    held,
+                },
+            );
         }
-        let state = State {
+        let mut state = State {
+            first_resident: entries
+                .iter()
+                .find(|(_, slot)| matches!(slot.held, Held::Resident(_)))
+                .map(|(i, _)| *i)
+                .or_else(|| entries.keys().next_back().map(|i| i + 1))
+                .unwrap_or_else(|| purged.map_or(0, |p| p.index + 1)),
             entries,
             log_end: loaded.log_end,
+            written_end: loaded.log_end,
+            cuts: 0,
+            resident_bytes,
+            resident_max,
             vote,
             purged,
         };
+        state.evict();
         Ok(Self {
             state: Arc::new(Mutex::new(state)),
             writer,
+            reader: Arc::new(SegmentReader::new(dir)),
         })
     }
 
@@ -142,7 +255,47 @@ impl LogStore {
         s.entries
             .range(from..)
             .next()
-            .map_or(0, |(_, (offset, _))| s.log_end - offset)
+            .map_or(0, |(_, slot)| s.log_end - slot.offset)
+    }
+
+    /// The entries of `range`: those in memory shared, the others read
+    /// back from the segments (outside the lock: appends go on meanwhile).
+    fn read(&self, range: impl RangeBounds<u64>, bytes_max: u64) -> io::Result<Vec<Entry>> {
+        /// Room for an entry's log id and framing (as `entries_within`).
+        const OVERHEAD: u64 = 64;
+        let planned: Vec<Result<Entry, (u64, u64)>> = {
+            let s = self.state.lock();
+            let mut size = OVERHEAD;
+            let mut planned = Vec::new();
+            for slot in s.entries.range(range).map(|(_, slot)| slot) {
+                size += OVERHEAD + slot.frame_len;
+                if size > bytes_max && !planned.is_empty() {
+                    break;
+                }
+                planned.push(match &slot.held {
+                    Held::Resident(e) => Ok(e.clone()),
+                    Held::OnDisk(_) => Err((slot.offset, slot.frame_len)),
+                });
+            }
+            planned
+        };
+        planned
+            .into_iter()
+            .map(|p| match p {
+                Ok(e) => Ok(e),
+                Err((offset, frame_len)) => self.reader.read(
+                    offset,
+                    usize::try_from(frame_len).expect("a frame fits in memory"),
+                ),
+            })
+            .collect()
+    }
+
+    /// Bytes of entries held in memory, and how many entries were read
+    /// back from the segments so far (for status).
+    #[must_use]
+    pub fn memory(&self) -> (u64, u64) {
+        (self.state.lock().resident_bytes, self.reader.reads())
     }
 
     async fn durable(&self, submit: impl FnOnce(log_file::Done)) -> io::Result<()> {
@@ -160,11 +313,8 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError> {
-        let s = self.state.lock();
-        Ok(s.entries
-            .range(range)
-            .map(|(_, (_, e))| e.clone())
-            .collect())
+        self.read(range, u64::MAX)
+            .map_err(|e| StorageIOError::read_logs(&e).into())
     }
 
     /// What one append may carry: the first entries of `[start, end)` that
@@ -178,10 +328,8 @@ impl RaftLogReader<TypeConfig> for LogStore {
         start: u64,
         end: u64,
     ) -> Result<Vec<Entry>, StorageError> {
-        let s = self.state.lock();
-        let range: Vec<&Entry> = s.entries.range(start..end).map(|(_, (_, e))| e).collect();
-        let (fit, _) = crate::types::entries_within(range.iter().copied(), APPEND_BYTES_TARGET);
-        Ok(range[..fit].iter().map(|e| (*e).clone()).collect())
+        self.read(start..end, APPEND_BYTES_TARGET as u64)
+            .map_err(|e| StorageIOError::read_logs(&e).into())
     }
 }
 
@@ -194,7 +342,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .entries
             .values()
             .next_back()
-            .map(|(_, e)| *e.get_log_id())
+            .map(Slot::log_id)
             .or(s.purged);
         Ok(LogState {
             last_purged_log_id: s.purged,
@@ -229,7 +377,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let mut frames = Vec::new();
-        let at = {
+        let (at, cuts) = {
             let mut s = self.state.lock();
             let at = s.log_end;
             for entry in entries {
@@ -238,20 +386,40 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                     postcard::serialize_with_flavor(&entry, AppendTo(out))
                 })
                 .map_err(|e| StorageIOError::write_logs(&e))?;
+                let frame_len = at + frames.len() as u64 - offset;
                 let index = entry.get_log_id().index;
                 debug_assert!(
                     s.entries.keys().next_back().is_none_or(|l| *l + 1 == index),
                     "entries are contiguous"
                 );
-                s.entries.insert(index, (offset, entry));
+                s.resident_bytes += frame_len;
+                s.entries.insert(
+                    index,
+                    Slot {
+                        offset,
+                        frame_len,
+                        held: Held::Resident(entry),
+                    },
+                );
             }
             s.log_end = at + frames.len() as u64;
-            at
+            (at, s.cuts)
         };
+        let end = at + frames.len() as u64;
+        let state = Arc::clone(&self.state);
         self.writer.append(
             at,
             frames,
-            Box::new(move |result| callback.log_io_completed(result)),
+            Box::new(move |result| {
+                if result.is_ok() {
+                    let mut s = state.lock();
+                    if s.cuts == cuts {
+                        s.written_end = s.written_end.max(end);
+                        s.evict();
+                    }
+                }
+                callback.log_io_completed(result);
+            }),
         );
         Ok(())
     }
@@ -260,11 +428,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let len = {
             let mut s = self.state.lock();
             let cut = s.entries.split_off(&log_id.index);
-            if let Some((offset, _)) = cut.values().next() {
-                s.log_end = *offset;
+            if let Some(slot) = cut.values().next() {
+                s.log_end = slot.offset;
             }
+            s.removed(&cut);
+            s.cuts += 1;
+            s.written_end = s.written_end.min(s.log_end);
+            s.first_resident = s.first_resident.min(log_id.index);
             s.log_end
         };
+        self.reader.forget();
         self.durable(|done| self.writer.truncate(len, done))
             .await
             .map_err(|e| StorageIOError::write_logs(&e))?;
@@ -281,13 +454,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // that it runs before any later append's.
         let dropped = {
             let mut s = self.state.lock();
-            s.entries = s.entries.split_off(&(log_id.index + 1));
+            let kept = s.entries.split_off(&(log_id.index + 1));
+            let gone = std::mem::replace(&mut s.entries, kept);
+            s.removed(&gone);
             s.purged = Some(log_id);
+            s.first_resident = s.first_resident.max(log_id.index + 1);
             let head = s
                 .entries
                 .values()
                 .next()
-                .map_or(s.log_end, |(offset, _)| *offset);
+                .map_or(s.log_end, |slot| slot.offset);
             let (tx, rx) = oneshot::channel();
             self.writer.drop_head(
                 head,
@@ -301,6 +477,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .await
             .unwrap_or_else(|_| Err(io::Error::other("the Raft log writer has stopped")))
             .map_err(|e| StorageIOError::write_logs(&e))?;
+        self.reader.forget();
         Ok(())
     }
 }

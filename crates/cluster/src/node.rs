@@ -31,10 +31,10 @@ use crate::error::ClusterError;
 use crate::identity::Identity;
 use crate::limits::{
     APPEND_ENTRIES_MAX, DISK_WATCH_INTERVAL, ENTRIES_KEPT_BEHIND_SNAPSHOT, ENTRY_BYTES_MAX,
-    LEARNER_CATCH_UP_MS, LOG_SEGMENT_BYTES, MEET_RETRY_MS, PEER_FRAME_BYTES_MAX,
-    PROPOSALS_PER_ENTRY_MAX, PROPOSALS_QUEUED_MAX, SECRET_BYTES_MIN, SNAPSHOT_AFTER_LOG_BYTES,
-    SNAPSHOT_AFTER_LOG_BYTES_MAX, SNAPSHOT_CHECK_INTERVAL, SNAPSHOT_CHUNK_BYTES,
-    SNAPSHOT_CHUNK_TIMEOUT_MS,
+    LEARNER_CATCH_UP_MS, LOG_RESIDENT_BYTES_MAX, LOG_SEGMENT_BYTES, MEET_RETRY_MS,
+    PEER_FRAME_BYTES_MAX, PROPOSALS_PER_ENTRY_MAX, PROPOSALS_QUEUED_MAX, SECRET_BYTES_MIN,
+    SNAPSHOT_AFTER_LOG_BYTES, SNAPSHOT_AFTER_LOG_BYTES_MAX, SNAPSHOT_CHECK_INTERVAL,
+    SNAPSHOT_CHUNK_BYTES, SNAPSHOT_CHUNK_TIMEOUT_MS,
 };
 use crate::log_file::{self, Writer};
 use crate::log_store::LogStore;
@@ -69,6 +69,10 @@ pub struct NodeConfig {
     /// …or bytes of them, whichever comes first (twice the last snapshot's
     /// size if larger, up to [`SNAPSHOT_AFTER_LOG_BYTES_MAX`]).
     pub snapshot_after_bytes: u64,
+    /// The newest bytes of the log kept in memory once durable
+    /// ([`LOG_RESIDENT_BYTES_MAX`]; tests lower it to read every older
+    /// entry back from disk).
+    pub log_resident_bytes: u64,
     /// Size at which a Raft log segment is closed (tests make it small).
     pub log_segment_bytes: u64,
     /// An fdatasync running longer than this fences the node (see above).
@@ -121,6 +125,7 @@ impl NodeConfig {
             heartbeat_ms: 250,
             snapshot_after_entries: u64::MAX,
             snapshot_after_bytes: SNAPSHOT_AFTER_LOG_BYTES,
+            log_resident_bytes: LOG_RESIDENT_BYTES_MAX,
             log_segment_bytes: LOG_SEGMENT_BYTES,
             sync_stall_ms_max: 5_000,
             commit_timeout_ms: 5_000,
@@ -211,12 +216,18 @@ impl ClusterNode {
         app: Arc<dyn Apply>,
     ) -> Result<Self, ClusterError> {
         config.check()?;
-        let (loaded, writer) = log_file::open_with(
+        let (loaded, writer) = log_file::open_keeping(
             &config.dir,
             config.sync_gate.clone(),
             config.log_segment_bytes,
+            config.log_resident_bytes,
         )?;
-        let log = LogStore::from_loaded(&config.dir, &loaded, writer.clone())?;
+        let log = LogStore::from_loaded(
+            &config.dir,
+            &loaded,
+            writer.clone(),
+            config.log_resident_bytes,
+        )?;
         let sm = StateMachine::from_loaded(&config.dir, app)?;
         let raft_config = Config {
             cluster_name: "berth".into(),
@@ -605,6 +616,8 @@ impl ClusterNode {
             millis_since_quorum_ack: m.millis_since_quorum_ack,
             fenced: self.fenced(),
             on_probation: self.on_probation(),
+            log_resident_bytes: self.log.memory().0,
+            log_entries_read_from_disk: self.log.memory().1,
             member_id: self.identity.own(),
             cluster_id: self.identity.cluster(),
             members,

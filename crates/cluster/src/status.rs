@@ -48,6 +48,11 @@ pub struct ClusterStatus {
     pub fenced: bool,
     /// Damaged log: no vote, no election until caught up.
     pub on_probation: bool,
+    /// Bytes of Raft log entries held in memory (the newest, up to
+    /// `LOG_RESIDENT_BYTES_MAX` once durable).
+    pub log_resident_bytes: u64,
+    /// Entries read back from the log's segments since the start.
+    pub log_entries_read_from_disk: u64,
     /// This member's id (made with its data directory).
     pub member_id: u128,
     /// Its cluster's id, once made or learned.

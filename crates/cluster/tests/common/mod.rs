@@ -128,6 +128,9 @@ impl Cluster {
         config.election_timeout_ms = (600, 1_200);
         config.heartbeat_ms = 150;
         config.sync_gate = gate;
+        // Keep nothing durable of the log in memory: appends to followers,
+        // catch-ups and restarts read entries back from the segments.
+        config.log_resident_bytes = 0;
         (self.tune)(&mut config);
         let app = Arc::new(Recorder::default());
         let node = ClusterNode::start(config, listener, app.clone())

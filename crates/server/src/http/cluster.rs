@@ -136,6 +136,8 @@ pub(super) fn status_of(
         "millis_since_quorum_ack": s.millis_since_quorum_ack,
         "fenced": s.fenced,
         "on_probation": s.on_probation,
+        "log_resident_bytes": s.log_resident_bytes,
+        "log_entries_read_from_disk": s.log_entries_read_from_disk,
         "member_id": format!("{:032x}", s.member_id),
         "cluster_id": s.cluster_id.map(|id| format!("{id:032x}")),
         "members": members,
