@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! Deliver (version 1) => Size Key=0x0008 Version=1 SubscriptionId Chunk
-//! Chunk header, 52 bytes, big-endian:
+//! Chunk header, 48 bytes, big-endian:
 //!   0  MagicVersion  int8   0x50 (magic 5, version 0)
 //!   1  ChunkType     int8   0 = user data
 //!   2  NumEntries    uint16 entries in Data
@@ -35,7 +35,7 @@ pub const CHUNK_TYPE_USER: u8 = 0;
 /// and no leader changes inside a stream's history that a client sees.
 pub const EPOCH: u64 = 1;
 pub const OFF_CRC: usize = 32;
-pub const HEADER_BYTES: usize = 52;
+pub const HEADER_BYTES: usize = 48;
 /// Bytes of an entry before its message.
 pub const ENTRY_HEAD_BYTES: usize = 4;
 /// The longest message a simple entry can hold (31 bits).

@@ -241,6 +241,7 @@ impl Conn {
             }
         }
         self.tracking.save_if_due(false);
+        self.settle();
         Ok(())
     }
 
@@ -253,6 +254,11 @@ impl Conn {
                 if let Err(e) = ch.ack(tag, true, now) {
                     tracing::debug!(error = %e.reply_text(), "stream subscription ack");
                 }
+            }
+        }
+        if self.out.take_resume() {
+            for ch in self.subscriptions.values() {
+                ch.resume(now);
             }
         }
     }
@@ -409,6 +415,7 @@ impl Conn {
         self.vhost = Some(vhost);
         self.stage = Stage::Open;
         self.frame_max = self.tuned_frame_max;
+        self.out.set_frame_max(self.tuned_frame_max);
         let (host, port) = (self.local.ip().to_string(), self.local.port().to_string());
         self.out.push(|b| {
             let mut f = Frame::response(b, key::OPEN, corr, code::OK);
@@ -481,6 +488,9 @@ async fn write_loop(mut wr: OwnedWriteHalf, out: Arc<StreamOut>) {
                     out.close();
                     while out.take().is_some_and(|b| !b.is_empty()) {}
                     break;
+                }
+                if out.may_resume() {
+                    out.wake_connection.notify_one();
                 }
             }
         }

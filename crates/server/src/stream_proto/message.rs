@@ -35,7 +35,7 @@ pub const HEADER_OFFSET: &str = "x-stream-offset";
 pub fn to_broker(bytes: &Bytes) -> (AMQPProperties, Bytes) {
     let props = AMQPProperties::default().with_delivery_mode(2);
     let parsed = match Message::decode(bytes) {
-        Ok((rest, m)) if rest.is_empty() => m,
+        Ok(([], m)) => m,
         _ => return raw(props, bytes),
     };
     let Some(data) = parsed.data() else {

@@ -16,12 +16,16 @@
 //! - A chunk's entries have consecutive offsets: a client numbers them
 //!   from the chunk's first offset.
 //! - Frames are appended whole, under one lock, so they never interleave.
-//! - Output is bounded: above `limit_bytes` the outlet reports congestion
-//!   and queues keep their messages; above twice it the connection stops
-//!   reading; every buffered byte counts toward the memory alarm.
+//! - Output is bounded: while the buffered frames or the messages pending
+//!   in subscriptions reach `limit_bytes` the outlet reports congestion
+//!   and queues keep their messages (the connection resumes them once it
+//!   clears); above twice it the connection stops reading; every buffered
+//!   byte counts toward the memory alarm.
+//! - A chunk fits the client's frame_max (but for a single message larger
+//!   than it, which goes alone).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use berth_broker::channel::Outlet;
@@ -78,6 +82,12 @@ pub struct StreamOut {
     /// Wakes the connection task: acks are due.
     pub wake_connection: Notify,
     acks_due: AtomicBool,
+    /// Bytes of the messages pending in subscriptions.
+    pending_bytes: AtomicUsize,
+    /// Congestion was reported: queues wait for a resume.
+    congested_seen: AtomicBool,
+    /// The most message bytes in one chunk (from the client's frame_max).
+    chunk_bytes_max: AtomicUsize,
 }
 
 impl StreamOut {
@@ -93,6 +103,9 @@ impl StreamOut {
             wake_writer: Notify::new(),
             wake_connection: Notify::new(),
             acks_due: AtomicBool::new(false),
+            pending_bytes: AtomicUsize::new(0),
+            congested_seen: AtomicBool::new(false),
+            chunk_bytes_max: AtomicUsize::new(STREAM_PROTO_CHUNK_BYTES_MAX),
         })
     }
 
@@ -131,6 +144,34 @@ impl StreamOut {
         self.buf.lock().bytes.len() >= 2 * self.limit_bytes
     }
 
+    /// Chunks of at most this frame size (Tune's frame_max).
+    pub fn set_frame_max(&self, frame_max: u32) {
+        let room = (frame_max as usize).saturating_sub(super::chunk::HEADER_BYTES + 64);
+        self.chunk_bytes_max.store(
+            room.clamp(1, STREAM_PROTO_CHUNK_BYTES_MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Whether queues were held back and may deliver again now (then the
+    /// connection resumes its subscriptions' channels).
+    pub fn take_resume(&self) -> bool {
+        if !self.congested_seen.load(Ordering::Acquire) || self.congested() {
+            return false;
+        }
+        self.congested_seen.swap(false, Ordering::AcqRel)
+    }
+
+    /// Congestion was reported: after a write the connection looks again.
+    pub fn may_resume(&self) -> bool {
+        self.congested_seen.load(Ordering::Acquire)
+    }
+
+    fn congested(&self) -> bool {
+        self.buf.lock().bytes.len() >= self.limit_bytes
+            || self.pending_bytes.load(Ordering::Acquire) >= self.limit_bytes
+    }
+
     /// A new subscription, without credit until [`StreamOut::add_credit`].
     pub fn subscribe(&self, id: u8, stream: &str) {
         self.subs.lock().insert(
@@ -145,7 +186,10 @@ impl StreamOut {
     }
 
     pub fn unsubscribe(&self, id: u8) {
-        self.subs.lock().remove(&id);
+        if let Some(s) = self.subs.lock().remove(&id) {
+            let bytes: usize = s.pending.iter().map(|p| p.data.len()).sum();
+            self.pending_bytes.fetch_sub(bytes, Ordering::AcqRel);
+        }
     }
 
     /// Credit for subscription `id`; false if there is no such one.
@@ -179,25 +223,28 @@ impl StreamOut {
     pub fn flush(&self) {
         let mut subs = self.subs.lock();
         let mut acked = false;
+        let chunk_bytes_max = self.chunk_bytes_max.load(Ordering::Relaxed);
         for (id, s) in subs.iter_mut() {
             while s.credit > 0 && !s.pending.is_empty() {
                 let mut c = Chunk::default();
                 let mut last_tag = None;
                 while let Some(p) = s.pending.front() {
                     if c.len() >= STREAM_PROTO_CHUNK_MESSAGES_MAX
-                        || (!c.is_empty()
-                            && c.data_bytes() + p.data.len() > STREAM_PROTO_CHUNK_BYTES_MAX)
+                        || (!c.is_empty() && c.data_bytes() + p.data.len() > chunk_bytes_max)
                         || !c.push(p.offset, p.timestamp_ms, &p.data)
                     {
                         break;
                     }
                     last_tag = Some(p.tag);
+                    self.pending_bytes.fetch_sub(p.data.len(), Ordering::AcqRel);
                     s.pending.pop_front();
                 }
                 let Some(tag) = last_tag else {
                     // Cannot happen (an empty chunk takes any message);
                     // drop the message rather than loop.
-                    s.pending.pop_front();
+                    if let Some(p) = s.pending.pop_front() {
+                        self.pending_bytes.fetch_sub(p.data.len(), Ordering::AcqRel);
+                    }
                     continue;
                 };
                 s.credit -= 1;
@@ -261,6 +308,7 @@ impl Outlet for StreamOut {
         let data = message::to_client(&props, &msg.body);
         let mut subs = self.subs.lock();
         if let Some(s) = subs.get_mut(&id) {
+            self.pending_bytes.fetch_add(data.len(), Ordering::AcqRel);
             s.pending.push_back(Pending {
                 tag: delivery_tag,
                 offset,
@@ -285,6 +333,8 @@ impl Outlet for StreamOut {
         let Some(s) = self.subs.lock().remove(&id) else {
             return;
         };
+        let bytes: usize = s.pending.iter().map(|p| p.data.len()).sum();
+        self.pending_bytes.fetch_sub(bytes, Ordering::AcqRel);
         self.push(|b| {
             let mut f = Frame::begin(b, key::METADATA_UPDATE, 1);
             f.u16(code::STREAM_NOT_AVAILABLE).string(&s.stream);
@@ -293,6 +343,70 @@ impl Outlet for StreamOut {
     }
 
     fn is_congested(&self) -> bool {
-        self.buf.lock().bytes.len() >= self.limit_bytes
+        let congested = self.congested();
+        if congested {
+            self.congested_seen.store(true, Ordering::Release);
+        }
+        congested
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use berth_protocol::codec::encode_properties;
+    use berth_protocol::{AMQPProperties, FieldTable};
+
+    fn stream_message(offset: i64) -> Arc<Message> {
+        let mut h = FieldTable::default();
+        h.insert(HEADER_OFFSET.into(), AMQPValue::LongLongInt(offset));
+        let props = AMQPProperties::default().with_headers(h);
+        let body = Bytes::from(format!("m{offset}"));
+        Message::published(
+            String::new(),
+            "s".into(),
+            encode_properties(&props),
+            body,
+            "u",
+        )
+        .unwrap()
+    }
+
+    /// (chunk id, entries) of each Deliver frame in `out`.
+    fn chunks(mut out: &[u8]) -> Vec<(u64, u16)> {
+        let mut v = Vec::new();
+        while out.len() >= 4 {
+            let size = u32::from_be_bytes(out[..4].try_into().unwrap()) as usize;
+            let f = &out[4..4 + size];
+            assert_eq!(&f[..2], &[0, 8], "a Deliver frame");
+            let chunk = &f[5..];
+            let entries = u16::from_be_bytes(chunk[2..4].try_into().unwrap());
+            let first = u64::from_be_bytes(chunk[24..32].try_into().unwrap());
+            v.push((first, entries));
+            out = &out[4 + size..];
+        }
+        v
+    }
+
+    #[test]
+    fn chunks_go_out_by_credit_with_consecutive_offsets_and_acks_follow() {
+        let out = StreamOut::new(1 << 20);
+        out.subscribe(1, "s");
+        let tag = consumer_tag(1);
+        for (t, o) in [(1u64, 5i64), (2, 6), (3, 8)] {
+            out.deliver(2, &tag, t, false, &stream_message(o));
+        }
+        out.flush();
+        assert!(out.take().unwrap().is_empty(), "no credit, no chunk");
+        assert!(out.take_acks().is_empty());
+        assert!(out.add_credit(1, 1));
+        out.flush();
+        assert_eq!(chunks(&out.take().unwrap()), vec![(5, 2)], "cut at the gap");
+        assert_eq!(out.take_acks(), vec![(1, 2)]);
+        out.add_credit(1, 5);
+        out.flush();
+        assert_eq!(chunks(&out.take().unwrap()), vec![(8, 1)]);
+        assert_eq!(out.pending_bytes.load(Ordering::Acquire), 0);
+        assert!(!out.add_credit(9, 1), "no such subscription");
     }
 }

@@ -78,6 +78,10 @@ impl Confirms {
         self.owed.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.owed.is_empty()
+    }
+
     pub fn next_seq(&self) -> u64 {
         self.next_seq
     }
