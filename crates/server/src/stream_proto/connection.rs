@@ -249,12 +249,18 @@ impl Conn {
     /// only gives the consumer its credit back.
     fn settle(&mut self) {
         let now = self.shared.broker.now();
-        for (id, tag) in self.out.take_acks() {
-            if let Some(ch) = self.subscriptions.get(&id) {
-                if let Err(e) = ch.ack(tag, true, now) {
-                    tracing::debug!(error = %e.reply_text(), "stream subscription ack");
+        let acks = self.out.take_acks();
+        if !acks.is_empty() {
+            let subscriptions = &self.subscriptions;
+            self.out.settling(|| {
+                for (id, tag) in acks {
+                    if let Some(ch) = subscriptions.get(&id) {
+                        if let Err(e) = ch.ack(tag, true, now) {
+                            tracing::debug!(error = %e.reply_text(), "stream subscription ack");
+                        }
+                    }
                 }
-            }
+            });
         }
         if self.out.take_resume() {
             for ch in self.subscriptions.values() {

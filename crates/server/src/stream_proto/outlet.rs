@@ -88,6 +88,10 @@ pub struct StreamOut {
     congested_seen: AtomicBool,
     /// The most message bytes in one chunk (from the client's frame_max).
     chunk_bytes_max: AtomicUsize,
+    /// The connection task is acking: the deliveries the acks let the
+    /// queues make wake the writer once, after them, so they go out as
+    /// one chunk rather than as many as the writer could wake for.
+    settling: AtomicBool,
 }
 
 impl StreamOut {
@@ -106,6 +110,7 @@ impl StreamOut {
             pending_bytes: AtomicUsize::new(0),
             congested_seen: AtomicBool::new(false),
             chunk_bytes_max: AtomicUsize::new(STREAM_PROTO_CHUNK_BYTES_MAX),
+            settling: AtomicBool::new(false),
         })
     }
 
@@ -142,6 +147,15 @@ impl StreamOut {
     /// Above twice the limit: the connection stops reading.
     pub fn is_full(&self) -> bool {
         self.buf.lock().bytes.len() >= 2 * self.limit_bytes
+    }
+
+    /// Deliveries made while `f` runs wake the writer once, after it.
+    pub fn settling<T>(&self, f: impl FnOnce() -> T) -> T {
+        self.settling.store(true, Ordering::Release);
+        let r = f();
+        self.settling.store(false, Ordering::Release);
+        self.wake_writer.notify_one();
+        r
     }
 
     /// Chunks of at most this frame size (Tune's frame_max).
@@ -317,7 +331,9 @@ impl Outlet for StreamOut {
             });
         }
         drop(subs);
-        self.wake_writer.notify_one();
+        if !self.settling.load(Ordering::Acquire) {
+            self.wake_writer.notify_one();
+        }
     }
 
     fn get_ok(&self, _: u16, _: u64, _: bool, _: &Message, _: u32) {
