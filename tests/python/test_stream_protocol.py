@@ -149,7 +149,8 @@ def test_stored_offset_and_messages_survive_a_restart(start_berth, tmp_path):
     b, port = start(start_berth, data_dir=data)
     stream = unique("sp-restart")
     bodies = [f"r{i}".encode() for i in range(100)]
-    run(publish_confirmed(port, stream, bodies))
+    run(publish_confirmed(port, stream, bodies, publisher_name="p-restart",
+                          ids=list(range(1, 101))))
 
     async def store():
         async with consumer(port) as c:
@@ -175,6 +176,13 @@ def test_stored_offset_and_messages_survive_a_restart(start_berth, tmp_path):
 
     stored = run(resume())
     assert stored == 41
+
+    async def sequence():
+        async with producer(port) as p:
+            client = await p.default_client
+            return await client.query_publisher_sequence(stream, "p-restart")
+
+    assert run(sequence()) == 100, "deduplication resumes where it was"
     got = run(consume(port, stream, 100 - (stored + 1),
                       ConsumerOffsetSpecification(OffsetType.OFFSET, stored + 1)))
     assert [o for o, _ in got] == list(range(42, 100))
@@ -286,3 +294,15 @@ def test_unsupported_commands_are_answered_with_a_response_code(start_berth):
         s.sendall(frame(0x0077, 7))
         close = read_frame(s)
         assert struct.unpack(">HHIH", close[:10])[0::3] == (0x0016, 0x0d)
+
+
+def test_a_wrong_password_is_refused(start_berth):
+    _, port = start(start_berth)
+
+    async def login():
+        async with Producer("127.0.0.1", port, username="guest", password="nope") as p:
+            await p.create_stream(unique("sp-never"))
+
+    with pytest.raises(Exception) as e:
+        run(login())
+    assert type(e.value).__name__ == "AuthenticationFailure", repr(e.value)
