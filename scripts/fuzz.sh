@@ -15,7 +15,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-targets=${*:-frame content record checkpoint payload certname cluster delay mqtt}
+targets=${*:-frame content record checkpoint payload certname cluster delay mqtt stream}
 seconds=${FUZZ_SECONDS_PER_TARGET:-20}
 cargo_fuzz_version=0.13.2
 tools="$root/.cache/tools"

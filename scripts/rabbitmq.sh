@@ -17,6 +17,9 @@
 # kept (HOME is DIR), so nodes given the same cookie and the same EPMD_PORT
 # can be clustered (scripts/rabbitmq-cluster.sh does that).
 #
+# With RABBITMQ_STREAM_PORT set, the rabbitmq_stream plugin is enabled too
+# and its listener is on that port (127.0.0.1, advertised as such).
+#
 # Installs rabbitmq-server if it is missing (idempotent).
 set -euo pipefail
 cmd=${1:?usage: rabbitmq.sh start|stop|node|ctl DIR [AMQP_PORT HTTP_PORT]}
@@ -53,6 +56,14 @@ management.tcp.port = $http
 management.tcp.ip = 127.0.0.1
 loopback_users = none
 CONF
+  if [ -n "${RABBITMQ_STREAM_PORT:-}" ]; then
+    echo '[rabbitmq_management,rabbitmq_stream].' >"$RABBITMQ_ENABLED_PLUGINS_FILE"
+    cat >>"$dir/rabbitmq.conf" <<CONF
+stream.listeners.tcp.1 = 127.0.0.1:$RABBITMQ_STREAM_PORT
+stream.advertised_host = 127.0.0.1
+stream.advertised_port = $RABBITMQ_STREAM_PORT
+CONF
+  fi
   mkdir -p "$RABBITMQ_LOG_BASE"
   nohup /usr/lib/rabbitmq/bin/rabbitmq-server >"$dir/server.out" 2>&1 &
   echo $! >"$dir/launcher.pid"

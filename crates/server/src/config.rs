@@ -94,6 +94,10 @@ pub struct Net {
     /// MQTT (3.1.1 and 5.0) listen addresses; empty = off, as RabbitMQ's
     /// MQTT plugin is off until enabled; 1883 by convention.
     pub mqtt_listen: Vec<String>,
+    /// RabbitMQ stream protocol listen addresses; empty = off, as
+    /// RabbitMQ's `rabbitmq_stream` plugin is off until enabled; 5552 by
+    /// convention.
+    pub stream_listen: Vec<String>,
     /// Heartbeat interval the server proposes in `connection.tune` (0 = off).
     pub heartbeat_s: u16,
     /// Time a client has to complete the AMQP handshake.

@@ -39,6 +39,7 @@ pub mod settings;
 pub mod state;
 pub mod stats;
 pub mod stream;
+pub mod stream_proto;
 pub mod throttle;
 pub mod tls;
 
@@ -235,6 +236,7 @@ struct Listeners {
     http: Bound,
     https: Bound,
     mqtt: Bound,
+    stream: Bound,
     tls: Option<Arc<tls::Tls>>,
 }
 
@@ -252,6 +254,7 @@ fn bind_listeners(config: &Config) -> Result<Listeners, ServerError> {
         http: listen::bind_all(&net.http_listen, Ipv6::Required)?,
         https: listen::bind_all(&net.https_listen, Ipv6::Required)?,
         mqtt: listen::bind_all(&net.mqtt_listen, Ipv6::Required)?,
+        stream: listen::bind_all(&net.stream_listen, Ipv6::Required)?,
         tls,
     })
 }
@@ -342,6 +345,13 @@ async fn start_member(
             handshake,
         )));
     }
+    for l in &listeners.stream.listeners {
+        follower.push(tokio::spawn(stream_proto::follower::turn_away(
+            twin(l)?,
+            Arc::clone(&view),
+            handshake,
+        )));
+    }
     let follower_http = || {
         http::follower::router(http::follower::Follower {
             view: Arc::clone(&view),
@@ -352,6 +362,7 @@ async fn start_member(
                 .chain(&listeners.http.addrs)
                 .chain(&listeners.https.addrs)
                 .chain(&listeners.mqtt.addrs)
+                .chain(&listeners.stream.addrs)
                 .copied()
                 .collect(),
         })
@@ -492,6 +503,7 @@ fn serve_broker(
         http,
         https,
         mqtt,
+        stream,
         tls,
     } = listeners;
     let logins = throttle::LoginThrottle::new(config.auth.login_failures_per_s_max);
@@ -540,7 +552,11 @@ fn serve_broker(
         listeners.extend(tls_listeners.map(|l| (l, Transport::Tls(Arc::clone(tls)))));
         tls::reload_on_sighup(tls, &rx);
     }
-    let task = tokio::spawn(serve(listeners, mqtt.listeners, accepting));
+    let task = tokio::spawn(serve(
+        listeners,
+        (mqtt.listeners, stream.listeners),
+        accepting,
+    ));
     Ok(Serving {
         journal,
         broker,
@@ -558,6 +574,7 @@ fn ready_line(l: &Listeners, cluster: Option<SocketAddr>) -> String {
         ("amqps", &l.amqps),
         ("https", &l.https),
         ("mqtt", &l.mqtt),
+        ("stream", &l.stream),
     ] {
         if !bound.addrs.is_empty() {
             ready.push_str(&format!(" {kind}={}", bound.addr_list()));
@@ -617,7 +634,11 @@ fn serve_http(
 /// The server's task: the broker's timers and one accept loop per AMQP
 /// and MQTT listener until shutdown, then a bounded wait for the
 /// connections to go.
-async fn serve(listeners: Vec<(TcpListener, Transport)>, mqtt: Vec<TcpListener>, a: Accepting) {
+async fn serve(
+    listeners: Vec<(TcpListener, Transport)>,
+    (mqtt, stream): (Vec<TcpListener>, Vec<TcpListener>),
+    a: Accepting,
+) {
     let timers = {
         let broker = Arc::clone(&a.shared.broker);
         let mut stop = a.shutdown.clone();
@@ -649,6 +670,14 @@ async fn serve(listeners: Vec<(TcpListener, Transport)>, mqtt: Vec<TcpListener>,
         let clients = Arc::clone(&mqtt_clients);
         tokio::spawn(mqtt::accept::accept_loop(l, a.clone(), clients))
     }));
+    if !stream.is_empty() {
+        let dir = a.shared.config.store.data_dirs.first().cloned();
+        let tracking = Arc::new(stream_proto::tracking::Tracking::open(dir));
+        accepts.extend(stream.into_iter().map(|l| {
+            let tracking = Arc::clone(&tracking);
+            tokio::spawn(stream_proto::accept::accept_loop(l, a.clone(), tracking))
+        }));
+    }
     let mut stop = a.shutdown.clone();
     let _sender_dropped_means_stop_too = stop.changed().await;
     for task in accepts {

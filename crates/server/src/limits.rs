@@ -266,3 +266,40 @@ pub const MQTT_OUTPUT_BYTES_MAX: usize = 1024 * 1024;
 /// The longest client id: a session's queue name
 /// (`mqtt-subscription-<id>qos1`) must fit AMQP's 255-byte short string.
 pub const MQTT_CLIENT_ID_BYTES_MAX: usize = 255 - "mqtt-subscription-".len() - "qos1".len();
+
+// ---- The stream protocol (fixed; see docs/STREAMS.md) ----
+
+/// The largest frame a stream client may send before its Open succeeded
+/// (peer properties, SASL): RabbitMQ's `stream.initial_frame_max` is
+/// 8 KiB; berth allows a long password (a token) more room.
+pub const STREAM_PROTO_INITIAL_FRAME_BYTES_MAX: u32 = 64 * 1024;
+
+/// The frame_max berth proposes in Tune (RabbitMQ's default, 1 MiB); a
+/// client may choose less, not more.
+pub const STREAM_PROTO_FRAME_BYTES_MAX: u32 = 1024 * 1024;
+
+/// The heartbeat berth proposes in Tune (RabbitMQ's default).
+pub const STREAM_PROTO_HEARTBEAT_S: u32 = 60;
+
+/// Messages a subscription can have taken from its stream and not yet
+/// sent in a chunk (its broker prefetch): what waits while it has no
+/// credit.
+pub const STREAM_PROTO_DELIVERIES_PENDING_MAX: u16 = 2_000;
+
+/// At most this many messages in one delivered chunk.
+pub const STREAM_PROTO_CHUNK_MESSAGES_MAX: usize = 1_000;
+
+/// A chunk stops taking messages at about this many bytes of them.
+pub const STREAM_PROTO_CHUNK_BYTES_MAX: usize = 1024 * 1024;
+
+/// Publishes of one connection whose confirm waits for the store before
+/// the server stops reading from it.
+pub const STREAM_PROTO_PUBLISHES_UNCONFIRMED_MAX: usize = 10_000;
+
+/// A connection's output buffer: above it queues hold deliveries back,
+/// above twice it the client is not read.
+pub const STREAM_PROTO_OUTPUT_BYTES_MAX: usize = 4 * 1024 * 1024;
+
+/// Publisher sequences (deduplication) reach the tracking file at most
+/// this long after their confirm (stored offsets at once).
+pub const STREAM_TRACKING_SAVE_MS: u64 = 1_000;

@@ -84,6 +84,20 @@ pub(super) static NET: &[Setting] = &[
             .check(|a| listen_addresses(a, "0.0.0.0:1883")),
     },
     Setting {
+        key: "net.stream_listen",
+        flag: "stream-listen",
+        value_name: "ADDR:PORT",
+        default_note: "off",
+        doc: "RabbitMQ stream protocol listen addresses, 5552 by convention: RabbitMQ's \
+              stream clients (Java, Go, Rust, .NET, Python `rstream`, `stream-perf-test`) \
+              create, publish to and read the same streams as AMQP 0-9-1's \
+              `x-queue-type: stream` (see [STREAMS.md](STREAMS.md#the-stream-protocol)). Off \
+              by default, as RabbitMQ's `rabbitmq_stream` plugin is until enabled. The ready \
+              line then also says `stream=ADDR`.",
+        slot: &list(field!(net.stream_listen), Vec::new)
+            .check(|a| listen_addresses(a, "0.0.0.0:5552")),
+    },
+    Setting {
         key: "net.heartbeat_s",
         flag: "heartbeat-s",
         value_name: "SECONDS",
