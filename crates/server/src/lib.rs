@@ -645,9 +645,11 @@ async fn serve(listeners: Vec<(TcpListener, Transport)>, mqtt: Vec<TcpListener>,
         .map(|(l, transport)| tokio::spawn(accept::accept_loop(l, transport, a.clone())))
         .collect();
     let mqtt_clients = Arc::new(mqtt::clients::Clients::default());
+    let mqtt_retained = Arc::new(mqtt::retained::Stores::default());
     accepts.extend(mqtt.into_iter().map(|l| {
         let clients = Arc::clone(&mqtt_clients);
-        tokio::spawn(mqtt::accept::accept_loop(l, a.clone(), clients))
+        let retained = Arc::clone(&mqtt_retained);
+        tokio::spawn(mqtt::accept::accept_loop(l, a.clone(), clients, retained))
     }));
     let mut stop = a.shutdown.clone();
     let _sender_dropped_means_stop_too = stop.changed().await;

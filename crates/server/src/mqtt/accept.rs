@@ -15,10 +15,16 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 use super::clients::Clients;
+use super::retained::Stores;
 use crate::accept::Accepting;
 
 /// Accepts MQTT connections on `listener` until the task is aborted.
-pub async fn accept_loop(listener: TcpListener, a: Accepting, clients: Arc<Clients>) {
+pub async fn accept_loop(
+    listener: TcpListener,
+    a: Accepting,
+    clients: Arc<Clients>,
+    retained: Arc<Stores>,
+) {
     loop {
         let (stream, peer) = crate::listen::accept(&listener, "mqtt").await;
         let max = a.shared.config.limits.connections_max;
@@ -29,14 +35,14 @@ pub async fn accept_loop(listener: TcpListener, a: Accepting, clients: Arc<Clien
         }
         a.open.fetch_add(1, Ordering::AcqRel);
         let id = a.next_id.fetch_add(1, Ordering::Relaxed);
-        let (shared, shutdown, open, clients) = (
+        let (shared, shutdown, open) = (
             Arc::clone(&a.shared),
             a.shutdown.clone(),
             Arc::clone(&a.open),
-            Arc::clone(&clients),
         );
+        let mqtt = (Arc::clone(&clients), Arc::clone(&retained));
         tokio::spawn(async move {
-            super::connection::serve(stream, peer, id, shared, clients, shutdown).await;
+            super::connection::serve(stream, peer, id, shared, mqtt, shutdown).await;
             open.fetch_sub(1, Ordering::AcqRel);
         });
     }

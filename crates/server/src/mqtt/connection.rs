@@ -30,11 +30,12 @@ use tokio::sync::{mpsc, watch};
 
 use berth_broker::channel::{Channel, Session as BrokerSession};
 
-use super::clients::{Clients, Hold};
+use super::clients::{Clients, Hold, Qos2State};
 use super::codec::{self, CodecError};
 use super::connect::{self, Refused};
 use super::outlet::MqttOut;
 use super::publish::{Acks, Stored};
+use super::retained::Stores;
 use super::session::Session;
 use super::will::Will;
 use crate::limits;
@@ -69,7 +70,9 @@ pub(super) struct Conn {
     /// This client published: the resource alarms stop reading it.
     pub(super) has_published: bool,
     will: Option<Will>,
-    clients: Arc<Clients>,
+    pub(super) clients: Arc<Clients>,
+    /// The vhosts' retained messages.
+    pub(super) retained: Arc<Stores>,
     /// QoS 2 packet ids routed and not yet released by the client's
     /// PUBREL: a PUBLISH again with one of them is not routed again.
     pub(super) awaiting_release: std::collections::HashSet<u16>,
@@ -81,7 +84,7 @@ pub async fn serve(
     peer: SocketAddr,
     id: u64,
     shared: Arc<Shared>,
-    clients: Arc<Clients>,
+    (clients, retained): (Arc<Clients>, Arc<Stores>),
     shutdown: watch::Receiver<bool>,
 ) {
     if let Err(e) = stream.set_nodelay(true) {
@@ -141,7 +144,7 @@ pub async fn serve(
         login,
         (client_id.clone(), assigned),
         (id, peer),
-        (&out, &clients),
+        (&out, &clients, &retained),
         (rd, rbuf),
     );
     let end = match started {
@@ -190,7 +193,7 @@ fn start(
     login: super::login::Login,
     (client_id, assigned): (String, Option<String>),
     (id, peer): (u64, SocketAddr),
-    (out, clients): (&Arc<MqttOut>, &Arc<Clients>),
+    (out, clients, retained): (&Arc<MqttOut>, &Arc<Clients>, &Arc<Stores>),
     (rd, rbuf): (OwnedReadHalf, BytesMut),
 ) -> Result<Conn, (Option<ReasonCode>, String)> {
     let now = shared.broker.now();
@@ -228,17 +231,23 @@ fn start(
         };
         (Some(code), format!("session: {}", e.reply_text()))
     };
-    let kept_release = clients.take_awaiting_release(&login.vhost.name, &client_id);
-    let (session_present, awaiting_release) = if connect.clean_start {
+    let kept_qos2 = clients.take_qos2(&login.vhost.name, &client_id);
+    let (session_present, qos2) = if connect.clean_start {
         session.discard_kept().map_err(fail)?;
-        (false, std::collections::HashSet::new())
+        (false, Qos2State::default())
     } else {
         // A session is kept in its queues (subscriptions) and in the
-        // QoS 2 ids it has not seen released.
-        (session.was_kept() || !kept_release.is_empty(), kept_release)
+        // QoS 2 ids in the middle of their exchange.
+        (session.was_kept() || !kept_qos2.is_empty(), kept_qos2)
     };
     let will = match &connect.will {
-        Some(w) => Some(Will::new(w, &session, &login.user, version).map_err(fail)?),
+        Some(w) => {
+            let store = match w.retain {
+                true => Some(retained.get(&login.vhost, &login.user, now).map_err(fail)?),
+                false => None,
+            };
+            Some(Will::new(w, &session, &login.user, version, store).map_err(fail)?)
+        }
         None => None,
     };
     let packet_bytes_max = usize::try_from(shared.config.limits.message_size_bytes_max)
@@ -253,6 +262,8 @@ fn start(
     // Only after the CONNACK: a kept session's messages are delivered as
     // soon as its queues are consumed.
     if session_present {
+        // PUBRELs first: they answer PUBRECs the client sent before.
+        out.resume_awaiting_comp(qos2.awaiting_comp);
         if let Err(e) = session.resume(now) {
             tracing::warn!(%peer, client_id = %client_id, "MQTT session not resumed: {}", e.reply_text());
             let bye = DisconnectPacket::new(ReasonCode::UnspecifiedError);
@@ -286,7 +297,8 @@ fn start(
         has_published: false,
         will,
         clients: Arc::clone(clients),
-        awaiting_release,
+        retained: Arc::clone(retained),
+        awaiting_release: qos2.awaiting_release,
     })
 }
 
@@ -414,11 +426,11 @@ impl Conn {
             }
         }
         if self.session.lifetime != super::session::Lifetime::Connection {
-            self.clients.keep_awaiting_release(
-                &self.session.vhost.name,
-                &self.client_id,
-                std::mem::take(&mut self.awaiting_release),
-            );
+            let state = Qos2State {
+                awaiting_release: std::mem::take(&mut self.awaiting_release),
+                awaiting_comp: self.out.take_awaiting_comp(),
+            };
+            (self.clients).keep_qos2(&self.session.vhost.name, &self.client_id, state);
         }
         self.session.end(self.shared.broker.now());
     }

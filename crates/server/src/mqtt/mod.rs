@@ -37,6 +37,7 @@ pub mod login;
 pub mod outlet;
 mod packets;
 pub mod publish;
+pub mod retained;
 pub mod session;
 pub mod topic;
 pub mod will;

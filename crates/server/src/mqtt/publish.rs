@@ -31,8 +31,36 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::outlet::HEADER_PUBLISH_QOS;
 
+/// The AMQP header that marks a message published with the retain flag
+/// (a v5 subscription with retain-as-published is sent it with the flag).
+pub const HEADER_RETAIN: &str = "x-mqtt-retain";
+
 /// The AMQP message of a PUBLISH whose topic maps to `routing_key`.
 pub fn message(p: &PublishPacket, routing_key: String, user: &str) -> AmqpResult<Arc<Message>> {
+    Message::published(
+        super::EXCHANGE.to_owned(),
+        routing_key,
+        encode_properties(&properties(p, &[])),
+        p.payload.clone(),
+        user,
+    )
+}
+
+/// The copy of a retained PUBLISH kept in the vhost's retained queue
+/// (`super::retained`): the same properties, with its topic in a header.
+pub fn retained_copy(p: &PublishPacket, user: &str) -> AmqpResult<Arc<Message>> {
+    let topic = AMQPValue::LongString(p.topic_name.as_str().into());
+    Message::published(
+        String::new(),
+        super::retained::QUEUE.to_owned(),
+        encode_properties(&properties(p, &[(super::retained::HEADER_TOPIC, topic)])),
+        p.payload.clone(),
+        user,
+    )
+}
+
+/// The AMQP properties of a PUBLISH, with `extra` headers.
+fn properties(p: &PublishPacket, extra: &[(&str, AMQPValue)]) -> AMQPProperties {
     let qos = p.qos as u8;
     let mut headers = FieldTable::default();
     headers.insert(
@@ -40,6 +68,12 @@ pub fn message(p: &PublishPacket, routing_key: String, user: &str) -> AmqpResult
         AMQPValue::ShortShortInt(i8::try_from(qos).unwrap_or(1)),
     );
     headers.insert("x-mqtt-dup".into(), AMQPValue::Boolean(p.dup));
+    if p.retain {
+        headers.insert(HEADER_RETAIN.into(), AMQPValue::Boolean(true));
+    }
+    for (k, v) in extra {
+        headers.insert((*k).into(), v.clone());
+    }
     let mut props = AMQPProperties::default()
         .with_delivery_mode(if qos >= 1 { 2 } else { 1 })
         .with_headers(headers);
@@ -58,13 +92,7 @@ pub fn message(p: &PublishPacket, routing_key: String, user: &str) -> AmqpResult
             }
         }
     }
-    Message::published(
-        super::EXCHANGE.to_owned(),
-        routing_key,
-        encode_properties(&props),
-        p.payload.clone(),
-        user,
-    )
+    props
 }
 
 /// A journal write finished for the publish numbered `seq`.
