@@ -235,13 +235,18 @@ struct Listeners {
     http: Bound,
     https: Bound,
     mqtt: Bound,
+    mqtts: Bound,
+    mqtt_ws: Bound,
     tls: Option<Arc<tls::Tls>>,
 }
 
 fn bind_listeners(config: &Config) -> Result<Listeners, ServerError> {
     let net = &config.net;
     let amqp = listen::bind_all(&net.amqp_listen, Ipv6::SkipWhenUnavailable)?;
-    let tls = if net.amqps_listen.is_empty() && net.https_listen.is_empty() {
+    let tls = if net.amqps_listen.is_empty()
+        && net.https_listen.is_empty()
+        && net.mqtts_listen.is_empty()
+    {
         None
     } else {
         Some(Arc::new(tls::Tls::new(&config.tls)?))
@@ -252,6 +257,8 @@ fn bind_listeners(config: &Config) -> Result<Listeners, ServerError> {
         http: listen::bind_all(&net.http_listen, Ipv6::Required)?,
         https: listen::bind_all(&net.https_listen, Ipv6::Required)?,
         mqtt: listen::bind_all(&net.mqtt_listen, Ipv6::Required)?,
+        mqtts: listen::bind_all(&net.mqtts_listen, Ipv6::Required)?,
+        mqtt_ws: listen::bind_all(&net.mqtt_ws_listen, Ipv6::Required)?,
         tls,
     })
 }
@@ -492,6 +499,8 @@ fn serve_broker(
         http,
         https,
         mqtt,
+        mqtts,
+        mqtt_ws,
         tls,
     } = listeners;
     let logins = throttle::LoginThrottle::new(config.auth.login_failures_per_s_max);
@@ -540,7 +549,16 @@ fn serve_broker(
         listeners.extend(tls_listeners.map(|l| (l, Transport::Tls(Arc::clone(tls)))));
         tls::reload_on_sighup(tls, &rx);
     }
-    let task = tokio::spawn(serve(listeners, mqtt.listeners, accepting));
+    let mut mqtt: Vec<_> = (mqtt.listeners.into_iter())
+        .map(|l| (l, mqtt::accept::Transport::Plain))
+        .collect();
+    if let Some(tls) = &tls {
+        let secure = mqtt::accept::Transport::Tls(Arc::clone(tls));
+        mqtt.extend(mqtts.listeners.into_iter().map(|l| (l, secure.clone())));
+    }
+    let ws = mqtt_ws.listeners.into_iter();
+    mqtt.extend(ws.map(|l| (l, mqtt::accept::Transport::WebSocket)));
+    let task = tokio::spawn(serve(listeners, mqtt, accepting));
     Ok(Serving {
         journal,
         broker,
@@ -550,7 +568,8 @@ fn serve_broker(
 }
 
 /// `berth ready amqp=ADDR[,ADDR...]`, then ` http=`, ` amqps=`,
-/// ` https=`, ` mqtt=` and ` cluster=` for the kinds that have listeners.
+/// ` https=`, ` mqtt=`, ` mqtts=`, ` mqtt-ws=` and ` cluster=` for the
+/// kinds that have listeners.
 fn ready_line(l: &Listeners, cluster: Option<SocketAddr>) -> String {
     let mut ready = format!("berth ready amqp={}", l.amqp.addr_list());
     for (kind, bound) in [
@@ -558,6 +577,8 @@ fn ready_line(l: &Listeners, cluster: Option<SocketAddr>) -> String {
         ("amqps", &l.amqps),
         ("https", &l.https),
         ("mqtt", &l.mqtt),
+        ("mqtts", &l.mqtts),
+        ("mqtt-ws", &l.mqtt_ws),
     ] {
         if !bound.addrs.is_empty() {
             ready.push_str(&format!(" {kind}={}", bound.addr_list()));
@@ -617,7 +638,11 @@ fn serve_http(
 /// The server's task: the broker's timers and one accept loop per AMQP
 /// and MQTT listener until shutdown, then a bounded wait for the
 /// connections to go.
-async fn serve(listeners: Vec<(TcpListener, Transport)>, mqtt: Vec<TcpListener>, a: Accepting) {
+async fn serve(
+    listeners: Vec<(TcpListener, Transport)>,
+    mqtt: Vec<(TcpListener, mqtt::accept::Transport)>,
+    a: Accepting,
+) {
     let timers = {
         let broker = Arc::clone(&a.shared.broker);
         let mut stop = a.shutdown.clone();
@@ -646,10 +671,16 @@ async fn serve(listeners: Vec<(TcpListener, Transport)>, mqtt: Vec<TcpListener>,
         .collect();
     let mqtt_clients = Arc::new(mqtt::clients::Clients::default());
     let mqtt_retained = Arc::new(mqtt::retained::Stores::default());
-    accepts.extend(mqtt.into_iter().map(|l| {
+    accepts.extend(mqtt.into_iter().map(|(l, transport)| {
         let clients = Arc::clone(&mqtt_clients);
         let retained = Arc::clone(&mqtt_retained);
-        tokio::spawn(mqtt::accept::accept_loop(l, a.clone(), clients, retained))
+        tokio::spawn(mqtt::accept::accept_loop(
+            l,
+            transport,
+            a.clone(),
+            clients,
+            retained,
+        ))
     }));
     let mut stop = a.shutdown.clone();
     let _sender_dropped_means_stop_too = stop.changed().await;

@@ -16,8 +16,7 @@ use bytes::BytesMut;
 use mqtt5_protocol::packet::connack::ConnAckPacket;
 use mqtt5_protocol::packet::connect::ConnectPacket;
 use mqtt5_protocol::{Packet, ReasonCode};
-use tokio::io::AsyncReadExt;
-use tokio::net::tcp::OwnedReadHalf;
+use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::codec;
 use super::session::Lifetime;
@@ -34,7 +33,7 @@ pub enum Refused {
 
 /// Reads the first packet, which must be a CONNECT.
 pub async fn read_connect(
-    rd: &mut OwnedReadHalf,
+    rd: &mut (impl AsyncRead + Unpin),
     rbuf: &mut BytesMut,
     timeout: Duration,
 ) -> Result<Box<ConnectPacket>, Refused> {

@@ -24,12 +24,11 @@ use mqtt5_protocol::packet::connect::ConnectPacket;
 use mqtt5_protocol::packet::disconnect::DisconnectPacket;
 use mqtt5_protocol::ReasonCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
 use berth_broker::channel::{Channel, Session as BrokerSession};
 
+use super::accept::{Reader, Writer};
 use super::clients::{Clients, Hold, Qos2State};
 use super::codec::{self, CodecError};
 use super::connect::{self, Refused};
@@ -58,7 +57,7 @@ pub(super) struct Conn {
     pub(super) version: u8,
     pub(super) client_id: String,
     pub(super) user: String,
-    rd: OwnedReadHalf,
+    rd: Reader,
     rbuf: BytesMut,
     pub(super) out: Arc<MqttOut>,
     pub(super) session: Session,
@@ -76,21 +75,32 @@ pub(super) struct Conn {
     /// QoS 2 packet ids routed and not yet released by the client's
     /// PUBREL: a PUBLISH again with one of them is not routed again.
     pub(super) awaiting_release: std::collections::HashSet<u16>,
+    /// This connection in the management API's list (and how it is asked
+    /// to close from there).
+    listed: Arc<crate::registry::ConnInfo>,
 }
 
-/// Serves one accepted TCP connection until it ends.
+/// What carries a connection, as the accept loop found it.
+pub struct Link {
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+    /// The connection id (from the counter every listener shares).
+    pub id: u64,
+    /// The user name of a verified TLS client certificate (MQTTS).
+    pub cert_name: Option<String>,
+    /// `mqtt`, `mqtts` or `mqtt-ws`.
+    pub transport: &'static str,
+}
+
+/// Serves one accepted connection until it ends.
 pub async fn serve(
-    stream: TcpStream,
-    peer: SocketAddr,
-    id: u64,
+    (mut rd, mut wr): (Reader, Writer),
+    link: Link,
     shared: Arc<Shared>,
     (clients, retained): (Arc<Clients>, Arc<Stores>),
     shutdown: watch::Receiver<bool>,
 ) {
-    if let Err(e) = stream.set_nodelay(true) {
-        tracing::debug!(%peer, error = %e, "could not set TCP_NODELAY");
-    }
-    let (mut rd, mut wr) = stream.into_split();
+    let (peer, id) = (link.peer, link.id);
     let mut rbuf = BytesMut::with_capacity(4096);
     let timeout = Duration::from_millis(shared.config.net.handshake_timeout_ms);
     let connect = match connect::read_connect(&mut rd, &mut rbuf, timeout).await {
@@ -106,6 +116,7 @@ pub async fn serve(
         connect.username.as_deref(),
         connect.password.as_deref(),
         peer,
+        link.cert_name.as_deref(),
     )
     .await
     {
@@ -143,7 +154,7 @@ pub async fn serve(
         &connect,
         login,
         (client_id.clone(), assigned),
-        (id, peer),
+        &link,
         (&out, &clients, &retained),
         (rd, rbuf),
     );
@@ -171,7 +182,7 @@ pub async fn serve(
 }
 
 /// Answers a refused CONNECT (a CONNACK if it deserves one) and closes.
-async fn refuse(wr: &mut OwnedWriteHalf, version: u8, peer: SocketAddr, refused: Refused) {
+async fn refuse(wr: &mut Writer, version: u8, peer: SocketAddr, refused: Refused) {
     match refused {
         Refused::Close(why) => tracing::info!(%peer, "MQTT connection closed: {why}"),
         Refused::Connack(code, why) => {
@@ -192,10 +203,11 @@ fn start(
     connect: &ConnectPacket,
     login: super::login::Login,
     (client_id, assigned): (String, Option<String>),
-    (id, peer): (u64, SocketAddr),
+    link: &Link,
     (out, clients, retained): (&Arc<MqttOut>, &Arc<Clients>, &Arc<Stores>),
-    (rd, rbuf): (OwnedReadHalf, BytesMut),
+    (rd, rbuf): (Reader, BytesMut),
 ) -> Result<Conn, (Option<ReasonCode>, String)> {
+    let (id, peer) = (link.id, link.peer);
     let now = shared.broker.now();
     let version = connect.protocol_version;
     let broker_session = Arc::new(BrokerSession {
@@ -276,6 +288,7 @@ fn start(
             return Err((None, "session not resumed".into()));
         }
     }
+    let listed = super::listed::register(shared, link, &session, &connect);
     let (tx, stored_rx) = mpsc::unbounded_channel();
     tracing::debug!(%peer, client_id = %client_id, user = %login.user, vhost = %login.vhost.name, version, session_present, "MQTT client connected");
     Ok(Conn {
@@ -299,6 +312,7 @@ fn start(
         clients: Arc::clone(clients),
         retained: Arc::clone(retained),
         awaiting_release: qos2.awaiting_release,
+        listed,
     })
 }
 
@@ -365,6 +379,10 @@ impl Conn {
                     if let Err(end) = self.settle_now() {
                         return end;
                     }
+                }
+                () = self.listed.close_requested.notified() => {
+                    let why = self.listed.close_reason().unwrap_or_default();
+                    return End::Refuse(ReasonCode::AdministrativeAction, format!("closed through the management API: {why}"));
                 }
                 () = hold.taken_over.notified() => {
                     return End::Refuse(ReasonCode::SessionTakenOver, "another connection took the client id".into());
@@ -433,11 +451,12 @@ impl Conn {
             (self.clients).keep_qos2(&self.session.vhost.name, &self.client_id, state);
         }
         self.session.end(self.shared.broker.now());
+        self.shared.registry.remove(self.listed.id);
     }
 }
 
 /// Writes what the connection and its queues buffer until closed.
-async fn write_loop(mut wr: OwnedWriteHalf, out: Arc<MqttOut>) {
+async fn write_loop(mut wr: Writer, out: Arc<MqttOut>) {
     loop {
         match out.take() {
             None => break,

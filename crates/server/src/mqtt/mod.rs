@@ -33,6 +33,7 @@ pub mod codec;
 pub mod connect;
 pub mod connection;
 pub mod follower;
+pub mod listed;
 pub mod login;
 pub mod outlet;
 mod packets;
@@ -41,6 +42,7 @@ pub mod retained;
 pub mod session;
 pub mod topic;
 pub mod will;
+pub mod ws;
 
 /// The exchange MQTT publishes to and binds subscriptions on, as
 /// RabbitMQ's `mqtt.exchange` default.

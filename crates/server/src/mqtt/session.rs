@@ -89,6 +89,10 @@ impl Session {
         }
     }
 
+    pub fn client_id(&self) -> &str {
+        &self.client_id
+    }
+
     fn authorise(&self, action: Action<'_>) -> AmqpResult<()> {
         authorise(self.shared.broker.access(), &self.user, &self.vhost, action)
     }
