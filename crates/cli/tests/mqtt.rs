@@ -371,13 +371,13 @@ async fn bad_input_gets_its_reason_code_and_leaves_other_clients_alone() {
     bad.send_bytes(&[0x00, 0x00]);
     assert_eq!(bad.expect_disconnect(), ReasonCode::MalformedPacket);
 
-    // A topic alias, which CONNACK said is not available (maximum 0).
+    // A topic alias above the maximum CONNACK told (64).
     let mut alias = Raw::open(&b, 5);
     assert_eq!(
         connack_code(&alias.connect("aliaser", "guest")),
         ReasonCode::Success
     );
-    alias.send(&PublishPacket::new("watch/x", &b"kept"[..], QoS::AtMostOnce).with_topic_alias(1));
+    alias.send(&PublishPacket::new("watch/x", &b"kept"[..], QoS::AtMostOnce).with_topic_alias(65));
     assert_eq!(alias.expect_disconnect(), ReasonCode::TopicAliasInvalid);
 
     // The bystander still gets what is published.
@@ -711,5 +711,119 @@ async fn a_qos2_delivery_completes_once_across_a_client_reconnect() {
         other => panic!("expected the PUBREL of two, got {other:?}"),
     }
     assert!(publishes(&c.drain()).is_empty(), "nothing delivered twice");
+    assert!(b.errors().is_empty(), "errors logged: {:?}", b.errors());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn v5_properties_and_topic_aliases_cross_over_to_amqp_and_back() {
+    use lapin::types::ShortString;
+    let dir = temp_dir("mqtt-v5-props", 0);
+    let b = start(dir.path());
+    let conn = connect(&b.uri).await;
+    let ch = conn.create_channel().await.unwrap();
+    ch.queue_declare(
+        "requests".into(),
+        QueueDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    ch.queue_bind(
+        "requests".into(),
+        "amq.topic".into(),
+        "req.#".into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    let mut c = Raw::open(&b, 5);
+    assert_eq!(
+        connack_code(&c.connect("requester", "guest")),
+        ReasonCode::Success
+    );
+    c.send(&SubscribePacket::new(1).add_filter("replies/#", QoS::AtMostOnce));
+    assert!(matches!(c.recv(), Some(Packet::SubAck(_))));
+    // The first PUBLISH sets alias 3, the second uses it (empty topic).
+    let mut first = PublishPacket::new("req/dev1", &b"ping"[..], QoS::AtLeastOnce)
+        .with_packet_id(1)
+        .with_topic_alias(3);
+    first.properties.set_response_topic("replies/dev1".into());
+    first
+        .properties
+        .set_correlation_data(bytes::Bytes::from_static(b"c-1"));
+    first.properties.set_content_type("text/plain".into());
+    first
+        .properties
+        .add_user_property("site".into(), "north".into());
+    c.send(&first);
+    assert!(matches!(c.recv(), Some(Packet::PubAck(a)) if a.packet_id == 1));
+    let second = PublishPacket::new("", &b"again"[..], QoS::AtLeastOnce)
+        .with_packet_id(2)
+        .with_topic_alias(3);
+    c.send(&second);
+    assert!(matches!(c.recv(), Some(Packet::PubAck(a)) if a.packet_id == 2));
+    let get = || async {
+        ch.basic_get("requests".into(), BasicGetOptions { no_ack: true })
+            .await
+            .unwrap()
+            .expect("a request")
+    };
+    let req = get().await;
+    let p = &req.delivery.properties;
+    assert_eq!(req.delivery.routing_key.as_str(), "req.dev1");
+    assert_eq!(
+        p.reply_to().as_ref().map(ShortString::as_str),
+        Some("replies.dev1")
+    );
+    assert_eq!(
+        p.correlation_id().as_ref().map(ShortString::as_str),
+        Some("c-1")
+    );
+    assert_eq!(
+        p.content_type().as_ref().map(ShortString::as_str),
+        Some("text/plain")
+    );
+    let site = p
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get("site").cloned());
+    assert_eq!(site, Some(AMQPValue::LongString("north".into())));
+    let again = get().await;
+    assert_eq!(
+        again.delivery.routing_key.as_str(),
+        "req.dev1",
+        "the alias named the topic"
+    );
+    assert_eq!(again.delivery.data, b"again");
+    // The AMQP service answers on reply_to with the correlation id.
+    let mut headers = FieldTable::default();
+    headers.insert("status".into(), AMQPValue::LongString("ok".into()));
+    ch.basic_publish(
+        "amq.topic".into(),
+        p.reply_to().clone().unwrap(),
+        BasicPublishOptions::default(),
+        b"pong",
+        BasicProperties::default()
+            .with_correlation_id(p.correlation_id().clone().unwrap())
+            .with_headers(headers),
+    )
+    .await
+    .unwrap();
+    match c.recv() {
+        Some(Packet::Publish(r)) => {
+            assert_eq!(r.topic_name, "replies/dev1");
+            assert_eq!(&r.payload[..], b"pong");
+            assert_eq!(r.properties.get_user_property_value("status"), Some("ok"));
+            assert!(matches!(
+                r.properties.get(mqtt5_protocol::PropertyId::CorrelationData),
+                Some(mqtt5_protocol::PropertyValue::BinaryData(d)) if &d[..] == b"c-1"
+            ));
+        }
+        other => panic!("expected the reply, got {other:?}"),
+    }
+    // An alias never set is a protocol error.
+    c.send(&PublishPacket::new("", &b"lost"[..], QoS::AtMostOnce).with_topic_alias(9));
+    assert_eq!(c.expect_disconnect(), ReasonCode::ProtocolError);
     assert!(b.errors().is_empty(), "errors logged: {:?}", b.errors());
 }

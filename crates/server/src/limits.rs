@@ -267,6 +267,10 @@ pub const MQTT_OUTPUT_BYTES_MAX: usize = 1024 * 1024;
 /// at this many, queues stop delivering to the client until one comes.
 pub const MQTT_DELIVERIES_UNCOMPLETED_MAX: usize = 1024;
 
+/// Topic aliases a 5.0 client may set (told in CONNACK as its topic
+/// alias maximum); the server sends none.
+pub const MQTT_TOPIC_ALIASES_MAX: u16 = 64;
+
 /// Topics with a retained message in one vhost (MQTT retained messages
 /// are held in memory as well as in the store: docs/MQTT.md).
 pub const MQTT_RETAINED_MESSAGES_MAX: usize = 100_000;

@@ -155,6 +155,7 @@ pub fn connack_accepted(
         .with_subscription_identifier_available(false)
         .with_wildcard_subscription_available(true)
         .with_receive_maximum(limits::MQTT_PUBLISHES_UNACKED_MAX)
+        .with_topic_alias_maximum(limits::MQTT_TOPIC_ALIASES_MAX)
         .with_maximum_packet_size(u32::try_from(packet_bytes_max).unwrap_or(u32::MAX));
     if let Some(id) = assigned_client_id {
         ack = ack.with_assigned_client_id(id);

@@ -78,6 +78,8 @@ pub(super) struct Conn {
     /// This connection in the management API's list (and how it is asked
     /// to close from there).
     listed: Arc<crate::registry::ConnInfo>,
+    /// The client's 5.0 topic aliases (at most `MQTT_TOPIC_ALIASES_MAX`).
+    pub(super) topic_aliases: std::collections::HashMap<u16, String>,
 }
 
 /// What carries a connection, as the accept loop found it.
@@ -313,6 +315,7 @@ fn start(
         retained: Arc::clone(retained),
         awaiting_release: qos2.awaiting_release,
         listed,
+        topic_aliases: std::collections::HashMap::new(),
     })
 }
 

@@ -37,6 +37,7 @@ pub mod listed;
 pub mod login;
 pub mod outlet;
 mod packets;
+pub mod properties;
 pub mod publish;
 pub mod retained;
 pub mod session;

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use berth_broker::channel::Outlet;
 use berth_broker::message::Message;
-use berth_protocol::AMQPValue;
+use berth_protocol::{AMQPProperties, AMQPValue};
 use bytes::{Bytes, BytesMut};
 use mqtt5_protocol::packet::publish::PublishPacket;
 use mqtt5_protocol::packet::pubrel::PubRelPacket;
@@ -206,8 +206,9 @@ impl MqttOut {
     /// Sends a retained message to a new subscription at `qos` (the
     /// lower of the subscription's and the publisher's), retain flag set.
     pub fn send_retained(&self, r: &Retained, granted_qos: u8) {
-        let qos = published(&r.properties, false, granted_qos).0;
-        let Some(mut p) = self.publish_packet(&r.topic, &r.body, qos) else {
+        let props = berth_protocol::codec::decode_properties(&r.properties).ok();
+        let qos = published(props.as_ref(), false, granted_qos).0;
+        let Some(mut p) = self.publish_packet(&r.topic, &r.body, qos, props.as_ref()) else {
             return;
         };
         p = p.with_retain(true);
@@ -221,11 +222,27 @@ impl MqttOut {
         });
     }
 
-    /// A PUBLISH of `body` to topic `name` at `qos`, or `None` if it is
-    /// larger than the client accepts (v5 maximum packet size).
-    fn publish_packet(&self, name: &str, body: &Bytes, qos: u8) -> Option<PublishPacket> {
-        // Packet size: body, topic and a fixed header's worth.
-        let size = body.len() + name.len() + 16;
+    /// A PUBLISH of `body` to topic `name` at `qos` (with the 5.0
+    /// properties `props` give), or `None` if it is larger than the client
+    /// accepts (v5 maximum packet size).
+    fn publish_packet(
+        &self,
+        name: &str,
+        body: &Bytes,
+        qos: u8,
+        props: Option<&AMQPProperties>,
+    ) -> Option<PublishPacket> {
+        let p = if self.version == 5 {
+            let mut p = PublishPacket::new(name, body.clone(), QoS::from(qos));
+            if let Some(props) = props {
+                super::properties::to_mqtt(props, &mut p.properties);
+            }
+            p
+        } else {
+            PublishPacket::new_v311(name, body.clone(), QoS::from(qos))
+        };
+        // Packet size: body, topic, properties and a fixed header's worth.
+        let size = body.len() + name.len() + p.properties.encoded_len() + 16;
         if size > self.client_packet_bytes_max {
             tracing::debug!(
                 size,
@@ -234,11 +251,7 @@ impl MqttOut {
             );
             return None;
         }
-        Some(if self.version == 5 {
-            PublishPacket::new(name, body.clone(), QoS::from(qos))
-        } else {
-            PublishPacket::new_v311(name, body.clone(), QoS::from(qos))
-        })
+        Some(p)
     }
 
     /// Deliveries to ack now (see [`Inflight::settle_now`]).
@@ -286,11 +299,8 @@ impl MqttOut {
 /// The QoS a message was published with, at most `max`, and whether it
 /// had the MQTT retain flag: the MQTT publisher's (headers), or for an
 /// AMQP publisher QoS 1 if persistent, else 0 (RabbitMQ's rule).
-fn published(properties: &[u8], persistent: bool, max: u8) -> (u8, bool) {
-    let headers = berth_protocol::codec::decode_properties(properties)
-        .ok()
-        .and_then(|p| p.headers().clone())
-        .unwrap_or_default();
+fn published(props: Option<&AMQPProperties>, persistent: bool, max: u8) -> (u8, bool) {
+    let headers = props.and_then(|p| p.headers().clone()).unwrap_or_default();
     let h = headers.inner();
     let qos = match h.get(HEADER_PUBLISH_QOS) {
         Some(AMQPValue::ShortShortUInt(q)) => *q,
@@ -313,13 +323,14 @@ impl Outlet for MqttOut {
     ) {
         let subscribed_qos = TAGS.iter().position(|t| *t == consumer_tag).unwrap_or(0);
         let acked_by_client = subscribed_qos > 0;
+        let props = berth_protocol::codec::decode_properties(&msg.properties).ok();
         let (qos, retained) = published(
-            &msg.properties,
+            props.as_ref(),
             msg.persistent,
             u8::try_from(subscribed_qos).unwrap_or(0),
         );
         let name = topic::topic_name(&msg.routing_key);
-        let Some(mut p) = self.publish_packet(&name, &msg.body, qos) else {
+        let Some(mut p) = self.publish_packet(&name, &msg.body, qos, props.as_ref()) else {
             if acked_by_client {
                 self.settle_later(delivery_tag);
             }

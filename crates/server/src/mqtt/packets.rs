@@ -133,12 +133,17 @@ impl Conn {
                 "more QoS 2 publishes awaiting PUBREL than the receive maximum".into(),
             );
         }
-        if p.properties.get_topic_alias().is_some() {
-            return refuse(
-                ReasonCode::TopicAliasInvalid,
-                "topic aliases are not accepted (topic alias maximum 0)".into(),
-            );
-        }
+        let aliased;
+        let p = match p.properties.get_topic_alias() {
+            None => p,
+            Some(alias) => match self.resolve_alias(p, alias) {
+                Ok(resolved) => {
+                    aliased = resolved;
+                    &aliased
+                }
+                Err(end) => return Err(end),
+            },
+        };
         let key = match topic::routing_key(&p.topic_name) {
             Ok(k) => k,
             Err(e) => return refuse(ReasonCode::TopicNameInvalid, format!("topic name: {e}")),
@@ -234,6 +239,36 @@ impl Conn {
         };
         self.acks.owe(packet_id, kind, waits, outcome);
         self.send_due_acks()
+    }
+
+    /// A 5.0 PUBLISH with topic alias `alias` (MQTT 5.0 §3.3.2.3.4): a
+    /// topic name sets the alias, an empty one uses it; the alias is
+    /// taken off the PUBLISH. An alias of 0 or above the maximum told in
+    /// CONNACK ends the connection with 0x94, an unknown one with 0x82.
+    fn resolve_alias(&mut self, p: &PublishPacket, alias: u16) -> Result<PublishPacket, End> {
+        if alias == 0 || alias > crate::limits::MQTT_TOPIC_ALIASES_MAX {
+            return Err(End::Refuse(
+                ReasonCode::TopicAliasInvalid,
+                format!(
+                    "topic alias {alias} is not within 1..={}",
+                    crate::limits::MQTT_TOPIC_ALIASES_MAX
+                ),
+            ));
+        }
+        let mut resolved = p.clone();
+        resolved.properties.remove_topic_alias();
+        if p.topic_name.is_empty() {
+            let Some(name) = self.topic_aliases.get(&alias) else {
+                return Err(End::Refuse(
+                    ReasonCode::ProtocolError,
+                    format!("topic alias {alias} was never set"),
+                ));
+            };
+            resolved.topic_name = name.clone();
+        } else {
+            self.topic_aliases.insert(alias, p.topic_name.clone());
+        }
+        Ok(resolved)
     }
 
     /// The retained store and the copy to keep of a retained PUBLISH;

@@ -8,8 +8,7 @@
 //! as RabbitMQ's plugin builds it: routing key from the topic
 //! (`super::topic`), `delivery_mode = 2` for QoS 1 (so it is stored in a
 //! durable queue), headers `x-mqtt-publish-qos` and `x-mqtt-dup`; from a
-//! 5.0 PUBLISH also `content_type` and the message expiry as
-//! `expiration`.
+//! 5.0 PUBLISH also its properties (`super::properties`).
 //!
 //! Invariants:
 //! - A PUBACK is never sent before an earlier PUBLISH's PUBACK, nor
@@ -25,7 +24,7 @@ use berth_broker::durable::Done;
 use berth_broker::message::Message;
 use berth_broker::AmqpResult;
 use berth_protocol::codec::encode_properties;
-use berth_protocol::{AMQPProperties, AMQPValue, FieldTable, ShortString};
+use berth_protocol::{AMQPProperties, AMQPValue, FieldTable};
 use mqtt5_protocol::packet::publish::PublishPacket;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -74,25 +73,11 @@ fn properties(p: &PublishPacket, extra: &[(&str, AMQPValue)]) -> AMQPProperties 
     for (k, v) in extra {
         headers.insert((*k).into(), v.clone());
     }
-    let mut props = AMQPProperties::default()
-        .with_delivery_mode(if qos >= 1 { 2 } else { 1 })
-        .with_headers(headers);
+    let mut props = AMQPProperties::default().with_delivery_mode(if qos >= 1 { 2 } else { 1 });
     if p.protocol_version == 5 {
-        if let Some(ct) = p
-            .properties
-            .get_content_type()
-            .and_then(|c| ShortString::try_new(c).ok())
-        {
-            props = props.with_content_type(ct);
-        }
-        if let Some(s) = p.properties.get_message_expiry_interval() {
-            let ms = u64::from(s) * 1000;
-            if let Ok(e) = ShortString::try_new(ms.to_string()) {
-                props = props.with_expiration(e);
-            }
-        }
+        props = super::properties::to_amqp(&p.properties, props, &mut headers);
     }
-    props
+    props.with_headers(headers)
 }
 
 /// A journal write finished for the publish numbered `seq`.

@@ -60,12 +60,9 @@ impl Will {
         } else {
             PublishPacket::new_v311(w.topic.clone(), w.payload.clone(), w.qos)
         };
-        if let Some(ct) = &w.properties.content_type {
-            p.properties.set_content_type(ct.clone());
-        }
-        if let Some(s) = w.properties.message_expiry_interval {
-            p.properties.set_message_expiry_interval(s);
-        }
+        // Its 5.0 properties, as a PUBLISH would carry them (will delay
+        // is the will's own, not the message's).
+        w.properties.apply_to_publish_properties(&mut p.properties);
         p.retain = w.retain;
         let msg = publish::message(&p, key, user)?;
         let retained = match store {
