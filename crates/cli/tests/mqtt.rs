@@ -822,6 +822,16 @@ async fn v5_properties_and_topic_aliases_cross_over_to_amqp_and_back() {
         }
         other => panic!("expected the reply, got {other:?}"),
     }
+    // A `$` topic is not for clients to reach each other (MQTT 5.0
+    // §4.7.2): PUBACK 0x90, and a `#` subscription gets nothing.
+    c.send(&SubscribePacket::new(2).add_filter("#", QoS::AtMostOnce));
+    assert!(matches!(c.recv(), Some(Packet::SubAck(_))));
+    c.send(&PublishPacket::new("$SYS/x", &b"no"[..], QoS::AtLeastOnce).with_packet_id(5));
+    match c.recv() {
+        Some(Packet::PubAck(a)) => assert_eq!(a.reason_code, ReasonCode::TopicNameInvalid),
+        other => panic!("expected a PUBACK, got {other:?}"),
+    }
+    assert!(publishes(&c.drain()).is_empty(), "a $ topic is not routed");
     // An alias never set is a protocol error.
     c.send(&PublishPacket::new("", &b"lost"[..], QoS::AtMostOnce).with_topic_alias(9));
     assert_eq!(c.expect_disconnect(), ReasonCode::ProtocolError);

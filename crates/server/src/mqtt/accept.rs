@@ -18,18 +18,13 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::clients::Clients;
 use super::retained::Stores;
+use super::stream::{Link, Reader, Writer};
 use crate::accept::Accepting;
 use crate::tls::Tls;
-
-/// A connection's read half, whatever carries it.
-pub type Reader = Box<dyn AsyncRead + Send + Unpin>;
-/// A connection's write half, whatever carries it.
-pub type Writer = Box<dyn AsyncWrite + Send + Unpin>;
 
 /// What a listener's connections go through before MQTT starts.
 #[derive(Clone)]
@@ -82,7 +77,7 @@ pub async fn accept_loop(
             let local = stream.local_addr().unwrap_or(peer);
             if let Some((rd, wr, cert_name)) = open_stream(stream, peer, &transport, &shared).await
             {
-                let link = super::connection::Link {
+                let link = Link {
                     peer,
                     local,
                     id,

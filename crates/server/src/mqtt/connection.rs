@@ -28,7 +28,6 @@ use tokio::sync::{mpsc, watch};
 
 use berth_broker::channel::{Channel, Session as BrokerSession};
 
-use super::accept::{Reader, Writer};
 use super::clients::{Clients, Hold, Qos2State};
 use super::codec::{self, CodecError};
 use super::connect::{self, Refused};
@@ -36,6 +35,7 @@ use super::outlet::MqttOut;
 use super::publish::{Acks, Stored};
 use super::retained::Stores;
 use super::session::Session;
+use super::stream::{Link, Reader, Writer};
 use super::will::Will;
 use crate::limits;
 use crate::state::Shared;
@@ -80,18 +80,6 @@ pub(super) struct Conn {
     listed: Arc<crate::registry::ConnInfo>,
     /// The client's 5.0 topic aliases (at most `MQTT_TOPIC_ALIASES_MAX`).
     pub(super) topic_aliases: std::collections::HashMap<u16, String>,
-}
-
-/// What carries a connection, as the accept loop found it.
-pub struct Link {
-    pub peer: SocketAddr,
-    pub local: SocketAddr,
-    /// The connection id (from the counter every listener shares).
-    pub id: u64,
-    /// The user name of a verified TLS client certificate (MQTTS).
-    pub cert_name: Option<String>,
-    /// `mqtt`, `mqtts` or `mqtt-ws`.
-    pub transport: &'static str,
 }
 
 /// Serves one accepted connection until it ends.
@@ -290,7 +278,7 @@ fn start(
             return Err((None, "session not resumed".into()));
         }
     }
-    let listed = super::listed::register(shared, link, &session, &connect);
+    let listed = super::listed::register(shared, link, &session, connect);
     let (tx, stored_rx) = mpsc::unbounded_channel();
     tracing::debug!(%peer, client_id = %client_id, user = %login.user, vhost = %login.vhost.name, version, session_present, "MQTT client connected");
     Ok(Conn {

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use mqtt5_protocol::packet::connect::ConnectPacket;
 use serde_json::json;
 
-use super::connection::Link;
 use super::session::Session;
+use super::stream::Link;
 use crate::registry::ConnInfo;
 use crate::state::Shared;
 

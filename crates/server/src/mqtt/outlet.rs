@@ -34,7 +34,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use super::codec;
-use super::publish::HEADER_RETAIN;
+use super::properties::{HEADER_PUBLISH_QOS, HEADER_RETAIN};
 use super::retained::Retained;
 use super::topic;
 use crate::limits;
@@ -47,10 +47,6 @@ pub const TAGS: [&str; 3] = ["mqtt-qos0", "mqtt-qos1", "mqtt-qos2"];
 /// The delivery tag of a packet id that has no broker delivery behind it
 /// (a retained message sent at subscribe): broker tags start at 1.
 const NO_TAG: u64 = 0;
-
-/// The AMQP header carrying the QoS an MQTT client published with, as
-/// RabbitMQ's plugin names it.
-pub const HEADER_PUBLISH_QOS: &str = "x-mqtt-publish-qos";
 
 struct Buffer {
     bytes: BytesMut,

@@ -144,6 +144,16 @@ impl Conn {
                 Err(end) => return Err(end),
             },
         };
+        if p.topic_name.starts_with('$') {
+            tracing::debug!(peer = %self.peer, topic = %p.topic_name, "MQTT PUBLISH to a $ topic not routed");
+            let kind = match p.qos {
+                QoS::AtMostOnce => return Ok(()),
+                QoS::AtLeastOnce => AckKind::PubAck,
+                QoS::ExactlyOnce => AckKind::PubRec,
+            };
+            self.acks.owe(packet_id, kind, 0, Outcome::ServerTopic);
+            return self.send_due_acks();
+        }
         let key = match topic::routing_key(&p.topic_name) {
             Ok(k) => k,
             Err(e) => return refuse(ReasonCode::TopicNameInvalid, format!("topic name: {e}")),
@@ -334,6 +344,8 @@ impl Conn {
             let code = match outcome {
                 Outcome::Accepted => ReasonCode::Success,
                 Outcome::NoMatchingSubscribers => ReasonCode::NoMatchingSubscribers,
+                Outcome::ServerTopic if self.version == 4 => ReasonCode::Success,
+                Outcome::ServerTopic => ReasonCode::TopicNameInvalid,
                 Outcome::QuotaExceeded | Outcome::Failed(_) if self.version == 4 => {
                     // 3.1.1 has no negative PUBACK: never ack what was not
                     // stored; the client publishes again on its next

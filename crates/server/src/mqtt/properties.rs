@@ -25,6 +25,14 @@ use mqtt5_protocol::{Properties, PropertyId, PropertyValue};
 
 use super::topic;
 
+/// The AMQP header carrying the QoS an MQTT client published with, as
+/// RabbitMQ's plugin names it.
+pub const HEADER_PUBLISH_QOS: &str = "x-mqtt-publish-qos";
+
+/// The AMQP header that marks a message published with the retain flag
+/// (a v5 subscription with retain-as-published is sent it with the flag).
+pub const HEADER_RETAIN: &str = "x-mqtt-retain";
+
 /// The header holding correlation data that is no AMQP `correlation_id`.
 pub const HEADER_CORRELATION: &str = "x-correlation-id";
 /// The header holding a 5.0 payload format indicator of 1 (UTF-8).
@@ -203,7 +211,7 @@ mod tests {
         to_mqtt(&props, &mut back);
         assert!(matches!(
             back.get(PropertyId::CorrelationData),
-            Some(PropertyValue::BinaryData(d)) if &d[..] == [0xFF, 0x00, 0x01]
+            Some(PropertyValue::BinaryData(d)) if d[..] == [0xFF, 0x00, 0x01]
         ));
     }
 }

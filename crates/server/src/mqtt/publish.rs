@@ -28,11 +28,7 @@ use berth_protocol::{AMQPProperties, AMQPValue, FieldTable};
 use mqtt5_protocol::packet::publish::PublishPacket;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::outlet::HEADER_PUBLISH_QOS;
-
-/// The AMQP header that marks a message published with the retain flag
-/// (a v5 subscription with retain-as-published is sent it with the flag).
-pub const HEADER_RETAIN: &str = "x-mqtt-retain";
+use super::properties::{HEADER_PUBLISH_QOS, HEADER_RETAIN};
 
 /// The AMQP message of a PUBLISH whose topic maps to `routing_key`.
 pub fn message(p: &PublishPacket, routing_key: String, user: &str) -> AmqpResult<Arc<Message>> {
@@ -106,6 +102,10 @@ pub enum Outcome {
     QuotaExceeded,
     /// A journal write failed (v5 0x80; 3.1.1 closes the connection).
     Failed(String),
+    /// A topic starting with `$`, which clients may not use to reach
+    /// each other (MQTT 5.0 §4.7.2): not routed (v5 0x90; 3.1.1 acks it,
+    /// as Mosquitto drops such a PUBLISH).
+    ServerTopic,
 }
 
 struct Owed {

@@ -29,7 +29,7 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
-use super::accept::{Reader, Writer};
+use super::stream::{Reader, Writer};
 use crate::limits;
 use crate::state::Shared;
 
@@ -78,6 +78,9 @@ pub async fn upgrade(
     let config = WebSocketConfig::default()
         .max_message_size(Some(max))
         .max_frame_size(Some(max));
+    // The callback's type is tungstenite's (`Callback`): its error is the
+    // HTTP answer itself, large or not.
+    #[allow(clippy::result_large_err)]
     let check = |req: &Request, mut resp: Response| -> Result<Response, ErrorResponse> {
         if req.uri().path() != PATH {
             return Err(refusal(StatusCode::NOT_FOUND, "MQTT is served on /ws"));
