@@ -837,3 +837,37 @@ async fn v5_properties_and_topic_aliases_cross_over_to_amqp_and_back() {
     assert_eq!(c.expect_disconnect(), ReasonCode::ProtocolError);
     assert!(b.errors().is_empty(), "errors logged: {:?}", b.errors());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_will_is_sent_when_its_session_expires_before_its_delay() {
+    use mqtt5_protocol::types::WillMessage;
+    let dir = temp_dir("mqtt-will-delay", 0);
+    let b = start(dir.path());
+    let mut watcher = Raw::open(&b, 5);
+    assert_eq!(
+        connack_code(&watcher.connect("watcher", "guest")),
+        ReasonCode::Success
+    );
+    watcher.send(&SubscribePacket::new(1).add_filter("wills/#", QoS::AtMostOnce));
+    assert!(matches!(watcher.recv(), Some(Packet::SubAck(_))));
+    // Will delay 60 s, session expiry 1 s: the will goes after 1 s.
+    let mut will = WillMessage::new("wills/dev1", b"gone".to_vec());
+    will.properties.will_delay_interval = Some(60);
+    let o = ConnectOptions::new("mortal")
+        .with_credentials("guest", "guest")
+        .with_clean_start(true)
+        .with_session_expiry_interval(1)
+        .with_will(will);
+    let mut c = Raw::open(&b, 5);
+    assert_eq!(connack_code(&c.connect_with(o)), ReasonCode::Success);
+    let lost = Instant::now();
+    drop(c);
+    match watcher.recv() {
+        Some(Packet::Publish(p)) => assert_eq!(p.topic_name, "wills/dev1"),
+        other => panic!("expected the will, got {other:?}"),
+    }
+    assert!(
+        lost.elapsed() < Duration::from_secs(10),
+        "sent at the session's end, not after 60 s"
+    );
+}

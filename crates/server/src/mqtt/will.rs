@@ -20,7 +20,7 @@ use mqtt5_protocol::types::WillMessage;
 
 use super::clients::Clients;
 use super::retained::Store;
-use super::session::Session;
+use super::session::{Lifetime, Session};
 use super::{publish, topic, EXCHANGE};
 use crate::permissions::{authorise, Action};
 
@@ -86,10 +86,14 @@ impl Will {
     /// connected again by then.
     pub fn publish(self, session: &Session, clients: &Arc<Clients>, client_id: &str) {
         let ch = Arc::clone(&session.ch);
-        // A session that ends with its connection ends the will delay too.
-        let delay = self
-            .delay
-            .filter(|_| session.lifetime != super::session::Lifetime::Connection);
+        // The will is sent when its delay ends or its session does,
+        // whichever comes first (MQTT 5.0 §3.1.3.2.2): a session that
+        // ends with its connection sends it at once.
+        let delay = match session.lifetime {
+            Lifetime::Connection => None,
+            Lifetime::ExpiresMs(ms) => self.delay.map(|d| d.min(Duration::from_millis(ms))),
+            Lifetime::Forever => self.delay,
+        };
         let Some(delay) = delay else {
             route(&ch, &self, session.shared.broker.now());
             return;
