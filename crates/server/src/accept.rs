@@ -115,7 +115,7 @@ async fn serve_one(
 
 /// The TLS step: the handshake (bounded), then the user name the client
 /// certificate gives, if any. `None` when the handshake failed (logged).
-async fn handshake(
+pub(crate) async fn handshake(
     acceptor: TlsAcceptor,
     stream: TcpStream,
     peer: SocketAddr,

@@ -98,6 +98,12 @@ pub struct Net {
     /// RabbitMQ's `rabbitmq_stream` plugin is off until enabled; 5552 by
     /// convention.
     pub stream_listen: Vec<String>,
+    /// MQTT over TLS listen addresses (the `[tls]` certificate); empty =
+    /// off; 8883 by convention.
+    pub mqtts_listen: Vec<String>,
+    /// MQTT over WebSocket (`/ws`) listen addresses; empty = off; 15675
+    /// by RabbitMQ's Web MQTT convention.
+    pub mqtt_ws_listen: Vec<String>,
     /// Heartbeat interval the server proposes in `connection.tune` (0 = off).
     pub heartbeat_s: u16,
     /// Time a client has to complete the AMQP handshake.

@@ -237,13 +237,18 @@ struct Listeners {
     https: Bound,
     mqtt: Bound,
     stream: Bound,
+    mqtts: Bound,
+    mqtt_ws: Bound,
     tls: Option<Arc<tls::Tls>>,
 }
 
 fn bind_listeners(config: &Config) -> Result<Listeners, ServerError> {
     let net = &config.net;
     let amqp = listen::bind_all(&net.amqp_listen, Ipv6::SkipWhenUnavailable)?;
-    let tls = if net.amqps_listen.is_empty() && net.https_listen.is_empty() {
+    let tls = if net.amqps_listen.is_empty()
+        && net.https_listen.is_empty()
+        && net.mqtts_listen.is_empty()
+    {
         None
     } else {
         Some(Arc::new(tls::Tls::new(&config.tls)?))
@@ -255,6 +260,8 @@ fn bind_listeners(config: &Config) -> Result<Listeners, ServerError> {
         https: listen::bind_all(&net.https_listen, Ipv6::Required)?,
         mqtt: listen::bind_all(&net.mqtt_listen, Ipv6::Required)?,
         stream: listen::bind_all(&net.stream_listen, Ipv6::Required)?,
+        mqtts: listen::bind_all(&net.mqtts_listen, Ipv6::Required)?,
+        mqtt_ws: listen::bind_all(&net.mqtt_ws_listen, Ipv6::Required)?,
         tls,
     })
 }
@@ -504,6 +511,8 @@ fn serve_broker(
         https,
         mqtt,
         stream,
+        mqtts,
+        mqtt_ws,
         tls,
     } = listeners;
     let logins = throttle::LoginThrottle::new(config.auth.login_failures_per_s_max);
@@ -552,11 +561,16 @@ fn serve_broker(
         listeners.extend(tls_listeners.map(|l| (l, Transport::Tls(Arc::clone(tls)))));
         tls::reload_on_sighup(tls, &rx);
     }
-    let task = tokio::spawn(serve(
-        listeners,
-        (mqtt.listeners, stream.listeners),
-        accepting,
-    ));
+    let mut mqtt: Vec<_> = (mqtt.listeners.into_iter())
+        .map(|l| (l, mqtt::accept::Transport::Plain))
+        .collect();
+    if let Some(tls) = &tls {
+        let secure = mqtt::accept::Transport::Tls(Arc::clone(tls));
+        mqtt.extend(mqtts.listeners.into_iter().map(|l| (l, secure.clone())));
+    }
+    let ws = mqtt_ws.listeners.into_iter();
+    mqtt.extend(ws.map(|l| (l, mqtt::accept::Transport::WebSocket)));
+    let task = tokio::spawn(serve(listeners, (mqtt, stream.listeners), accepting));
     Ok(Serving {
         journal,
         broker,
@@ -566,7 +580,8 @@ fn serve_broker(
 }
 
 /// `berth ready amqp=ADDR[,ADDR...]`, then ` http=`, ` amqps=`,
-/// ` https=`, ` mqtt=` and ` cluster=` for the kinds that have listeners.
+/// ` https=`, ` mqtt=`, ` mqtts=`, ` mqtt-ws=` and ` cluster=` for the
+/// kinds that have listeners.
 fn ready_line(l: &Listeners, cluster: Option<SocketAddr>) -> String {
     let mut ready = format!("berth ready amqp={}", l.amqp.addr_list());
     for (kind, bound) in [
@@ -575,6 +590,8 @@ fn ready_line(l: &Listeners, cluster: Option<SocketAddr>) -> String {
         ("https", &l.https),
         ("mqtt", &l.mqtt),
         ("stream", &l.stream),
+        ("mqtts", &l.mqtts),
+        ("mqtt-ws", &l.mqtt_ws),
     ] {
         if !bound.addrs.is_empty() {
             ready.push_str(&format!(" {kind}={}", bound.addr_list()));
@@ -636,7 +653,10 @@ fn serve_http(
 /// connections to go.
 async fn serve(
     listeners: Vec<(TcpListener, Transport)>,
-    (mqtt, stream): (Vec<TcpListener>, Vec<TcpListener>),
+    (mqtt, stream): (
+        Vec<(TcpListener, mqtt::accept::Transport)>,
+        Vec<TcpListener>,
+    ),
     a: Accepting,
 ) {
     let timers = {
@@ -666,9 +686,17 @@ async fn serve(
         .map(|(l, transport)| tokio::spawn(accept::accept_loop(l, transport, a.clone())))
         .collect();
     let mqtt_clients = Arc::new(mqtt::clients::Clients::default());
-    accepts.extend(mqtt.into_iter().map(|l| {
+    let mqtt_retained = Arc::new(mqtt::retained::Stores::default());
+    accepts.extend(mqtt.into_iter().map(|(l, transport)| {
         let clients = Arc::clone(&mqtt_clients);
-        tokio::spawn(mqtt::accept::accept_loop(l, a.clone(), clients))
+        let retained = Arc::clone(&mqtt_retained);
+        tokio::spawn(mqtt::accept::accept_loop(
+            l,
+            transport,
+            a.clone(),
+            clients,
+            retained,
+        ))
     }));
     if !stream.is_empty() {
         let dir = a.shared.config.store.data_dirs.first().cloned();

@@ -263,6 +263,21 @@ pub const MQTT_TAKEOVER_WAIT_MS: u64 = 5_000;
 /// twice it the client is not read.
 pub const MQTT_OUTPUT_BYTES_MAX: usize = 1024 * 1024;
 
+/// QoS 2 deliveries to one client PUBRECed and awaiting its PUBCOMP:
+/// at this many, queues stop delivering to the client until one comes.
+pub const MQTT_DELIVERIES_UNCOMPLETED_MAX: usize = 1024;
+
+/// Topic aliases a 5.0 client may set (told in CONNACK as its topic
+/// alias maximum); the server sends none.
+pub const MQTT_TOPIC_ALIASES_MAX: u16 = 64;
+
+/// Topics with a retained message in one vhost (MQTT retained messages
+/// are held in memory as well as in the store: docs/MQTT.md).
+pub const MQTT_RETAINED_MESSAGES_MAX: usize = 100_000;
+
+/// Payload bytes of the retained messages of one vhost.
+pub const MQTT_RETAINED_BYTES_MAX: usize = 256 * 1024 * 1024;
+
 /// The longest client id: a session's queue name
 /// (`mqtt-subscription-<id>qos1`) must fit AMQP's 255-byte short string.
 pub const MQTT_CLIENT_ID_BYTES_MAX: usize = 255 - "mqtt-subscription-".len() - "qos1".len();

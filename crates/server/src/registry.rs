@@ -1,4 +1,4 @@
-//! The live AMQP connections, for the management API: who is connected,
+//! The live AMQP and MQTT connections, for the management API: who is connected,
 //! from where, to which vhost, with which channels, and a handle to close
 //! a connection from outside (`DELETE /api/connections/{name}`).
 //!
@@ -34,6 +34,10 @@ pub struct ConnInfo {
     pub heartbeat_s: u64,
     /// The client's `client_properties`, as JSON.
     pub client_properties: serde_json::Value,
+    /// `AMQP 0-9-1`, `MQTT 3.1.1` or `MQTT 5.0`, as RabbitMQ names them.
+    pub protocol: &'static str,
+    /// Over TLS.
+    pub ssl: bool,
     /// Open channels by number.
     pub channels: Mutex<BTreeMap<u16, Arc<Channel>>>,
     /// Set by [`ConnInfo::close`]: the reason given to the client.
@@ -70,10 +74,19 @@ impl ConnInfo {
             channel_max,
             heartbeat_s,
             client_properties,
+            protocol: "AMQP 0-9-1",
+            ssl: false,
             channels: Mutex::new(BTreeMap::new()),
             close_reason: Mutex::new(None),
             close_requested: Notify::new(),
         }
+    }
+
+    /// The same, for a connection of another protocol than AMQP.
+    pub fn with_protocol(mut self, protocol: &'static str, ssl: bool) -> Self {
+        self.protocol = protocol;
+        self.ssl = ssl;
+        self
     }
 
     /// Asks the connection to close with 320 CONNECTION_FORCED and `reason`.

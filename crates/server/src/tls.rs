@@ -28,7 +28,7 @@ use crate::config;
 /// What went wrong setting TLS up, naming the file.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("tls.{key} is required when net.amqps_listen or net.https_listen is set (flag --tls-{flag})")]
+    #[error("tls.{key} is required when net.amqps_listen, net.https_listen or net.mqtts_listen is set (flag --tls-{flag})")]
     Missing {
         key: &'static str,
         flag: &'static str,

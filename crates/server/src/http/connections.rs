@@ -23,7 +23,7 @@ fn connection_json(c: &ConnInfo) -> Value {
         "name": c.name,
         "node": super::overview::node_name(),
         "type": "network",
-        "protocol": "AMQP 0-9-1",
+        "protocol": c.protocol,
         "state": "running",
         "user": c.user,
         "vhost": c.vhost,
@@ -38,7 +38,7 @@ fn connection_json(c: &ConnInfo) -> Value {
         "connected_at": c.connected_at_ms,
         "client_properties": c.client_properties,
         "auth_mechanism": "PLAIN",
-        "ssl": false,
+        "ssl": c.ssl,
     })
 }
 

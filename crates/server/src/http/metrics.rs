@@ -212,7 +212,7 @@ fn common(st: &HttpState, out: &mut Out, totals: &Totals) {
     out.one(
         "rabbitmq_connections",
         "gauge",
-        "Open AMQP connections.",
+        "Open connections (AMQP and MQTT).",
         connections,
     );
     out.one("rabbitmq_channels", "gauge", "Open channels.", channels);

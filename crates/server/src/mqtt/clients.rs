@@ -31,10 +31,26 @@ struct Holder {
 #[derive(Default)]
 pub struct Clients {
     held: Mutex<HashMap<(String, String), Holder>>,
-    /// QoS 2 packet ids received and not yet released (PUBREL) by kept
-    /// sessions whose client is not connected: exactly once across a
-    /// reconnect (in memory: a restart forgets them, docs/MQTT.md).
-    awaiting_release: Mutex<HashMap<(String, String), HashSet<u16>>>,
+    /// The QoS 2 state of kept sessions whose client is not connected:
+    /// exactly once across a reconnect (in memory: a restart forgets it,
+    /// docs/MQTT.md).
+    kept_qos2: Mutex<HashMap<(String, String), Qos2State>>,
+}
+
+/// A session's QoS 2 packet ids in the middle of their exchange.
+#[derive(Default)]
+pub struct Qos2State {
+    /// Received from the client, routed, PUBRECed, awaiting its PUBREL.
+    pub awaiting_release: HashSet<u16>,
+    /// Delivered to the client and PUBRECed by it, PUBRELed, awaiting
+    /// its PUBCOMP.
+    pub awaiting_comp: HashSet<u16>,
+}
+
+impl Qos2State {
+    pub fn is_empty(&self) -> bool {
+        self.awaiting_release.is_empty() && self.awaiting_comp.is_empty()
+    }
 }
 
 /// A connection's hold on its client id; [`Clients::release`] gives it up.
@@ -105,23 +121,20 @@ impl Clients {
         hold.released.notify_one();
     }
 
-    /// The QoS 2 packet ids a kept session of `client_id` awaits PUBREL
-    /// for (empty for a new or clean session).
-    pub fn take_awaiting_release(&self, vhost: &str, client_id: &str) -> HashSet<u16> {
+    /// The QoS 2 state of a kept session of `client_id` (empty for a
+    /// new or clean session).
+    pub fn take_qos2(&self, vhost: &str, client_id: &str) -> Qos2State {
         let key = (vhost.to_owned(), client_id.to_owned());
-        self.awaiting_release
-            .lock()
-            .remove(&key)
-            .unwrap_or_default()
+        self.kept_qos2.lock().remove(&key).unwrap_or_default()
     }
 
-    /// Keeps a session's QoS 2 packet ids for its next connection.
-    pub fn keep_awaiting_release(&self, vhost: &str, client_id: &str, ids: HashSet<u16>) {
-        if ids.is_empty() {
+    /// Keeps a session's QoS 2 state for its next connection.
+    pub fn keep_qos2(&self, vhost: &str, client_id: &str, state: Qos2State) {
+        if state.is_empty() {
             return;
         }
         let key = (vhost.to_owned(), client_id.to_owned());
-        self.awaiting_release.lock().insert(key, ids);
+        self.kept_qos2.lock().insert(key, state);
     }
 
     /// Whether a connection holds `client_id` in `vhost` now.

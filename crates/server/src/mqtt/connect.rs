@@ -16,8 +16,7 @@ use bytes::BytesMut;
 use mqtt5_protocol::packet::connack::ConnAckPacket;
 use mqtt5_protocol::packet::connect::ConnectPacket;
 use mqtt5_protocol::{Packet, ReasonCode};
-use tokio::io::AsyncReadExt;
-use tokio::net::tcp::OwnedReadHalf;
+use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::codec;
 use super::session::Lifetime;
@@ -34,7 +33,7 @@ pub enum Refused {
 
 /// Reads the first packet, which must be a CONNECT.
 pub async fn read_connect(
-    rd: &mut OwnedReadHalf,
+    rd: &mut (impl AsyncRead + Unpin),
     rbuf: &mut BytesMut,
     timeout: Duration,
 ) -> Result<Box<ConnectPacket>, Refused> {
@@ -78,9 +77,9 @@ pub fn connack_refusal(version: u8, reason: ReasonCode, out: &mut BytesMut) {
 }
 
 /// What berth refuses in a CONNECT before the login: the protocol
-/// version, an authentication method (v5 enhanced auth), a retained or
-/// unroutable will, a client id too long for a queue name or empty on a
-/// 3.1.1 persistent session.
+/// version, an authentication method (v5 enhanced auth), a will whose
+/// topic is not a topic name, a client id too long for a queue name or
+/// empty on a 3.1.1 persistent session.
 pub fn check(c: &ConnectPacket) -> Result<(), Refused> {
     let refuse = |code, why: &str| Err(Refused::Connack(code, why.to_owned()));
     if c.protocol_version != 4 && c.protocol_version != 5 {
@@ -108,12 +107,6 @@ pub fn check(c: &ConnectPacket) -> Result<(), Refused> {
         );
     }
     if let Some(w) = &c.will {
-        if w.retain {
-            return refuse(
-                ReasonCode::RetainNotSupported,
-                "retained wills are not supported",
-            );
-        }
         if topic::routing_key(&w.topic).is_err() {
             return refuse(
                 ReasonCode::TopicNameInvalid,
@@ -157,11 +150,12 @@ pub fn connack_accepted(
         return ConnAckPacket::new_v311(session_present, ReasonCode::Success);
     }
     let mut ack = ConnAckPacket::new(session_present, ReasonCode::Success)
-        .with_retain_available(false)
+        .with_retain_available(true)
         .with_shared_subscription_available(false)
         .with_subscription_identifier_available(false)
         .with_wildcard_subscription_available(true)
         .with_receive_maximum(limits::MQTT_PUBLISHES_UNACKED_MAX)
+        .with_topic_alias_maximum(limits::MQTT_TOPIC_ALIASES_MAX)
         .with_maximum_packet_size(u32::try_from(packet_bytes_max).unwrap_or(u32::MAX));
     if let Some(id) = assigned_client_id {
         ack = ack.with_assigned_client_id(id);

@@ -24,18 +24,18 @@ use mqtt5_protocol::packet::connect::ConnectPacket;
 use mqtt5_protocol::packet::disconnect::DisconnectPacket;
 use mqtt5_protocol::ReasonCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
 use berth_broker::channel::{Channel, Session as BrokerSession};
 
-use super::clients::{Clients, Hold};
+use super::clients::{Clients, Hold, Qos2State};
 use super::codec::{self, CodecError};
 use super::connect::{self, Refused};
 use super::outlet::MqttOut;
 use super::publish::{Acks, Stored};
+use super::retained::Stores;
 use super::session::Session;
+use super::stream::{Link, Reader, Writer};
 use super::will::Will;
 use crate::limits;
 use crate::state::Shared;
@@ -57,7 +57,7 @@ pub(super) struct Conn {
     pub(super) version: u8,
     pub(super) client_id: String,
     pub(super) user: String,
-    rd: OwnedReadHalf,
+    rd: Reader,
     rbuf: BytesMut,
     pub(super) out: Arc<MqttOut>,
     pub(super) session: Session,
@@ -69,25 +69,28 @@ pub(super) struct Conn {
     /// This client published: the resource alarms stop reading it.
     pub(super) has_published: bool,
     will: Option<Will>,
-    clients: Arc<Clients>,
+    pub(super) clients: Arc<Clients>,
+    /// The vhosts' retained messages.
+    pub(super) retained: Arc<Stores>,
     /// QoS 2 packet ids routed and not yet released by the client's
     /// PUBREL: a PUBLISH again with one of them is not routed again.
     pub(super) awaiting_release: std::collections::HashSet<u16>,
+    /// This connection in the management API's list (and how it is asked
+    /// to close from there).
+    listed: Arc<crate::registry::ConnInfo>,
+    /// The client's 5.0 topic aliases (at most `MQTT_TOPIC_ALIASES_MAX`).
+    pub(super) topic_aliases: std::collections::HashMap<u16, String>,
 }
 
-/// Serves one accepted TCP connection until it ends.
+/// Serves one accepted connection until it ends.
 pub async fn serve(
-    stream: TcpStream,
-    peer: SocketAddr,
-    id: u64,
+    (mut rd, mut wr): (Reader, Writer),
+    link: Link,
     shared: Arc<Shared>,
-    clients: Arc<Clients>,
+    (clients, retained): (Arc<Clients>, Arc<Stores>),
     shutdown: watch::Receiver<bool>,
 ) {
-    if let Err(e) = stream.set_nodelay(true) {
-        tracing::debug!(%peer, error = %e, "could not set TCP_NODELAY");
-    }
-    let (mut rd, mut wr) = stream.into_split();
+    let (peer, id) = (link.peer, link.id);
     let mut rbuf = BytesMut::with_capacity(4096);
     let timeout = Duration::from_millis(shared.config.net.handshake_timeout_ms);
     let connect = match connect::read_connect(&mut rd, &mut rbuf, timeout).await {
@@ -103,6 +106,7 @@ pub async fn serve(
         connect.username.as_deref(),
         connect.password.as_deref(),
         peer,
+        link.cert_name.as_deref(),
     )
     .await
     {
@@ -140,8 +144,8 @@ pub async fn serve(
         &connect,
         login,
         (client_id.clone(), assigned),
-        (id, peer),
-        (&out, &clients),
+        &link,
+        (&out, &clients, &retained),
         (rd, rbuf),
     );
     let end = match started {
@@ -168,7 +172,7 @@ pub async fn serve(
 }
 
 /// Answers a refused CONNECT (a CONNACK if it deserves one) and closes.
-async fn refuse(wr: &mut OwnedWriteHalf, version: u8, peer: SocketAddr, refused: Refused) {
+async fn refuse(wr: &mut Writer, version: u8, peer: SocketAddr, refused: Refused) {
     match refused {
         Refused::Close(why) => tracing::info!(%peer, "MQTT connection closed: {why}"),
         Refused::Connack(code, why) => {
@@ -189,10 +193,11 @@ fn start(
     connect: &ConnectPacket,
     login: super::login::Login,
     (client_id, assigned): (String, Option<String>),
-    (id, peer): (u64, SocketAddr),
-    (out, clients): (&Arc<MqttOut>, &Arc<Clients>),
-    (rd, rbuf): (OwnedReadHalf, BytesMut),
+    link: &Link,
+    (out, clients, retained): (&Arc<MqttOut>, &Arc<Clients>, &Arc<Stores>),
+    (rd, rbuf): (Reader, BytesMut),
 ) -> Result<Conn, (Option<ReasonCode>, String)> {
+    let (id, peer) = (link.id, link.peer);
     let now = shared.broker.now();
     let version = connect.protocol_version;
     let broker_session = Arc::new(BrokerSession {
@@ -228,17 +233,23 @@ fn start(
         };
         (Some(code), format!("session: {}", e.reply_text()))
     };
-    let kept_release = clients.take_awaiting_release(&login.vhost.name, &client_id);
-    let (session_present, awaiting_release) = if connect.clean_start {
+    let kept_qos2 = clients.take_qos2(&login.vhost.name, &client_id);
+    let (session_present, qos2) = if connect.clean_start {
         session.discard_kept().map_err(fail)?;
-        (false, std::collections::HashSet::new())
+        (false, Qos2State::default())
     } else {
         // A session is kept in its queues (subscriptions) and in the
-        // QoS 2 ids it has not seen released.
-        (session.was_kept() || !kept_release.is_empty(), kept_release)
+        // QoS 2 ids in the middle of their exchange.
+        (session.was_kept() || !kept_qos2.is_empty(), kept_qos2)
     };
     let will = match &connect.will {
-        Some(w) => Some(Will::new(w, &session, &login.user, version).map_err(fail)?),
+        Some(w) => {
+            let store = match w.retain {
+                true => Some(retained.get(&login.vhost, &login.user, now).map_err(fail)?),
+                false => None,
+            };
+            Some(Will::new(w, &session, &login.user, version, store).map_err(fail)?)
+        }
         None => None,
     };
     let packet_bytes_max = usize::try_from(shared.config.limits.message_size_bytes_max)
@@ -253,6 +264,8 @@ fn start(
     // Only after the CONNACK: a kept session's messages are delivered as
     // soon as its queues are consumed.
     if session_present {
+        // PUBRELs first: they answer PUBRECs the client sent before.
+        out.resume_awaiting_comp(qos2.awaiting_comp);
         if let Err(e) = session.resume(now) {
             tracing::warn!(%peer, client_id = %client_id, "MQTT session not resumed: {}", e.reply_text());
             let bye = DisconnectPacket::new(ReasonCode::UnspecifiedError);
@@ -265,6 +278,7 @@ fn start(
             return Err((None, "session not resumed".into()));
         }
     }
+    let listed = super::listed::register(shared, link, &session, connect);
     let (tx, stored_rx) = mpsc::unbounded_channel();
     tracing::debug!(%peer, client_id = %client_id, user = %login.user, vhost = %login.vhost.name, version, session_present, "MQTT client connected");
     Ok(Conn {
@@ -286,7 +300,10 @@ fn start(
         has_published: false,
         will,
         clients: Arc::clone(clients),
-        awaiting_release,
+        retained: Arc::clone(retained),
+        awaiting_release: qos2.awaiting_release,
+        listed,
+        topic_aliases: std::collections::HashMap::new(),
     })
 }
 
@@ -354,6 +371,10 @@ impl Conn {
                         return end;
                     }
                 }
+                () = self.listed.close_requested.notified() => {
+                    let why = self.listed.close_reason().unwrap_or_default();
+                    return End::Refuse(ReasonCode::AdministrativeAction, format!("closed through the management API: {why}"));
+                }
                 () = hold.taken_over.notified() => {
                     return End::Refuse(ReasonCode::SessionTakenOver, "another connection took the client id".into());
                 }
@@ -414,18 +435,19 @@ impl Conn {
             }
         }
         if self.session.lifetime != super::session::Lifetime::Connection {
-            self.clients.keep_awaiting_release(
-                &self.session.vhost.name,
-                &self.client_id,
-                std::mem::take(&mut self.awaiting_release),
-            );
+            let state = Qos2State {
+                awaiting_release: std::mem::take(&mut self.awaiting_release),
+                awaiting_comp: self.out.take_awaiting_comp(),
+            };
+            (self.clients).keep_qos2(&self.session.vhost.name, &self.client_id, state);
         }
         self.session.end(self.shared.broker.now());
+        self.shared.registry.remove(self.listed.id);
     }
 }
 
 /// Writes what the connection and its queues buffer until closed.
-async fn write_loop(mut wr: OwnedWriteHalf, out: Arc<MqttOut>) {
+async fn write_loop(mut wr: Writer, out: Arc<MqttOut>) {
     loop {
         match out.take() {
             None => break,

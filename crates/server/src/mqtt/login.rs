@@ -2,7 +2,11 @@
 //! plugin reads them: the user name is `vhost:user` (split at the first
 //! `:`) or a plain `user` in the default vhost (the first of
 //! `auth.vhosts`, `/` by default); the password is the user's AMQP
-//! password. Logins share the per-address budget of AMQP and HTTP
+//! password. On MQTTS, a client that sends no password and whose TLS
+//! client certificate was verified logs in as the user the certificate
+//! names (RabbitMQ's `mqtt.ssl_cert_login`, picked as for AMQP's
+//! `EXTERNAL`: `tls.cert_login_from`), in the vhost its user name names
+//! or the default one. Logins share the per-address budget of AMQP and HTTP
 //! (`crate::throttle`) and RabbitMQ's loopback rule (`crate::auth`).
 //!
 //! Invariants:
@@ -41,7 +45,11 @@ pub async fn login(
     user_name: Option<&str>,
     password: Option<&[u8]>,
     peer: SocketAddr,
+    cert_name: Option<&str>,
 ) -> Result<Login, ReasonCode> {
+    if let (None, Some(cert_user)) = (password, cert_name) {
+        return login_by_certificate(shared, user_name, cert_user, peer);
+    }
     let (Some(name), Some(password)) = (user_name, password) else {
         tracing::warn!(%peer, "MQTT login refused: no user name or password (anonymous MQTT logins are off)");
         return Err(ReasonCode::BadUsernameOrPassword);
@@ -66,6 +74,16 @@ pub async fn login(
         return Err(ReasonCode::BadUsernameOrPassword);
     }
     shared.logins.refund(peer.ip(), std::time::Instant::now());
+    into_vhost(shared, user, vhost_name, peer)
+}
+
+/// The vhost `vhost_name`, if `user` may use it.
+fn into_vhost(
+    shared: &Shared,
+    user: &str,
+    vhost_name: &str,
+    peer: SocketAddr,
+) -> Result<Login, ReasonCode> {
     let Some(vhost) = shared.broker.vhost(vhost_name) else {
         tracing::warn!(%peer, %user, vhost = %vhost_name, "MQTT login refused: no such vhost");
         return Err(ReasonCode::NotAuthorized);
@@ -78,6 +96,32 @@ pub async fn login(
         user: user.to_owned(),
         vhost,
     })
+}
+
+/// A login by TLS client certificate: `cert_user` must exist; a CONNECT
+/// user name may name the vhost (`vhost:...`), not another user.
+fn login_by_certificate(
+    shared: &Shared,
+    user_name: Option<&str>,
+    cert_user: &str,
+    peer: SocketAddr,
+) -> Result<Login, ReasonCode> {
+    let default_vhost = shared
+        .config
+        .auth
+        .vhosts
+        .first()
+        .map_or("/", String::as_str);
+    let (vhost_name, named) = split_user_name(user_name.unwrap_or(cert_user), default_vhost);
+    if !named.is_empty() && named != cert_user {
+        tracing::warn!(%peer, user = %named, certificate = %cert_user, "MQTT login refused: the user name is not the certificate's");
+        return Err(ReasonCode::BadUsernameOrPassword);
+    }
+    if let Err(why) = crate::auth::login_external(&shared.broker, &shared.config, cert_user, peer) {
+        tracing::warn!(%peer, user = %cert_user, "MQTT certificate login refused: {why}");
+        return Err(ReasonCode::BadUsernameOrPassword);
+    }
+    into_vhost(shared, cert_user, vhost_name, peer)
 }
 
 #[cfg(test)]

@@ -4,16 +4,21 @@
 //! the routing key, and a subscription is a queue bound to `amq.topic`,
 //! so AMQP and MQTT clients see each other's messages.
 //!
-//! Files, one idea each: [`accept`] (the listener's accept loop),
-//! [`codec`] (bytes to packets and back, sans-I/O, over the
-//! `mqtt5-protocol` crate), [`topic`] (topic names and filters to routing
-//! and binding keys), [`connect`] (a CONNECT up to its CONNACK),
-//! [`login`] (CONNECT to a user and vhost), [`session`] (the queues of a
-//! client's session), [`outlet`] (the broker's deliveries as PUBLISH
-//! packets), [`publish`] (a client's PUBLISH to a broker message and its
-//! PUBACK), [`will`] (will messages), [`clients`] (one connection per
-//! client id), [`connection`] (the task that serves one client) and
-//! `packets` (what each packet of a connected client does).
+//! Files, one idea each: [`accept`] (the accept loop of a plain, TLS or
+//! WebSocket listener), [`stream`] (what carries a connection), [`ws`]
+//! (the WebSocket upgrade and its pump), [`codec`] (bytes to packets and
+//! back, sans-I/O, over the `mqtt5-protocol` crate), [`topic`] (topic
+//! names and filters to routing and binding keys, and matching),
+//! [`connect`] (a CONNECT up to its CONNACK), [`login`] (CONNECT to a
+//! user and vhost, by password or client certificate), [`session`] (the
+//! queues of a client's session), [`outlet`] (the broker's deliveries as
+//! PUBLISH packets), [`publish`] (a client's PUBLISH to a broker message
+//! and its PUBACK), [`properties`] (5.0 properties ↔ AMQP), [`retained`]
+//! (the vhosts' retained messages), [`will`] (will messages),
+//! [`clients`] (one connection per client id, kept QoS 2 state),
+//! [`listed`] (the management API's entry), [`connection`] (the task
+//! that serves one client) and `packets` (what each packet of a
+//! connected client does).
 //!
 //! Invariants:
 //! - The MQTT side reaches the broker only through what an AMQP
@@ -33,13 +38,18 @@ pub mod codec;
 pub mod connect;
 pub mod connection;
 pub mod follower;
+pub mod listed;
 pub mod login;
 pub mod outlet;
 mod packets;
+pub mod properties;
 pub mod publish;
+pub mod retained;
 pub mod session;
+pub mod stream;
 pub mod topic;
 pub mod will;
+pub mod ws;
 
 /// The exchange MQTT publishes to and binds subscriptions on, as
 /// RabbitMQ's `mqtt.exchange` default.

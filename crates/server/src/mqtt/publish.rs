@@ -8,8 +8,7 @@
 //! as RabbitMQ's plugin builds it: routing key from the topic
 //! (`super::topic`), `delivery_mode = 2` for QoS 1 (so it is stored in a
 //! durable queue), headers `x-mqtt-publish-qos` and `x-mqtt-dup`; from a
-//! 5.0 PUBLISH also `content_type` and the message expiry as
-//! `expiration`.
+//! 5.0 PUBLISH also its properties (`super::properties`).
 //!
 //! Invariants:
 //! - A PUBACK is never sent before an earlier PUBLISH's PUBACK, nor
@@ -25,14 +24,38 @@ use berth_broker::durable::Done;
 use berth_broker::message::Message;
 use berth_broker::AmqpResult;
 use berth_protocol::codec::encode_properties;
-use berth_protocol::{AMQPProperties, AMQPValue, FieldTable, ShortString};
+use berth_protocol::{AMQPProperties, AMQPValue, FieldTable};
 use mqtt5_protocol::packet::publish::PublishPacket;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::outlet::HEADER_PUBLISH_QOS;
+use super::properties::{HEADER_PUBLISH_QOS, HEADER_RETAIN};
 
 /// The AMQP message of a PUBLISH whose topic maps to `routing_key`.
 pub fn message(p: &PublishPacket, routing_key: String, user: &str) -> AmqpResult<Arc<Message>> {
+    Message::published(
+        super::EXCHANGE.to_owned(),
+        routing_key,
+        encode_properties(&properties(p, &[])),
+        p.payload.clone(),
+        user,
+    )
+}
+
+/// The copy of a retained PUBLISH kept in the vhost's retained queue
+/// (`super::retained`): the same properties, with its topic in a header.
+pub fn retained_copy(p: &PublishPacket, user: &str) -> AmqpResult<Arc<Message>> {
+    let topic = AMQPValue::LongString(p.topic_name.as_str().into());
+    Message::published(
+        String::new(),
+        super::retained::QUEUE.to_owned(),
+        encode_properties(&properties(p, &[(super::retained::HEADER_TOPIC, topic)])),
+        p.payload.clone(),
+        user,
+    )
+}
+
+/// The AMQP properties of a PUBLISH, with `extra` headers.
+fn properties(p: &PublishPacket, extra: &[(&str, AMQPValue)]) -> AMQPProperties {
     let qos = p.qos as u8;
     let mut headers = FieldTable::default();
     headers.insert(
@@ -40,31 +63,17 @@ pub fn message(p: &PublishPacket, routing_key: String, user: &str) -> AmqpResult
         AMQPValue::ShortShortInt(i8::try_from(qos).unwrap_or(1)),
     );
     headers.insert("x-mqtt-dup".into(), AMQPValue::Boolean(p.dup));
-    let mut props = AMQPProperties::default()
-        .with_delivery_mode(if qos >= 1 { 2 } else { 1 })
-        .with_headers(headers);
-    if p.protocol_version == 5 {
-        if let Some(ct) = p
-            .properties
-            .get_content_type()
-            .and_then(|c| ShortString::try_new(c).ok())
-        {
-            props = props.with_content_type(ct);
-        }
-        if let Some(s) = p.properties.get_message_expiry_interval() {
-            let ms = u64::from(s) * 1000;
-            if let Ok(e) = ShortString::try_new(ms.to_string()) {
-                props = props.with_expiration(e);
-            }
-        }
+    if p.retain {
+        headers.insert(HEADER_RETAIN.into(), AMQPValue::Boolean(true));
     }
-    Message::published(
-        super::EXCHANGE.to_owned(),
-        routing_key,
-        encode_properties(&props),
-        p.payload.clone(),
-        user,
-    )
+    for (k, v) in extra {
+        headers.insert((*k).into(), v.clone());
+    }
+    let mut props = AMQPProperties::default().with_delivery_mode(if qos >= 1 { 2 } else { 1 });
+    if p.protocol_version == 5 {
+        props = super::properties::to_amqp(&p.properties, props, &mut headers);
+    }
+    props.with_headers(headers)
 }
 
 /// A journal write finished for the publish numbered `seq`.
@@ -93,6 +102,10 @@ pub enum Outcome {
     QuotaExceeded,
     /// A journal write failed (v5 0x80; 3.1.1 closes the connection).
     Failed(String),
+    /// A topic starting with `$`, which clients may not use to reach
+    /// each other (MQTT 5.0 §4.7.2): not routed (v5 0x90; 3.1.1 acks it,
+    /// as Mosquitto drops such a PUBLISH).
+    ServerTopic,
 }
 
 struct Owed {

@@ -1,7 +1,8 @@
 //! The queues of a client's session, named and bound as RabbitMQ's MQTT
 //! plugin does: `mqtt-subscription-<client id>qos0` for QoS 0
-//! subscriptions and `...qos1` for QoS 1 (and QoS 2, granted as 1),
-//! each bound to `amq.topic` once per topic filter. A persistent session
+//! subscriptions and `...qos1` for QoS 1, and (berth's own, RabbitMQ
+//! grants QoS 2 as 1) `...qos2` for QoS 2, each bound to `amq.topic` once
+//! per topic filter. A persistent session
 //! (3.1.1 `clean session = 0`, 5.0 session expiry > 0) has durable
 //! queues (with `x-expires` for a finite v5 expiry), so its subscriptions
 //! and QoS 1 messages outlive the connection and a restart; a clean
@@ -10,8 +11,8 @@
 //! Invariants:
 //! - Every declare, bind, unbind, consume and delete is authorised first
 //!   with `crate::permissions::authorise`, as for an AMQP client.
-//! - A topic filter is bound to at most one of the two queues: subscribing
-//!   again with another QoS moves it.
+//! - A topic filter is bound to at most one of the three queues:
+//!   subscribing again with another QoS moves it.
 //! - A non-persistent session leaves no queue behind when it ends.
 
 use std::sync::Arc;
@@ -23,15 +24,18 @@ use berth_broker::vhost::{QueueDeclare, VHost};
 use berth_broker::{AmqpError, AmqpResult};
 use berth_protocol::{AMQPValue, FieldTable};
 
-use super::outlet::{TAG_QOS0, TAG_QOS1};
+use super::outlet::TAGS;
 use super::EXCHANGE;
 use crate::permissions::{authorise, Action};
 use crate::state::Shared;
 
-/// The queue holding a session's subscriptions of `qos` (0 or 1).
+/// The queue holding a session's subscriptions of `qos` (0, 1 or 2).
 pub fn queue_name(client_id: &str, qos: u8) -> String {
     format!("mqtt-subscription-{client_id}qos{qos}")
 }
+
+/// The QoS levels, one queue each.
+const QOS: [u8; 3] = [0, 1, 2];
 
 /// How long a session lives without a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,8 +64,8 @@ pub struct Session {
     user: String,
     client_id: String,
     pub(super) lifetime: Lifetime,
-    /// Whether we consume from the QoS 0 / QoS 1 queue.
-    consuming: [bool; 2],
+    /// Whether we consume from the QoS 0 / 1 / 2 queue.
+    consuming: [bool; 3],
 }
 
 impl Session {
@@ -81,8 +85,12 @@ impl Session {
             user: user.to_owned(),
             client_id: client_id.to_owned(),
             lifetime,
-            consuming: [false; 2],
+            consuming: [false; 3],
         }
+    }
+
+    pub fn client_id(&self) -> &str {
+        &self.client_id
     }
 
     fn authorise(&self, action: Action<'_>) -> AmqpResult<()> {
@@ -91,7 +99,7 @@ impl Session {
 
     /// Whether a session of this client id was kept (either queue exists).
     pub fn was_kept(&self) -> bool {
-        (0..=1).any(|q| {
+        QOS.into_iter().any(|q| {
             self.vhost
                 .find_queue(&queue_name(&self.client_id, q))
                 .is_some()
@@ -100,7 +108,7 @@ impl Session {
 
     /// Ends a kept session: its queues are deleted (clean start).
     pub fn discard_kept(&self) -> AmqpResult<()> {
-        for qos in 0..=1 {
+        for qos in QOS {
             let name = queue_name(&self.client_id, qos);
             if self.vhost.find_queue(&name).is_none() {
                 continue;
@@ -115,7 +123,7 @@ impl Session {
     /// Consumes from the kept session's queues: its subscriptions are
     /// still bound, and its QoS 1 messages wait there.
     pub fn resume(&mut self, now: Instant) -> AmqpResult<()> {
-        for qos in 0..=1 {
+        for qos in QOS {
             if self
                 .vhost
                 .find_queue(&queue_name(&self.client_id, qos))
@@ -135,12 +143,8 @@ impl Session {
         let name = queue_name(&self.client_id, qos);
         self.authorise(Action::On(Resource::Queue(&name), Perm::Read))?;
         let q = self.vhost.queue(self.connection_id, &name)?;
-        let (tag, no_ack) = if qos == 0 {
-            (TAG_QOS0, true)
-        } else {
-            (TAG_QOS1, false)
-        };
-        self.ch.consume(q, tag, no_ack, false, now, |_| {})?;
+        let no_ack = qos == 0;
+        self.ch.consume(q, TAGS[i], no_ack, false, now, |_| {})?;
         self.consuming[i] = true;
         Ok(())
     }
@@ -181,10 +185,19 @@ impl Session {
         Ok(name)
     }
 
-    /// Subscribes `binding_key` at `qos` (0 or 1): its queue bound to
-    /// `amq.topic` and consumed, and the key unbound from the other queue.
+    /// Whether `binding_key` is subscribed at any QoS.
+    pub fn is_subscribed(&self, binding_key: &str) -> bool {
+        QOS.into_iter().any(|qos| {
+            self.vhost
+                .find_queue(&queue_name(&self.client_id, qos))
+                .is_some_and(|q| q.is_bound_from(EXCHANGE, binding_key))
+        })
+    }
+
+    /// Subscribes `binding_key` at `qos` (0, 1 or 2): its queue bound to
+    /// `amq.topic` and consumed, and the key unbound from the others.
     pub fn subscribe(&mut self, binding_key: &str, qos: u8, now: Instant) -> AmqpResult<()> {
-        debug_assert!(qos <= 1, "QoS 2 subscriptions are granted as 1");
+        debug_assert!(qos <= 2, "a QoS is 0, 1 or 2");
         let name = self.declare(qos, now)?;
         self.authorise(Action::Bind {
             destination: Resource::Queue(&name),
@@ -195,14 +208,16 @@ impl Session {
         self.vhost
             .bind_queue(self.connection_id, &name, EXCHANGE, binding_key, &none)?;
         self.consume(qos, now)?;
-        self.unbind(1 - qos, binding_key)?;
+        for other in QOS.into_iter().filter(|q| *q != qos) {
+            self.unbind(other, binding_key)?;
+        }
         Ok(())
     }
 
     /// Unbinds `binding_key` from both queues; whether it was bound.
     pub fn unsubscribe(&mut self, binding_key: &str) -> AmqpResult<bool> {
         let mut was = false;
-        for qos in 0..=1 {
+        for qos in QOS {
             was |= self.unbind(qos, binding_key)?;
         }
         Ok(was)

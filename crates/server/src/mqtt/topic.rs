@@ -84,9 +84,42 @@ pub fn topic_name(routing_key: &str) -> String {
     swap_separators(routing_key)
 }
 
+/// Whether topic name `name` matches topic `filter` (MQTT 3.1.1 §4.7,
+/// 5.0 §4.7.2: a wildcard at the first level does not match a name
+/// starting with `$`). `filter` is one [`binding_key`] accepts.
+pub fn matches(filter: &str, name: &str) -> bool {
+    if name.starts_with('$') && (filter.starts_with('+') || filter.starts_with('#')) {
+        return false;
+    }
+    let mut names = name.split('/');
+    for level in filter.split('/') {
+        match (level, names.next()) {
+            ("#", _) => return true,
+            ("+", Some(_)) => {}
+            (l, Some(n)) if l == n => {}
+            _ => return false,
+        }
+    }
+    names.next().is_none()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn filters_match_names_as_mqtt_says() {
+        assert!(matches("a/+/c", "a/b/c"));
+        assert!(matches("a/#", "a"), "'#' matches the parent level too");
+        assert!(matches("a/#", "a/b/c"));
+        assert!(matches("#", "a/b"));
+        assert!(matches("+/+", "/b"), "an empty level is a level");
+        assert!(!matches("a/+", "a/b/c"));
+        assert!(!matches("a/b", "a"));
+        assert!(!matches("#", "$SYS/x"), "wildcards skip $ topics");
+        assert!(!matches("+/x", "$SYS/x"));
+        assert!(matches("$SYS/#", "$SYS/x"));
+    }
 
     #[test]
     fn separators_and_wildcards_map_as_rabbitmq_does() {

@@ -19,20 +19,30 @@ use mqtt5_protocol::packet::publish::PublishPacket;
 use mqtt5_protocol::types::WillMessage;
 
 use super::clients::Clients;
-use super::session::Session;
+use super::retained::Store;
+use super::session::{Lifetime, Session};
 use super::{publish, topic, EXCHANGE};
 use crate::permissions::{authorise, Action};
 
 /// A will, ready to publish.
 pub struct Will {
     msg: Arc<Message>,
+    /// A retained will: its copy and the vhost's retained store.
+    retained: Option<(Arc<Message>, Arc<Store>)>,
+    topic: String,
     delay: Option<Duration>,
 }
 
 impl Will {
     /// Checks the CONNECT's will: its topic maps and the user may publish
     /// to it.
-    pub fn new(w: &WillMessage, session: &Session, user: &str, version: u8) -> AmqpResult<Self> {
+    pub fn new(
+        w: &WillMessage,
+        session: &Session,
+        user: &str,
+        version: u8,
+        store: Option<Arc<Store>>,
+    ) -> AmqpResult<Self> {
         let key = topic::routing_key(&w.topic).map_err(|e| {
             berth_broker::AmqpError::precondition_failed(format!("will topic: {e}"))
         })?;
@@ -50,31 +60,42 @@ impl Will {
         } else {
             PublishPacket::new_v311(w.topic.clone(), w.payload.clone(), w.qos)
         };
-        if let Some(ct) = &w.properties.content_type {
-            p.properties.set_content_type(ct.clone());
-        }
-        if let Some(s) = w.properties.message_expiry_interval {
-            p.properties.set_message_expiry_interval(s);
-        }
+        // Its 5.0 properties, as a PUBLISH would carry them (will delay
+        // is the will's own, not the message's).
+        w.properties.apply_to_publish_properties(&mut p.properties);
+        p.retain = w.retain;
         let msg = publish::message(&p, key, user)?;
+        let retained = match store {
+            Some(store) if w.retain => Some((publish::retained_copy(&p, user)?, store)),
+            _ => None,
+        };
         let delay = w
             .properties
             .will_delay_interval
             .filter(|s| *s > 0)
             .map(|s| Duration::from_secs(u64::from(s)));
-        Ok(Self { msg, delay })
+        Ok(Self {
+            msg,
+            retained,
+            topic: w.topic.clone(),
+            delay,
+        })
     }
 
     /// Publishes the will now, or after its delay unless `client_id`
     /// connected again by then.
     pub fn publish(self, session: &Session, clients: &Arc<Clients>, client_id: &str) {
         let ch = Arc::clone(&session.ch);
-        // A session that ends with its connection ends the will delay too.
-        let delay = self
-            .delay
-            .filter(|_| session.lifetime != super::session::Lifetime::Connection);
+        // The will is sent when its delay ends or its session does,
+        // whichever comes first (MQTT 5.0 §3.1.3.2.2): a session that
+        // ends with its connection sends it at once.
+        let delay = match session.lifetime {
+            Lifetime::Connection => None,
+            Lifetime::ExpiresMs(ms) => self.delay.map(|d| d.min(Duration::from_millis(ms))),
+            Lifetime::Forever => self.delay,
+        };
         let Some(delay) = delay else {
-            route(&ch, &self.msg, session.shared.broker.now());
+            route(&ch, &self, session.shared.broker.now());
             return;
         };
         let clients = Arc::clone(clients);
@@ -83,13 +104,13 @@ impl Will {
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             if !clients.is_held(&vhost, &client_id) {
-                route(&ch, &self.msg, broker.now());
+                route(&ch, &self, broker.now());
             }
         });
     }
 }
 
-fn route(ch: &berth_broker::channel::Channel, msg: &Arc<Message>, now: Instant) {
+fn route(ch: &berth_broker::channel::Channel, will: &Will, now: Instant) {
     let mut done = || -> berth_broker::durable::Done {
         Box::new(|r| {
             if let Err(e) = r {
@@ -97,7 +118,16 @@ fn route(ch: &berth_broker::channel::Channel, msg: &Arc<Message>, now: Instant) 
             }
         })
     };
-    if let Err(e) = ch.publish(EXCHANGE, Arc::clone(msg), false, now, &mut done) {
+    if let Err(e) = ch.publish(EXCHANGE, Arc::clone(&will.msg), false, now, &mut done) {
         tracing::warn!(error = %e.reply_text(), "an MQTT will was not published");
+    }
+    if let Some((copy, store)) = &will.retained {
+        if !store.has_room(&will.topic, copy.body.len()) {
+            tracing::warn!(
+                "a retained MQTT will was not retained: the retained messages are at their limit"
+            );
+        } else if let Err(e) = store.retain(Arc::clone(copy), now, &mut done) {
+            tracing::warn!(error = %e.reply_text(), "an MQTT will was not retained");
+        }
     }
 }

@@ -98,6 +98,29 @@ pub(super) static NET: &[Setting] = &[
             .check(|a| listen_addresses(a, "0.0.0.0:5552")),
     },
     Setting {
+        key: "net.mqtts_listen",
+        flag: "mqtts-listen",
+        value_name: "ADDR:PORT",
+        default_note: "off",
+        doc: "MQTT over TLS (1.2 and 1.3) listen addresses, 8883 by convention, with the \
+              `[tls]` certificate, key and client-certificate settings (shared with AMQPS); a \
+              client that sends no password logs in as its verified certificate's user. The \
+              ready line then also says `mqtts=ADDR`. See [MQTT.md](MQTT.md).",
+        slot: &list(field!(net.mqtts_listen), Vec::new)
+            .check(|a| listen_addresses(a, "0.0.0.0:8883")),
+    },
+    Setting {
+        key: "net.mqtt_ws_listen",
+        flag: "mqtt-ws-listen",
+        value_name: "ADDR:PORT",
+        default_note: "off",
+        doc: "MQTT over WebSocket listen addresses for browsers, as RabbitMQ's Web MQTT: the \
+              path `/ws`, subprotocol `mqtt`; 15675 by RabbitMQ's convention. The ready line \
+              then also says `mqtt-ws=ADDR`. See [MQTT.md](MQTT.md).",
+        slot: &list(field!(net.mqtt_ws_listen), Vec::new)
+            .check(|a| listen_addresses(a, "0.0.0.0:15675")),
+    },
+    Setting {
         key: "net.heartbeat_s",
         flag: "heartbeat-s",
         value_name: "SECONDS",
