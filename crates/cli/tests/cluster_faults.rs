@@ -1109,6 +1109,7 @@ fn with_cluster_tls_members_need_a_certificate_the_ca_signed() {
     // Each member serves AMQPS and HTTPS too (with the same certificate).
     let amqps: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let https: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let mqtts: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let cluster = Cluster::start_with(&root, |i| {
         let (cert, key) = if i < 2 {
             ("member.pem", "member.key")
@@ -1129,6 +1130,8 @@ fn with_cluster_tls_members_need_a_certificate_the_ca_signed() {
             &format!("127.0.0.1:{}", amqps[i]),
             "--https-listen",
             &format!("127.0.0.1:{}", https[i]),
+            "--mqtts-listen",
+            &format!("127.0.0.1:{}", mqtts[i]),
         ]
         .map(str::to_owned)
         .to_vec()
@@ -1191,6 +1194,27 @@ fn with_cluster_tls_members_need_a_certificate_the_ca_signed() {
         https_answer.ends_with("503") && https_answer.contains(leader_name.as_str()),
         "a follower's HTTPS port answers 503 naming the leader: {https_answer:?}"
     );
+    // Its MQTTS port too (bound and never accepted before): CONNACK
+    // "server unavailable" after the TLS handshake.
+    assert_eq!(
+        mqtts_connack(mqtts[other]),
+        "20020003",
+        "a follower's CONNACK over TLS"
+    );
+}
+
+/// The first 4 bytes (hex) a member answers an MQTT 3.1.1 CONNECT with
+/// over TLS.
+fn mqtts_connack(port: u16) -> String {
+    let script = format!(
+        "(printf '\\020\\015\\000\\004MQTT\\004\\002\\000\\074\\000\\001c'; sleep 2) \
+         | timeout 10 openssl s_client -quiet -connect 127.0.0.1:{port} 2>/dev/null | head -c 4 | od -An -tx1 | tr -d ' \\n'"
+    );
+    let out = Command::new("bash")
+        .args(["-c", &script])
+        .output()
+        .expect("run openssl s_client");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The first 4 bytes a member answers an MQTT 3.1.1 CONNECT with (empty

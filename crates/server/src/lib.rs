@@ -345,9 +345,20 @@ async fn start_member(
             tls,
         )));
     }
-    for l in &listeners.mqtt.listeners {
+    let ws = mqtt::ws::Bounds {
+        message_bytes_max: usize::try_from(config.limits.message_size_bytes_max)
+            .unwrap_or(usize::MAX),
+        timeout: handshake,
+    };
+    let mqtt_plain = (listeners.mqtt.listeners.iter()).map(|l| (l, mqtt::follower::Over::Plain));
+    let mqtt_ws =
+        (listeners.mqtt_ws.listeners.iter()).map(|l| (l, mqtt::follower::Over::WebSocket(ws)));
+    let mqtts = (listeners.mqtts.listeners.iter())
+        .filter_map(|l| Some((l, mqtt::follower::Over::Tls(secure.clone()?))));
+    for (l, over) in mqtt_plain.chain(mqtt_ws).chain(mqtts) {
         follower.push(tokio::spawn(mqtt::follower::turn_away(
             twin(l)?,
+            over,
             Arc::clone(&view),
             handshake,
         )));

@@ -72,9 +72,32 @@ pub async fn upgrade(
     peer: SocketAddr,
     shared: &Shared,
 ) -> Option<(Reader, Writer)> {
-    let max = usize::try_from(shared.config.limits.message_size_bytes_max)
-        .unwrap_or(usize::MAX)
+    let bounds = Bounds {
+        message_bytes_max: usize::try_from(shared.config.limits.message_size_bytes_max)
+            .unwrap_or(usize::MAX),
+        timeout: Duration::from_millis(shared.config.net.handshake_timeout_ms),
+    };
+    upgrade_within(stream, peer, bounds).await
+}
+
+/// What bounds an upgrade: the largest message it may carry, and the
+/// time it may take.
+#[derive(Clone, Copy)]
+pub struct Bounds {
+    pub message_bytes_max: usize,
+    pub timeout: Duration,
+}
+
+/// [`upgrade`] without the broker (a cluster follower has none).
+pub async fn upgrade_within(
+    stream: TcpStream,
+    peer: SocketAddr,
+    bounds: Bounds,
+) -> Option<(Reader, Writer)> {
+    let max = bounds
+        .message_bytes_max
         .saturating_add(limits::MQTT_PACKET_HEADERS_BYTES_MAX);
+    let timeout = bounds.timeout;
     let config = WebSocketConfig::default()
         .max_message_size(Some(max))
         .max_frame_size(Some(max));
@@ -105,7 +128,6 @@ pub async fn upgrade(
         }
         Ok(resp)
     };
-    let timeout = Duration::from_millis(shared.config.net.handshake_timeout_ms);
     let upgrading = tokio_tungstenite::accept_hdr_async_with_config(stream, check, Some(config));
     let ws = match tokio::time::timeout(timeout, upgrading).await {
         Ok(Ok(ws)) => ws,
