@@ -29,6 +29,7 @@ mod log_noise;
 mod log_reader;
 pub mod log_segments;
 pub mod log_store;
+mod meeting;
 mod node;
 mod probation;
 mod report;
