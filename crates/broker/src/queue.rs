@@ -487,6 +487,10 @@ impl Queue {
             .load(&mut s.ready, e, &self.queue_ref(), &self.env.dur, now)
         {
             Loaded::Ready(mut m) => {
+                if self.over_limit(m.returns) {
+                    self.drop_message(m, Some(DeathReason::DeliveryLimit), fx);
+                    return None;
+                }
                 if self.args().delayed_retry.min_ms.is_some() || self.is_quorum() {
                     m.msg = retry::with_count(m.msg, m.returns);
                 }
@@ -613,7 +617,7 @@ impl Queue {
                 let idx = (s.next_consumer + i) % n;
                 let c = Arc::clone(&s.consumers[idx]);
                 let candidate = m.take().expect("message present until delivered");
-                let stored = candidate.stored;
+                let (stored, returns) = (candidate.stored, candidate.returns);
                 match c.channel.try_deliver(&c, self, candidate, now) {
                     Ok(()) => {
                         s.next_consumer = (idx + 1) % n;
@@ -624,6 +628,7 @@ impl Queue {
                             fx.removed.extend(stored);
                         } else {
                             s.unacked += 1;
+                            self.mark_delivery(s, stored, returns, fx);
                         }
                         break;
                     }
@@ -672,6 +677,7 @@ impl Queue {
                 fx.removed.extend(m.stored);
             } else {
                 s.unacked += 1;
+                q.mark_delivery(s, m.stored, m.returns, fx);
             }
             q.counters.add_delivered();
             Some((m, s.ready.len))

@@ -260,3 +260,49 @@ fn delivery_counts_and_the_limit_survive_a_restart() {
         "a third return is over the limit of 2"
     );
 }
+
+/// A delivery still out when its member died never came back as a
+/// return, so it was not counted: a message whose consumer takes the
+/// leader down with it (a poison message) got a fresh quota at every
+/// failover and looped forever. Each restart here stands for one.
+#[test]
+fn a_delivery_lost_with_its_member_counts_against_the_limit() {
+    let journal = Arc::new(MemoryJournal::default());
+    let t0 = Instant::now();
+    {
+        let broker = Broker::with_journal(["/"], journal.clone(), 1, 1);
+        let v = broker.vhost("/").unwrap();
+        let mut args = FieldTable::default();
+        args.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+        args.insert("x-delivery-limit".into(), AMQPValue::LongInt(2));
+        let d = QueueDeclare {
+            durable: true,
+            arguments: args,
+            ..Default::default()
+        };
+        v.declare_queue(1, "qq", &d, t0).unwrap();
+        let confirmed = Arc::new(Mutex::new(Vec::new()));
+        publish(&v, "poison", t0, &confirmed);
+        let ch = channel(&v, &Arc::new(Sink::default()));
+        assert!(ch.get(&v.queue(1, "qq").unwrap(), false, t0));
+        // Never acked, never returned: the member dies with it.
+    }
+    let mut seen = Vec::new();
+    for _failover in 0..3 {
+        let (broker, _) = restart(&journal, Bodies::OnDisk, t0);
+        let v = broker.vhost("/").unwrap();
+        let out = Arc::new(Sink::default());
+        let ch = channel(&v, &out);
+        if ch.get(&v.queue(1, "qq").unwrap(), false, t0) {
+            seen.extend(out.1.lock().iter().copied());
+        }
+    }
+    assert_eq!(
+        seen,
+        [Some(1), Some(2)],
+        "delivered again with its lost deliveries counted, then over the limit of 2"
+    );
+}

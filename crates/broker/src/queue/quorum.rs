@@ -19,11 +19,18 @@
 //!   `durable/retry_mark.rs`), so `x-delivery-count` and the
 //!   `x-delivery-limit` quota survive a restart and a failover, as they
 //!   do in RabbitMQ's quorum queues.
+//! - With a delivery limit, a delivery is counted as a return before it
+//!   leaves (the same mark, written without waiting): a delivery still
+//!   out when the leader dies (or the node stops) never comes back as a
+//!   return, yet it counts, so a message that takes its consumer's member
+//!   down with it cannot loop past the limit across failovers. A message
+//!   restored past its limit is dead-lettered (`delivery_limit`) instead
+//!   of delivered.
 
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use super::{Effects, Queue, QueueState};
+use super::{delivery_limit, Effects, Queue, QueueState};
 use crate::args::QueueType;
 use crate::durable::Done;
 use crate::message::{Commit, Message};
@@ -41,10 +48,39 @@ impl Queue {
     /// Puts a returned entry back in its place; in a quorum queue its
     /// count of returns is journaled first (a mark with no wait).
     pub(super) fn requeue_counted(&self, s: &mut QueueState, e: Entry, fx: &mut Effects) {
-        if self.is_quorum() {
+        if self.is_quorum() && !self.counts_deliveries() {
             self.mark_returns(s, &e, 0, fx);
         }
+        // Else its delivery's mark already holds this count.
         s.ready.insert_by_seq(e);
+    }
+
+    /// Whether deliveries are counted as they leave (a quorum queue with
+    /// a delivery limit), not as they come back.
+    pub(super) fn counts_deliveries(&self) -> bool {
+        self.is_quorum() && delivery_limit(&self.args()).is_some()
+    }
+
+    /// Before a delivery that expects an ack leaves a queue that
+    /// [counts deliveries](Queue::counts_deliveries): journals its count
+    /// of returns as if it came back (`returns` + 1).
+    pub(super) fn mark_delivery(
+        &self,
+        s: &mut QueueState,
+        stored: Option<u64>,
+        returns: u32,
+        fx: &mut Effects,
+    ) {
+        if self.counts_deliveries() {
+            self.write_mark(s, stored, returns.saturating_add(1), 0, fx);
+        }
+    }
+
+    /// Whether a message about to be delivered with `returns` already
+    /// counted is over the queue's limit (restored from a delivery
+    /// mark: its last delivery never came back).
+    pub(super) fn over_limit(&self, returns: u32) -> bool {
+        self.is_quorum() && delivery_limit(&self.args()).is_some_and(|l| u64::from(returns) > l)
     }
 
     /// A quorum queue (`x-queue-type: quorum`).

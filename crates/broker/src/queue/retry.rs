@@ -201,11 +201,25 @@ impl Queue {
         due_unix_ms: u64,
         fx: &mut Effects,
     ) -> Option<u64> {
+        self.write_mark(s, e.stored.get(), e.returns, due_unix_ms, fx)
+    }
+
+    /// Writes the retry mark of the stored message `stored` (its count of
+    /// `returns` and the end of its wait), replacing its last; `None`
+    /// (nothing written) if the message or the queue is not stored.
+    pub(super) fn write_mark(
+        &self,
+        s: &mut QueueState,
+        stored: Option<u64>,
+        returns: u32,
+        due_unix_ms: u64,
+        fx: &mut Effects,
+    ) -> Option<u64> {
         self.store_id?;
-        let id = e.stored.get().filter(|id| id & PAGING_BIT == 0)?;
+        let id = stored.filter(|id| id & PAGING_BIT == 0)?;
         let mark = RetryMark {
             msg: id,
-            returns: e.returns,
+            returns,
             due_unix_ms,
         };
         let mark_id = self.env.dur.new_message_id();
