@@ -30,6 +30,19 @@ const BODY_BYTES: usize = 1024 * 1024;
 const SNAPSHOT_BYTES_WANTED: u64 = 170 * 1024 * 1024;
 /// Published at most, whatever the snapshots do.
 const PUBLISHED_MAX: u64 = 700;
+/// A larger backlog, in MiB (one message each), for the nightly-style
+/// run (`scripts/cluster-nightly.sh`): published at least, beside the
+/// snapshot size wanted.
+const BACKLOG_ENV: &str = "BERTH_BACKLOG_MIB";
+
+/// At least how many messages to publish, and at most.
+fn fill_bounds() -> (u64, u64) {
+    let wanted: u64 = std::env::var(BACKLOG_ENV)
+        .ok()
+        .map(|v| v.parse().expect("BERTH_BACKLOG_MIB: a whole number of MiB"))
+        .unwrap_or(0);
+    (wanted, PUBLISHED_MAX.max(wanted + wanted / 2))
+}
 const IN_FLIGHT: usize = 8;
 /// A restarted member must be back in step with the leader within this.
 const CATCH_UP: Duration = Duration::from_secs(90);
@@ -46,14 +59,16 @@ async fn fill(cluster: &Cluster) -> (HashSet<u64>, HashSet<u64>) {
     let mut attempted = HashSet::new();
     let mut confirmed = HashSet::new();
     let mut id = 0u64;
-    let big_enough = || {
+    let (wanted, published_max) = fill_bounds();
+    let snapshot_big_enough = || {
         cluster
             .nodes
             .iter()
             .any(|n| snapshot_bytes(&n.dir) > SNAPSHOT_BYTES_WANTED)
     };
+    let big_enough = |id: u64| id >= wanted && snapshot_big_enough();
     let mut reconnects = 0;
-    'connect: while id < PUBLISHED_MAX && !big_enough() {
+    'connect: while id < published_max && !big_enough(id) {
         assert!(
             reconnects < 20,
             "publishing failed 20 times; logs:\n{}",
@@ -92,7 +107,7 @@ async fn fill(cluster: &Cluster) -> (HashSet<u64>, HashSet<u64>) {
             continue;
         }
         let mut pending = std::collections::VecDeque::new();
-        while id < PUBLISHED_MAX && !(id.is_multiple_of(32) && big_enough()) {
+        while id < published_max && !(id.is_multiple_of(32) && big_enough(id)) {
             let mut body = vec![(id % 251) as u8; BODY_BYTES];
             body[..8].copy_from_slice(&id.to_le_bytes());
             attempted.insert(id);
@@ -111,7 +126,7 @@ async fn fill(cluster: &Cluster) -> (HashSet<u64>, HashSet<u64>) {
             };
             pending.push_back((id, confirm));
             id += 1;
-            while pending.len() >= IN_FLIGHT || (id >= PUBLISHED_MAX && !pending.is_empty()) {
+            while pending.len() >= IN_FLIGHT || (id >= published_max && !pending.is_empty()) {
                 let (n, c) = pending.pop_front().unwrap();
                 match c.await {
                     Ok(c) if c.is_ack() => {
