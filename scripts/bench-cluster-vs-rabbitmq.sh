@@ -33,6 +33,15 @@
 # (leader and follower lag each second of berth's runs), each PerfTest
 # output, OUT/run.log (commands, machine, versions) and the nodes' logs.
 # Takes about 1 + 2 N (S + 15) / 60 minutes plus ~20 s per kill pair.
+# Backlog (--backlog-mb N, issue 42; off unless asked): per broker, in
+# turn, PerfTest fills 5 quorum queues with N MB of confirmed, unconsumed
+# persistent 16 KB messages (5 producers, no consumer), then kills the
+# leader once with the backlog in place (the failover probe), then
+# consumes while publishing for --backlog-time S seconds (default 60).
+# Reported: fill msg/s and nacks, the failover times, each node's peak
+# RSS (VmHWM) after the fill, drain-phase confirmed and received msg/s,
+# broker CPU per message, and whether berth's leader changed during the
+# fill (samples). Disk: about 6 N for berth, 3 N for RabbitMQ.
 # --bin runs another berth binary (e.g. one built from an older commit,
 # for a bisection); --no-rabbitmq runs berth alone (no ratio is printed).
 # Not part of scripts/test.sh.
@@ -41,6 +50,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
 runs=3 time_s=30 kills=3 confirms=50 out="" build=1 throughput=1 failover=1 bin="" rabbit=1
+backlog_mb=0 backlog_s=60
 while [ $# -gt 0 ]; do
   case "$1" in
   --runs) runs=${2:?}; shift ;;
@@ -53,6 +63,8 @@ while [ $# -gt 0 ]; do
   --no-failover) failover=0 ;;
   --bin) bin=${2:?}; build=0; shift ;;
   --no-rabbitmq) rabbit=0 ;;
+  --backlog-mb) backlog_mb=${2:?}; shift ;;
+  --backlog-time) backlog_s=${2:?}; shift ;;
   -h | --help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
   *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -66,7 +78,7 @@ say() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$log" >&2; }
 # ---- tools ----------------------------------------------------------------
 classpath=$("$root/scripts/perftest-classpath.sh" "$log") || { say "no PerfTest classpath; see $log"; exit 1; }
 venv="$root/.cache/bench-venv"
-if [ $failover = 1 ] && ! "$venv/bin/python" -c 'import pika' 2>/dev/null; then
+if { [ $failover = 1 ] || [ "$backlog_mb" -gt 0 ]; } && ! "$venv/bin/python" -c 'import pika' 2>/dev/null; then
   python3 -m venv "$venv" && "$venv/bin/pip" install -q pika==1.3.2 >>"$log" 2>&1 ||
     { say "cannot install pika into $venv; see $log"; exit 1; }
 fi
@@ -294,6 +306,93 @@ PY
   done
 fi
 
+# ---- backlog: fill, fail over with it in place, drain while publishing ------
+peak_rss_mib() { awk '/^VmHWM:/ { printf "%d", $2 / 1024 }' "/proc/$1/status" 2>/dev/null || echo nan; }
+perftest_rate() { # FILE FIELD: the mean of PerfTest's per-interval FIELD rate
+  python3 - "$1" "$2" <<'PY'
+import re, sys
+text, field = open(sys.argv[1]).read(), sys.argv[2]
+iv = re.findall(r"time (\d+\.\d+) s, sent: (\d+) msg/s, confirmed: (\d+) msg/s, nacked: (\d+) msg/s, received: (\d+) msg/s", text)
+col = {"sent": 1, "confirmed": 2, "nacked": 3, "received": 4}[field]
+prev, n = 0.0, 0.0
+for row in iv:
+    t = float(row[0]); n += (t - prev) * int(row[col]); prev = t
+print(f"{n / prev:.0f}" if prev else "nan", f"{n:.0f}")
+PY
+}
+if [ "$backlog_mb" -gt 0 ]; then
+  printf 'broker\tfill_msgs_per_s\tfill_nacked\tfill_s\tfailover_confirmed_s\tfailover_depth_s\tpeak_rss_mib\tdrain_confirmed_msgs_per_s\tdrain_recv_msgs_per_s\tdrain_cpu_us_per_msg\tleader_changes_during_fill\n' >"$out/backlog.tsv"
+  per_producer=$((backlog_mb * 1024 / 16 / 5))
+  for broker in $brokers; do
+    if [ $broker = berth ]; then
+      for _ in $(seq 1 120); do berth_healthy && break; sleep 1; done
+      leader=$(berth_leader) || { say "no berth leader"; exit 1; }
+      uris=(-h "amqp://guest:guest@127.0.0.1:${b_amqp[$leader]}/%2f")
+      pidfiles=("$bdir/n1.pid" "$bdir/n2.pid" "$bdir/n3.pid")
+      mgmt=${b_http[$leader]}
+      nodes=(); for n in n1 n2 n3; do nodes+=(--node "$n,${b_amqp[$n]},${b_http[$n]},$bdir/$n.pid,sh $bdir/$n.start"); done
+      echo '{"run": "backlog"}' >>"$out/berth-cluster-samples.jsonl"
+      berth_sampler "$out/berth-cluster-samples.jsonl" &
+      sampler=$!
+    else
+      uris=(-H "amqp://guest:guest@127.0.0.1:${r_amqp[n1]}/%2f,amqp://guest:guest@127.0.0.1:${r_amqp[n2]}/%2f,amqp://guest:guest@127.0.0.1:${r_amqp[n3]}/%2f")
+      pidfiles=("$rdir/n1/node.pid" "$rdir/n2/node.pid" "$rdir/n3/node.pid")
+      mgmt=${r_http[n1]}
+      nodes=(); for n in n1 n2 n3; do nodes+=(--node "${r_name[$n]},${r_amqp[$n]},${r_http[$n]},$rdir/$n/node.pid,$root/scripts/rabbitmq-cluster.sh start $rdir >>$log 2>&1"); done
+      sampler=""
+    fi
+    common=(-s 16384 -f persistent -c "$confirms" --queue-pattern "bl-%d" --queue-pattern-from 1
+      --queue-pattern-to 5 -qa x-queue-type=quorum -ad false -i 5)
+    f="$out/$broker-backlog-fill.txt"
+    say "backlog $broker: fill ${backlog_mb} MB: PerfTest ${uris[*]} -x 5 -y 0 -C $per_producer ${common[*]}"
+    t0=$SECONDS
+    timeout -k 10 3600 java -cp "$classpath" com.rabbitmq.perf.PerfTest "${uris[@]}" -x 5 -y 0 -C "$per_producer" "${common[@]}" >"$f" 2>&1 ||
+      say "PerfTest (fill) failed; see $f"
+    fill_s=$((SECONDS - t0))
+    read -r fill_rate _ <<<"$(perftest_rate "$f" confirmed)"
+    read -r _ nacked <<<"$(perftest_rate "$f" nacked)"
+    [ -n "$sampler" ] && kill "$sampler" 2>/dev/null && wait "$sampler" 2>/dev/null
+    rss=(); for pf in "${pidfiles[@]}"; do rss+=("$(peak_rss_mib "$(cat "$pf")")"); done
+    say "backlog $broker: filled in ${fill_s} s, ${fill_rate} msg/s, ${nacked} nacked; peak RSS MiB ${rss[*]}"
+    # the leader killed with the backlog in place
+    [ $broker = berth ] && for _ in $(seq 1 120); do berth_healthy && break; sleep 1; done
+    "$venv/bin/python" "$root/scripts/failover-probe.py" --kind "$broker" "${nodes[@]}" --kills 1 \
+      --out "$out/backlog-failover.jsonl" 2>>"$log" | tee -a "$log" >&2 || say "failover probe failed ($broker)"
+    fo=$(tail -1 "$out/backlog-failover.jsonl" 2>/dev/null | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["confirmed_s"], r["depth_s"])' 2>/dev/null || echo "nan nan")
+    # then consume while publishing
+    if [ $broker = berth ]; then
+      for _ in $(seq 1 300); do berth_healthy && break; sleep 1; done
+      leader=$(berth_leader) || { say "no berth leader"; exit 1; }
+      uris=(-h "amqp://guest:guest@127.0.0.1:${b_amqp[$leader]}/%2f")
+      mgmt=${b_http[$leader]}
+    fi
+    pids=(); for pf in "${pidfiles[@]}"; do pids+=("$(cat "$pf")"); done
+    f="$out/$broker-backlog-drain.txt"
+    say "backlog $broker: drain while publishing: PerfTest ${uris[*]} -x 5 -y 5 -z $backlog_s ${common[*]}"
+    c0=$(cluster_cpu_s "${pids[@]}")
+    timeout -k 10 $((backlog_s + 120)) java -cp "$classpath" com.rabbitmq.perf.PerfTest "${uris[@]}" -x 5 -y 5 -z "$backlog_s" "${common[@]}" >"$f" 2>&1 ||
+      say "PerfTest (drain) failed; see $f"
+    c1=$(cluster_cpu_s "${pids[@]}")
+    read -r dconf dconf_n <<<"$(perftest_rate "$f" confirmed)"
+    read -r drecv drecv_n <<<"$(perftest_rate "$f" received)"
+    cpu_us=$(awk -v a="$c0" -v b="$c1" -v n="$dconf_n" -v m="$drecv_n" 'BEGIN { if (n + m > 0) printf "%.1f", (b - a) * 1e6 / (n + m); else print "nan" }')
+    changes=nan
+    if [ $broker = berth ]; then
+      changes=$(python3 -c '
+import json, sys
+rows, mine = [], False
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if "run" in r: mine = r["run"] == "backlog"
+    elif mine and r.get("leader"): rows.append(r["leader"])
+print(sum(1 for a, b in zip(rows, rows[1:]) if a != b))' "$out/berth-cluster-samples.jsonl")
+    fi
+    for q in 1 2 3 4 5; do curl -s -o /dev/null -u guest:guest -X DELETE "http://127.0.0.1:$mgmt/api/queues/%2f/bl-$q"; done
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$broker" "$fill_rate" "$nacked" "$fill_s" ${fo} "$(IFS=/; echo "${rss[*]}")" \
+      "$dconf" "$drecv" "$cpu_us" "$changes" | tee -a "$out/backlog.tsv" "$log" >&2
+  done
+fi
+
 # ---- failover: kill -9 of the queue's leader, alternating ------------------
 if [ $failover = 1 ]; then
   bnodes=() rnodes=()
@@ -350,4 +449,8 @@ if timeouts:
 if fo:
     print(f"\nkills: {sum(r['kind'] == 'berth' for r in fo)} berth, {sum(r['kind'] == 'rabbitmq' for r in fo)} RabbitMQ")
 PY
+if [ -f "$out/backlog.tsv" ]; then
+  { echo; echo "backlog ${backlog_mb} MB (16 KB messages; drain: ${backlog_s} s consuming while publishing; CPU per message counts both confirmed and received):"
+    column -t -s $'\t' "$out/backlog.tsv"; } >>"$out/summary.txt"
+fi
 cat "$out/summary.txt" | tee -a "$log"
