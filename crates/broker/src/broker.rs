@@ -131,6 +131,10 @@ impl Broker {
         self.dur.set_resident_messages_max(n);
     }
 
+    pub fn set_resident_bytes_max(&self, n: u64) {
+        self.dur.set_resident_bytes_max(n);
+    }
+
     /// How many queues, exchanges, bindings and consumers clients may make
     /// (every vhost).
     pub fn set_count_limits(&self, l: crate::limits::CountLimits) {

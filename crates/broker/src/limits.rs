@@ -8,6 +8,12 @@ use crate::error::{AmqpError, AmqpResult};
 /// journal are read back when needed.
 pub const RESIDENT_MESSAGES_MAX_DEFAULT: usize = 4096;
 
+/// Default of `store.queue_resident_bytes_max`: body bytes per queue that
+/// stay in memory, whatever the count above allows (4096 messages of 16 KB;
+/// larger messages page out sooner, so a backlog of large messages does not
+/// hold a leader's memory).
+pub const RESIDENT_BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
+
 /// Bytes of an AMQP shortstr: every exchange and queue name and routing
 /// key (`names.rs` holds the HTTP API, definitions and policies to it too).
 pub const SHORTSTR_BYTES_MAX: usize = 255;

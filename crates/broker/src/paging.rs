@@ -135,14 +135,17 @@ impl Pager {
         Loaded::Ready(m)
     }
 
-    /// Moves bodies beyond the resident window out of memory; they are read
-    /// back when needed. A stored message (persistent, durable queue)
+    /// Moves bodies beyond the resident window (the first
+    /// `store.queue_resident_messages_max` of each level, fewer where their
+    /// bytes pass `store.queue_resident_bytes_max`) out of memory; they are
+    /// read back when needed. A stored message (persistent, durable queue)
     /// leaves once the journal has written it. Any other message is first
     /// written as a paging copy (under the queue's paging id, not waited
     /// for, never recovered) and leaves on a later scan, once written.
     pub fn page_out(&mut self, ready: &mut Ready, store_id: Option<u64>, dur: &Durability) {
-        let window = dur.resident_messages_max();
-        if ready.resident <= window || !dur.journal().pages() {
+        let (count_max, bytes_max) = (dur.resident_messages_max(), dur.resident_bytes_max());
+        let within = ready.resident <= count_max && ready.resident_bytes <= bytes_max;
+        if within || !dur.journal().pages() {
             return;
         }
         let mark = self.page_mark;
@@ -151,6 +154,7 @@ impl Pager {
         let mut to_copy: Vec<(usize, usize)> = Vec::new();
         let mut newest = mark;
         for (l, level) in ready.levels.iter().enumerate() {
+            let window = window(level, count_max, bytes_max);
             for (i, e) in level.iter().enumerate().rev() {
                 if i < window || e.seq <= mark {
                     break;
@@ -230,4 +234,20 @@ impl Pager {
             None => newest,
         };
     }
+}
+
+/// How many entries at the head of `level` keep their bodies: at most
+/// `count_max`, and no more than fit in `bytes_max` (at least one, so the
+/// next delivery never waits for a read). Looks at no more than that many.
+fn window(level: &std::collections::VecDeque<Entry>, count_max: usize, bytes_max: u64) -> usize {
+    let mut bytes = 0u64;
+    for (i, e) in level.iter().take(count_max).enumerate() {
+        if let Body::Resident(m) = &e.body {
+            bytes += m.body_bytes();
+        }
+        if bytes > bytes_max {
+            return i.max(1);
+        }
+    }
+    count_max.min(level.len())
 }

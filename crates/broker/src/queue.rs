@@ -581,7 +581,9 @@ impl Queue {
             // A TTL of 0 means "deliver now or never".
             q.drop_expired(s, now, true, fx);
             q.trim_to_limits(s, now, fx);
-            if seq % PAGE_SCAN_EVERY_MESSAGES == 0 {
+            // Every so many messages, or at once when large ones pile up.
+            let heavy = s.ready.resident_bytes > 2 * q.env.dur.resident_bytes_max();
+            if seq % PAGE_SCAN_EVERY_MESSAGES == 0 || heavy {
                 q.page_out(s);
             }
             true

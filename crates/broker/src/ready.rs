@@ -2,7 +2,7 @@
 //! only in the journal, one FIFO per priority level.
 //!
 //! Invariants:
-//! - `Ready::len`, `bytes` and `resident` always equal what the levels
+//! - `Ready::len`, `bytes`, `resident` and `resident_bytes` always equal what the levels
 //!   hold: every entry goes in and out through `count_in`/`count_out`.
 //! - Within a level, entries are in publish order (`seq` ascending), except
 //!   a message handed back at the head by a consumer that refused it.
@@ -126,6 +126,8 @@ pub(crate) struct Ready {
     pub(crate) bytes: u64,
     /// Entries whose body is in memory.
     pub(crate) resident: usize,
+    /// Their body bytes.
+    pub(crate) resident_bytes: u64,
 }
 
 impl Ready {
@@ -136,6 +138,7 @@ impl Ready {
             len: 0,
             bytes: 0,
             resident: 0,
+            resident_bytes: 0,
         }
     }
 
@@ -148,6 +151,7 @@ impl Ready {
         self.bytes += e.bytes();
         if matches!(e.body, Body::Resident(_)) {
             self.resident += 1;
+            self.resident_bytes += e.bytes();
         }
     }
 
@@ -156,6 +160,7 @@ impl Ready {
         self.bytes -= e.bytes();
         if matches!(e.body, Body::Resident(_)) {
             self.resident -= 1;
+            self.resident_bytes -= e.bytes();
         }
     }
 
@@ -203,9 +208,16 @@ impl Ready {
         let was = matches!(e.body, Body::Resident(_));
         let is = matches!(body, Body::Resident(_));
         e.body = body;
+        let bytes = e.bytes();
         match (was, is) {
-            (false, true) => self.resident += 1,
-            (true, false) => self.resident -= 1,
+            (false, true) => {
+                self.resident += 1;
+                self.resident_bytes += bytes;
+            }
+            (true, false) => {
+                self.resident -= 1;
+                self.resident_bytes -= bytes;
+            }
             _ => {}
         }
     }
@@ -234,6 +246,7 @@ impl Ready {
         self.len = 0;
         self.bytes = 0;
         self.resident = 0;
+        self.resident_bytes = 0;
         self.levels.iter_mut().flat_map(|q| q.drain(..)).collect()
     }
 }

@@ -339,6 +339,36 @@ fn a_deep_queue_keeps_bodies_on_disk_and_delivers_them_in_order() {
     );
 }
 
+/// Paging counted messages only: a backlog of 1 MiB messages kept 4096 of
+/// them (4 GiB) in memory, and a cluster leader holding a 1 GiB backlog
+/// grew to ~1.1 GB. Bodies past `queue_resident_bytes_max` leave memory
+/// too, whatever the count allows.
+#[test]
+fn a_backlog_of_large_messages_keeps_only_the_byte_bound_in_memory() {
+    let (_journal, broker, v, t0) = journaled_broker();
+    const MIB: usize = 1024 * 1024;
+    broker.set_resident_bytes_max(8 * MIB as u64);
+    durable_queue(&v, "large", FieldTable::default(), t0);
+    let body = "x".repeat(MIB);
+    for _ in 0..200 {
+        v.publish("amq.direct", &msg("large", &body, true), t0, &mut || {
+            Box::new(|r| r.unwrap())
+        })
+        .unwrap();
+    }
+    let stats = v.queue(1, "large").unwrap().stats();
+    let resident = stats.ready - stats.paged_out;
+    assert_eq!(stats.ready, 200);
+    // The bound, plus what may arrive before a scan (twice the bound).
+    assert!(
+        resident <= 2 * 8 + 1,
+        "{resident} of 200 messages of 1 MiB stay in memory under an 8 MiB bound: {stats:?}"
+    );
+    let got = drain(&broker, "large", t0);
+    assert_eq!(got.len(), 200);
+    assert!(got.iter().all(|(_, b)| b.len() == MIB), "read back whole");
+}
+
 #[test]
 fn a_deep_non_durable_queue_pages_out_through_paging_copies() {
     let (journal, broker, v, t0) = journaled_broker();

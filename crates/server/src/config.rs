@@ -151,6 +151,9 @@ pub struct Store {
     /// it leave memory once written to the store (transient ones as paging
     /// copies, dropped at restart) and are read back on delivery.
     pub queue_resident_messages_max: usize,
+    /// Body bytes per queue that stay in memory, whatever the count above
+    /// allows (large messages page out sooner).
+    pub queue_resident_bytes_max: u64,
     /// Open even if segments holding live messages are missing, dropping
     /// those messages (reported). Off: such a store refuses to start.
     pub accept_missing_segments: bool,
@@ -268,6 +271,7 @@ impl Default for Store {
             segment_cache_bytes: 0,
             checkpoint_journal_bytes: 0,
             queue_resident_messages_max: 0,
+            queue_resident_bytes_max: 0,
             accept_missing_segments: false,
             reshape: false,
         }

@@ -306,6 +306,7 @@ pub fn broker_from(
         next_queue,
     );
     broker.set_resident_messages_max(config.store.queue_resident_messages_max);
+    broker.set_resident_bytes_max(config.store.queue_resident_bytes_max);
     broker.set_count_limits(config.limits.count_limits());
     crate::auth::init(&broker, config, &br.meta)?;
     let report = broker.restore(br, Instant::now());

@@ -35,6 +35,8 @@ pub struct Durability {
     /// Ready messages per queue whose bodies stay in memory; beyond it,
     /// bodies already written to the journal are read back when needed.
     resident_messages_max: AtomicUsize,
+    /// Body bytes per queue that stay in memory, whatever the count allows.
+    resident_bytes_max: AtomicU64,
     /// Removals waiting to be journaled: (queue, message, completion).
     /// Filled from journal completions (a store thread, which must not
     /// call back into the store), emptied by [`Durability::flush_removals`]
@@ -54,6 +56,7 @@ impl Durability {
             next_msg_id: AtomicU64::new(next_msg_id),
             next_queue_id: AtomicU64::new(next_queue_id),
             resident_messages_max: AtomicUsize::new(crate::limits::RESIDENT_MESSAGES_MAX_DEFAULT),
+            resident_bytes_max: AtomicU64::new(crate::limits::RESIDENT_BYTES_MAX_DEFAULT),
             deferred: Mutex::new(Vec::new()),
             events: OnceLock::new(),
         }
@@ -169,5 +172,13 @@ impl Durability {
 
     pub fn set_resident_messages_max(&self, n: usize) {
         self.resident_messages_max.store(n, Ordering::Relaxed);
+    }
+
+    pub fn resident_bytes_max(&self) -> u64 {
+        self.resident_bytes_max.load(Ordering::Relaxed)
+    }
+
+    pub fn set_resident_bytes_max(&self, n: u64) {
+        self.resident_bytes_max.store(n, Ordering::Relaxed);
     }
 }

@@ -74,6 +74,18 @@ pub(super) static STORE: &[Setting] = &[
         }),
     },
     Setting {
+        key: "store.queue_resident_bytes_max",
+        flag: "queue-resident-bytes-max",
+        value_name: "BYTES",
+        default_note: "",
+        doc: "body bytes per queue that stay in memory, whatever \
+              `queue_resident_messages_max` allows: a queue of large messages pages out \
+              sooner, so a backlog does not hold memory (0 = page out everything)",
+        slot: &one(field!(store.queue_resident_bytes_max), || {
+            berth_broker::limits::RESIDENT_BYTES_MAX_DEFAULT
+        }),
+    },
+    Setting {
         key: "store.commit_delay_us_max",
         flag: "commit-delay-us-max",
         value_name: "US",
