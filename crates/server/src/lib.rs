@@ -469,10 +469,6 @@ async fn lead(
             let mut recovered = None;
             let journal = replica
                 .reopen(|old| {
-                    let old = Arc::try_unwrap(old).map_err(|_| {
-                        "the replica store is still in use by another part of this process"
-                            .to_owned()
-                    })?;
                     old.store.close().map_err(|e| e.to_string())?;
                     let (store, r) =
                         berth_store::Store::open(cluster::member::store_config(&config))

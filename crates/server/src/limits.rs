@@ -225,6 +225,11 @@ pub const SNAPSHOT_READ_COUNT_MAX: usize = 256;
 /// buffer, what a snapshot build holds in memory beyond the ids.
 pub const SNAPSHOT_READ_BYTES_MAX: usize = 8 * 1024 * 1024;
 
+/// How long a new leader waits for the rest of its process to let go of
+/// the replica's store before it reopens it for the broker: a snapshot's
+/// writer holds it for one read of at most [`SNAPSHOT_READ_BYTES_MAX`].
+pub const REOPEN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Largest command a snapshot may hold: one message record (128 MiB body
 /// and its header) with room to spare; a larger length is damage.
 pub const SNAPSHOT_COMMAND_BYTES_MAX: usize = 160 * 1024 * 1024;

@@ -13,6 +13,10 @@
 //! - A snapshot lists the whole state as commands (every metadata key,
 //!   every live message of every queue with its body); restoring one makes
 //!   the store equal to it, whatever the store held before.
+//! - A snapshot being written reaches the store through the replica, one
+//!   read at a time, never holding it across reads: a member that becomes
+//!   leader during a long build reopens the store at once, and the build
+//!   goes on reading from the reopened one.
 //! - A command this member cannot apply (undecodable, or its store failed
 //!   a write) is never skipped silently: the replica is marked failed, and
 //!   the member stops serving and restarts (see `member`).
@@ -30,14 +34,17 @@ use super::command::Command;
 use super::view::{Announcements, Serves};
 use crate::journal::{blocking, StoreJournal};
 use crate::limits::{
-    SNAPSHOT_COMMAND_BYTES_MAX, SNAPSHOT_READ_BYTES_MAX, SNAPSHOT_READ_COUNT_MAX,
+    REOPEN_WAIT, SNAPSHOT_COMMAND_BYTES_MAX, SNAPSHOT_READ_BYTES_MAX, SNAPSHOT_READ_COUNT_MAX,
     SNAPSHOT_RESTORE_UNFLUSHED_BYTES_MAX,
 };
 
+/// Where the replica's store is: swapped (under the write lock) when a new
+/// leader reopens it for its broker.
+type Slot = Arc<RwLock<Option<Arc<StoreJournal>>>>;
+
 pub struct Replica {
-    /// The store commands are applied to; swapped (under the write lock)
-    /// when a new leader reopens it for its broker.
-    store: RwLock<Option<Arc<StoreJournal>>>,
+    /// The store commands are applied to.
+    store: Slot,
     /// Where each leader said it serves clients.
     announced: Arc<Announcements>,
     /// The first reason this replica diverged from the log, if it did.
@@ -47,7 +54,7 @@ pub struct Replica {
 impl Replica {
     pub fn new(store: Arc<StoreJournal>, announced: Arc<Announcements>) -> Self {
         Self {
-            store: RwLock::new(Some(store)),
+            store: Arc::new(RwLock::new(Some(store))),
             announced,
             failed: Arc::default(),
         }
@@ -64,15 +71,34 @@ impl Replica {
     }
 
     /// Replaces the store while no command is applied: `reopen` gets the
-    /// current one and returns its successor (or an error, and the
-    /// replica is marked failed).
+    /// current one, once no other part of the process holds it (a
+    /// snapshot's writer lets go after its current read), and returns its
+    /// successor (or an error, and the replica is marked failed).
     pub fn reopen<E: std::fmt::Display>(
         &self,
-        reopen: impl FnOnce(Arc<StoreJournal>) -> Result<Arc<StoreJournal>, E>,
+        reopen: impl FnOnce(StoreJournal) -> Result<Arc<StoreJournal>, E>,
     ) -> Result<Arc<StoreJournal>, String> {
         let mut slot = self.store.write();
-        let Some(current) = slot.take() else {
+        let Some(mut current) = slot.take() else {
             return Err("the store is closed".into());
+        };
+        let waited = std::time::Instant::now();
+        let current = loop {
+            match Arc::try_unwrap(current) {
+                Ok(only) => break only,
+                Err(shared) if waited.elapsed() < REOPEN_WAIT => {
+                    current = shared;
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                Err(_) => {
+                    let why = format!(
+                        "the store could not be reopened: still in use by another part of \
+                         this process after {REOPEN_WAIT:?}"
+                    );
+                    self.fail(why.clone());
+                    return Err(why);
+                }
+            }
         };
         match reopen(current) {
             Ok(next) => {
@@ -178,9 +204,16 @@ impl berth_cluster::Apply for Replica {
             refuse_snapshot("the store is closed");
         };
         let live = journal.store.live_state();
+        drop(journal);
         let names = self.announced.names();
         let serving = self.announced.all();
-        Box::new(move |out: &mut dyn Write| write_snapshot(&journal, live, names, serving, out))
+        let slot = Arc::clone(&self.store);
+        let store = move || {
+            slot.read()
+                .clone()
+                .ok_or_else(|| io::Error::other("the store closed during the snapshot"))
+        };
+        Box::new(move |out: &mut dyn Write| write_snapshot(&store, live, names, serving, out))
     }
 
     fn start_empty(&self) {
@@ -202,7 +235,7 @@ impl berth_cluster::Apply for Replica {
 /// the log after the snapshot), a stream is copied only up to where it
 /// ended at the capture.
 fn write_snapshot(
-    journal: &StoreJournal,
+    store: &dyn Fn() -> io::Result<Arc<StoreJournal>>,
     live: LiveState,
     names: BTreeMap<u64, String>,
     serving: BTreeMap<String, Serves>,
@@ -228,12 +261,12 @@ fn write_snapshot(
     for (key, value) in live.metadata {
         put(Command::PutMeta { key, value })?;
     }
-    let store = &journal.store;
     for (queue, (first, end)) in live.streams {
         let mut from = first;
         let mut trim_written = false;
         loop {
-            let batch = store
+            let batch = store()?
+                .store
                 .read_stream(
                     queue,
                     from,
@@ -276,7 +309,7 @@ fn write_snapshot(
         let mut step = SNAPSHOT_READ_COUNT_MAX;
         while at < msgs.len() {
             let ids = &msgs[at..(at + step).min(msgs.len())];
-            let bodies = store.read_many(queue, ids);
+            let bodies = store()?.store.read_many(queue, ids);
             let mut bytes = 0usize;
             for (msg, body) in ids.iter().zip(bodies) {
                 match body {
