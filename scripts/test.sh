@@ -79,7 +79,10 @@ cluster() {
     # A follower whose disk (a tmpfs the test mounts) fills: its alarms
     # say so, it restarts by itself once there is room, and it takes over
     # with every confirmed message (~35 s).
-    cargo test --release -p berth-cli --test cluster_disk_full -- --ignored --nocapture
+    cargo test --release -p berth-cli --test cluster_disk_full -- --ignored --nocapture &&
+    # A message's TTL keeps its original expiry when the leader is killed
+    # (it expires on the new leader when it was due, ~15 s).
+    cargo test --release -p berth-cli --test cluster_ttl -- --ignored --nocapture
 }
 
 rust() {
