@@ -313,4 +313,56 @@ mod tests {
             std::mem::size_of::<Entry>()
         );
     }
+
+    /// Issue 42: a restored message's deadline from its stored times, in
+    /// every case the wall clock can put it (docs/DURABILITY.md).
+    #[test]
+    fn a_restored_deadline_counts_from_the_enqueue_and_never_past_a_ttl_from_the_restart() {
+        let now = Instant::now() + Duration::from_secs(3_600);
+        let ms = Duration::from_millis;
+        let clock = |now_unix_ms, ttl_ms| RestoreClock {
+            now,
+            now_unix_ms,
+            restored_at: now,
+            ttl_ms,
+        };
+        let times = |enqueued_unix_ms, expiration_ms| StoredTimes {
+            enqueued_unix_ms,
+            expiration_ms,
+        };
+        let t0 = 1_700_000_000_000;
+        // Enqueued 2 s before now, TTL 3 s: 1 s left.
+        assert_eq!(
+            timed_deadline(times(t0, None), &clock(t0 + 2_000, Some(3_000))),
+            Some(now + ms(1_000))
+        );
+        // The shorter of the queue's TTL and its own expiration.
+        assert_eq!(
+            timed_deadline(times(t0, Some(2_500)), &clock(t0 + 2_000, Some(3_000))),
+            Some(now + ms(500))
+        );
+        assert_eq!(
+            timed_deadline(times(t0, Some(2_500)), &clock(t0 + 2_000, None)),
+            Some(now + ms(500))
+        );
+        // Neither: no deadline.
+        assert_eq!(
+            timed_deadline(times(t0, None), &clock(t0 + 2_000, None)),
+            None
+        );
+        // Due while down, 4 s ago: already past (expires at start).
+        assert_eq!(
+            timed_deadline(times(t0, None), &clock(t0 + 5_000, Some(1_000))),
+            Some(now - ms(4_000))
+        );
+        // The wall clock was set back an hour: capped a TTL from the restart.
+        assert_eq!(
+            timed_deadline(times(t0, None), &clock(t0 - 3_600_000, Some(3_000))),
+            Some(now + ms(3_000))
+        );
+        // Set forward an hour: expires at once (earlier by the step).
+        assert!(
+            timed_deadline(times(t0, None), &clock(t0 + 3_600_000, Some(3_000))).unwrap() < now
+        );
+    }
 }
