@@ -10,7 +10,7 @@
 use std::borrow::Cow;
 use std::path::Path;
 
-use berth_broker::durable::encode_message;
+use berth_broker::durable::{encode_message, MessageHead, MessageParts, StoredTimes};
 use berth_broker::meta::{ExchangeDef, MetaCommand, QueueDef};
 use berth_protocol::codec::{encode_content, encode_heartbeat, encode_method, encode_properties};
 use berth_protocol::frame::FRAME_MIN_SIZE;
@@ -49,6 +49,7 @@ fn exchange_value(
         auto_delete,
         internal,
         arguments: arguments.clone(),
+        delayed_id: None,
     })
     .encode()
     .1
@@ -292,6 +293,19 @@ fn payloads() {
         "message-golden",
         &encode_message("ex", "a.b", b"\x10\x00\x02", b"hello").expect("short names"),
     );
+    // With its times (manifest version 3), as
+    // `golden_bytes_timed_message_payload` pins it.
+    let times = StoredTimes {
+        enqueued_unix_ms: 0x0102_0304_0506_0708,
+        expiration_ms: Some(3_000),
+    };
+    let head = MessageHead::timed(Some(times), "ex", "a.b", 3).expect("short names");
+    let parts = MessageParts {
+        head: head.as_bytes(),
+        properties: &bytes::Bytes::from_static(b"\x10\x00\x02"),
+        body: &bytes::Bytes::from_static(b"hello"),
+    };
+    write("payload", "message-timed", &parts.to_bytes());
     let mut args = FieldTable::default();
     args.insert("x-message-ttl".into(), AMQPValue::LongInt(1000));
     args.insert("x-max-length".into(), AMQPValue::LongInt(10));

@@ -80,8 +80,11 @@ cluster() {
     # say so, it restarts by itself once there is room, and it takes over
     # with every confirmed message (~35 s).
     cargo test --release -p berth-cli --test cluster_disk_full -- --ignored --nocapture &&
+    # A message's TTL keeps its original expiry when the leader is killed
+    # (it expires on the new leader when it was due, ~15 s).
+    cargo test --release -p berth-cli --test cluster_ttl -- --ignored --nocapture &&
     # Power loss of one member (its page cache lost: an ext4 loop device
-    # copied while it is frozen) when its disk decides what survives (~40 s).
+    # copied while it is frozen) when its disk decides what survives (~25 s).
     ensure_loop_tools &&
     cargo test --release -p berth-cli --test cluster_power_loss -- --ignored --nocapture
 }

@@ -4,13 +4,13 @@
 //! metadata key and value, then the queue arguments a restored queue
 //! parses).
 //!
-//! Checked besides "no panic": a payload that decodes re-encodes to the
-//! same bytes, and a definition that decodes re-encodes to a key and value
+//! Checked besides "no panic": a payload that decodes re-encodes (with
+//! the times it opens with, if any: `durable::times_of`) to the same bytes, and a definition that decodes re-encodes to a key and value
 //! that decode to a command with the same encoding.
 #![no_main]
 
 use berth_broker::args::QueueArgs;
-use berth_broker::durable::{decode_message, encode_message};
+use berth_broker::durable::{decode_message, times_of, MessageHead, MessageParts};
 use berth_broker::message::Message;
 use berth_broker::meta::MetaCommand;
 use bytes::Bytes;
@@ -19,8 +19,19 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     let payload = Bytes::copy_from_slice(data);
     if let Some((exchange, routing_key, properties, body)) = decode_message(&payload) {
-        let again = encode_message(&exchange, &routing_key, &properties, &body)
-            .expect("names read from a stored payload fit a shortstr");
+        let head = MessageHead::timed(
+            times_of(&payload),
+            &exchange,
+            &routing_key,
+            properties.len(),
+        )
+        .expect("names read from a stored payload fit a shortstr");
+        let again = MessageParts {
+            head: head.as_bytes(),
+            properties: &properties,
+            body: &body,
+        }
+        .to_bytes();
         assert_eq!(
             again, payload,
             "a stored payload does not re-encode to its bytes"

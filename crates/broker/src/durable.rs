@@ -39,8 +39,8 @@ pub use error::JournalError;
 pub use journal::{EventSink, Journal};
 pub use memory::{MemoryJournal, MetaWrite, NoJournal};
 pub use payload::{
-    decode_message, encode_message, MessageHead, MessageParts, NameTooLong, StoredMessage,
-    MESSAGE_HEAD_BYTES_MAX,
+    decode_message, encode_message, times_of, MessageHead, MessageParts, NameTooLong,
+    StoredMessage, StoredTimes, MESSAGE_HEAD_BYTES_MAX, TIMES_BYTES,
 };
 pub use placement::Placement;
 pub use retry_mark::{

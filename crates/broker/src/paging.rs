@@ -14,10 +14,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::durable::{Durability, JournalError, MessageHead, MessageParts, PAGING_BIT};
+use crate::durable::{
+    times_of, Durability, JournalError, MessageHead, MessageParts, StoredTimes, PAGING_BIT,
+};
 use crate::limits::READ_AHEAD_MESSAGES;
 use crate::message::Message;
-use crate::ready::{restored_expiry, Body, Deadline, Entry, QueuedMessage, Ready, StoredId};
+use crate::ready::{
+    restored_expiry, timed_deadline, Body, Deadline, Entry, QueuedMessage, Ready, RestoreClock,
+    Restored, StoredId,
+};
 
 /// A queue's paging bookkeeping.
 #[derive(Default)]
@@ -27,8 +32,9 @@ pub(crate) struct Pager {
     /// Journal queue id (with [`PAGING_BIT`]) under which paging copies of
     /// this queue's messages are written; allocated on first use.
     pub paging_id: Option<u64>,
-    /// When messages were restored from the journal (their per-message
-    /// `expiration` counts from here).
+    /// When messages were restored from the journal (the deadlines of
+    /// those stored with times are capped a TTL from here; the
+    /// `expiration` of those stored without counts from here).
     pub restored_at: Option<Instant>,
 }
 
@@ -50,12 +56,48 @@ pub(crate) struct QueueRef<'a> {
     pub vhost: &'a str,
     /// Its durable journal id, if it is durable.
     pub store_id: Option<u64>,
+    /// Its message TTL in force, and the wall clock now (ms since the
+    /// Unix epoch): what a restored message's stored times are read with.
+    pub ttl_ms: Option<u64>,
+    pub now_unix_ms: u64,
 }
 
-fn decode(r: Option<Result<bytes::Bytes, JournalError>>) -> Result<Arc<Message>, String> {
+/// A stored message read back, and the times stored with it.
+type Decoded = (Arc<Message>, Option<StoredTimes>);
+
+fn decode(r: Option<Result<bytes::Bytes, JournalError>>) -> Result<Decoded, String> {
     r.unwrap_or_else(|| Err(JournalError::new("the journal returned no result")))
         .map_err(|err| err.to_string())
-        .and_then(|p| Message::from_stored(&p))
+        .and_then(|p| Ok((Message::from_stored(&p)?, times_of(&p))))
+}
+
+impl Pager {
+    /// A restored entry's deadline once its message was read: from its
+    /// stored times when it has them, else (stored by a berth before
+    /// times) its `expiration` from the restart and `current` (the
+    /// queue's TTL from the restart).
+    pub fn restored_deadline(
+        &self,
+        current: Option<Instant>,
+        (msg, times): &Decoded,
+        q: &QueueRef<'_>,
+        now: Instant,
+    ) -> Option<Instant> {
+        match times {
+            Some(t) => timed_deadline(*t, &self.restore_clock(q, now)),
+            None => restored_expiry(current, msg, self.restored_at),
+        }
+    }
+
+    /// The clocks restored messages' deadlines are computed with now.
+    pub fn restore_clock(&self, q: &QueueRef<'_>, now: Instant) -> RestoreClock {
+        RestoreClock {
+            now,
+            now_unix_ms: q.now_unix_ms,
+            restored_at: self.restored_at.unwrap_or(now),
+            ttl_ms: q.ttl_ms,
+        }
+    }
 }
 
 impl Pager {
@@ -75,7 +117,7 @@ impl Pager {
                 let m = Arc::clone(m);
                 return Loaded::Ready(e.with_message(m));
             }
-            Body::Paged { restored, .. } => restored,
+            Body::Paged { restored, .. } => restored != Restored::No,
         };
         // A paging copy is read from the queue's paging id, a stored
         // message from its durable id; read-ahead takes neighbours of the
@@ -107,29 +149,31 @@ impl Pager {
         // paged and reports its error when its turn comes.
         let results: Vec<_> = read.collect();
         for (i, r) in results.into_iter().enumerate() {
-            let Ok(msg) = decode(Some(r)) else {
+            let Ok(read) = decode(Some(r)) else {
                 continue;
             };
             let x = &mut ready.levels[level][i];
-            if let Body::Paged { restored: true, .. } = x.body {
-                x.expires_at =
-                    Deadline::new(restored_expiry(x.expires_at.get(), &msg, self.restored_at));
+            if let Body::Paged { restored, .. } = x.body {
+                if restored != Restored::No {
+                    let at = self.restored_deadline(x.expires_at.get(), &read, q, now);
+                    x.expires_at = Deadline::new(at);
+                }
             }
-            ready.set_body(level, i, Body::Resident(msg));
+            ready.set_body(level, i, Body::Resident(read.0));
         }
-        let msg = match first {
+        let read = match first {
             Ok(m) => m,
             Err(why) => {
                 tracing::error!(queue = %q.name, vhost = %q.vhost, msg = id, "stored message cannot be read back ({why}); it stays in the journal and returns after a restart");
                 return Loaded::Unreadable;
             }
         };
-        let m = e.with_message(msg);
+        let current = e.expires_at.get();
+        let mut m = e.with_message(Arc::clone(&read.0));
         if restored {
-            if let Some(t) = restored_expiry(None, &m.msg, self.restored_at) {
-                if t <= now {
-                    return Loaded::Expired(m);
-                }
+            m.expires_at = self.restored_deadline(current, &read, q, now);
+            if m.expires_at.is_some_and(|t| t <= now) {
+                return Loaded::Expired(m);
             }
         }
         Loaded::Ready(m)
@@ -225,7 +269,7 @@ impl Pager {
             let paged = Body::Paged {
                 bytes: u32::try_from(m.body_bytes()).unwrap_or(u32::MAX),
                 priority: m.priority,
-                restored: false,
+                restored: Restored::No,
             };
             ready.set_body(l, i, paged);
         }

@@ -28,6 +28,7 @@ mod retry;
 mod settings;
 mod stream;
 mod tally;
+mod times;
 use crate::dead_letter::{DeadLetter, DeathReason};
 use crate::durable::{Done, Durability, PAGING_BIT};
 use crate::events::{self, Origin};
@@ -35,7 +36,7 @@ use crate::limits::{FLOW_ACTIVE_MS, FLOW_READY_MAX, PAGE_SCAN_EVERY_MESSAGES};
 use crate::message::Message;
 use crate::paging::{Loaded, Pager, QueueRef};
 pub use crate::ready::QueuedMessage;
-use crate::ready::{Body, Deadline, Entry, Ready, StoredId};
+use crate::ready::{Body, Deadline, Entry, Ready, Restored, StoredId};
 use crate::timers::{TimerTarget, Timers};
 use effects::Effects;
 pub(crate) use quorum::release_on_commit;
@@ -323,6 +324,7 @@ impl Queue {
     /// The next moment this queue needs attention, if newer than what is
     /// already registered.
     fn schedule(&self, s: &mut QueueState, now: Instant) -> Option<Instant> {
+        self.settle_head_times(s, now);
         let ttl = s
             .ready
             .front()
@@ -392,7 +394,11 @@ impl Queue {
         including_now: bool,
         fx: &mut Effects,
     ) {
-        while let Some(m) = s.ready.front() {
+        loop {
+            self.settle_head_times(s, now);
+            let Some(m) = s.ready.front() else {
+                break;
+            };
             match m.expires_at.get() {
                 Some(t) if t < now || (including_now && t == now) => {
                     let e = s.ready.pop_front().expect("front exists");
@@ -468,6 +474,8 @@ impl Queue {
             name: &self.name,
             vhost: &self.vhost_name,
             store_id: self.store_id,
+            ttl_ms: self.args().message_ttl_ms,
+            now_unix_ms: self.unix_time_ms(),
         }
     }
 
@@ -827,17 +835,10 @@ impl Queue {
         })
     }
 
-    /// Puts back a message recovered from the journal (flagged redelivered:
-    /// it may have been delivered before the restart).
-    pub fn restore(self: &Arc<Self>, msg: Arc<Message>, stored: u64, now: Instant) {
-        self.with_state(now, |q, s, _fx| {
-            q.push_new(s, msg, Some(stored), true, now);
-            q.page_out(s);
-        });
-    }
-
     /// Puts back a message recovered from the journal without reading it:
-    /// its body stays on disk until it is delivered. `bytes` is its stored
+    /// its body stays on disk until it is delivered, and its deadline is
+    /// the queue's TTL from `now` until its stored times are read at the
+    /// head (`queue/times.rs`). `bytes` is its stored
     /// size; `priority` matters only with `x-max-priority`.
     pub fn restore_paged(self: &Arc<Self>, stored: u64, bytes: u32, priority: u8, now: Instant) {
         self.restore_paged_many(&[(stored, bytes)], priority, now);
@@ -867,7 +868,7 @@ impl Queue {
                     body: Body::Paged {
                         bytes,
                         priority,
-                        restored: true,
+                        restored: Restored::Unread,
                     },
                     seq,
                     returns: 0,

@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::durable::StoredTimes;
 use crate::message::Message;
 
 mod compact;
@@ -44,10 +45,25 @@ pub(crate) enum Body {
         /// Body bytes (for restored messages: the stored payload's length).
         bytes: u32,
         priority: u8,
-        /// Restored at startup without being read: its `expiration` is
-        /// checked when it is read, counted from the restart.
-        restored: bool,
+        /// Restored at startup without being read: what is known of its
+        /// times (see [`Restored`]).
+        restored: Restored,
     },
+}
+
+/// What a paged entry restored at startup says of when it expires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Restored {
+    /// Not restored, or its stored times were read: its deadline is exact.
+    No,
+    /// Put back without being read: its deadline is an upper bound (the
+    /// queue's TTL from the restart) until the times stored at the head of
+    /// its payload are read (`Queue::settle_head_times`, or its load).
+    Unread,
+    /// Stored without times (by a berth before them): its own
+    /// `expiration` counts from the restart, checked when it is read, and
+    /// the queue's TTL from the restart stands.
+    Untimed,
 }
 
 /// A ready message: its body (in memory or only in the journal) and this
@@ -101,8 +117,53 @@ impl Entry {
     }
 }
 
+/// The clocks a restored message's deadline is computed with.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RestoreClock {
+    /// Monotonic now, and the wall clock's reading of it (ms since the
+    /// Unix epoch).
+    pub(crate) now: Instant,
+    pub(crate) now_unix_ms: u64,
+    /// When the queue's messages were put back (no deadline is set further
+    /// than a whole TTL from it).
+    pub(crate) restored_at: Instant,
+    /// The queue's message TTL in force.
+    pub(crate) ttl_ms: Option<u64>,
+}
+
+/// A restored message's deadline from the times stored with it (issue
+/// 42): the queue's TTL and its own `expiration` each count from when it
+/// was enqueued, as they did before the restart or failover. Wall-clock
+/// times cross the restart, so a wall clock set back in between could
+/// stretch a life; each deadline is therefore capped at a whole TTL from
+/// the restart: a message never lives longer than its TTL by more than
+/// the step back (nor, as before times, by more than the time it spent
+/// before the restart). A clock set forward shortens it by the step.
+pub(crate) fn timed_deadline(t: StoredTimes, c: &RestoreClock) -> Option<Instant> {
+    let due = |ms: u64| {
+        let at_ms = t.enqueued_unix_ms.saturating_add(ms);
+        match at_ms.checked_sub(c.now_unix_ms) {
+            Some(left) => {
+                (c.now + Duration::from_millis(left)).min(c.restored_at + Duration::from_millis(ms))
+            }
+            // Due while berth was down: already past, so it expires at
+            // once (a deadline equal to now would wait for the next tick).
+            None => {
+                let late = Duration::from_millis(c.now_unix_ms - at_ms);
+                c.now.checked_sub(late).unwrap_or(c.now)
+            }
+        }
+    };
+    [c.ttl_ms, t.expiration_ms]
+        .into_iter()
+        .flatten()
+        .map(due)
+        .min()
+}
+
 /// A restored message's expiry: its `expiration` counts from the restart
-/// (the earlier of that and `current`, the queue TTL's deadline).
+/// (the earlier of that and `current`, the queue TTL's deadline). For a
+/// message stored without times; see [`timed_deadline`].
 pub(crate) fn restored_expiry(
     current: Option<Instant>,
     msg: &Message,
@@ -263,6 +324,58 @@ mod tests {
             std::mem::size_of::<Entry>() <= 48,
             "Entry is {} bytes",
             std::mem::size_of::<Entry>()
+        );
+    }
+
+    /// Issue 42: a restored message's deadline from its stored times, in
+    /// every case the wall clock can put it (docs/DURABILITY.md).
+    #[test]
+    fn a_restored_deadline_counts_from_the_enqueue_and_never_past_a_ttl_from_the_restart() {
+        let now = Instant::now() + Duration::from_secs(3_600);
+        let ms = Duration::from_millis;
+        let clock = |now_unix_ms, ttl_ms| RestoreClock {
+            now,
+            now_unix_ms,
+            restored_at: now,
+            ttl_ms,
+        };
+        let times = |enqueued_unix_ms, expiration_ms| StoredTimes {
+            enqueued_unix_ms,
+            expiration_ms,
+        };
+        let t0 = 1_700_000_000_000;
+        // Enqueued 2 s before now, TTL 3 s: 1 s left.
+        assert_eq!(
+            timed_deadline(times(t0, None), &clock(t0 + 2_000, Some(3_000))),
+            Some(now + ms(1_000))
+        );
+        // The shorter of the queue's TTL and its own expiration.
+        assert_eq!(
+            timed_deadline(times(t0, Some(2_500)), &clock(t0 + 2_000, Some(3_000))),
+            Some(now + ms(500))
+        );
+        assert_eq!(
+            timed_deadline(times(t0, Some(2_500)), &clock(t0 + 2_000, None)),
+            Some(now + ms(500))
+        );
+        // Neither: no deadline.
+        assert_eq!(
+            timed_deadline(times(t0, None), &clock(t0 + 2_000, None)),
+            None
+        );
+        // Due while down, 4 s ago: already past (expires at start).
+        assert_eq!(
+            timed_deadline(times(t0, None), &clock(t0 + 5_000, Some(1_000))),
+            Some(now - ms(4_000))
+        );
+        // The wall clock was set back an hour: capped a TTL from the restart.
+        assert_eq!(
+            timed_deadline(times(t0, None), &clock(t0 - 3_600_000, Some(3_000))),
+            Some(now + ms(3_000))
+        );
+        // Set forward an hour: expires at once (earlier by the step).
+        assert!(
+            timed_deadline(times(t0, None), &clock(t0 + 3_600_000, Some(3_000))).unwrap() < now
         );
     }
 }

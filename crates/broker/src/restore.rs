@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 
 use crate::broker::Broker;
 use crate::durable::{
-    decode_retry_mark, due_of, retry_id, retry_id_of, JournalError, RetryMark, DUE_BYTES,
+    decode_retry_mark, due_of, retry_id, retry_id_of, times_of, JournalError, RetryMark, DUE_BYTES,
 };
 use crate::limits::{RESTORE_PAGED_RUN_MESSAGES, RESTORE_READ_BATCH_MESSAGES, RESTORE_THREADS_MAX};
 use crate::message::Message;
@@ -490,10 +490,10 @@ impl Broker {
             }
             match body
                 .map_err(|e| e.to_string())
-                .and_then(|p| Message::from_stored(&p))
+                .and_then(|p| Ok((Message::from_stored(&p)?, times_of(&p))))
             {
-                Ok(m) => {
-                    q.restore(m, mid, now);
+                Ok((m, times)) => {
+                    q.restore(m, mid, times, now);
                     report.messages += 1;
                 }
                 Err(why) => report

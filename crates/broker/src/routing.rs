@@ -19,7 +19,7 @@ use crate::args::Overflow;
 use crate::dead_letter::DeathReason;
 use crate::delayed_args::delay_ms;
 use crate::durable::{
-    split_done, Done, Durability, EventSink, JournalError, MessageHead, MessageParts,
+    split_done, Done, Durability, EventSink, JournalError, MessageHead, MessageParts, StoredTimes,
 };
 use crate::events::{self, Event, EventKind, Origin};
 use crate::exchange::{Destination, Exchange, Hops};
@@ -202,8 +202,14 @@ pub(crate) fn deliver_to(
     } else {
         // A quorum queue delivers it once this write is durable.
         let done = crate::queue::release_on_commit(targets, msg, record_done);
+        // The times go with the record, so its TTL counts from now after
+        // a restart, or on another member after a failover (issue 42).
+        let times = targets.first().map(|q| StoredTimes {
+            enqueued_unix_ms: q.unix_time_ms(),
+            expiration_ms: msg.expiration_ms,
+        });
         // In parts: the journal copies the body once, into its batch.
-        match MessageHead::new(&msg.exchange, &msg.routing_key, msg.properties.len()) {
+        match MessageHead::timed(times, &msg.exchange, &msg.routing_key, msg.properties.len()) {
             Ok(head) => {
                 let id = dur.new_message_id();
                 let payload = MessageParts {

@@ -16,9 +16,18 @@
 //! version was bumped so that a binary that ignores the salt refuses a
 //! salted store instead of taking every record for damage.
 //!
+//! Version 3 changed no byte of the manifest: it says that the broker's
+//! message payloads in this store may open with their times (issue 42,
+//! docs/FORMAT.md "Message payload"), which a berth before them cannot
+//! read. A store of version 1 or 2 is upgraded to 3 when this build opens
+//! it, before anything is written, and says so in the log: a berth before
+//! times then refuses the store, naming its manifest, instead of leaving
+//! every message written since unread.
+//!
 //! Invariants:
-//! - Written once, at store creation, via temp file + fsync + rename +
-//!   directory fsync; never rewritten. A store whose manifests disagree
+//! - Written at store creation, via temp file + fsync + rename +
+//!   directory fsync; rewritten (the same way, every field kept) only to
+//!   raise an older version to this one. A store whose manifests disagree
 //!   (another store's directory, reordered `data_dirs`) refuses to open.
 
 use std::path::{Path, PathBuf};
@@ -29,7 +38,7 @@ use crate::limits::LOG_GROUPS_MAX;
 use crate::storage::Storage;
 
 /// Version of the manifest written by this build.
-pub const MANIFEST_VERSION: u32 = 2;
+pub const MANIFEST_VERSION: u32 = 3;
 /// Oldest manifest version this build reads (1: no record salt).
 pub const MANIFEST_VERSION_MIN: u32 = 1;
 
@@ -144,6 +153,15 @@ impl Manifest {
     }
 }
 
+/// The format version of manifest bytes that [`Manifest::decode`] took.
+pub fn version_of(b: &[u8]) -> u32 {
+    u32::from_le_bytes(
+        b[MAN_OFF_VERSION..MAN_OFF_GROUP_COUNT]
+            .try_into()
+            .expect("4 bytes"),
+    )
+}
+
 /// Directory of group `g` among the store's data directories `dirs`
 /// (groups are dealt round-robin over them).
 pub fn group_dir(dirs: &[PathBuf], g: u32) -> PathBuf {
@@ -205,7 +223,7 @@ mod tests {
         #[rustfmt::skip]
         assert_eq!(&b[..40], &[
             b'B', b'E', b'R', b'T', b'H', b'M', b'A', b'N',
-            2, 0, 0, 0,   4, 0, 0, 0,   2, 0, 0, 0,   1, 0, 0, 0,
+            3, 0, 0, 0,   4, 0, 0, 0,   2, 0, 0, 0,   1, 0, 0, 0,
             8, 7, 6, 5, 4, 3, 2, 1,
             1, 0, 0, 0,   0xD4, 0xC3, 0xB2, 0xA1,
         ]);
@@ -261,12 +279,13 @@ mod tests {
         let m = Manifest::decode(&b, Path::new("M")).unwrap();
         assert_eq!(m.record_salt, 0);
         assert_eq!(m.group_count, 4);
-        b[8] = 3;
+        assert_eq!(version_of(&b), 1);
+        b[8] = 4;
         let crc = crc32c::crc32c(&b[..40]);
         b[40..].copy_from_slice(&crc.to_le_bytes());
         assert!(matches!(
             Manifest::decode(&b, Path::new("M")),
-            Err(StoreError::FormatVersion { found: 3, .. })
+            Err(StoreError::FormatVersion { found: 4, .. })
         ));
     }
 }

@@ -832,6 +832,7 @@ fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<(u32, u
     let dir_count = u32::try_from(config.data_dirs.len())
         .map_err(|e| StoreError::Config(format!("too many data_dirs: {e}")))?;
     let mut found: Vec<Option<Manifest>> = Vec::new();
+    let mut oldest_version = manifest::MANIFEST_VERSION;
     for dir in &config.data_dirs {
         storage
             .create_dir_all(dir)
@@ -843,6 +844,7 @@ fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<(u32, u
             let path = dir.join(MANIFEST_NAME);
             let bytes = manifest::read_all(storage, &path)?;
             found.push(Some(Manifest::decode(&bytes, &path)?));
+            oldest_version = oldest_version.min(manifest::version_of(&bytes));
         } else {
             found.push(None);
         }
@@ -885,6 +887,18 @@ fn open_manifests(config: &StoreConfig, storage: &dyn Storage) -> Result<(u32, u
                 dir.display()
             )));
         }
+    }
+    if oldest_version < manifest::MANIFEST_VERSION {
+        // Before anything is written: from here on payloads may carry
+        // times, which a berth before them cannot read (manifest.rs).
+        for (m, dir) in found.iter().flatten().zip(&config.data_dirs) {
+            m.write(storage, dir)?;
+        }
+        tracing::info!(
+            from = oldest_version,
+            to = manifest::MANIFEST_VERSION,
+            "store format upgraded (messages now carry their times); a berth before this version refuses the store"
+        );
     }
     if first.group_count != config.log_groups {
         tracing::warn!(configured = config.log_groups, on_disk = first.group_count,

@@ -87,6 +87,15 @@ fn golden_store_image_of_format_1_opens_with_every_message_and_verifies() {
     let expected: Vec<usize> = (0..40).filter(|i| i % 2 == 1 || *i >= 20).collect();
     assert_eq!(numbers, expected);
     store.close().unwrap();
+
+    // Opened by this build, the store says its payloads may now carry
+    // times (manifest version 3), so a berth before them refuses it.
+    let layout = Layout::open(&OsStorage, std::slice::from_ref(&dir)).unwrap();
+    assert_eq!(layout.manifest_version, 3);
+    assert_eq!(layout.manifest.group_count, 2);
+    let (store, rec) = Store::open(StoreConfig::new(dir.clone())).expect("opens again");
+    assert_eq!(rec.queues.values().map(Vec::len).sum::<usize>(), 30);
+    store.close().unwrap();
 }
 
 /// The golden image (written by berth 0.1.0) reshapes to another group

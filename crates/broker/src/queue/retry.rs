@@ -182,7 +182,7 @@ impl Queue {
                     e.body = Body::Paged {
                         bytes: u32::try_from(msg.body_bytes()).unwrap_or(u32::MAX),
                         priority: msg.priority,
-                        restored: false,
+                        restored: crate::ready::Restored::No,
                     };
                 }
             }

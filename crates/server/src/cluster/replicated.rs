@@ -246,6 +246,12 @@ impl Journal for ReplicatedJournal {
         self.local.read_many(queue, msgs)
     }
 
+    fn read_heads(&self, queue: u64, msgs: &[u64], len: usize) -> Vec<Result<Bytes, JournalError>> {
+        // The store's own: the default would read whole bodies (every
+        // pending delayed message's, at a new leader's start).
+        self.local.read_heads(queue, msgs, len)
+    }
+
     fn pages(&self) -> bool {
         self.local.pages()
     }
