@@ -199,6 +199,9 @@ def test_a_shovel_is_listed_exported_kept_across_a_restart_and_deleted(berths):
     b.start()
     assert b.api("GET", "parameters/shovel/%2f/keep").json() == param
     assert wait_until(lambda: shovel_state(b, "keep")["state"] == "running", timeout_s=10)
+    assert b.api("DELETE", "shovels/vhost/%2f/keep/restart").status_code == 204
+    assert wait_until(lambda: shovel_state(b, "keep")["state"] == "running", timeout_s=10)
+    assert b.api("DELETE", "shovels/vhost/%2f/nope/restart").status_code == 404
     assert b.api("DELETE", "parameters/shovel/%2f/keep").status_code == 204
     assert b.api("GET", "shovels").json() == []
     # Imported from definitions (as RabbitMQ exports it), into another berth.
@@ -211,6 +214,11 @@ def test_a_shovel_is_listed_exported_kept_across_a_restart_and_deleted(berths):
     other.stop()
     other.start()
     assert other.api("GET", "parameters/shovel/%2f/keep").json() == param
+    # A vhost's shovels go with it, as its parameters do in RabbitMQ.
+    assert other.api("PUT", "vhosts/v2").status_code == 201
+    assert put_shovel(other, "in-v2", value, vhost="v2").status_code == 201
+    assert other.api("DELETE", "vhosts/v2").status_code == 204
+    assert other.api("GET", "parameters/shovel").json() == [param]
 
 
 def test_failing_shovels_report_why_and_do_not_hold_up_the_others(berths):

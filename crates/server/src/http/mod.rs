@@ -174,6 +174,10 @@ pub fn router(state: HttpState) -> Router {
             "/api/shovels/vhost/{vhost}/{name}",
             get(shovels::status_one),
         )
+        .route(
+            "/api/shovels/vhost/{vhost}/{name}/restart",
+            delete(shovels::restart),
+        )
         .route("/api/connections", get(connections::list))
         .route(
             "/api/connections/{name}",

@@ -187,6 +187,11 @@ const ROUTES: &[(&str, &[&str], &str)] = &[
         "One shovel's state",
     ),
     (
+        "/api/shovels/vhost/{vhost}/{name}/restart",
+        &["delete"],
+        "Restart a shovel",
+    ),
+    (
         "/api/berth/store/compact",
         &["post"],
         "Compact the store now; answers the segment bytes freed (administrator)",

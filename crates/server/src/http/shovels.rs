@@ -257,3 +257,38 @@ pub(super) async fn status_one(
         None => not_found(),
     }
 }
+
+/// The shovels of a deleted vhost are deleted with it (a failure to
+/// write the file is logged: the vhost is gone either way).
+pub(super) fn forget_vhost(st: &HttpState, vhost: &str) {
+    let Some(s) = &st.shared.shovels else { return };
+    for l in s.list(Some(vhost)) {
+        if let Err(e) = s.delete(vhost, &l.def.name) {
+            tracing::error!(vhost, shovel = %l.def.name, error = %e,
+                "the shovel of a deleted vhost could not be deleted");
+        }
+    }
+}
+
+/// `DELETE /api/shovels/vhost/{vhost}/{name}/restart` (RabbitMQ 3.10):
+/// stops the shovel (what it held goes back to its source) and starts it
+/// again at once.
+pub(super) async fn restart(
+    State(st): State<HttpState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    Path((vhost, name)): Path<(String, String)>,
+) -> Response {
+    if let Err(r) = authorise(&st, &headers, peer, &vhost) {
+        return r;
+    }
+    let s = match shovels(&st) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    if s.restart(&vhost, &name) {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        not_found()
+    }
+}

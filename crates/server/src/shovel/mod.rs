@@ -136,6 +136,20 @@ impl Shovels {
         Ok(true)
     }
 
+    /// Stops a shovel and starts it again (its definition unchanged);
+    /// `false` when there is none.
+    pub fn restart(&self, vhost: &str, name: &str) -> bool {
+        let mut running = self.running.lock();
+        let key = (vhost.to_owned(), name.to_owned());
+        let Some(old) = running.remove(&key) else {
+            return false;
+        };
+        let _task_gone_already = old.stop.send(true);
+        let def = Definition::clone(&old.def);
+        running.insert(key, self.spawn(def));
+        true
+    }
+
     pub fn get(&self, vhost: &str, name: &str) -> Option<Arc<Definition>> {
         let running = self.running.lock();
         let key = (vhost.to_owned(), name.to_owned());
