@@ -175,16 +175,21 @@ def main():
         else:
             berth.kill9()
             berth.start()
+        shovels = f"http://127.0.0.1:{berth.http}/api/shovels"
+
+        def running():
+            got = requests.get(shovels, auth=("guest", "guest"), timeout=10).json()
+            return all(s["state"] == "running" for s in got)
         deadline = time.time() + 600
         while time.time() < deadline:
-            if (count(ruri, "r2b-src") == 0 and count(berth.uri(), "b2r-src") == 0
+            if (running() and count(ruri, "r2b-src") == 0 and count(berth.uri(), "b2r-src") == 0
                     and count(berth.uri(), "r2b-dst") >= n and count(ruri, "b2r-dst") >= n):
                 break
             time.sleep(0.5)
-        print(f"moved both ways in {time.time() - started:.1f} s (including the fault)")
-        status = requests.get(f"http://127.0.0.1:{berth.http}/api/shovels",
-                              auth=("guest", "guest"), timeout=10).json()
-        print("states:", {s["name"]: s["state"] for s in status})
+        print(f"moved both ways, shovels running again, {time.time() - started:.1f} s "
+              "after the shovels were defined (including the fault)")
+        status = requests.get(shovels, auth=("guest", "guest"), timeout=10).json()
+        print("states:", {s["name"]: (s["state"], s.get("reason", "")) for s in status})
         ok = report("RabbitMQ -> berth", drain_ids(berth.uri(), "r2b-dst"), n)
         ok = report("berth -> RabbitMQ", drain_ids(ruri, "b2r-dst"), n) and ok
     finally:
