@@ -275,6 +275,36 @@ def test_src_delete_after_queue_length_moves_the_backlog_then_deletes_itself(ber
     conn.close()
 
 
+def test_exchange_ends_and_the_other_ack_modes_move_every_message(berths):
+    b = berths()
+    conn = b.connect()
+    ch = conn.channel()
+    ch.queue_declare("am-b", durable=True)
+    ch.queue_bind("am-b", "amq.direct", "am-b")
+    # on-publish, queue -> exchange with a routing key of its own.
+    assert put_shovel(b, "to-x", {
+        "src-uri": b.uri(), "src-queue": "am-a", "dest-uri": b.uri(),
+        "dest-exchange": "amq.direct", "dest-exchange-key": "am-b",
+        "ack-mode": "on-publish"}).status_code == 201
+    # no-ack, exchange (a server-named queue bound with the key) -> queue.
+    assert put_shovel(b, "from-x", {
+        "src-uri": b.uri(), "src-exchange": "amq.topic", "src-exchange-key": "t.#",
+        "dest-uri": b.uri(), "dest-queue": "am-c", "ack-mode": "no-ack"}).status_code == 201
+    assert wait_until(lambda: all(s["state"] == "running"
+                                  for s in b.api("GET", "shovels").json()), timeout_s=10)
+    s = shovel_state(b, "from-x")
+    assert s["src_exchange"] == "amq.topic" and s["src_exchange_key"] == "t.#"
+    publish_ids(conn, "am-a", range(1000))
+    ch.confirm_delivery()
+    for i in range(1000):
+        ch.basic_publish("amq.topic", "t.x" if i % 2 else "u.x", str(i).encode())
+    assert wait_until(lambda: count(conn, "am-b") == 1000 and count(conn, "am-c") == 500,
+                      timeout_s=10), (count(conn, "am-b"), count(conn, "am-c"))
+    check_every_id(drain_ids(conn, "am-b"), 1000, "on-publish, queue -> exchange")
+    assert sorted(drain_ids(conn, "am-c")) == list(range(1, 1000, 2))
+    conn.close()
+
+
 # --------------------------------------------------------------------------
 # Moving messages
 # --------------------------------------------------------------------------
