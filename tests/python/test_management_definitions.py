@@ -64,7 +64,7 @@ def test_a_rabbitmq_3_10_export_imports_and_reports_what_it_did_not(fresh_berth)
     assert r.status_code == 200, r.text
     report = r.json()
     assert report["imported"] == {"queues": 3, "exchanges": 3, "bindings": 3, "policies": 1,
-                                  "users": 2, "vhosts": 1, "permissions": 2,
+                                  "shovels": 0, "users": 2, "vhosts": 1, "permissions": 2,
                                   "topic_permissions": 0}
     skipped = "\n".join(report["not_imported"])
     # Nothing dropped silently: the vhost limit and the global parameter

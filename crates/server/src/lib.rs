@@ -36,6 +36,7 @@ pub mod permissions;
 pub mod registry;
 pub mod reshape;
 pub mod settings;
+pub mod shovel;
 pub mod state;
 pub mod stats;
 pub mod stream;
@@ -110,6 +111,9 @@ struct Serving {
     journal: Arc<journal::StoreJournal>,
     /// For the removals still waiting at shutdown (dead-lettering).
     broker: Arc<berth_broker::Broker>,
+    /// Stopped first at shutdown, so their own connections to this
+    /// broker do not hold up its grace period.
+    shovels: Option<Arc<shovel::Shovels>>,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -130,6 +134,9 @@ impl Running {
 
 impl Serving {
     async fn shutdown(self) {
+        if let Some(shovels) = &self.shovels {
+            shovels.stop_all();
+        }
         let _receivers_may_be_gone = self.shutdown.send(true);
         let wait = Duration::from_millis(limits::SHUTDOWN_GRACE_MS + limits::SHUTDOWN_SLACK_MS);
         if tokio::time::timeout(wait, self.task).await.is_err() {
@@ -204,6 +211,7 @@ pub fn lock_data_dirs(dirs: &[PathBuf]) -> Result<Vec<File>, ServerError> {
 /// Imports a RabbitMQ definitions file (`management.load_definitions`).
 fn load_definitions(
     broker: &berth_broker::Broker,
+    shovels: Option<&shovel::Shovels>,
     path: &std::path::Path,
 ) -> Result<(), ServerError> {
     let fail = |why: String| {
@@ -215,7 +223,7 @@ fn load_definitions(
     let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
     let defs: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| fail(format!("not valid JSON: {e}")))?;
-    let report = http::import_definitions(broker, &defs, None).map_err(fail)?;
+    let report = http::import_definitions(broker, shovels, &defs, None).map_err(fail)?;
     tracing::info!(
         queues = report.queues,
         exchanges = report.exchanges,
@@ -281,8 +289,17 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
             .await
             .map_err(|e| ServerError::Startup(format!("store recovery did not finish: {e}")))??
     };
+    // Started once the listeners are bound, so a shovel whose URI is this
+    // broker connects (its accept loop starts in `serve_broker`); before
+    // the definitions file, which may hold shovels.
+    let dir = config.store.data_dirs.first().cloned();
+    let shovels = shovel::Shovels::start(dir, http::node_name().to_owned()).map_err(|e| {
+        ServerError::Startup(format!(
+            "cannot load the shovels: {e} (fix the file or move it aside)"
+        ))
+    })?;
     if let Some(path) = &config.management.load_definitions {
-        load_definitions(&broker, path)?;
+        load_definitions(&broker, Some(&shovels), path)?;
     }
     let ready = ready_line(&listeners, None);
     let (amqp_addrs, amqps_addrs, http_addrs, mqtt_addrs) = (
@@ -291,7 +308,7 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         listeners.http.addrs.clone(),
         listeners.mqtt.addrs.clone(),
     );
-    let serving = serve_broker(config, listeners, broker, journal, None)?;
+    let serving = serve_broker(config, listeners, (broker, Some(shovels)), journal, None)?;
     tracing::info!("{ready}");
     Ok(Running {
         amqp_addrs,
@@ -496,7 +513,7 @@ async fn lead(
     serve_broker(
         config.clone(),
         listeners,
-        broker,
+        (broker, None),
         journal,
         Some(Arc::clone(&member.view)),
     )
@@ -507,7 +524,7 @@ async fn lead(
 fn serve_broker(
     config: Config,
     listeners: Listeners,
-    broker: Arc<berth_broker::Broker>,
+    (broker, shovels): (Arc<berth_broker::Broker>, Option<Arc<shovel::Shovels>>),
     journal: Arc<journal::StoreJournal>,
     cluster: Option<Arc<cluster::view::ClusterView>>,
 ) -> Result<Serving, ServerError> {
@@ -530,6 +547,7 @@ fn serve_broker(
         disk: Arc::default(),
         logins,
         cluster,
+        shovels: shovels.clone(),
     });
     let (tx, rx) = watch::channel(false);
     disk::spawn_watch(
@@ -581,6 +599,7 @@ fn serve_broker(
     Ok(Serving {
         journal,
         broker,
+        shovels,
         shutdown: tx,
         task,
     })

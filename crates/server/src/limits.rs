@@ -323,3 +323,27 @@ pub const STREAM_PROTO_OUTPUT_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// Publisher sequences (deduplication) reach the tracking file at most
 /// this long after their confirm (stored offsets at once).
 pub const STREAM_TRACKING_SAVE_MS: u64 = 1_000;
+
+// ---- Shovels (shovel/, docs/SHOVELS.md) ----
+
+/// `src-prefetch-count` when not given: unacknowledged messages a
+/// shovel takes from its source (RabbitMQ's default).
+pub const SHOVEL_PREFETCH_COUNT_DEFAULT: u16 = 1_000;
+
+/// `reconnect-delay` when not given, in seconds: RabbitMQ 3.10's for
+/// dynamic shovels (its static shovels wait 5 s).
+pub const SHOVEL_RECONNECT_DELAY_S_DEFAULT: f64 = 1.0;
+
+/// Consecutive failures double the wait before the next attempt, from
+/// `reconnect-delay` up to this (or `reconnect-delay` if larger), so an
+/// endpoint that is down for long is not hammered.
+pub const SHOVEL_RECONNECT_DELAY_MS_MAX: u64 = 30_000;
+
+/// A connection attempt to one URI (TCP, AMQP handshake, login, channel
+/// and declarations) gives up after this, so a silent host counts as
+/// a failure rather than a hang.
+pub const SHOVEL_CONNECT_TIMEOUT_MS: u64 = 10_000;
+
+/// A deleted or changed shovel closes its connections within this
+/// (what it had not acknowledged goes back to its source queue).
+pub const SHOVEL_CLOSE_TIMEOUT_MS: u64 = 3_000;

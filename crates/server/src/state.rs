@@ -26,4 +26,7 @@ pub struct Shared {
     pub logins: crate::throttle::LoginThrottle,
     /// This member's cluster, when it is one (it then serves as leader).
     pub cluster: Option<Arc<crate::cluster::view::ClusterView>>,
+    /// The dynamic shovels; none on a cluster member (not supported
+    /// there yet, docs/SHOVELS.md).
+    pub shovels: Option<Arc<crate::shovel::Shovels>>,
 }

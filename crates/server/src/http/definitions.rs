@@ -4,7 +4,8 @@
 //!
 //! Invariants:
 //! - An import never drops anything silently: every object it does not
-//!   import (an unsupported section, a parameter, a vhost berth lacks) is
+//!   import (an unsupported section, a parameter other than a shovel, a
+//!   vhost berth lacks) is
 //!   listed in the answer's `not_imported` and logged.
 //! - Exports leave out what an import cannot recreate: exclusive queues,
 //!   the default and `amq.*` exchanges, the default exchange's implicit
@@ -21,6 +22,8 @@ use berth_broker::vhost::{ExchangeDeclare, QueueDeclare, VHost};
 use berth_broker::Broker;
 use serde_json::{json, Map, Value};
 
+use crate::shovel::Shovels;
+
 use super::access::{export_access, import_access_json};
 use super::bindings::vhost_bindings;
 use super::queues::{sorted_queues, API_CONNECTION_ID};
@@ -36,6 +39,7 @@ pub struct ImportReport {
     /// only).
     pub access: super::access::Imported,
     pub policies: usize,
+    pub shovels: usize,
     /// One line per object not imported, saying why.
     pub not_imported: Vec<String>,
 }
@@ -106,9 +110,9 @@ pub(super) async fn export_all(State(st): State<HttpState>, _: AdminAuthed) -> R
         es.extend(e);
         bs.extend(b);
     }
-    for k in ["parameters", "global_parameters"] {
-        out.insert(k.into(), json!([]));
-    }
+    let parameters = shovel_parameters(&st, None);
+    out.insert("parameters".into(), Value::Array(parameters));
+    out.insert("global_parameters".into(), json!([]));
     out.insert(
         "policies".into(),
         Value::Array(super::policies::all_json(
@@ -133,7 +137,10 @@ pub(super) async fn export_vhost(
     };
     let mut out = header();
     let (q, e, b) = vhost_objects(&v, false);
-    out.insert("parameters".into(), json!([]));
+    out.insert(
+        "parameters".into(),
+        Value::Array(shovel_parameters(&st, Some(&vhost))),
+    );
     let mut policies: Vec<Value> = v
         .policies()
         .policies
@@ -149,6 +156,23 @@ pub(super) async fn export_vhost(
     out.insert("exchanges".into(), Value::Array(e));
     out.insert("bindings".into(), Value::Array(b));
     Json(Value::Object(out)).into_response()
+}
+
+/// The shovels as RabbitMQ's `parameters` entries (without `vhost` in a
+/// per-vhost export).
+fn shovel_parameters(st: &HttpState, only_vhost: Option<&str>) -> Vec<Value> {
+    let Some(shovels) = &st.shared.shovels else {
+        return Vec::new();
+    };
+    (shovels.list(only_vhost).iter())
+        .map(|l| {
+            let mut p = super::shovels::parameter_json(&l.def);
+            if only_vhost.is_some() {
+                p.as_object_mut().map(|m| m.remove("vhost"));
+            }
+            p
+        })
+        .collect()
 }
 
 fn bool_of(x: &Value, key: &str, default: bool) -> bool {
@@ -168,6 +192,7 @@ fn str_of<'a>(x: &'a Value, key: &str) -> &'a str {
 /// the first object the broker refuses (as RabbitMQ does), saying which.
 pub fn import(
     broker: &Broker,
+    shovels: Option<&Shovels>,
     defs: &Value,
     only_vhost: Option<&str>,
 ) -> Result<ImportReport, String> {
@@ -179,16 +204,15 @@ pub fn import(
         report.access = import_access_json(broker, defs)?;
     }
     import_policies(broker, defs, only_vhost, &mut report)?;
-    for section in ["parameters", "global_parameters"] {
-        for p in defs[section].as_array().into_iter().flatten() {
-            report.not_imported.push(format!(
-                "{section} '{}' in vhost '{}': not supported yet",
-                str_of(p, "name"),
-                str_of(p, "vhost")
-            ));
-        }
+    for p in defs["global_parameters"].as_array().into_iter().flatten() {
+        report.not_imported.push(format!(
+            "global_parameters '{}': not supported yet",
+            str_of(p, "name"),
+        ));
     }
     import_topology(broker, defs, only_vhost, &mut report)?;
+    // After the topology: a shovel starts at once and may need its queues.
+    import_parameters(broker, shovels, defs, only_vhost, &mut report)?;
     for line in &report.not_imported {
         tracing::warn!("definitions: not imported: {line}");
     }
@@ -225,6 +249,49 @@ fn import_policies(
                 .map_err(|e| format!("{}: {e}", what()))?;
             report.policies += 1;
         }
+    }
+    Ok(())
+}
+
+/// The `parameters` section of [`import`]: shovels are imported (and
+/// started), every other component is listed as not imported.
+fn import_parameters(
+    broker: &Broker,
+    shovels: Option<&Shovels>,
+    defs: &Value,
+    only_vhost: Option<&str>,
+    report: &mut ImportReport,
+) -> Result<(), String> {
+    for p in defs["parameters"].as_array().into_iter().flatten() {
+        let (component, name, vhost) = (
+            str_of(p, "component"),
+            str_of(p, "name"),
+            only_vhost.unwrap_or_else(|| str_of(p, "vhost")),
+        );
+        let what = || format!("parameters '{name}' in vhost '{vhost}' (component '{component}')");
+        if component != "shovel" {
+            report
+                .not_imported
+                .push(format!("{}: not supported yet", what()));
+            continue;
+        }
+        let Some(shovels) = shovels else {
+            report.not_imported.push(format!(
+                "{}: shovels are not supported on a cluster member yet",
+                what()
+            ));
+            continue;
+        };
+        if broker.vhost(vhost).is_none() {
+            report
+                .not_imported
+                .push(format!("{}: vhost does not exist", what()));
+            continue;
+        }
+        let def = crate::shovel::definition::parse(vhost, name, &p["value"])
+            .map_err(|e| format!("{}: {}", what(), e.trim()))?;
+        shovels.put(def).map_err(|e| format!("{}: {e}", what()))?;
+        report.shovels += 1;
     }
     Ok(())
 }
@@ -332,7 +399,7 @@ fn answer(r: Result<ImportReport, String>) -> Response {
         Ok(r) => Json(json!({
             "imported": {
                 "queues": r.queues, "exchanges": r.exchanges, "bindings": r.bindings,
-                "policies": r.policies,
+                "policies": r.policies, "shovels": r.shovels,
                 "users": r.access.users, "vhosts": r.access.vhosts,
                 "permissions": r.access.permissions,
                 "topic_permissions": r.access.topic_permissions,
@@ -349,7 +416,12 @@ pub(super) async fn import_all(
     _: AdminAuthed,
     Json(defs): Json<Value>,
 ) -> Response {
-    answer(import(&st.shared.broker, &defs, None))
+    answer(import(
+        &st.shared.broker,
+        st.shared.shovels.as_deref(),
+        &defs,
+        None,
+    ))
 }
 
 pub(super) async fn import_vhost(
@@ -361,5 +433,10 @@ pub(super) async fn import_vhost(
     if let Err(r) = vhost_or_404(&st, &vhost) {
         return r;
     }
-    answer(import(&st.shared.broker, &defs, Some(&vhost)))
+    answer(import(
+        &st.shared.broker,
+        st.shared.shovels.as_deref(),
+        &defs,
+        Some(&vhost),
+    ))
 }

@@ -33,6 +33,7 @@ mod overview;
 mod permissions;
 mod policies;
 mod queues;
+mod shovels;
 mod store;
 mod store_alarms;
 mod stream_fields;
@@ -57,6 +58,7 @@ use crate::state::Shared;
 pub(crate) use crate::field_json::{json_table, table_json};
 pub(crate) use auth::{AdminAuthed, Authed};
 pub(crate) use error::{amqp_error, bad_request, error_400, not_found};
+pub(crate) use overview::node_name;
 
 /// What the handlers need.
 #[derive(Clone)]
@@ -153,6 +155,28 @@ pub fn router(state: HttpState) -> Router {
             get(policies::one)
                 .put(policies::put)
                 .delete(policies::delete),
+        )
+        .route("/api/parameters", get(shovels::parameters))
+        .route("/api/parameters/shovel", get(shovels::parameters))
+        .route(
+            "/api/parameters/shovel/{vhost}",
+            get(shovels::parameters_in),
+        )
+        .route(
+            "/api/parameters/shovel/{vhost}/{name}",
+            get(shovels::parameter)
+                .put(shovels::put)
+                .delete(shovels::delete),
+        )
+        .route("/api/shovels", get(shovels::status))
+        .route("/api/shovels/{vhost}", get(shovels::status_in))
+        .route(
+            "/api/shovels/vhost/{vhost}/{name}",
+            get(shovels::status_one),
+        )
+        .route(
+            "/api/shovels/vhost/{vhost}/{name}/restart",
+            delete(shovels::restart),
         )
         .route("/api/connections", get(connections::list))
         .route(

@@ -164,6 +164,34 @@ const ROUTES: &[(&str, &[&str], &str)] = &[
     ("/api/consumers/{vhost}", &["get"], "Consumers in a vhost"),
     ("/api/openapi.json", &["get"], "This description"),
     (
+        "/api/parameters",
+        &["get"],
+        "Runtime parameters (shovels only so far)",
+    ),
+    ("/api/parameters/shovel", &["get"], "Dynamic shovel definitions"),
+    (
+        "/api/parameters/shovel/{vhost}",
+        &["get"],
+        "Dynamic shovel definitions of a vhost",
+    ),
+    (
+        "/api/parameters/shovel/{vhost}/{name}",
+        &["get", "put", "delete"],
+        "A dynamic shovel: read, declare ({\"value\": {...}}), delete",
+    ),
+    ("/api/shovels", &["get"], "Shovels' states"),
+    ("/api/shovels/{vhost}", &["get"], "Shovels' states in a vhost"),
+    (
+        "/api/shovels/vhost/{vhost}/{name}",
+        &["get"],
+        "One shovel's state",
+    ),
+    (
+        "/api/shovels/vhost/{vhost}/{name}/restart",
+        &["delete"],
+        "Restart a shovel",
+    ),
+    (
         "/api/berth/store/compact",
         &["post"],
         "Compact the store now; answers the segment bytes freed (administrator)",

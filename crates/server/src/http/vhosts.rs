@@ -99,7 +99,11 @@ pub(super) async fn delete(
 ) -> Response {
     // The store waits run under block_in_place (see journal.rs).
     match st.shared.broker.delete_vhost(&name) {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Ok(()) => {
+            // Its runtime parameters go with it, as in RabbitMQ.
+            super::shovels::forget_vhost(&st, &name);
+            StatusCode::NO_CONTENT.into_response()
+        }
         Err(e) => access_error(&e),
     }
 }

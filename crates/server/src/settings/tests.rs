@@ -52,6 +52,17 @@ fn unknown_keys_are_an_error_not_silently_ignored() {
 }
 
 #[test]
+fn static_shovels_in_the_file_are_refused_as_not_supported_yet() {
+    let e = Config::from_toml("[shovel.orders]\nsrc_uri = \"amqp://h\"\n").unwrap_err();
+    let e = e.to_string();
+    assert!(
+        e.contains("static shovels") && e.contains("not supported"),
+        "{e}"
+    );
+    assert!(e.contains("/api/parameters/shovel"), "{e}");
+}
+
+#[test]
 fn bad_listen_address_is_reported_with_the_key() {
     let mut c = Config::default();
     c.net.amqp_listen = vec!["localhost".into()];
