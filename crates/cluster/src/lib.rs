@@ -33,6 +33,7 @@ mod meeting;
 mod node;
 mod probation;
 mod report;
+mod report_collect;
 pub mod snapshot_file;
 mod standing;
 mod state_machine;

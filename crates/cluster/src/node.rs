@@ -313,7 +313,7 @@ impl ClusterNode {
                 network_for_meeting.clone(),
                 identity.clone(),
             )),
-            tokio::spawn(crate::report::collect(
+            tokio::spawn(crate::report_collect::collect(
                 raft.clone(),
                 network_for_meeting,
                 reports.clone(),

@@ -19,14 +19,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use openraft::BasicNode;
-use openraft::ServerState;
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
-use crate::limits::{REPORT_FRESH_MS, REPORT_INTERVAL_MS};
-use crate::transport::Network;
-use crate::types::{NodeId, Raft};
+use crate::limits::REPORT_FRESH_MS;
+use crate::types::NodeId;
 
 /// A member's own alarms, each one sentence; empty when all is well.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,53 +59,12 @@ impl Reports {
         (at.elapsed() < Duration::from_millis(REPORT_FRESH_MS)).then(|| report.clone())
     }
 
-    fn heard(&self, id: NodeId, report: MemberReport) {
+    pub(crate) fn heard(&self, id: NodeId, report: MemberReport) {
         let mut heard = self.heard.lock();
         let changed = heard.get(&id).is_none_or(|(r, _)| *r != report);
         if changed && !report.alarms.is_empty() {
             tracing::warn!(member = id, alarms = %report.alarms.join("; "), "a cluster member reports alarms");
         }
         heard.insert(id, (report, Instant::now()));
-    }
-}
-
-/// While this member leads, asks every other member for its report once
-/// a second (all at once, each within the interval).
-pub(crate) async fn collect(raft: Raft, mut network: Network, reports: Arc<Reports>) {
-    use openraft::RaftNetworkFactory;
-    let interval = Duration::from_millis(REPORT_INTERVAL_MS);
-    let mut peers: BTreeMap<NodeId, (String, crate::transport::Peer)> = BTreeMap::new();
-    loop {
-        tokio::time::sleep(interval).await;
-        let (me, leads, members): (NodeId, bool, BTreeMap<NodeId, BasicNode>) = {
-            let m = raft.metrics();
-            let m = m.borrow();
-            let nodes = m.membership_config.membership().nodes();
-            (
-                m.id,
-                m.state == ServerState::Leader,
-                nodes.map(|(id, n)| (*id, n.clone())).collect(),
-            )
-        };
-        if !leads {
-            peers.clear(); // no connections held while following
-            continue;
-        }
-        peers.retain(|id, (addr, _)| members.get(id).is_some_and(|n| n.addr == *addr));
-        for (id, node) in &members {
-            if *id != me && !peers.contains_key(id) {
-                let peer = network.new_client(*id, node).await;
-                peers.insert(*id, (node.addr.clone(), peer));
-            }
-        }
-        let asks = peers
-            .iter_mut()
-            .map(|(id, (_, peer))| async move { (*id, peer.report(interval).await) });
-        for (id, answer) in futures_util::future::join_all(asks).await {
-            match answer {
-                Ok(report) => reports.heard(id, report),
-                Err(e) => tracing::debug!(member = id, error = %e, "no report from a member"),
-            }
-        }
     }
 }
