@@ -273,10 +273,13 @@ fn every_member_restarts_and_fails_over_with_a_backlog_larger_than_a_frame() {
         let t = Instant::now();
         cluster.restart(i);
         until_back(&cluster, i);
+        // Its peak while it restored the snapshot and applied the log
+        // after it, before it serves or sends anything else.
         println!(
-            "{} killed with kill -9 and back in step after {:?}",
+            "{} killed with kill -9 and back in step after {:?}; peak RSS of the restart {} MiB",
             cluster.nodes[i].name,
-            t.elapsed()
+            t.elapsed(),
+            cluster.nodes[i].pid().map_or(0, peak_rss_mib)
         );
     }
     for n in &cluster.nodes {

@@ -23,6 +23,14 @@ pub const APPEND_BYTES_TARGET: usize = 4 * 1024 * 1024;
 /// are a few dozen bytes): a stranger cannot make a node allocate more.
 pub const HANDSHAKE_FRAME_BYTES_MAX: usize = 4 * 1024;
 
+/// A normal entry read back from the log's segments whose frame is at
+/// least this large is handed out as where it lies (`types::Command`),
+/// its command read again only when applied or sent: the ranges openraft
+/// reads at once (a start applies the whole log since the last snapshot
+/// in one batch) then hold log ids, not bodies. Smaller ones are read
+/// whole (a second read would cost more than they hold).
+pub const LOG_READ_LATER_BYTES_MIN: u64 = 64 * 1024;
+
 /// Entries per append request; with berth's one-entry-per-fsync-batch rule a
 /// request carries at most this many batches.
 pub const APPEND_ENTRIES_MAX: u64 = 64;

@@ -26,7 +26,7 @@ use parking_lot::Mutex;
 
 use crate::log_frame::FRAME_HEADER_BYTES;
 use crate::log_segments::segment_name;
-use crate::types::Entry;
+use crate::types::{Command, Entry, InLog, LogId};
 
 /// Reads frames at log offsets from the segment files of one directory.
 pub(crate) struct SegmentReader {
@@ -86,29 +86,56 @@ impl SegmentReader {
 
     /// The entry whose frame of `frame_len` bytes starts at log offset `at`.
     pub(crate) fn read(&self, at: u64, frame_len: usize) -> io::Result<Entry> {
-        let bad = |what: String| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "Raft log entry at log offset {at} in {}: {what}",
-                    self.dir.display()
-                ),
-            )
-        };
         let (base, file) = self.segment(at)?;
         self.reads
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut frame = vec![0u8; frame_len];
-        file.read_exact_at(&mut frame, at - base)?;
-        if frame_len < FRAME_HEADER_BYTES {
-            return Err(bad(format!("a frame of {frame_len} bytes")));
-        }
-        let len = u32::from_le_bytes(frame[0..4].try_into().expect("4 bytes")) as usize;
-        let crc = u32::from_le_bytes(frame[4..8].try_into().expect("4 bytes"));
-        let payload = &frame[FRAME_HEADER_BYTES..];
-        if len != payload.len() || crc32c::crc32c(payload) != crc {
-            return Err(bad("its frame does not check (length or CRC)".into()));
-        }
-        postcard::from_bytes(payload).map_err(|e| bad(format!("does not decode: {e}")))
+        read_frame(&file, &self.segment_path(base), at - base, frame_len)
     }
+
+    /// Entry `log_id`, a normal entry whose frame of `frame_len` bytes
+    /// starts at log offset `at`, with its command left in the segment
+    /// (read when it is applied or sent: [`Command::bytes`]).
+    pub(crate) fn read_later(&self, at: u64, frame_len: usize, log_id: LogId) -> io::Result<Entry> {
+        let (base, file) = self.segment(at)?;
+        Ok(Entry {
+            log_id,
+            payload: openraft::EntryPayload::Normal(Command::in_log(InLog {
+                file,
+                path: self.segment_path(base),
+                at: at - base,
+                frame_len,
+                log_id,
+            })),
+        })
+    }
+
+    fn segment_path(&self, base: u64) -> PathBuf {
+        self.dir.join(segment_name(base))
+    }
+}
+
+/// The entry whose frame of `frame_len` bytes is at offset `at` of `file`
+/// (the segment `path`), checked against its length and CRC.
+pub(crate) fn read_frame(file: &File, path: &Path, at: u64, frame_len: usize) -> io::Result<Entry> {
+    let bad = |what: String| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "Raft log entry at offset {at} of {}: {what}",
+                path.display()
+            ),
+        )
+    };
+    if frame_len < FRAME_HEADER_BYTES {
+        return Err(bad(format!("a frame of {frame_len} bytes")));
+    }
+    let mut frame = vec![0u8; frame_len];
+    file.read_exact_at(&mut frame, at)?;
+    let len = u32::from_le_bytes(frame[0..4].try_into().expect("4 bytes")) as usize;
+    let crc = u32::from_le_bytes(frame[4..8].try_into().expect("4 bytes"));
+    let payload = &frame[FRAME_HEADER_BYTES..];
+    if len != payload.len() || crc32c::crc32c(payload) != crc {
+        return Err(bad("its frame does not check (length or CRC)".into()));
+    }
+    postcard::from_bytes(payload).map_err(|e| bad(format!("does not decode: {e}")))
 }

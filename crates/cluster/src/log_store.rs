@@ -27,9 +27,9 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::error::ClusterError;
-use crate::limits::APPEND_BYTES_TARGET;
 #[cfg(doc)]
 use crate::limits::LOG_RESIDENT_BYTES_MAX;
+use crate::limits::{APPEND_BYTES_TARGET, LOG_READ_LATER_BYTES_MIN};
 use crate::log_file::{self, append_frame, Loaded, Writer, PURGED_FILE, VOTE_FILE};
 use crate::log_frame::FRAME_HEADER_BYTES;
 use crate::log_reader::SegmentReader;
@@ -57,12 +57,34 @@ impl postcard::ser_flavors::Flavor for AppendTo<'_> {
     }
 }
 
+/// The byte postcard writes, after an entry's log id, for a normal entry
+/// (openraft's payload variant), so that a start that reads only the
+/// heads of old entries knows which of them hold a command.
+fn normal_tag() -> u8 {
+    use std::sync::OnceLock;
+    static TAG: OnceLock<u8> = OnceLock::new();
+    *TAG.get_or_init(|| {
+        let payload: openraft::EntryPayload<TypeConfig> =
+            openraft::EntryPayload::Normal(crate::types::Command::new(bytes::Bytes::new()));
+        postcard::to_allocvec(&payload).expect("a payload encodes")[0]
+    })
+}
+
+/// How [`LogStore::read`] gets an entry: (log offset, frame length).
+enum Planned {
+    Held(Entry),
+    Read(u64, usize),
+    /// Left on disk until used, as the normal entry of this log id.
+    Later(u64, usize, LogId),
+}
+
 /// An entry as the log holds it.
 enum Held {
     /// In memory: the newest entries, and any not yet durable.
     Resident(Entry),
-    /// Only in its segment (read back by `log_reader`).
-    OnDisk(LogId),
+    /// Only in its segment (read back by `log_reader`); whether it is a
+    /// normal entry (a command, which a read may leave on disk).
+    OnDisk(LogId, bool),
 }
 
 struct Slot {
@@ -77,7 +99,7 @@ impl Slot {
     fn log_id(&self) -> LogId {
         match &self.held {
             Held::Resident(e) => *e.get_log_id(),
-            Held::OnDisk(id) => *id,
+            Held::OnDisk(id, _) => *id,
         }
     }
 }
@@ -114,7 +136,8 @@ impl State {
                 break;
             }
             if let Held::Resident(e) = &slot.held {
-                slot.held = Held::OnDisk(*e.get_log_id());
+                let normal = matches!(e.payload, openraft::EntryPayload::Normal(_));
+                slot.held = Held::OnDisk(*e.get_log_id(), normal);
                 resident -= slot.frame_len;
             }
             next = index + 1;
@@ -182,9 +205,12 @@ impl LogStore {
                     .map_err(|e| undecodable(log_file::LOG_FILE, e))?;
                 (*entry.get_log_id(), Held::Resident(entry))
             } else {
-                let (log_id, _) = postcard::take_from_bytes::<LogId>(payload)
+                let (log_id, rest) = postcard::take_from_bytes::<LogId>(payload)
                     .map_err(|e| undecodable(log_file::LOG_FILE, e))?;
-                (log_id, Held::OnDisk(log_id))
+                (
+                    log_id,
+                    Held::OnDisk(log_id, rest.first() == Some(&normal_tag())),
+                )
             };
             let index = log_id.index;
             if purged.is_some_and(|p| index <= p.index) {
@@ -263,7 +289,7 @@ impl LogStore {
     fn read(&self, range: impl RangeBounds<u64>, bytes_max: u64) -> io::Result<Vec<Entry>> {
         /// Room for an entry's log id and framing (as `entries_within`).
         const OVERHEAD: u64 = 64;
-        let planned: Vec<Result<Entry, (u64, u64)>> = {
+        let planned: Vec<Planned> = {
             let s = self.state.lock();
             let mut size = OVERHEAD;
             let mut planned = Vec::new();
@@ -272,9 +298,17 @@ impl LogStore {
                 if size > bytes_max && !planned.is_empty() {
                     break;
                 }
+                let (at, len) = (
+                    slot.offset,
+                    usize::try_from(slot.frame_len).expect("a frame fits in memory"),
+                );
                 planned.push(match &slot.held {
-                    Held::Resident(e) => Ok(e.clone()),
-                    Held::OnDisk(_) => Err((slot.offset, slot.frame_len)),
+                    Held::Resident(e) => Planned::Held(e.clone()),
+                    // A large command stays on disk until it is used.
+                    Held::OnDisk(id, true) if slot.frame_len >= LOG_READ_LATER_BYTES_MIN => {
+                        Planned::Later(at, len, *id)
+                    }
+                    Held::OnDisk(..) => Planned::Read(at, len),
                 });
             }
             planned
@@ -282,11 +316,9 @@ impl LogStore {
         planned
             .into_iter()
             .map(|p| match p {
-                Ok(e) => Ok(e),
-                Err((offset, frame_len)) => self.reader.read(
-                    offset,
-                    usize::try_from(frame_len).expect("a frame fits in memory"),
-                ),
+                Planned::Held(e) => Ok(e),
+                Planned::Read(at, len) => self.reader.read(at, len),
+                Planned::Later(at, len, log_id) => self.reader.read_later(at, len, log_id),
             })
             .collect()
     }
@@ -479,5 +511,121 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(|e| StorageIOError::write_logs(&e))?;
         self.reader.forget();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use berth_testdir::TestDir;
+    use bytes::Bytes;
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    use super::*;
+    use crate::log_frame::encode_frame;
+    use crate::sync_gate::SyncGate;
+    use crate::types::Command;
+
+    const LARGE: usize = 256 * 1024;
+
+    fn entry(index: u64, payload: EntryPayload<TypeConfig>) -> Entry {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload,
+        }
+    }
+
+    fn body(index: u64, bytes: usize) -> Bytes {
+        Bytes::from(vec![u8::try_from(index % 251).unwrap(); bytes])
+    }
+
+    /// Writes `entries` as a log of 1 MiB segments, then opens it as a
+    /// start does, keeping nothing resident.
+    fn written_and_reopened(dir: &Path, entries: &[Entry]) -> LogStore {
+        {
+            let (_, w) = log_file::open_with(dir, SyncGate::default(), 1024 * 1024).unwrap();
+            let mut at = 0;
+            for e in entries {
+                let frame = encode_frame(&postcard::to_allocvec(e).unwrap());
+                let (tx, rx) = mpsc::channel();
+                w.append(at, frame.clone(), Box::new(move |r| tx.send(r).unwrap()));
+                rx.recv().unwrap().unwrap();
+                at += frame.len() as u64;
+            }
+        }
+        let (loaded, w) = log_file::open_keeping(dir, SyncGate::default(), 1024 * 1024, 0).unwrap();
+        LogStore::from_loaded(dir, &loaded, w, 0).unwrap()
+    }
+
+    #[test]
+    fn a_start_hands_out_large_entries_as_where_they_lie_and_reads_them_when_used() {
+        let dir = TestDir::new("cluster-read-later");
+        let mut written = vec![entry(1, EntryPayload::Blank)];
+        for i in 2..=41 {
+            let bytes = if i % 10 == 0 { 100 } else { LARGE };
+            written.push(entry(i, EntryPayload::Normal(Command::new(body(i, bytes)))));
+        }
+        let log = written_and_reopened(&dir, &written);
+        // openraft reads the whole range at once to apply it at a start.
+        let read = log.read(1..=41, u64::MAX).unwrap();
+        assert_eq!(read.len(), written.len());
+        let held: usize = read
+            .iter()
+            .map(|e| match &e.payload {
+                EntryPayload::Normal(c) => c.held_bytes(),
+                _ => 0,
+            })
+            .sum();
+        assert!(
+            held <= 4 * 100,
+            "a range of {} large entries read back holds {held} bytes of commands in memory",
+            written.len()
+        );
+        // The segments go (a purge) while the entries are still to be
+        // applied or sent: they read from the handles they keep.
+        for name in crate::log_segments::bases(&dir).unwrap() {
+            std::fs::remove_file(dir.join(crate::log_segments::segment_name(name))).unwrap();
+        }
+        for (r, w) in read.iter().zip(&written) {
+            assert_eq!(r.log_id, w.log_id);
+            match (&r.payload, &w.payload) {
+                (EntryPayload::Normal(r), EntryPayload::Normal(w)) => {
+                    assert_eq!(r.bytes().unwrap(), w.bytes().unwrap());
+                }
+                (EntryPayload::Blank, EntryPayload::Blank) => {}
+                (r, w) => panic!("read {r:?} for {w:?}"),
+            }
+            // Sent to a follower, it encodes as it was written.
+            assert_eq!(
+                postcard::to_allocvec(r).unwrap(),
+                postcard::to_allocvec(w).unwrap()
+            );
+        }
+    }
+
+    #[test]
+    fn an_entry_whose_frame_changed_under_it_is_an_error_not_another_entry() {
+        let dir = TestDir::new("cluster-read-later-changed");
+        let written: Vec<Entry> = (1..=3)
+            .map(|i| entry(i, EntryPayload::Normal(Command::new(body(i, LARGE)))))
+            .collect();
+        let log = written_and_reopened(&dir, &written);
+        let read = log.read(2..=2, u64::MAX).unwrap();
+        // Entry 3's frame written where entry 2's was (a cut and rewrite).
+        let seg = dir.join(crate::log_segments::segment_name(0));
+        let bytes = std::fs::read(&seg).unwrap();
+        let second = encode_frame(&postcard::to_allocvec(&written[0]).unwrap()).len();
+        let third = encode_frame(&postcard::to_allocvec(&written[2]).unwrap());
+        let mut changed = bytes.clone();
+        changed[second..second + third.len()].copy_from_slice(&third);
+        std::fs::write(&seg, &changed).unwrap();
+        let EntryPayload::Normal(c) = &read[0].payload else {
+            panic!("entry 2 is a normal entry");
+        };
+        match c.bytes() {
+            Ok(b) => panic!("entry 2 read as {} bytes after its frame changed", b.len()),
+            Err(e) => assert!(e.to_string().contains("no longer holds entry"), "{e}"),
+        }
     }
 }

@@ -701,8 +701,11 @@ async fn gather(
         // A leader that cannot reach a majority waits here: after the
         // timeout the outcome is unknown (the entry may still commit) and
         // the gatherer moves on, so later proposals are not stuck behind it.
-        let written =
-            tokio::time::timeout(commit_timeout, raft.client_write(Command(entry.into()))).await;
+        let written = tokio::time::timeout(
+            commit_timeout,
+            raft.client_write(Command::new(entry.into())),
+        )
+        .await;
         let result = match written {
             Err(_) => Err(ProposeError::Timeout(commit_timeout)),
             Ok(Ok(reply)) => Ok(reply.log_id.index),

@@ -185,14 +185,17 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             match entry.payload {
                 EntryPayload::Blank => {}
                 EntryPayload::Normal(command) => {
-                    let commands = batch::decode(&command.0).map_err(|e| {
+                    let bytes = command
+                        .bytes()
+                        .map_err(|e| StorageIOError::apply(entry.log_id, &e))?;
+                    let commands = batch::decode(&bytes).map_err(|e| {
                         StorageIOError::apply(
                             entry.log_id,
                             &std::io::Error::new(std::io::ErrorKind::InvalidData, e),
                         )
                     })?;
                     for c in commands {
-                        self.app.apply(entry.log_id.index, command.0.slice_ref(c));
+                        self.app.apply(entry.log_id.index, bytes.slice_ref(c));
                     }
                 }
                 EntryPayload::Membership(m) => {

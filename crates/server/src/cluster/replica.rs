@@ -23,6 +23,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use berth_cluster::{SnapshotSource, WriteSnapshot};
@@ -34,8 +35,8 @@ use super::command::Command;
 use super::view::{Announcements, Serves};
 use crate::journal::{blocking, StoreJournal};
 use crate::limits::{
-    REOPEN_WAIT, SNAPSHOT_COMMAND_BYTES_MAX, SNAPSHOT_READ_BYTES_MAX, SNAPSHOT_READ_COUNT_MAX,
-    SNAPSHOT_RESTORE_UNFLUSHED_BYTES_MAX,
+    REOPEN_WAIT, REPLICA_UNFLUSHED_BYTES_MAX, SNAPSHOT_COMMAND_BYTES_MAX, SNAPSHOT_READ_BYTES_MAX,
+    SNAPSHOT_READ_COUNT_MAX,
 };
 
 /// Where the replica's store is: swapped (under the write lock) when a new
@@ -49,6 +50,8 @@ pub struct Replica {
     announced: Arc<Announcements>,
     /// The first reason this replica diverged from the log, if it did.
     failed: Arc<Mutex<Option<String>>>,
+    /// Bytes of bodies handed to the store since the last flush.
+    unflushed: AtomicUsize,
 }
 
 impl Replica {
@@ -57,6 +60,7 @@ impl Replica {
             store: Arc::new(RwLock::new(Some(store))),
             announced,
             failed: Arc::default(),
+            unflushed: AtomicUsize::new(0),
         }
     }
 
@@ -130,14 +134,19 @@ impl Replica {
         })
     }
 
-    fn apply_command(&self, index: u64, cmd: Command) {
+    /// Applies `cmd`; returns the bytes of bodies it handed the store.
+    fn apply_command(&self, index: u64, cmd: Command) -> usize {
         let slot = self.store.read();
         let Some(journal) = slot.as_ref() else {
             drop(slot);
             self.fail(format!("entry {index} came while the store was closed"));
-            return;
+            return 0;
         };
         let store = &journal.store;
+        let bytes = match &cmd {
+            Command::Publish { payload, .. } | Command::Append { payload, .. } => payload.len(),
+            _ => 0,
+        };
         match cmd {
             Command::Publish {
                 msg,
@@ -173,6 +182,7 @@ impl Replica {
                 self.announced.set_name(super::peers::raft_id(&name), name);
             }
         }
+        bytes
     }
 
     /// Waits until everything handed to the store is durable.
@@ -188,9 +198,19 @@ impl Replica {
 
 impl berth_cluster::Apply for Replica {
     fn apply(&self, index: u64, command: Bytes) {
-        match Command::decode(&command) {
+        let bytes = match Command::decode(&command) {
             Ok(cmd) => self.apply_command(index, cmd),
-            Err(e) => self.fail(format!("entry {index} does not decode: {e}")),
+            Err(e) => {
+                self.fail(format!("entry {index} does not decode: {e}"));
+                return;
+            }
+        };
+        let unflushed = self.unflushed.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        if unflushed >= REPLICA_UNFLUSHED_BYTES_MAX {
+            self.unflushed.store(0, Ordering::Relaxed);
+            if let Err(e) = self.flush() {
+                self.fail(format!("the store could not write entry {index}: {e}"));
+            }
         }
     }
 
@@ -490,7 +510,7 @@ impl Replica {
                 _ => 0,
             };
             unflushed += bytes;
-            if unflushed >= SNAPSHOT_RESTORE_UNFLUSHED_BYTES_MAX {
+            if unflushed >= REPLICA_UNFLUSHED_BYTES_MAX {
                 self.flush().map_err(|e| {
                     format!("the store could not be flushed during a snapshot: {e}")
                 })?;
