@@ -220,9 +220,10 @@ pub const RAFT_WORKER_THREADS: usize = 2;
 
 /// A snapshot is written reading at most this many message bodies…
 pub const SNAPSHOT_READ_COUNT_MAX: usize = 256;
-/// …or about this many bytes of them at a time (judged by the last read;
-/// at least one body per read): with the snapshot file's own 1 MiB
-/// buffer, what a snapshot build holds in memory beyond the ids.
+/// …or at most this many bytes of them at a time (judged by the store's
+/// index before reading; at least one body per read): with the snapshot
+/// file's own 1 MiB buffer, what a snapshot build holds in memory beyond
+/// the ids.
 pub const SNAPSHOT_READ_BYTES_MAX: usize = 8 * 1024 * 1024;
 
 /// How long a new leader waits for the rest of its process to let go of

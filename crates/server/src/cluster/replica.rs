@@ -326,19 +326,19 @@ fn write_snapshot(
     }
     for (queue, msgs) in live.queues {
         let mut at = 0;
-        let mut step = SNAPSHOT_READ_COUNT_MAX;
         while at < msgs.len() {
-            let ids = &msgs[at..(at + step).min(msgs.len())];
-            let bodies = store()?.store.read_many(queue, ids);
-            let mut bytes = 0usize;
-            for (msg, body) in ids.iter().zip(bodies) {
+            let ids = &msgs[at..(at + SNAPSHOT_READ_COUNT_MAX).min(msgs.len())];
+            // As many bodies as fit the byte bound, by the index's sizes.
+            let bodies = store()?
+                .store
+                .read_within(queue, ids, SNAPSHOT_READ_BYTES_MAX);
+            for (msg, body) in ids.iter().zip(&bodies) {
                 match body {
                     Ok(payload) => {
-                        bytes += payload.len();
                         put(Command::Publish {
                             msg: msg.0,
                             queues: vec![queue.0],
-                            payload,
+                            payload: payload.clone(),
                         })?;
                     }
                     // Removed since the capture: its removal follows the
@@ -350,11 +350,7 @@ fn write_snapshot(
                     )),
                 }
             }
-            at += ids.len();
-            // As many bodies per read as fit the byte bound, judged by
-            // the last read's sizes.
-            let mean = bytes / ids.len().max(1);
-            step = (SNAPSHOT_READ_BYTES_MAX / mean.max(1)).clamp(1, SNAPSHOT_READ_COUNT_MAX);
+            at += bodies.len().max(1);
         }
     }
     Ok(())

@@ -8,13 +8,17 @@
 //! - The listing covers what the writers have applied when each group is
 //!   locked; a caller that needs "everything requested before" flushes
 //!   first ([`Store::flush`]).
+//! - [`Store::read_within`] reads at most its byte bound (or one body,
+//!   if the first is larger), judged by the index before anything is
+//!   read: a copy of a backlog of large messages holds a few MB at a
+//!   time, whatever their size.
 
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
 
 use super::Store;
-use crate::{MsgId, QueueId};
+use crate::{MsgId, QueueId, StoreError};
 
 /// The store's live state (see the module doc).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -53,5 +57,32 @@ impl Store {
             msgs.sort_unstable();
         }
         live
+    }
+
+    /// The bodies of the first of `msgs` (in `queue`) whose records hold
+    /// at most `bytes_max` in all, at least one: as [`Store::read_many`]
+    /// of that prefix, whose length is the answer's. A message not
+    /// found counts for nothing and is answered `NotFound`.
+    #[must_use]
+    pub fn read_within(
+        &self,
+        queue: QueueId,
+        msgs: &[MsgId],
+        bytes_max: usize,
+    ) -> Vec<Result<Bytes, StoreError>> {
+        let take = {
+            let group = &self.groups[self.group_of(queue) as usize];
+            let inner = group.shared.inner.lock();
+            let mut bytes = 0usize;
+            msgs.iter()
+                .take_while(|m| {
+                    let len = inner.index.locate(queue, **m).map_or(0, |l| l.len as usize);
+                    let first = bytes == 0;
+                    bytes += len;
+                    first || bytes <= bytes_max
+                })
+                .count()
+        };
+        self.read_many(queue, &msgs[..take])
     }
 }
