@@ -55,8 +55,12 @@ pub const RESTORE_THREADS_MAX: usize = 8;
 /// Enqueues between two paging scans of a queue past its resident window.
 pub const PAGE_SCAN_EVERY_MESSAGES: u64 = 64;
 
-/// Paged-out messages read back together when a queue needs one.
+/// Paged-out messages read back together when a queue needs one…
 pub const READ_AHEAD_MESSAGES: usize = 64;
+/// …or fewer, so that their bodies hold at most this many bytes (the one
+/// needed is read whatever its size): large messages are read back a few
+/// at a time, not 64 of them into memory at once.
+pub const READ_AHEAD_BYTES_MAX: u64 = 4 * 1024 * 1024;
 
 /// Default of a stream's `x-stream-max-segment-size-bytes`: a logical
 /// segment (what retention removes whole) closes before it passes this

@@ -17,7 +17,7 @@ use std::time::Instant;
 use crate::durable::{
     times_of, Durability, JournalError, MessageHead, MessageParts, StoredTimes, PAGING_BIT,
 };
-use crate::limits::READ_AHEAD_MESSAGES;
+use crate::limits::{READ_AHEAD_BYTES_MAX, READ_AHEAD_MESSAGES};
 use crate::message::Message;
 use crate::ready::{
     restored_expiry, timed_deadline, Body, Deadline, Entry, QueuedMessage, Ready, RestoreClock,
@@ -132,11 +132,15 @@ impl Pager {
             return Loaded::Unreadable;
         };
         let level = ready.level_of(&e);
+        let mut ahead_bytes = paged_bytes(&e.body);
         let ahead = ready.levels[level]
             .iter()
             .take(READ_AHEAD_MESSAGES - 1)
             .map_while(|x| match (&x.body, x.stored.get()) {
-                (Body::Paged { .. }, Some(id)) if Some(id & PAGING_BIT) == kind => Some(id),
+                (Body::Paged { bytes, .. }, Some(id)) if Some(id & PAGING_BIT) == kind => {
+                    ahead_bytes += u64::from(*bytes);
+                    (ahead_bytes <= READ_AHEAD_BYTES_MAX).then_some(id)
+                }
                 _ => None,
             });
         let ids: Vec<u64> = std::iter::once(id)
@@ -294,4 +298,12 @@ fn window(level: &std::collections::VecDeque<Entry>, count_max: usize, bytes_max
         }
     }
     count_max.min(level.len())
+}
+
+/// The body bytes of a paged-out entry (0 if resident).
+fn paged_bytes(body: &Body) -> u64 {
+    match body {
+        Body::Paged { bytes, .. } => u64::from(*bytes),
+        Body::Resident(_) => 0,
+    }
 }

@@ -369,6 +369,41 @@ fn a_backlog_of_large_messages_keeps_only_the_byte_bound_in_memory() {
     assert!(got.iter().all(|(_, b)| b.len() == MIB), "read back whole");
 }
 
+/// Reading a paged-out message back reads its neighbours with it, up to
+/// 64 of them whatever their size: one `basic.get` from a backlog of
+/// 1 MiB messages made 64 MiB resident under an 8 MiB bound (with
+/// 128 MiB bodies it would be 8 GiB). The read-ahead is now bounded by
+/// bytes too.
+#[test]
+fn reading_back_a_backlog_of_large_messages_reads_ahead_by_bytes() {
+    let (_journal, broker, v, t0) = journaled_broker();
+    const MIB: usize = 1024 * 1024;
+    broker.set_resident_bytes_max(8 * MIB as u64);
+    durable_queue(&v, "large", FieldTable::default(), t0);
+    let body = "x".repeat(MIB);
+    for _ in 0..200 {
+        v.publish("amq.direct", &msg("large", &body, true), t0, &mut || {
+            Box::new(|r| r.unwrap())
+        })
+        .unwrap();
+    }
+    let q = v.queue(1, "large").unwrap();
+    let out = Arc::new(Sink::default());
+    let ch = session(&broker, &out);
+    // Past the resident front, into the paged-out rest.
+    for _ in 0..30 {
+        assert!(ch.get(&q, true, t0));
+    }
+    let stats = q.stats();
+    let resident = stats.ready - stats.paged_out;
+    assert!(
+        resident <= 2 * 8 + 1,
+        "{resident} of {} ready messages of 1 MiB are in memory after 30 gets under an 8 MiB \
+         bound: {stats:?}",
+        stats.ready
+    );
+}
+
 #[test]
 fn a_deep_non_durable_queue_pages_out_through_paging_copies() {
     let (journal, broker, v, t0) = journaled_broker();
