@@ -569,3 +569,113 @@ fn an_ack_on_a_stream_offers_deliveries_only_to_readers_with_credit() {
         "the ack of reader 0 offered deliveries to readers without credit (asked {before:?} then {after:?})"
     );
 }
+
+/// A journal whose stream appends complete at once (a cluster's commit)
+/// but become readable only when the test applies them (the member's
+/// store writing them when it applies the entry).
+#[derive(Default)]
+struct CommitsFirst {
+    inner: MemoryJournal,
+    unapplied: Mutex<Vec<(u64, u64, Bytes)>>,
+    readable_end: Mutex<u64>,
+}
+
+impl Journal for CommitsFirst {
+    fn publish(&self, msg: u64, queues: &[u64], payload: Bytes, done: Option<Done>) {
+        self.inner.publish(msg, queues, payload, done);
+    }
+    fn stream_append(&self, queue: u64, offset: u64, payload: Bytes, done: Option<Done>) {
+        self.unapplied.lock().push((queue, offset, payload));
+        if let Some(d) = done {
+            d(Ok(()));
+        }
+    }
+    fn stream_read(
+        &self,
+        queue: u64,
+        from: u64,
+        count_max: usize,
+        bytes_max: usize,
+    ) -> Result<Vec<(u64, Bytes)>, JournalError> {
+        self.inner.stream_read(queue, from, count_max, bytes_max)
+    }
+    fn stream_readable_end(&self, _queue: u64) -> Option<u64> {
+        Some(*self.readable_end.lock())
+    }
+    fn remove(&self, queue: u64, msgs: &[u64], done: Option<Done>) {
+        self.inner.remove(queue, msgs, done);
+    }
+    fn purge(&self, queue: u64, done: Option<Done>) {
+        self.inner.purge(queue, done);
+    }
+    fn put_meta(&self, key: &[u8], value: &[u8]) -> Result<(), JournalError> {
+        self.inner.put_meta(key, value)
+    }
+    fn delete_meta(&self, key: &[u8]) -> Result<(), JournalError> {
+        self.inner.delete_meta(key)
+    }
+    fn read(&self, queue: u64, msg: u64) -> Result<Bytes, JournalError> {
+        self.inner.read(queue, msg)
+    }
+    fn pages(&self) -> bool {
+        true
+    }
+}
+
+impl CommitsFirst {
+    /// Makes every committed append readable.
+    fn apply(&self) {
+        for (queue, offset, payload) in self.unapplied.lock().drain(..) {
+            self.inner.stream_append(queue, offset, payload, None);
+            *self.readable_end.lock() = offset + 1;
+        }
+    }
+}
+
+/// In a cluster a stream append completes once committed, before this
+/// member's store has written it; the stream let its resident tail go
+/// at the completion, so a reader behind it read an empty range from the
+/// store and skipped those offsets: confirmed messages it never got
+/// (issue 45). The tail now stays until the journal reads it back.
+#[test]
+fn a_reader_behind_never_skips_what_the_journal_cannot_read_back_yet() {
+    const N: usize = 1_000;
+    let t0 = Instant::now();
+    let journal = Arc::new(CommitsFirst::default());
+    let broker = Broker::with_journal(["/"], journal.clone(), 1, 1);
+    let v = broker.vhost("/").unwrap();
+    declare(&v, "s", stream_args(&[]), t0);
+    // A reader that lags: prefetch 1, one ack at a time.
+    let (ch, out) = reader(&v, "s", first(), 1, t0);
+    for i in 0..N {
+        publish(&v, "s", &format!("m{i}"), t0);
+    }
+    let mut acked = None;
+    let mut ack_next = |n: usize| {
+        for _ in 0..n {
+            let tag = out.0.lock().last().expect("a delivery").0;
+            if acked == Some(tag) {
+                return; // nothing more came
+            }
+            ch.ack(tag, false, t0).unwrap();
+            acked = Some(tag);
+        }
+    };
+    ack_next(10);
+    // The store catches up; the next append lets the tail go, and the
+    // reader reads the rest back from the journal.
+    journal.apply();
+    publish(&v, "s", "last", t0);
+    journal.apply();
+    ack_next(N - 10);
+    let offsets: Vec<i64> = out.0.lock().iter().map(|(_, o, _)| *o).collect();
+    let expected: Vec<i64> = (0..=i64::try_from(N).unwrap()).collect();
+    let skipped: Vec<&i64> = expected.iter().filter(|o| !offsets.contains(o)).collect();
+    assert!(
+        skipped.is_empty(),
+        "{} committed offsets never delivered, from {:?}",
+        skipped.len(),
+        skipped.first()
+    );
+    assert_eq!(offsets, expected);
+}

@@ -130,6 +130,16 @@ pub trait Journal: Send + Sync {
         let _ = (queue, from, count_max, bytes_max);
         Err(JournalError::new("this journal keeps no streams"))
     }
+    /// The offset after the newest record of stream `queue` that
+    /// [`Journal::stream_read`] finds now, for a journal whose completions
+    /// can run before its own copy is readable (a cluster's: a completion
+    /// is the commit on a majority, and this member's store writes the
+    /// record when it applies the entry). `None`: every completed append
+    /// is readable, as on one node.
+    fn stream_readable_end(&self, queue: u64) -> Option<u64> {
+        let _ = queue;
+        None
+    }
     /// Reads a stored message of a queue back (the payload given to
     /// `publish`). Valid once [`Journal::written`] says so.
     fn read(&self, queue: u64, msg: u64) -> Result<Bytes, JournalError> {

@@ -230,8 +230,8 @@ impl Queue {
         })
     }
 
-    /// Lets resident messages go once they are durable (so the journal
-    /// reads them back), keeping the newest `STREAM_TAIL_MESSAGES_MAX`.
+    /// Lets resident messages go once they are durable and the journal
+    /// reads them back, keeping the newest `STREAM_TAIL_MESSAGES_MAX`.
     fn release_written_tail(&self, s: &mut QueueState) {
         let Some(st) = s.stream.as_mut() else {
             return;
@@ -240,7 +240,17 @@ impl Queue {
         if resident <= 2 * STREAM_TAIL_MESSAGES_MAX {
             return;
         }
-        let committed = st.commit.end.load(Ordering::Acquire);
+        let mut committed = st.commit.end.load(Ordering::Acquire);
+        // Committed is not always readable yet (a cluster member's store
+        // writes what Raft committed when it applies it): a message let go
+        // before the journal can read it back would be skipped by every
+        // reader behind it.
+        if let Some(end) = self
+            .store_id
+            .and_then(|qid| self.env.dur.journal().stream_readable_end(qid))
+        {
+            committed = committed.min(end);
+        }
         let durable = usize::try_from(committed.saturating_sub(st.log.resident_first()))
             .unwrap_or(usize::MAX);
         let mut n = durable.min(resident - STREAM_TAIL_MESSAGES_MAX);

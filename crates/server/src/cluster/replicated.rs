@@ -238,6 +238,17 @@ impl Journal for ReplicatedJournal {
         self.local.stream_read(queue, from, count_max, bytes_max)
     }
 
+    fn stream_readable_end(&self, queue: u64) -> Option<u64> {
+        // A completion is the commit; this member's store writes the
+        // record only when it applies the entry.
+        Some(
+            self.local
+                .store
+                .stream_bounds(berth_store::QueueId(queue))
+                .map_or(0, |(_, end)| end),
+        )
+    }
+
     fn read(&self, queue: u64, msg: u64) -> Result<Bytes, JournalError> {
         self.local.read(queue, msg)
     }
