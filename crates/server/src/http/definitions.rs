@@ -290,6 +290,7 @@ fn import_parameters(
         }
         let def = crate::shovel::definition::parse(vhost, name, &p["value"])
             .map_err(|e| format!("{}: {}", what(), e.trim()))?;
+        crate::shovel::tls::check_files(&def).map_err(|e| format!("{}: {e}", what()))?;
         shovels.put(def).map_err(|e| format!("{}: {e}", what()))?;
         report.shovels += 1;
     }

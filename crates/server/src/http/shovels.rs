@@ -155,7 +155,9 @@ pub(crate) fn from_body(vhost: &str, name: &str, body: &Value) -> Result<Definit
     let value = m
         .get("value")
         .ok_or("the body must have a \"value\" object with the shovel's fields")?;
-    definition::parse(vhost, name, value)
+    let def = definition::parse(vhost, name, value)?;
+    crate::shovel::tls::check_files(&def)?;
+    Ok(def)
 }
 
 pub(super) async fn put(

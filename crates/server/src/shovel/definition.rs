@@ -1,6 +1,8 @@
 //! A dynamic shovel's definition: the `value` of RabbitMQ's
 //! `/api/parameters/shovel/{vhost}/{name}`, checked field by field and
-//! turned into a [`Definition`] the worker runs. Pure: no I/O.
+//! turned into a [`Definition`] the worker runs. Pure: no I/O (the
+//! certificate files an `amqps://` URI names are read by
+//! [`super::tls::check_files`]).
 //!
 //! Invariants:
 //! - Every key of the value is either one berth runs, one RabbitMQ knows
@@ -155,19 +157,18 @@ fn first<'a>(m: &'a Map<String, Value>, keys: &[&str]) -> Option<(&'a Value, Str
     })
 }
 
-/// One URI, checked: `amqp://` with a host. `amqps://` and RabbitMQ's
-/// host-less `amqp://` (a direct connection inside the node) are refused
-/// with what to write instead.
+/// One URI, checked: `amqp://` or `amqps://` with a host, and for
+/// `amqps://` RabbitMQ's TLS query parameters (their files are read by
+/// [`super::tls::check_files`], not here). RabbitMQ's host-less `amqp://`
+/// (a direct connection inside the node) is refused with what to write
+/// instead.
 pub fn check_uri(key: &str, uri: &str) -> Result<(), String> {
-    let Some(rest) = uri.strip_prefix("amqp://") else {
-        if uri.starts_with("amqps://") {
-            return Err(invalid(format!(
-                "{key}: \"{}\": amqps:// (TLS) is not supported by berth's shovels yet",
-                redact(uri)
-            )));
-        }
+    let Some(rest) = uri
+        .strip_prefix("amqp://")
+        .or_else(|| uri.strip_prefix("amqps://"))
+    else {
         return Err(invalid(format!(
-            "{key}: \"{}\" is not a valid URI: it must start with amqp://",
+            "{key}: \"{}\" is not a valid URI: it must start with amqp:// or amqps://",
             redact(uri)
         )));
     };
@@ -180,12 +181,14 @@ pub fn check_uri(key: &str, uri: &str) -> Result<(), String> {
             redact(uri)
         )));
     }
-    uri.parse::<lapin::uri::AMQPUri>().map(|_| ()).map_err(|e| {
+    uri.parse::<lapin::uri::AMQPUri>().map_err(|e| {
         invalid(format!(
             "{key}: \"{}\" is not a valid URI: {e}",
             redact(uri)
         ))
-    })
+    })?;
+    super::tls::Params::of(key, uri).map_err(invalid)?;
+    Ok(())
 }
 
 /// `uri` without its password, for status and error text.

@@ -75,7 +75,16 @@ async fn connect(
         let uri = &uris[(first + i) % uris.len()];
         let props = ConnectionProperties::default()
             .with_connection_name(format!("Shovel {name} ({end})").into());
-        match tokio::time::timeout(timeout(), Connection::connect(uri, props)).await {
+        let key = if end == "source" { "src-uri" } else { "dest-uri" };
+        let connecting = async {
+            match super::tls::Params::of(key, uri)? {
+                Some(tls) => super::tls::connect(key, uri, &tls, props).await,
+                None => Connection::connect(uri, props)
+                    .await
+                    .map_err(|e| e.to_string()),
+            }
+        };
+        match tokio::time::timeout(timeout(), connecting).await {
             Ok(Ok(c)) => return Ok((c, uri.clone())),
             Ok(Err(e)) => errors.push(format!("{}: {e}", redact(uri))),
             Err(_) => errors.push(format!(

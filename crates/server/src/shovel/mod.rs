@@ -20,6 +20,7 @@ pub mod definition;
 mod link;
 pub mod saved;
 pub mod status;
+pub mod tls;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
