@@ -29,7 +29,7 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Publishe
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use super::definition::{redact, AckMode, Definition, Destination, Source};
+use super::definition::{redact, AckMode, Definition, Destination, Kind, Source};
 use super::status::{State, Status};
 use crate::limits::{SHOVEL_CLOSE_TIMEOUT_MS, SHOVEL_CONNECT_TIMEOUT_MS};
 
@@ -480,9 +480,11 @@ impl Forwarding {
                 t.insert(k.into(), AMQPValue::LongString(LongString::from(v)));
             };
             put("shovelled-by", node);
-            put("shovel-type", "dynamic");
+            put("shovel-type", def.kind.as_str());
             put("shovel-name", &def.name);
-            put("shovel-vhost", &def.vhost);
+            if def.kind == Kind::Dynamic {
+                put("shovel-vhost", &def.vhost);
+            }
             put("src-uri", &redact(src_uri));
             put("dest-uri", &redact(dest_uri));
             match &def.source {

@@ -208,22 +208,6 @@ impl Params {
     }
 }
 
-/// Reads the certificate files every `amqps://` URI of `def` names, so a
-/// wrong path or a key that does not fit is refused when the shovel is
-/// defined (a 400 naming the URI key and the parameter), not found at
-/// its first connection.
-pub fn check_files(def: &super::definition::Definition) -> Result<(), String> {
-    let ends = [("src-uri", &def.src_uris), ("dest-uri", &def.dest_uris)];
-    for (key, uris) in ends {
-        for uri in uris {
-            if let Some(p) = Params::of(key, uri)? {
-                p.client_config(key)?;
-            }
-        }
-    }
-    Ok(())
-}
-
 /// The certificates of the PEM file at `path` (parameter `param` of
 /// `key`), at least one.
 fn certs(
