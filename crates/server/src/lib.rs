@@ -301,11 +301,12 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
     // the definitions file, which may hold shovels.
     let dir = config.store.data_dirs.first().cloned();
     let statics = config.shovels.clone();
-    let shovels = shovel::Shovels::start(dir, http::node_name().to_owned(), statics).map_err(|e| {
-        ServerError::Startup(format!(
-            "cannot load the shovels: {e} (fix the file or move it aside)"
-        ))
-    })?;
+    let shovels =
+        shovel::Shovels::start(dir, http::node_name().to_owned(), statics).map_err(|e| {
+            ServerError::Startup(format!(
+                "cannot load the shovels: {e} (fix the file or move it aside)"
+            ))
+        })?;
     if let Some(path) = &config.management.load_definitions {
         load_definitions(&broker, Some(&shovels), path)?;
     }

@@ -30,9 +30,18 @@ const FIELDS: [(&str, &str); 13] = [
     ("destination.protocol", "dest-protocol"),
     ("destination.uris", "dest-uri"),
     ("destination.publish_fields.exchange", "dest-exchange"),
-    ("destination.publish_fields.routing_key", "dest-exchange-key"),
-    ("destination.add_forward_headers", "dest-add-forward-headers"),
-    ("destination.add_timestamp_header", "dest-add-timestamp-header"),
+    (
+        "destination.publish_fields.routing_key",
+        "dest-exchange-key",
+    ),
+    (
+        "destination.add_forward_headers",
+        "dest-add-forward-headers",
+    ),
+    (
+        "destination.add_timestamp_header",
+        "dest-add-timestamp-header",
+    ),
     ("ack_mode", "ack-mode"),
     ("reconnect_delay", "reconnect-delay"),
 ];
@@ -313,7 +322,10 @@ mod tests {
     #[test]
     fn dynamic_field_names_are_rewritten_longest_first_in_one_pass() {
         assert_eq!(
-            in_file_terms("x", "Validation failed\n\ndest-exchange-key and dest-exchange\n"),
+            in_file_terms(
+                "x",
+                "Validation failed\n\ndest-exchange-key and dest-exchange\n"
+            ),
             "shovels.x.destination.publish_fields.routing_key and \
              shovels.x.destination.publish_fields.exchange"
         );

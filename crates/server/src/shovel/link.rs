@@ -75,7 +75,11 @@ async fn connect(
         let uri = &uris[(first + i) % uris.len()];
         let props = ConnectionProperties::default()
             .with_connection_name(format!("Shovel {name} ({end})").into());
-        let key = if end == "source" { "src-uri" } else { "dest-uri" };
+        let key = if end == "source" {
+            "src-uri"
+        } else {
+            "dest-uri"
+        };
         let connecting = async {
             match super::tls::Params::of(key, uri)? {
                 Some(tls) => super::tls::connect(key, uri, &tls, props).await,

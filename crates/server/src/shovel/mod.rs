@@ -114,7 +114,10 @@ impl Shovels {
     /// Adds or replaces a shovel; `true` when it is new. An unchanged
     /// definition keeps its running task (as RabbitMQ does).
     pub fn put(&self, def: Definition) -> Result<bool, SavedError> {
-        assert!(def.kind == Kind::Dynamic, "only the API puts, and only dynamic shovels");
+        assert!(
+            def.kind == Kind::Dynamic,
+            "only the API puts, and only dynamic shovels"
+        );
         let mut running = self.running.lock();
         let key = (def.vhost.clone(), def.name.clone());
         let existed = running.get(&key).map(|r| r.def.value == def.value);

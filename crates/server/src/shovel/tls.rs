@@ -96,7 +96,9 @@ impl Params {
             }
             let path = || -> Result<PathBuf, String> {
                 if value.is_empty() {
-                    return Err(format!("{key}: {name} is empty; give the path of a PEM file"));
+                    return Err(format!(
+                        "{key}: {name} is empty; give the path of a PEM file"
+                    ));
                 }
                 Ok(PathBuf::from(value.as_ref()))
             };
@@ -118,11 +120,7 @@ impl Params {
                 _ => {
                     p.sni = match value.as_ref() {
                         "disable" => Sni::Disable,
-                        "" => {
-                            return Err(format!(
-                                "{key}: server_name_indication is empty; give a host name or disable"
-                            ))
-                        }
+                        "" => return Err(format!("{key}: server_name_indication is empty")),
                         name => Sni::Name(name.to_owned()),
                     }
                 }
@@ -175,7 +173,10 @@ impl Params {
                 let mut roots = RootCertStore::empty();
                 for cert in certs(key, "cacertfile", ca)? {
                     roots.add(cert).map_err(|e| {
-                        format!("{key}: cacertfile {}: not a CA certificate: {e}", ca.display())
+                        format!(
+                            "{key}: cacertfile {}: not a CA certificate: {e}",
+                            ca.display()
+                        )
                     })?;
                 }
                 builder.with_root_certificates(roots)
@@ -258,7 +259,12 @@ impl ServerCertVerifier for NoVerify {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -267,7 +273,12 @@ impl ServerCertVerifier for NoVerify {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
@@ -314,13 +325,19 @@ mod tests {
     fn amqp_uris_have_no_tls_and_may_not_carry_its_parameters() {
         assert_eq!(Params::of("src-uri", "amqp://h/%2f").unwrap(), None);
         let e = Params::of("src-uri", "amqp://h/%2f?cacertfile=/ca.pem").unwrap_err();
-        assert!(e.contains("src-uri: cacertfile is only of use with amqps://"), "{e}");
+        assert!(
+            e.contains("src-uri: cacertfile is only of use with amqps://"),
+            "{e}"
+        );
     }
 
     #[test]
     fn verify_peer_is_the_default_and_needs_a_ca() {
         let e = Params::of("dest-uri", "amqps://h/%2f").unwrap_err();
-        assert!(e.contains("dest-uri: verify_peer (the default) needs cacertfile"), "{e}");
+        assert!(
+            e.contains("dest-uri: verify_peer (the default) needs cacertfile"),
+            "{e}"
+        );
         let p = Params::of("dest-uri", "amqps://h/%2f?verify=verify_none")
             .unwrap()
             .unwrap();
@@ -335,10 +352,22 @@ mod tests {
     #[test]
     fn bad_parameters_are_named() {
         let cases = [
-            ("amqps://h?verify=yes", "verify must be verify_peer or verify_none"),
-            ("amqps://h?verify=verify_none&certfile=/c", "certfile needs keyfile"),
-            ("amqps://h?verify=verify_none&keyfile=/k", "keyfile needs certfile"),
-            ("amqps://h?verify=verify_none&cacertfile=", "cacertfile is empty"),
+            (
+                "amqps://h?verify=yes",
+                "verify must be verify_peer or verify_none",
+            ),
+            (
+                "amqps://h?verify=verify_none&certfile=/c",
+                "certfile needs keyfile",
+            ),
+            (
+                "amqps://h?verify=verify_none&keyfile=/k",
+                "keyfile needs certfile",
+            ),
+            (
+                "amqps://h?verify=verify_none&cacertfile=",
+                "cacertfile is empty",
+            ),
             (
                 "amqps://h?verify=verify_none&server_name_indication=a%20b",
                 "server_name_indication \"a b\" is not a host name",
@@ -352,13 +381,19 @@ mod tests {
 
     #[test]
     fn server_name_indication_names_the_server_or_is_disabled() {
-        let p = Params::of("k", "amqps://10.0.0.1?verify=verify_none&server_name_indication=mq.example")
-            .unwrap()
-            .unwrap();
+        let p = Params::of(
+            "k",
+            "amqps://10.0.0.1?verify=verify_none&server_name_indication=mq.example",
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(p.server_name(), "mq.example");
-        let p = Params::of("k", "amqps://mq?verify=verify_none&server_name_indication=disable")
-            .unwrap()
-            .unwrap();
+        let p = Params::of(
+            "k",
+            "amqps://mq?verify=verify_none&server_name_indication=disable",
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(p.sni, Sni::Disable);
         assert_eq!(p.server_name(), "mq");
         assert!(!p.client_config("k").unwrap().enable_sni);
@@ -370,7 +405,10 @@ mod tests {
             .unwrap()
             .unwrap();
         let e = p.client_config("dest-uri").unwrap_err();
-        assert!(e.starts_with("dest-uri: cacertfile /nonexistent/ca.pem: cannot read"), "{e}");
+        assert!(
+            e.starts_with("dest-uri: cacertfile /nonexistent/ca.pem: cannot read"),
+            "{e}"
+        );
         let p = Params::of(
             "dest-uri",
             "amqps://h?verify=verify_none&certfile=/nonexistent/c.pem&keyfile=/nonexistent/k.pem",
@@ -378,6 +416,9 @@ mod tests {
         .unwrap()
         .unwrap();
         let e = p.client_config("dest-uri").unwrap_err();
-        assert!(e.starts_with("dest-uri: certfile /nonexistent/c.pem: cannot read"), "{e}");
+        assert!(
+            e.starts_with("dest-uri: certfile /nonexistent/c.pem: cannot read"),
+            "{e}"
+        );
     }
 }
