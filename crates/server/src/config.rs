@@ -31,6 +31,9 @@ pub struct Config {
     pub management: Management,
     pub event_log: EventLogSection,
     pub cluster: Cluster,
+    /// Static shovels (`[shovels.NAME]`, docs/SHOVELS.md), checked as
+    /// they were read; not settings of the table (no flag, no default).
+    pub shovels: Vec<crate::shovel::definition::Definition>,
 }
 
 /// `[management]`: the HTTP management side.
@@ -324,6 +327,9 @@ pub enum ConfigError {
         value: String,
         why: String,
     },
+    /// `why` names the key (`shovels.NAME.destination.uris: ...`).
+    #[error("invalid static shovel [shovels.{name}]: {why}")]
+    Shovel { name: String, why: String },
     #[error("invalid environment variable {var}={value:?}: {why}")]
     Env {
         var: String,

@@ -281,6 +281,13 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
     let locks = lock_data_dirs(&config.store.data_dirs)?;
     let listeners = bind_listeners(&config)?;
     if config.cluster.node_id.is_some() {
+        if let Some(s) = config.shovels.first() {
+            return Err(ServerError::Startup(format!(
+                "static shovel [shovels.{}]: shovels are not supported on a cluster member yet \
+                 (docs/SHOVELS.md)",
+                s.name
+            )));
+        }
         return start_member(config, listeners, locks).await;
     }
     let (broker, journal) = {
@@ -293,11 +300,13 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
     // broker connects (its accept loop starts in `serve_broker`); before
     // the definitions file, which may hold shovels.
     let dir = config.store.data_dirs.first().cloned();
-    let shovels = shovel::Shovels::start(dir, http::node_name().to_owned()).map_err(|e| {
-        ServerError::Startup(format!(
-            "cannot load the shovels: {e} (fix the file or move it aside)"
-        ))
-    })?;
+    let statics = config.shovels.clone();
+    let shovels =
+        shovel::Shovels::start(dir, http::node_name().to_owned(), statics).map_err(|e| {
+            ServerError::Startup(format!(
+                "cannot load the shovels: {e} (fix the file or move it aside)"
+            ))
+        })?;
     if let Some(path) = &config.management.load_definitions {
         load_definitions(&broker, Some(&shovels), path)?;
     }

@@ -338,6 +338,10 @@ pub const SHOVEL_PREFETCH_COUNT_DEFAULT: u16 = 1_000;
 /// dynamic shovels (its static shovels wait 5 s).
 pub const SHOVEL_RECONNECT_DELAY_S_DEFAULT: f64 = 1.0;
 
+/// `reconnect_delay` of a static shovel when not given, in seconds
+/// (RabbitMQ's for static shovels).
+pub const SHOVEL_STATIC_RECONNECT_DELAY_S_DEFAULT: f64 = 5.0;
+
 /// Consecutive failures double the wait before the next attempt, from
 /// `reconnect-delay` up to this (or `reconnect-delay` if larger), so an
 /// endpoint that is down for long is not hammered.

@@ -6,7 +6,9 @@
 //! ([`env::apply`]), the checks ([`Config::validate`]), the flags of
 //! `berth serve` (built by the cli from [`all`]) and the settings part of
 //! docs/CONFIG.md (rendered by [`docs::markdown`]) all come from it: adding
-//! a setting is one entry here and the code that uses its field.
+//! a setting is one entry here and the code that uses its field. The
+//! file's static shovels (`[shovels.NAME]`) are not settings (no flag, no
+//! default): [`shovels`] reads them, beside the table.
 //!
 //! Naming rule (documented in docs/CONFIG.md): every key `section.key_name`
 //! has the flag `--key-name` (underscores become dashes, the section is not
@@ -30,6 +32,7 @@ pub mod env;
 mod file;
 mod limits;
 mod net;
+pub mod shovels;
 pub mod slot;
 mod store;
 pub mod value;
@@ -122,6 +125,7 @@ impl Default for Config {
             management: Management::default(),
             event_log: EventLogSection::default(),
             cluster: Cluster::default(),
+            shovels: Vec::new(),
         };
         for setting in all() {
             setting.slot.set_default(&mut config);
@@ -164,7 +168,16 @@ impl Config {
                     why: refusal.why,
                 })?;
         }
-        check_together(self)
+        check_together(self)?;
+        // The certificate files of static shovels' amqps:// URIs, read
+        // at start as a PUT reads a dynamic one's.
+        for def in &self.shovels {
+            crate::shovel::check_files(def).map_err(|why| ConfigError::Shovel {
+                name: def.name.clone(),
+                why: shovels::in_file_terms(&def.name, &why),
+            })?;
+        }
+        Ok(())
     }
 }
 

@@ -165,6 +165,8 @@ fn shovel_parameters(st: &HttpState, only_vhost: Option<&str>) -> Vec<Value> {
         return Vec::new();
     };
     (shovels.list(only_vhost).iter())
+        // A static shovel is the config file's, not a runtime parameter.
+        .filter(|l| l.def.kind == crate::shovel::definition::Kind::Dynamic)
         .map(|l| {
             let mut p = super::shovels::parameter_json(&l.def);
             if only_vhost.is_some() {
@@ -290,6 +292,7 @@ fn import_parameters(
         }
         let def = crate::shovel::definition::parse(vhost, name, &p["value"])
             .map_err(|e| format!("{}: {}", what(), e.trim()))?;
+        crate::shovel::check_files(&def).map_err(|e| format!("{}: {e}", what()))?;
         shovels.put(def).map_err(|e| format!("{}: {e}", what()))?;
         report.shovels += 1;
     }

@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use super::auth::authenticate;
 use super::error::unauthorized;
 use super::{bad_request, not_found, HttpState};
-use crate::shovel::definition::{self, Definition};
+use crate::shovel::definition::{self, Definition, Kind};
 use crate::shovel::saved::SavedError;
 use crate::shovel::status::status_json;
 use crate::shovel::Shovels;
@@ -61,17 +61,47 @@ fn visible(st: &HttpState, user: &super::Authed) -> Vec<String> {
     user.vhosts(st).iter().map(|v| v.name.clone()).collect()
 }
 
-pub(super) async fn parameters(State(st): State<HttpState>, user: super::Authed) -> Response {
-    let s = match shovels(&st) {
+/// What a listing shows of each shovel.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Row {
+    /// The runtime parameter (`/api/parameters/shovel`): dynamic shovels
+    /// only, as a static shovel is none.
+    Parameter,
+    /// The status (`/api/shovels`): static shovels too, to administrators
+    /// only (they belong to no vhost), as RabbitMQ's shovel management
+    /// shows them.
+    Status,
+}
+
+/// The shovels of `vhost` (or of every vhost `user` may see) as `row`s.
+fn listing(st: &HttpState, user: &super::Authed, vhost: Option<&str>, row: Row) -> Response {
+    let s = match shovels(st) {
         Ok(s) => s,
         Err(r) => return r,
     };
-    let seen = visible(&st, &user);
-    let all: Vec<Value> = (s.list(None).iter())
-        .filter(|l| seen.contains(&l.def.vhost))
-        .map(|l| parameter_json(&l.def))
+    let seen = match vhost {
+        Some(v) => match user.vhost(st, v) {
+            Ok(_) => vec![v.to_owned()],
+            Err(r) => return r,
+        },
+        None => visible(st, user),
+    };
+    let admin = user.0.has_tag(TAG_ADMINISTRATOR);
+    let rows: Vec<Value> = (s.list(vhost).iter())
+        .filter(|l| match l.def.kind {
+            Kind::Dynamic => seen.contains(&l.def.vhost),
+            Kind::Static => row == Row::Status && admin,
+        })
+        .map(|l| match row {
+            Row::Parameter => parameter_json(&l.def),
+            Row::Status => status_json(&l.def, &l.status, s.node()),
+        })
         .collect();
-    Json(Value::Array(all)).into_response()
+    Json(Value::Array(rows)).into_response()
+}
+
+pub(super) async fn parameters(State(st): State<HttpState>, user: super::Authed) -> Response {
+    listing(&st, &user, None, Row::Parameter)
 }
 
 pub(super) async fn parameters_in(
@@ -79,17 +109,7 @@ pub(super) async fn parameters_in(
     user: super::Authed,
     Path(vhost): Path<String>,
 ) -> Response {
-    let s = match shovels(&st) {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
-    if let Err(r) = user.vhost(&st, &vhost) {
-        return r;
-    }
-    let all: Vec<Value> = (s.list(Some(&vhost)).iter())
-        .map(|l| parameter_json(&l.def))
-        .collect();
-    Json(Value::Array(all)).into_response()
+    listing(&st, &user, Some(&vhost), Row::Parameter)
 }
 
 pub(super) async fn parameter(
@@ -155,7 +175,9 @@ pub(crate) fn from_body(vhost: &str, name: &str, body: &Value) -> Result<Definit
     let value = m
         .get("value")
         .ok_or("the body must have a \"value\" object with the shovel's fields")?;
-    definition::parse(vhost, name, value)
+    let def = definition::parse(vhost, name, value)?;
+    crate::shovel::check_files(&def)?;
+    Ok(def)
 }
 
 pub(super) async fn put(
@@ -208,16 +230,7 @@ pub(super) async fn delete(
 }
 
 pub(super) async fn status(State(st): State<HttpState>, user: super::Authed) -> Response {
-    let s = match shovels(&st) {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
-    let seen = visible(&st, &user);
-    let all: Vec<Value> = (s.list(None).iter())
-        .filter(|l| seen.contains(&l.def.vhost))
-        .map(|l| status_json(&l.def, &l.status, s.node()))
-        .collect();
-    Json(Value::Array(all)).into_response()
+    listing(&st, &user, None, Row::Status)
 }
 
 pub(super) async fn status_in(
@@ -225,17 +238,7 @@ pub(super) async fn status_in(
     user: super::Authed,
     Path(vhost): Path<String>,
 ) -> Response {
-    let s = match shovels(&st) {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
-    if let Err(r) = user.vhost(&st, &vhost) {
-        return r;
-    }
-    let all: Vec<Value> = (s.list(Some(&vhost)).iter())
-        .map(|l| status_json(&l.def, &l.status, s.node()))
-        .collect();
-    Json(Value::Array(all)).into_response()
+    listing(&st, &user, Some(&vhost), Row::Status)
 }
 
 /// `GET /api/shovels/vhost/{vhost}/{name}` (RabbitMQ 3.10): one shovel's

@@ -54,6 +54,7 @@ impl<'de> Visitor<'de> for Table<'_> {
         while let Some(name) = map.next_key::<String>()? {
             let config = &mut *self.config;
             match self.section {
+                None if name == "shovels" => map.next_value_seed(StaticShovels { config })?,
                 None => map.next_value_seed(Table {
                     section: Some(known_section(&name).map_err(A::Error::custom)?),
                     config,
@@ -69,14 +70,14 @@ impl<'de> Visitor<'de> for Table<'_> {
 }
 
 fn known_section(name: &str) -> Result<&'static str, String> {
-    // RabbitMQ's static shovels and federation live in its config files;
-    // berth's are defined through the API (docs/SHOVELS.md).
-    if ["shovel", "shovels", "federation"].contains(&name) {
-        return Err(format!(
-            "`{name}`: static shovels and federation are not supported in the config file yet; \
-             define dynamic shovels through PUT /api/parameters/shovel/{{vhost}}/{{name}} \
-             (docs/SHOVELS.md)"
-        ));
+    if name == "shovel" {
+        return Err(
+            "`shovel`: static shovels are tables [shovels.NAME] (docs/SHOVELS.md)".to_owned(),
+        );
+    }
+    // RabbitMQ's federation lives in its config files; berth has none yet.
+    if name == "federation" {
+        return Err("`federation`: federation is not supported by berth yet".to_owned());
     }
     SECTIONS
         .iter()
@@ -109,5 +110,33 @@ impl<'de> DeserializeSeed<'de> for Key<'_> {
             .slot
             .set_toml(self.config, value)
             .map_err(D::Error::custom)
+    }
+}
+
+/// The `[shovels]` table: one static shovel per key, each read by
+/// [`super::shovels::read`] (the error carries the file's line).
+struct StaticShovels<'c> {
+    config: &'c mut Config,
+}
+
+impl<'de> DeserializeSeed<'de> for StaticShovels<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for StaticShovels<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("tables [shovels.NAME], one per static shovel")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(name) = map.next_key::<String>()? {
+            let table: toml::Value = map.next_value()?;
+            let def = super::shovels::read(&name, table).map_err(A::Error::custom)?;
+            self.config.shovels.push(def);
+        }
+        Ok(())
     }
 }

@@ -52,14 +52,35 @@ fn unknown_keys_are_an_error_not_silently_ignored() {
 }
 
 #[test]
-fn static_shovels_in_the_file_are_refused_as_not_supported_yet() {
+fn static_shovels_are_read_from_shovels_tables_with_the_line_of_an_error() {
+    let text = "[shovels.orders.source]\nuris = \"amqp://h\"\nqueue = \"in\"\n\
+                [shovels.orders.destination]\nuris = \"amqp://h2\"\n";
+    let c = Config::from_toml(text).unwrap();
+    assert_eq!(c.shovels.len(), 1);
+    assert_eq!(c.shovels[0].name, "orders");
+    c.validate().unwrap();
+    let bad = text.replace("queue = \"in\"", "queue = \"in\"\nprefetch_count = -1");
+    let e = Config::from_toml(&bad).unwrap_err().to_string();
+    assert!(e.contains("shovels.orders.source.prefetch_count"), "{e}");
+    assert!(e.contains("line"), "{e}");
     let e = Config::from_toml("[shovel.orders]\nsrc_uri = \"amqp://h\"\n").unwrap_err();
-    let e = e.to_string();
+    assert!(e.to_string().contains("[shovels.NAME]"), "{e}");
+}
+
+#[test]
+fn a_static_shovels_unreadable_certificate_file_fails_validation_naming_it() {
+    let text = "[shovels.tls.source]\nuris = \"amqp://h\"\nqueue = \"in\"\n\
+                [shovels.tls.destination]\n\
+                uris = \"amqps://h2?cacertfile=/nonexistent/ca.pem\"\n";
+    let e = Config::from_toml(text)
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
     assert!(
-        e.contains("static shovels") && e.contains("not supported"),
+        e.contains("[shovels.tls]: shovels.tls.destination.uris: cacertfile /nonexistent/ca.pem"),
         "{e}"
     );
-    assert!(e.contains("/api/parameters/shovel"), "{e}");
 }
 
 #[test]

@@ -1,6 +1,9 @@
-//! A dynamic shovel's definition: the `value` of RabbitMQ's
-//! `/api/parameters/shovel/{vhost}/{name}`, checked field by field and
-//! turned into a [`Definition`] the worker runs. Pure: no I/O.
+//! A shovel's definition: the `value` of RabbitMQ's
+//! `/api/parameters/shovel/{vhost}/{name}` (a static shovel of the config
+//! file is translated into one first), checked field by field and
+//! turned into a [`Definition`] the worker runs. Pure: no I/O (the
+//! certificate files an `amqps://` URI names are read by
+//! `shovel::check_files`).
 //!
 //! Invariants:
 //! - Every key of the value is either one berth runs, one RabbitMQ knows
@@ -72,9 +75,31 @@ pub enum DeleteAfter {
     Count(u64),
 }
 
+/// Where a shovel was defined, as RabbitMQ's `type` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Through the API (a runtime parameter of a vhost), kept in
+    /// `shovels.json`.
+    Dynamic,
+    /// In the config file (`[shovels.NAME]`): no vhost, not kept on disk
+    /// by berth, not changed or deleted through the API.
+    Static,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Dynamic => "dynamic",
+            Kind::Static => "static",
+        }
+    }
+}
+
 /// A checked shovel definition.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Definition {
+    pub kind: Kind,
+    /// The vhost of a dynamic shovel; empty for a static one.
     pub vhost: String,
     pub name: String,
     /// Tried in turn: the first that connects is used (failover).
@@ -155,19 +180,18 @@ fn first<'a>(m: &'a Map<String, Value>, keys: &[&str]) -> Option<(&'a Value, Str
     })
 }
 
-/// One URI, checked: `amqp://` with a host. `amqps://` and RabbitMQ's
-/// host-less `amqp://` (a direct connection inside the node) are refused
-/// with what to write instead.
+/// One URI, checked: `amqp://` or `amqps://` with a host, and for
+/// `amqps://` RabbitMQ's TLS query parameters (their files are read by
+/// `shovel::check_files`, not here). RabbitMQ's host-less `amqp://`
+/// (a direct connection inside the node) is refused with what to write
+/// instead.
 pub fn check_uri(key: &str, uri: &str) -> Result<(), String> {
-    let Some(rest) = uri.strip_prefix("amqp://") else {
-        if uri.starts_with("amqps://") {
-            return Err(invalid(format!(
-                "{key}: \"{}\": amqps:// (TLS) is not supported by berth's shovels yet",
-                redact(uri)
-            )));
-        }
+    let Some(rest) = uri
+        .strip_prefix("amqp://")
+        .or_else(|| uri.strip_prefix("amqps://"))
+    else {
         return Err(invalid(format!(
-            "{key}: \"{}\" is not a valid URI: it must start with amqp://",
+            "{key}: \"{}\" is not a valid URI: it must start with amqp:// or amqps://",
             redact(uri)
         )));
     };
@@ -180,12 +204,14 @@ pub fn check_uri(key: &str, uri: &str) -> Result<(), String> {
             redact(uri)
         )));
     }
-    uri.parse::<lapin::uri::AMQPUri>().map(|_| ()).map_err(|e| {
+    uri.parse::<lapin::uri::AMQPUri>().map_err(|e| {
         invalid(format!(
             "{key}: \"{}\" is not a valid URI: {e}",
             redact(uri)
         ))
-    })
+    })?;
+    super::tls::Params::of(key, uri).map_err(invalid)?;
+    Ok(())
 }
 
 /// `uri` without its password, for status and error text.
@@ -359,6 +385,7 @@ pub fn parse(vhost: &str, name: &str, value: &Value) -> Result<Definition, Strin
     protocol(m, "dest-protocol")?;
     let ack_mode = ack_mode(m)?;
     Ok(Definition {
+        kind: Kind::Dynamic,
         vhost: vhost.to_owned(),
         name: name.to_owned(),
         src_uris: uris(m, "src-uri")?,

@@ -29,7 +29,7 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Publishe
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use super::definition::{redact, AckMode, Definition, Destination, Source};
+use super::definition::{redact, AckMode, Definition, Destination, Kind, Source};
 use super::status::{State, Status};
 use crate::limits::{SHOVEL_CLOSE_TIMEOUT_MS, SHOVEL_CONNECT_TIMEOUT_MS};
 
@@ -75,7 +75,20 @@ async fn connect(
         let uri = &uris[(first + i) % uris.len()];
         let props = ConnectionProperties::default()
             .with_connection_name(format!("Shovel {name} ({end})").into());
-        match tokio::time::timeout(timeout(), Connection::connect(uri, props)).await {
+        let key = if end == "source" {
+            "src-uri"
+        } else {
+            "dest-uri"
+        };
+        let connecting = async {
+            match super::tls::Params::of(key, uri)? {
+                Some(tls) => super::tls::connect(key, uri, &tls, props).await,
+                None => Connection::connect(uri, props)
+                    .await
+                    .map_err(|e| e.to_string()),
+            }
+        };
+        match tokio::time::timeout(timeout(), connecting).await {
             Ok(Ok(c)) => return Ok((c, uri.clone())),
             Ok(Err(e)) => errors.push(format!("{}: {e}", redact(uri))),
             Err(_) => errors.push(format!(
@@ -471,9 +484,11 @@ impl Forwarding {
                 t.insert(k.into(), AMQPValue::LongString(LongString::from(v)));
             };
             put("shovelled-by", node);
-            put("shovel-type", "dynamic");
+            put("shovel-type", def.kind.as_str());
             put("shovel-name", &def.name);
-            put("shovel-vhost", &def.vhost);
+            if def.kind == Kind::Dynamic {
+                put("shovel-vhost", &def.vhost);
+            }
             put("src-uri", &redact(src_uri));
             put("dest-uri", &redact(dest_uri));
             match &def.source {

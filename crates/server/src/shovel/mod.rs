@@ -1,8 +1,8 @@
-//! Dynamic shovels, as RabbitMQ's `rabbitmq_shovel` defines them: each
-//! one a task that consumes from a source broker and publishes to a
-//! destination broker over AMQP 0-9-1, restarted after a failure, kept on
-//! disk with the definitions and started again with the broker
-//! (docs/SHOVELS.md).
+//! Shovels, as RabbitMQ's `rabbitmq_shovel` defines them: each one a
+//! task that consumes from a source broker and publishes to a destination
+//! broker over AMQP 0-9-1, restarted after a failure. Dynamic ones are
+//! kept on disk with the definitions and started again with the broker;
+//! static ones come from the config file at each start (docs/SHOVELS.md).
 //!
 //! [`definition`] checks a definition (pure), [`saved`] keeps them on
 //! disk, [`link`] is one run of one shovel, [`status`] what the API shows;
@@ -11,6 +11,9 @@
 //! Invariants:
 //! - A change (put, delete, a shovel deleting itself) is on disk before
 //!   the running set changes and before the API answers it.
+//! - Static shovels are never written to `shovels.json`, and the API
+//!   cannot replace, delete or restart one (its key has an empty vhost,
+//!   which no vhost of the API has; each method also checks the kind).
 //! - One task per shovel; a failing shovel waits and retries on its own
 //!   and never delays another (each has its own connections and timers).
 //! - A stopped shovel closes its connections, so what it had not
@@ -20,6 +23,7 @@ pub mod definition;
 mod link;
 pub mod saved;
 pub mod status;
+pub mod tls;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -30,7 +34,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use crate::limits::SHOVEL_RECONNECT_DELAY_MS_MAX;
-use definition::Definition;
+use definition::{Definition, Kind};
 use link::{Ended, Run, SharedStatus};
 use saved::{Entry, SavedError};
 use status::{State, Status};
@@ -65,9 +69,15 @@ pub struct Listed {
 }
 
 impl Shovels {
-    /// Loads the saved shovels from `dir` and starts them. A saved
-    /// definition this berth no longer accepts is logged and left out.
-    pub fn start(dir: Option<PathBuf>, node: String) -> Result<Arc<Self>, SavedError> {
+    /// Starts the static shovels of the config file (`statics`, already
+    /// checked), then loads the saved dynamic shovels from `dir` and starts
+    /// them. A saved definition this berth no longer accepts is logged and
+    /// left out.
+    pub fn start(
+        dir: Option<PathBuf>,
+        node: String,
+        statics: Vec<Definition>,
+    ) -> Result<Arc<Self>, SavedError> {
         let entries = match &dir {
             Some(d) => saved::load(d)?,
             None => Vec::new(),
@@ -79,6 +89,11 @@ impl Shovels {
             me: me.clone(),
         });
         let mut running = shovels.running.lock();
+        for def in statics {
+            debug_assert!(def.kind == Kind::Static && def.vhost.is_empty());
+            let key = (def.vhost.clone(), def.name.clone());
+            running.insert(key, shovels.spawn(def));
+        }
         for e in entries {
             match definition::parse(&e.vhost, &e.name, &e.value) {
                 Ok(def) => {
@@ -99,6 +114,10 @@ impl Shovels {
     /// Adds or replaces a shovel; `true` when it is new. An unchanged
     /// definition keeps its running task (as RabbitMQ does).
     pub fn put(&self, def: Definition) -> Result<bool, SavedError> {
+        assert!(
+            def.kind == Kind::Dynamic,
+            "only the API puts, and only dynamic shovels"
+        );
         let mut running = self.running.lock();
         let key = (def.vhost.clone(), def.name.clone());
         let existed = running.get(&key).map(|r| r.def.value == def.value);
@@ -120,11 +139,14 @@ impl Shovels {
         Ok(existed.is_none())
     }
 
-    /// Deletes a shovel; `false` when there was none.
+    /// Deletes a dynamic shovel; `false` when there was none.
     pub fn delete(&self, vhost: &str, name: &str) -> Result<bool, SavedError> {
         let mut running = self.running.lock();
         let key = (vhost.to_owned(), name.to_owned());
-        if !running.contains_key(&key) {
+        if !running
+            .get(&key)
+            .is_some_and(|r| r.def.kind == Kind::Dynamic)
+        {
             return Ok(false);
         }
         let mut entries = entries_of(&running);
@@ -136,11 +158,17 @@ impl Shovels {
         Ok(true)
     }
 
-    /// Stops a shovel and starts it again (its definition unchanged);
-    /// `false` when there is none.
+    /// Stops a dynamic shovel and starts it again (its definition
+    /// unchanged); `false` when there is none.
     pub fn restart(&self, vhost: &str, name: &str) -> bool {
         let mut running = self.running.lock();
         let key = (vhost.to_owned(), name.to_owned());
+        if !running
+            .get(&key)
+            .is_some_and(|r| r.def.kind == Kind::Dynamic)
+        {
+            return false;
+        }
         let Some(old) = running.remove(&key) else {
             return false;
         };
@@ -150,13 +178,18 @@ impl Shovels {
         true
     }
 
+    /// A dynamic shovel's definition.
     pub fn get(&self, vhost: &str, name: &str) -> Option<Arc<Definition>> {
         let running = self.running.lock();
         let key = (vhost.to_owned(), name.to_owned());
-        running.get(&key).map(|r| Arc::clone(&r.def))
+        running
+            .get(&key)
+            .filter(|r| r.def.kind == Kind::Dynamic)
+            .map(|r| Arc::clone(&r.def))
     }
 
-    /// Every shovel (of `vhost` if given), sorted by vhost and name.
+    /// Every shovel (of `vhost` if given: dynamic ones only), sorted by
+    /// vhost and name; the static ones (empty vhost) come first.
     pub fn list(&self, vhost: Option<&str>) -> Vec<Listed> {
         let running = self.running.lock();
         running
@@ -211,6 +244,16 @@ impl Shovels {
         if !same {
             return;
         }
+        if def.kind == Kind::Static {
+            // Nothing on disk: it stops until the next start of berth
+            // (which starts it again from the config file).
+            tracing::info!(shovel = %def.name,
+                "static shovel moved what delete_after asked for and stops");
+            self.running
+                .lock()
+                .remove(&(def.vhost.clone(), def.name.clone()));
+            return;
+        }
         tracing::info!(vhost = %def.vhost, shovel = %def.name,
             "shovel moved what src-delete-after asked for and deletes itself");
         if let Err(e) = self.delete(&def.vhost, &def.name) {
@@ -220,9 +263,26 @@ impl Shovels {
     }
 }
 
+/// Reads the certificate files every `amqps://` URI of `def` names, so a
+/// wrong path or a key that does not fit is refused when the shovel is
+/// defined (a 400 naming the URI key and the parameter), not found at
+/// its first connection.
+pub fn check_files(def: &Definition) -> Result<(), String> {
+    let ends = [("src-uri", &def.src_uris), ("dest-uri", &def.dest_uris)];
+    for (key, uris) in ends {
+        for uri in uris {
+            if let Some(p) = tls::Params::of(key, uri)? {
+                p.client_config(key)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 fn entries_of(running: &BTreeMap<Key, Running>) -> Vec<Entry> {
     running
         .values()
+        .filter(|r| r.def.kind == Kind::Dynamic)
         .map(|r| Entry {
             vhost: r.def.vhost.clone(),
             name: r.def.name.clone(),

@@ -10,7 +10,7 @@ use std::time::SystemTime;
 
 use serde_json::{json, Value};
 
-use super::definition::{redact, Definition, Destination, Source};
+use super::definition::{redact, Definition, Destination, Kind, Source};
 
 /// The state of one shovel.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,10 +86,14 @@ pub fn status_json(def: &Definition, status: &Status, node: &str) -> Value {
         "timestamp": timestamp(status.since),
         "name": def.name,
         "vhost": def.vhost,
-        "type": "dynamic",
+        "type": def.kind.as_str(),
         "berth_messages_moved": status.moved,
     });
     let m = out.as_object_mut().expect("built as an object");
+    if def.kind == Kind::Static {
+        // A static shovel belongs to no vhost; RabbitMQ shows none.
+        m.remove("vhost");
+    }
     match &status.state {
         State::Starting => {
             m.insert("state".into(), json!("starting"));

@@ -124,15 +124,30 @@ fn uris_are_required_and_checked() {
     assert!(refused(&v).contains("dest-uri is required"));
     assert!(refused(&with("src-uri", json!([]))).contains("non-empty list"));
     assert!(refused(&with("src-uri", json!(5))).contains("non-empty list"));
-    assert!(refused(&with("src-uri", json!("http://h"))).contains("must start with amqp://"));
+    assert!(refused(&with("src-uri", json!("http://h")))
+        .contains("must start with amqp:// or amqps://"));
     let e = refused(&with("src-uri", json!("amqp://")));
     assert!(e.contains("names no host"), "{e}");
     let e = refused(&with(
         "dest-uri",
         json!(["amqp://ok", "amqps://u:secret@h"]),
     ));
-    assert!(e.contains("amqps:// (TLS) is not supported"), "{e}");
+    assert!(
+        e.contains("dest-uri: verify_peer (the default) needs cacertfile"),
+        "{e}"
+    );
     assert!(!e.contains("secret"), "a password is never echoed: {e}");
+    let e = refused(&with("dest-uri", json!("amqps://u:secret@h?verify=maybe")));
+    assert!(
+        e.contains("verify must be verify_peer or verify_none"),
+        "{e}"
+    );
+    assert!(!e.contains("secret"), "a password is never echoed: {e}");
+    let ok = with(
+        "dest-uri",
+        json!("amqps://u:p@h:5671/%2f?verify=verify_none"),
+    );
+    parse("/", "s", &ok).expect("amqps:// with verify_none is taken");
     let e = refused(&with("src-uri", json!("amqp://h:notaport")));
     assert!(e.contains("not a valid URI"), "{e}");
 }
