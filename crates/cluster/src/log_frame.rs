@@ -64,6 +64,41 @@ pub struct Scan<'a> {
     pub tail: Tail,
 }
 
+/// The payload of the frame of `frame_len` bytes at offset `at` of
+/// `file` (a segment, `path`), checked against its length and CRC: a
+/// frame that does not check is an error naming the file and offset,
+/// never another frame's bytes.
+pub fn read_frame_payload(
+    file: &std::fs::File,
+    path: &std::path::Path,
+    at: u64,
+    frame_len: usize,
+) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let bad = |what: String| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "Raft log entry at offset {at} of {}: {what}",
+                path.display()
+            ),
+        )
+    };
+    if frame_len < FRAME_HEADER_BYTES {
+        return Err(bad(format!("a frame of {frame_len} bytes")));
+    }
+    let mut frame = vec![0u8; frame_len];
+    file.read_exact_at(&mut frame, at)?;
+    let len = u32::from_le_bytes(frame[0..4].try_into().expect("4 bytes")) as usize;
+    let crc = u32::from_le_bytes(frame[4..8].try_into().expect("4 bytes"));
+    if len != frame_len - FRAME_HEADER_BYTES || crc32c::crc32c(&frame[FRAME_HEADER_BYTES..]) != crc
+    {
+        return Err(bad("its frame does not check (length or CRC)".into()));
+    }
+    frame.drain(..FRAME_HEADER_BYTES);
+    Ok(frame)
+}
+
 /// Reads frames from the start of `bytes` until the end or the first bad
 /// frame. This is the decision table of recovery:
 ///

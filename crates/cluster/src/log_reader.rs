@@ -18,13 +18,12 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::log_frame::FRAME_HEADER_BYTES;
+use crate::log_frame::read_frame_payload;
 use crate::log_segments::segment_name;
 use crate::types::{Command, Entry, InLog, LogId};
 
@@ -116,26 +115,15 @@ impl SegmentReader {
 
 /// The entry whose frame of `frame_len` bytes is at offset `at` of `file`
 /// (the segment `path`), checked against its length and CRC.
-pub(crate) fn read_frame(file: &File, path: &Path, at: u64, frame_len: usize) -> io::Result<Entry> {
-    let bad = |what: String| {
+fn read_frame(file: &File, path: &Path, at: u64, frame_len: usize) -> io::Result<Entry> {
+    let payload = read_frame_payload(file, path, at, frame_len)?;
+    postcard::from_bytes(&payload).map_err(|e| {
         io::Error::new(
             io::ErrorKind::InvalidData,
             format!(
-                "Raft log entry at offset {at} of {}: {what}",
+                "Raft log entry at offset {at} of {}: does not decode: {e}",
                 path.display()
             ),
         )
-    };
-    if frame_len < FRAME_HEADER_BYTES {
-        return Err(bad(format!("a frame of {frame_len} bytes")));
-    }
-    let mut frame = vec![0u8; frame_len];
-    file.read_exact_at(&mut frame, at)?;
-    let len = u32::from_le_bytes(frame[0..4].try_into().expect("4 bytes")) as usize;
-    let crc = u32::from_le_bytes(frame[4..8].try_into().expect("4 bytes"));
-    let payload = &frame[FRAME_HEADER_BYTES..];
-    if len != payload.len() || crc32c::crc32c(payload) != crc {
-        return Err(bad("its frame does not check (length or CRC)".into()));
-    }
-    postcard::from_bytes(payload).map_err(|e| bad(format!("does not decode: {e}")))
+    })
 }

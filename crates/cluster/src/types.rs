@@ -60,7 +60,18 @@ impl Command {
         match &self.0 {
             Body::Held(b) => Ok(b.clone()),
             Body::InLog(at) => {
-                let entry = crate::log_reader::read_frame(&at.file, &at.path, at.at, at.frame_len)?;
+                let payload =
+                    crate::log_frame::read_frame_payload(&at.file, &at.path, at.at, at.frame_len)?;
+                let entry: Entry = postcard::from_bytes(&payload).map_err(|e| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "Raft log entry at offset {} of {}: does not decode: {e}",
+                            at.at,
+                            at.path.display()
+                        ),
+                    )
+                })?;
                 match entry.payload {
                     openraft::EntryPayload::Normal(Command(Body::Held(b)))
                         if entry.log_id == at.log_id =>
