@@ -29,6 +29,12 @@ pub const MESSAGE_PAYLOAD_NAMES_BYTES_MAX: u64 = 1 + 255 + 1 + 255 + 4;
 /// holds the timer tick for long).
 pub const DELAYED_ROUTED_PER_TURN_MAX: usize = 10_000;
 
+/// A due delayed message whose write completed but which the journal has
+/// not written yet (a cluster's completion is the commit; the member's
+/// store writes the record when it applies the entry) is read again this
+/// much later.
+pub const DELAYED_UNWRITTEN_RETRY_MS: u64 = 10;
+
 /// The delivery limit of a queue with delayed retry that sets none
 /// (`x-delivery-limit`), as RabbitMQ 4's quorum queues default it.
 pub const DELAYED_RETRY_DELIVERY_LIMIT_DEFAULT: u64 = 20;

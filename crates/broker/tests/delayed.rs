@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use berth_broker::clock::{Clock, ManualClock};
-use berth_broker::durable::{Done, Durability, MemoryJournal};
+use berth_broker::durable::{Done, Durability, Journal, MemoryJournal};
 use berth_broker::message::Message;
 use berth_broker::vhost::{ExchangeDeclare, QueueDeclare, VHost};
 use berth_broker::{Broker, Recovered, StoredBody};
@@ -659,4 +659,106 @@ fn messages_held_in_memory_only_are_bounded_with_a_clear_error() {
     w.advance_ms(100);
     assert_eq!(w.take("q"), ["1", "2", "stored"]);
     publish("room again", false).expect("routed ones leave room");
+}
+
+/// A journal whose writes complete at once (a cluster's commit) but reach
+/// its store only when the test applies them (the member's store writing
+/// what it applies).
+#[derive(Default)]
+struct CommitsFirst {
+    inner: MemoryJournal,
+    unapplied: Mutex<Vec<(u64, Vec<u64>, Bytes)>>,
+}
+
+impl Journal for CommitsFirst {
+    fn publish(&self, msg: u64, queues: &[u64], payload: Bytes, done: Option<Done>) {
+        self.unapplied.lock().push((msg, queues.to_vec(), payload));
+        if let Some(d) = done {
+            d(Ok(()));
+        }
+    }
+    fn remove(&self, queue: u64, msgs: &[u64], done: Option<Done>) {
+        self.inner.remove(queue, msgs, done);
+    }
+    fn purge(&self, queue: u64, done: Option<Done>) {
+        self.inner.purge(queue, done);
+    }
+    fn put_meta(
+        &self,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(), berth_broker::durable::JournalError> {
+        self.inner.put_meta(key, value)
+    }
+    fn delete_meta(&self, key: &[u8]) -> Result<(), berth_broker::durable::JournalError> {
+        self.inner.delete_meta(key)
+    }
+    fn read(&self, queue: u64, msg: u64) -> Result<Bytes, berth_broker::durable::JournalError> {
+        self.inner.read(queue, msg)
+    }
+    fn pages(&self) -> bool {
+        true
+    }
+    fn written(&self, queue: u64, msgs: &[u64]) -> Vec<bool> {
+        self.inner.written(queue, msgs)
+    }
+}
+
+impl CommitsFirst {
+    fn apply(&self) {
+        for (msg, queues, payload) in self.unapplied.lock().drain(..) {
+            self.inner.publish(msg, &queues, payload, None);
+        }
+    }
+}
+
+/// A cluster's leader confirms a delayed message at its commit and lets
+/// its body go; its store writes the record a moment later. A message
+/// due in that moment could not be read back, was logged as unreadable
+/// and left for a restart to route (issue 45's finding for delayed
+/// bodies). It is now read again shortly after.
+#[test]
+fn a_due_message_not_yet_written_by_the_store_is_routed_once_it_is() {
+    let journal = Arc::new(CommitsFirst::default());
+    let clock = Arc::new(ManualClock::new(Instant::now(), 1_700_000_000));
+    let dur = Durability::new(journal.clone(), 1, 1);
+    let broker = Broker::with_parts(["/"], dur, clock.clone() as Arc<dyn Clock>);
+    let v = broker.vhost("/").unwrap();
+    v.declare_exchange(
+        "d",
+        &ExchangeDeclare {
+            kind: "x-delayed-message".into(),
+            durable: true,
+            arguments: table(&[("x-delayed-type", text("direct"))]),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let q = QueueDeclare {
+        durable: true,
+        ..Default::default()
+    };
+    v.declare_queue(1, "q", &q, clock.now()).unwrap();
+    v.bind_queue(1, "q", "d", "k", &FieldTable::default())
+        .unwrap();
+    journal.apply(); // the definitions' writes, if any
+    let m = delayed("d", "k", "soon", Some(100), true);
+    v.publish("d", &m, clock.now(), &mut || Box::new(|r| r.unwrap()))
+        .unwrap();
+    let take = || {
+        let q = v.queue(1, "q").unwrap();
+        let mut out = Vec::new();
+        while let Some((m, _)) = q.get(true, clock.now()) {
+            out.push(String::from_utf8(m.msg.body.to_vec()).unwrap());
+        }
+        out
+    };
+    // Due while its record is not in the store yet.
+    clock.advance(Duration::from_millis(100));
+    broker.run_timers(clock.now());
+    assert!(take().is_empty(), "not routed before it can be read");
+    journal.apply();
+    clock.advance(Duration::from_millis(50));
+    broker.run_timers(clock.now());
+    assert_eq!(take(), ["soon"], "routed once its record is written");
 }

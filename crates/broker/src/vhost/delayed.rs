@@ -31,7 +31,7 @@ use crate::durable::{
 use crate::error::{AmqpError, AmqpResult};
 use crate::events::Origin;
 use crate::exchange::Exchange;
-use crate::limits::DELAYED_ROUTED_PER_TURN_MAX;
+use crate::limits::{DELAYED_ROUTED_PER_TURN_MAX, DELAYED_UNWRITTEN_RETRY_MS};
 use crate::message::Message;
 use crate::routing::{self, PublishResult, Routed};
 use crate::timers::TimerTarget;
@@ -246,6 +246,14 @@ impl VHost {
             Held::Resident { msg, stored } => (msg, stored),
             Held::OnDisk => match self.read_delayed(d, key.1) {
                 Ok(m) => (m, true),
+                Err(_) if self.not_yet_written(d, key.1) => {
+                    // Committed, not yet in this member's store: soon.
+                    let again = (self.now_unix_ms() + DELAYED_UNWRITTEN_RETRY_MS, key.1);
+                    if let Some(at) = d.hold(again, Held::OnDisk) {
+                        self.schedule_due(d, at);
+                    }
+                    return;
+                }
                 Err(why) => {
                     // Left in the store: a restart tries again.
                     tracing::error!(vhost = %self.name, exchange = %ex.name, msg = key.1, error = %why, "a due delayed message could not be read; it stays stored");
@@ -277,6 +285,18 @@ impl VHost {
         if let (Some(sid), false) = (sid, journaled) {
             self.journal().remove(sid, &[key.1], None);
         }
+    }
+
+    /// Whether stored delayed message `id` is not written in the journal
+    /// yet although its write completed: a cluster's completion is the
+    /// commit on a majority, and this member's store writes the record
+    /// when it applies the entry. (On one node a completed write is
+    /// written: this never holds there.)
+    fn not_yet_written(&self, d: &Delayed, id: u64) -> bool {
+        let journal = self.journal();
+        journal.pages()
+            && d.store_id
+                .is_some_and(|sid| journal.written(sid, &[id]).first() == Some(&false))
     }
 
     /// A stored delayed message read back from the journal.
