@@ -235,12 +235,12 @@ pub const REOPEN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// and its header) with room to spare; a larger length is damage.
 pub const SNAPSHOT_COMMAND_BYTES_MAX: usize = 160 * 1024 * 1024;
 
-/// A member's replica (applying the Raft log, or restoring a snapshot)
-/// waits for its store to write what it was handed every this many bytes
-/// of bodies, so the store's queue of writes stays bounded: a start that
-/// applies hundreds of MB of log would otherwise queue them all in memory
-/// (the store bounds its queue by requests, not bytes).
-pub const REPLICA_UNFLUSHED_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Bodies a member's replica hands its store ahead of the store's
+/// writes: applying the Raft log it waits, past this many bytes not yet
+/// written, until half are (a start applying hundreds of MB of log would
+/// otherwise queue them all in memory: the store bounds its queue by
+/// requests, not bytes); restoring a snapshot flushes every this many.
+pub const REPLICA_UNWRITTEN_BYTES_MAX: usize = 64 * 1024 * 1024;
 
 // ---- MQTT (fixed; see docs/MQTT.md) ----
 

@@ -35,9 +35,23 @@ use super::command::Command;
 use super::view::{Announcements, Serves};
 use crate::journal::{blocking, StoreJournal};
 use crate::limits::{
-    REOPEN_WAIT, REPLICA_UNFLUSHED_BYTES_MAX, SNAPSHOT_COMMAND_BYTES_MAX, SNAPSHOT_READ_BYTES_MAX,
+    REOPEN_WAIT, REPLICA_UNWRITTEN_BYTES_MAX, SNAPSHOT_COMMAND_BYTES_MAX, SNAPSHOT_READ_BYTES_MAX,
     SNAPSHOT_READ_COUNT_MAX,
 };
+
+/// Bytes counted as unwritten until the write's completion runs or is
+/// dropped (a writer that died): so a lost completion never leaves the
+/// replica waiting for it.
+struct Owed {
+    unwritten: Arc<AtomicUsize>,
+    bytes: usize,
+}
+
+impl Drop for Owed {
+    fn drop(&mut self) {
+        self.unwritten.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
 
 /// Where the replica's store is: swapped (under the write lock) when a new
 /// leader reopens it for its broker.
@@ -50,8 +64,8 @@ pub struct Replica {
     announced: Arc<Announcements>,
     /// The first reason this replica diverged from the log, if it did.
     failed: Arc<Mutex<Option<String>>>,
-    /// Bytes of bodies handed to the store since the last flush.
-    unflushed: AtomicUsize,
+    /// Bytes of bodies handed to the store whose write has not completed.
+    unwritten: Arc<AtomicUsize>,
 }
 
 impl Replica {
@@ -60,7 +74,7 @@ impl Replica {
             store: Arc::new(RwLock::new(Some(store))),
             announced,
             failed: Arc::default(),
-            unflushed: AtomicUsize::new(0),
+            unwritten: Arc::default(),
         }
     }
 
@@ -124,8 +138,20 @@ impl Replica {
 
     /// A completion that marks the replica failed if its write fails.
     fn watch(&self, index: u64) -> berth_store::Done {
+        self.watch_bytes(index, 0)
+    }
+
+    /// [`Replica::watch`] of a write of `bytes` of bodies, counted as
+    /// unwritten until it completes.
+    fn watch_bytes(&self, index: u64, bytes: usize) -> berth_store::Done {
         let failed = Arc::clone(&self.failed);
+        self.unwritten.fetch_add(bytes, Ordering::AcqRel);
+        let owed = Owed {
+            unwritten: Arc::clone(&self.unwritten),
+            bytes,
+        };
         Box::new(move |r: Result<(), StoreError>| {
+            drop(owed);
             if let Err(e) = r {
                 let why = format!("applying entry {index} failed: {e}");
                 tracing::error!("this member's store no longer follows the Raft log: {why}");
@@ -134,19 +160,15 @@ impl Replica {
         })
     }
 
-    /// Applies `cmd`; returns the bytes of bodies it handed the store.
-    fn apply_command(&self, index: u64, cmd: Command) -> usize {
+    /// Applies `cmd`.
+    fn apply_command(&self, index: u64, cmd: Command) {
         let slot = self.store.read();
         let Some(journal) = slot.as_ref() else {
             drop(slot);
             self.fail(format!("entry {index} came while the store was closed"));
-            return 0;
+            return;
         };
         let store = &journal.store;
-        let bytes = match &cmd {
-            Command::Publish { payload, .. } | Command::Append { payload, .. } => payload.len(),
-            _ => 0,
-        };
         match cmd {
             Command::Publish {
                 msg,
@@ -154,7 +176,8 @@ impl Replica {
                 payload,
             } => {
                 let queues: Vec<QueueId> = queues.into_iter().map(QueueId).collect();
-                store.publish(MsgId(msg), &queues, payload, Some(self.watch(index)));
+                let done = self.watch_bytes(index, payload.len());
+                store.publish(MsgId(msg), &queues, payload, Some(done));
             }
             Command::Remove { queue, msgs } => {
                 let msgs: Vec<MsgId> = msgs.into_iter().map(MsgId).collect();
@@ -169,7 +192,10 @@ impl Replica {
                 queue,
                 offset,
                 payload,
-            } => store.append(QueueId(queue), offset, payload, Some(self.watch(index))),
+            } => {
+                let done = self.watch_bytes(index, payload.len());
+                store.append(QueueId(queue), offset, payload, Some(done));
+            }
             Command::Trim { queue, below } => {
                 store.trim(QueueId(queue), below, Some(self.watch(index)));
             }
@@ -182,7 +208,22 @@ impl Replica {
                 self.announced.set_name(super::peers::raft_id(&name), name);
             }
         }
-        bytes
+    }
+
+    /// Waits while the store has more than [`REPLICA_UNWRITTEN_BYTES_MAX`]
+    /// of bodies to write (a start applying hundreds of MB of log), until
+    /// half of that is left; nothing to wait for while it keeps up.
+    fn keep_up(&self) {
+        if self.unwritten.load(Ordering::Acquire) <= REPLICA_UNWRITTEN_BYTES_MAX {
+            return;
+        }
+        blocking(|| {
+            while self.unwritten.load(Ordering::Acquire) > REPLICA_UNWRITTEN_BYTES_MAX / 2
+                && self.failure().is_none()
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        });
     }
 
     /// Waits until everything handed to the store is durable.
@@ -198,20 +239,11 @@ impl Replica {
 
 impl berth_cluster::Apply for Replica {
     fn apply(&self, index: u64, command: Bytes) {
-        let bytes = match Command::decode(&command) {
+        match Command::decode(&command) {
             Ok(cmd) => self.apply_command(index, cmd),
-            Err(e) => {
-                self.fail(format!("entry {index} does not decode: {e}"));
-                return;
-            }
-        };
-        let unflushed = self.unflushed.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        if unflushed >= REPLICA_UNFLUSHED_BYTES_MAX {
-            self.unflushed.store(0, Ordering::Relaxed);
-            if let Err(e) = self.flush() {
-                self.fail(format!("the store could not write entry {index}: {e}"));
-            }
+            Err(e) => self.fail(format!("entry {index} does not decode: {e}")),
         }
+        self.keep_up();
     }
 
     fn capture(&self) -> WriteSnapshot {
@@ -506,7 +538,7 @@ impl Replica {
                 _ => 0,
             };
             unflushed += bytes;
-            if unflushed >= REPLICA_UNFLUSHED_BYTES_MAX {
+            if unflushed >= REPLICA_UNWRITTEN_BYTES_MAX {
                 self.flush().map_err(|e| {
                     format!("the store could not be flushed during a snapshot: {e}")
                 })?;
