@@ -99,9 +99,16 @@ def test_pika_over_tls_logs_in_with_external_by_certificate_cn(tls_berth, certs,
     ch.basic_publish("", q, b"over tls")
     assert ch.basic_get(q, auto_ack=True)[2] == b"over tls"
     c.close()
-    # PLAIN works over TLS too.
+    # PLAIN works over TLS too, and /api/connections says it is TLS (it
+    # said "ssl": false for every AMQP connection before 2026-12-07).
     c = pika.BlockingConnection(tls_params(b, certs, pika.PlainCredentials("guest", "guest"),
                                            version=version))
+    plain = pika.BlockingConnection(pika.ConnectionParameters(
+        host="127.0.0.1", port=b.port, connection_attempts=1, socket_timeout=10, heartbeat=0))
+    listed = {x["name"]: x["ssl"]
+              for x in b.ok("GET", "/api/connections")}
+    assert sorted(listed.values()) == [False, True], listed
+    plain.close()
     c.close()
 
 

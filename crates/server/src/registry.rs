@@ -82,7 +82,7 @@ impl ConnInfo {
         }
     }
 
-    /// The same, for a connection of another protocol than AMQP.
+    /// The same, with its protocol and whether it is TLS.
     pub fn with_protocol(mut self, protocol: &'static str, ssl: bool) -> Self {
         self.protocol = protocol;
         self.ssl = ssl;

@@ -18,6 +18,13 @@ pub enum ReadStream {
     Tls(ReadHalf<TlsStream<TcpStream>>),
 }
 
+impl ReadStream {
+    /// Whether the connection is TLS (AMQPS).
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Self::Tls(_))
+    }
+}
+
 /// The write half of a connection.
 pub enum WriteStream {
     Tcp(OwnedWriteHalf),

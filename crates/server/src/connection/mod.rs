@@ -606,17 +606,20 @@ impl Conn {
 
     /// Lists this connection in the registry (after `open-ok`).
     fn register(&mut self, local: SocketAddr) {
-        let info = Arc::new(crate::registry::ConnInfo::new(
-            self.id,
-            self.peer,
-            local,
-            self.user.clone(),
-            self.vhost().name.clone(),
-            self.frame_max,
-            self.channel_max,
-            self.heartbeat.as_secs(),
-            crate::field_json::table_json(&self.client_properties),
-        ));
+        let info = Arc::new(
+            crate::registry::ConnInfo::new(
+                self.id,
+                self.peer,
+                local,
+                self.user.clone(),
+                self.vhost().name.clone(),
+                self.frame_max,
+                self.channel_max,
+                self.heartbeat.as_secs(),
+                crate::field_json::table_json(&self.client_properties),
+            )
+            .with_protocol("AMQP 0-9-1", self.rd.is_tls()),
+        );
         self.shared.registry.insert(Arc::clone(&info));
         self.info = Some(info);
     }
