@@ -23,18 +23,20 @@ use parking_lot::{Mutex, RwLock};
 use crate::args::{Overflow, QueueArgs};
 
 mod effects;
+mod leaving;
 mod quorum;
+mod resident;
 mod retry;
 mod settings;
 mod stream;
 mod tally;
 mod times;
 use crate::dead_letter::{DeadLetter, DeathReason};
-use crate::durable::{Done, Durability, PAGING_BIT};
+use crate::durable::{Done, Durability};
 use crate::events::{self, Origin};
 use crate::limits::{FLOW_ACTIVE_MS, FLOW_READY_MAX, PAGE_SCAN_EVERY_MESSAGES};
 use crate::message::Message;
-use crate::paging::{Loaded, Pager, QueueRef};
+use crate::paging::Pager;
 pub use crate::ready::QueuedMessage;
 use crate::ready::{Body, Deadline, Entry, Ready, Restored, StoredId};
 use crate::timers::{TimerTarget, Timers};
@@ -380,169 +382,8 @@ impl Queue {
         });
     }
 
-    /// Drops expired messages at the head, dead-lettering them.
-    fn expire_head(&self, s: &mut QueueState, now: Instant, fx: &mut Effects) {
-        self.drop_expired(s, now, false, fx);
-    }
-
-    /// Drops messages at the head that expired before `now` (or at it, with
-    /// `including_now`: a TTL of 0 means "deliver now or never").
-    fn drop_expired(
-        &self,
-        s: &mut QueueState,
-        now: Instant,
-        including_now: bool,
-        fx: &mut Effects,
-    ) {
-        loop {
-            self.settle_head_times(s, now);
-            let Some(m) = s.ready.front() else {
-                break;
-            };
-            match m.expires_at.get() {
-                Some(t) if t < now || (including_now && t == now) => {
-                    let e = s.ready.pop_front().expect("front exists");
-                    self.drop_entry(s, e, Some(DeathReason::Expired), now, fx);
-                }
-                _ => break,
-            }
-        }
-    }
-
-    /// A message leaves the queue for good: its removal is journaled if it
-    /// was stored, and it is dead-lettered if a reason is given and the
-    /// queue has a dead-letter exchange.
-    fn drop_message(&self, m: QueuedMessage, reason: Option<DeathReason>, fx: &mut Effects) {
-        let dead_letter = reason.filter(|_| self.args().dead_letter_exchange.is_some());
-        let (ev, who) = (self.env.dur.events(), self.event_name());
-        let dl = dead_letter.is_some();
-        let msg = (m.msg.id, m.msg.body_bytes());
-        events::left(ev, who, reason, dl, msg, &fx.origin);
-        // A stored message that is dead-lettered leaves the journal only
-        // once its copy is durable; paging copies are never waited for.
-        let durable_id = m.stored.filter(|id| id & PAGING_BIT == 0);
-        let (stored, removed_now) = match (dead_letter, durable_id) {
-            (Some(_), Some(id)) => (Some(id), None),
-            _ => (None, m.stored),
-        };
-        fx.removed.extend(removed_now);
-        if let Some(reason) = dead_letter {
-            fx.dead.push(DeadLetter {
-                msg: m.msg,
-                reason,
-                stored,
-                done: None,
-            });
-        }
-    }
-
-    /// [`Queue::drop_message`] for a ready entry: its body is read back
-    /// only if it is to be dead-lettered.
-    fn drop_entry(
-        &self,
-        s: &mut QueueState,
-        e: Entry,
-        reason: Option<DeathReason>,
-        now: Instant,
-        fx: &mut Effects,
-    ) {
-        let dead_letter = reason.is_some() && self.args().dead_letter_exchange.is_some();
-        if dead_letter || matches!(e.body, Body::Resident(_)) {
-            if let Some(m) = self.load(s, e, now, fx) {
-                self.drop_message(m, reason, fx);
-            }
-        } else if let Some(id) = e.stored.get() {
-            fx.removed.push(id);
-            let size = e.bytes();
-            events::left(
-                self.env.dur.events(),
-                self.event_name(),
-                reason,
-                false,
-                (0, size),
-                &fx.origin,
-            );
-        }
-    }
-
     fn event_name(&self) -> events::QueueName<'_> {
         (&self.vhost_name, &self.name, self.store_id)
-    }
-
-    fn queue_ref(&self) -> QueueRef<'_> {
-        QueueRef {
-            name: &self.name,
-            vhost: &self.vhost_name,
-            store_id: self.store_id,
-            ttl_ms: self.args().message_ttl_ms,
-            now_unix_ms: self.unix_time_ms(),
-        }
-    }
-
-    /// The entry with its message in memory (see [`Pager::load`]). `None`
-    /// if it expired meanwhile (then it was dropped) or cannot be read
-    /// (then it stays in the journal, and is logged: a restart brings it
-    /// back).
-    fn load(
-        &self,
-        s: &mut QueueState,
-        e: Entry,
-        now: Instant,
-        fx: &mut Effects,
-    ) -> Option<QueuedMessage> {
-        match s
-            .pager
-            .load(&mut s.ready, e, &self.queue_ref(), &self.env.dur, now)
-        {
-            Loaded::Ready(mut m) => {
-                if self.over_limit(m.returns) {
-                    self.drop_message(m, Some(DeathReason::DeliveryLimit), fx);
-                    return None;
-                }
-                if self.args().delayed_retry.min_ms.is_some() || self.is_quorum() {
-                    m.msg = retry::with_count(m.msg, m.returns);
-                }
-                Some(m)
-            }
-            Loaded::Expired(m) => {
-                self.drop_message(m, Some(DeathReason::Expired), fx);
-                None
-            }
-            Loaded::Unreadable => None,
-        }
-    }
-
-    fn page_out(&self, s: &mut QueueState) {
-        s.pager.page_out(&mut s.ready, self.store_id, &self.env.dur);
-    }
-
-    /// Appends a message that is new to this queue (published, or
-    /// restored after a restart); returns its position in publish order.
-    /// It expires after the shorter of the queue's TTL and its own
-    /// `expiration`, counted from `now`.
-    fn push_new(
-        &self,
-        s: &mut QueueState,
-        msg: Arc<Message>,
-        stored: Option<u64>,
-        redelivered: bool,
-        now: Instant,
-    ) -> u64 {
-        let ttl = match (self.args().message_ttl_ms, msg.expiration_ms) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let seq = s.next_seq;
-        s.next_seq += 1;
-        s.ready.push_back(Entry {
-            body: Body::Resident(msg),
-            seq,
-            returns: 0,
-            redelivered,
-            expires_at: Deadline::new(ttl.map(|ms| now + Duration::from_millis(ms))),
-            stored: StoredId::new(stored),
-        });
-        seq
     }
 
     /// Enqueues a published message (`stored`: its journal id, already
