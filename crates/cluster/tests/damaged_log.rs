@@ -9,7 +9,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use berth_cluster::{NodeId, SyncGate};
-use tokio::net::TcpListener;
 
 mod common;
 use common::{commands, Cluster, SECRET, WAIT};
@@ -44,7 +43,7 @@ fn cut_on_a_frame_boundary(log: &Path) {
 }
 
 async fn restart(cluster: &mut Cluster, id: NodeId) {
-    let listener = TcpListener::bind(&cluster.members[&id]).await.unwrap();
+    let listener = common::rebind(&cluster.members[&id]).await;
     cluster
         .start_node(id, listener, SyncGate::default(), SECRET)
         .await;

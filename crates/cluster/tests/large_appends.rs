@@ -6,8 +6,6 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use tokio::net::TcpListener;
-
 mod common;
 use common::{Cluster, SECRET, WAIT};
 
@@ -42,7 +40,7 @@ async fn a_follower_behind_by_more_than_one_frame_catches_up() {
             .unwrap_or_else(|e| panic!("entry {i}: {e}"));
     }
 
-    let listener = TcpListener::bind(&cluster.members[&behind]).await.unwrap();
+    let listener = common::rebind(&cluster.members[&behind]).await;
     cluster
         .start_node(behind, listener, berth_cluster::SyncGate::default(), SECRET)
         .await;

@@ -4,7 +4,6 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use berth_cluster::{NodeId, ProposeError, SyncGate};
-use tokio::net::TcpListener;
 
 mod common;
 use common::{big_commands, commands, Cluster, SECRET, WAIT};
@@ -75,7 +74,7 @@ async fn members_apply_one_order_and_survive_the_leader_stopping() {
     eprintln!("failover: new leader {second} after {failover:?}");
 
     // The old leader comes back on its address and catches up.
-    let listener = TcpListener::bind(&cluster.members[&first]).await.unwrap();
+    let listener = common::rebind(&cluster.members[&first]).await;
     cluster
         .start_node(first, listener, SyncGate::default(), SECRET)
         .await;
@@ -174,7 +173,7 @@ async fn a_whole_cluster_restart_keeps_every_committed_command() {
         node.shutdown().await;
     }
     for id in &ids {
-        let listener = TcpListener::bind(&cluster.members[id]).await.unwrap();
+        let listener = common::rebind(&cluster.members[id]).await;
         cluster
             .start_node(*id, listener, SyncGate::default(), SECRET)
             .await;
@@ -219,7 +218,7 @@ async fn a_member_behind_the_purged_log_catches_up_by_snapshot() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    let listener = TcpListener::bind(&cluster.members[&away]).await.unwrap();
+    let listener = common::rebind(&cluster.members[&away]).await;
     cluster
         .start_node(away, listener, SyncGate::default(), SECRET)
         .await;

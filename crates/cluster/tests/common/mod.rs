@@ -65,6 +65,23 @@ pub struct Cluster {
 pub const SECRET: &[u8] = b"a cluster secret of enough bytes";
 pub const WAIT: Duration = Duration::from_secs(20);
 
+/// Binds a stopped member's address again for its restart. The port was
+/// an ephemeral one, so until the kernel hands it out again it may be
+/// the source port of some outgoing connection on 127.0.0.1 (seen in CI:
+/// "Address already in use"): tried again for up to [`WAIT`].
+pub async fn rebind(addr: &str) -> TcpListener {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match TcpListener::bind(addr).await {
+            Ok(l) => return l,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("cannot bind {addr} again: {e}"),
+        }
+    }
+}
+
 impl Cluster {
     pub async fn start(
         name: &str,
