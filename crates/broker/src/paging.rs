@@ -132,13 +132,13 @@ impl Pager {
             return Loaded::Unreadable;
         };
         let level = ready.level_of(&e);
-        let mut ahead_bytes = paged_bytes(&e.body);
+        let mut ahead_bytes = e.bytes();
         let ahead = ready.levels[level]
             .iter()
             .take(READ_AHEAD_MESSAGES - 1)
             .map_while(|x| match (&x.body, x.stored.get()) {
-                (Body::Paged { bytes, .. }, Some(id)) if Some(id & PAGING_BIT) == kind => {
-                    ahead_bytes += u64::from(*bytes);
+                (Body::Paged { .. }, Some(id)) if Some(id & PAGING_BIT) == kind => {
+                    ahead_bytes += x.bytes();
                     (ahead_bytes <= READ_AHEAD_BYTES_MAX).then_some(id)
                 }
                 _ => None,
@@ -298,12 +298,4 @@ fn window(level: &std::collections::VecDeque<Entry>, count_max: usize, bytes_max
         }
     }
     count_max.min(level.len())
-}
-
-/// The body bytes of a paged-out entry (0 if resident).
-fn paged_bytes(body: &Body) -> u64 {
-    match body {
-        Body::Paged { bytes, .. } => u64::from(*bytes),
-        Body::Resident(_) => 0,
-    }
 }

@@ -239,7 +239,7 @@ pub const SNAPSHOT_COMMAND_BYTES_MAX: usize = 160 * 1024 * 1024;
 /// writes: applying the Raft log it waits, past this many bytes not yet
 /// written, until half are (a start applying hundreds of MB of log would
 /// otherwise queue them all in memory: the store bounds its queue by
-/// requests, not bytes); restoring a snapshot flushes every this many.
+/// requests, not bytes); restoring a snapshot waits the same way.
 pub const REPLICA_UNWRITTEN_BYTES_MAX: usize = 64 * 1024 * 1024;
 
 // ---- MQTT (fixed; see docs/MQTT.md) ----

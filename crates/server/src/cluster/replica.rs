@@ -364,13 +364,14 @@ fn write_snapshot(
             let bodies = store()?
                 .store
                 .read_within(queue, ids, SNAPSHOT_READ_BYTES_MAX);
-            for (msg, body) in ids.iter().zip(&bodies) {
+            let read = bodies.len();
+            for (msg, body) in ids.iter().zip(bodies) {
                 match body {
                     Ok(payload) => {
                         put(Command::Publish {
                             msg: msg.0,
                             queues: vec![queue.0],
-                            payload: payload.clone(),
+                            payload,
                         })?;
                     }
                     // Removed since the capture: its removal follows the
@@ -382,7 +383,7 @@ fn write_snapshot(
                     )),
                 }
             }
-            at += bodies.len().max(1);
+            at += read.max(1);
         }
     }
     Ok(())
@@ -497,12 +498,11 @@ impl Replica {
             held.insert(queue, msgs.into_iter().collect());
         }
         drop(queues);
-        // The second pass: what the store lacks, flushed every few MB so
-        // that the store's queue of writes stays bounded.
-        let mut unflushed = 0usize;
+        // The second pass: what the store lacks, written as apply writes
+        // (waiting while the store is behind, so its queue stays bounded).
         let mut commands = Self::commands(snapshot)?;
         while let Some(c) = commands.next()? {
-            let bytes = match c {
+            match c {
                 Command::Publish {
                     msg,
                     queues: qs,
@@ -516,34 +516,23 @@ impl Replica {
                     if lacking.is_empty() {
                         continue;
                     }
-                    let n = payload.len();
-                    store.publish(MsgId(msg), &lacking, payload, Some(self.watch(0)));
-                    n
+                    let done = self.watch_bytes(0, payload.len());
+                    store.publish(MsgId(msg), &lacking, payload, Some(done));
                 }
-                Command::Trim { queue, below } => {
-                    if below > 0 {
-                        store.trim(QueueId(queue), below, Some(self.watch(0)));
-                    }
-                    0
+                Command::Trim { queue, below } if below > 0 => {
+                    store.trim(QueueId(queue), below, Some(self.watch(0)));
                 }
                 Command::Append {
                     queue,
                     offset,
                     payload,
                 } => {
-                    let n = payload.len();
-                    store.append(QueueId(queue), offset, payload, Some(self.watch(0)));
-                    n
+                    let done = self.watch_bytes(0, payload.len());
+                    store.append(QueueId(queue), offset, payload, Some(done));
                 }
-                _ => 0,
-            };
-            unflushed += bytes;
-            if unflushed >= REPLICA_UNWRITTEN_BYTES_MAX {
-                self.flush().map_err(|e| {
-                    format!("the store could not be flushed during a snapshot: {e}")
-                })?;
-                unflushed = 0;
+                _ => {}
             }
+            self.keep_up();
         }
         self.flush()
             .map_err(|e| format!("the store could not be flushed after a snapshot: {e}"))
