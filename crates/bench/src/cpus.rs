@@ -59,7 +59,5 @@ pub fn thread_cpu_s() -> f64 {
         rc, 0,
         "CLOCK_THREAD_CPUTIME_ID is always available on Linux"
     );
-    #[allow(clippy::cast_precision_loss)] // seconds and nanoseconds of a run
-    let s = t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9;
-    s
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }

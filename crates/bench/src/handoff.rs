@@ -121,7 +121,6 @@ fn timed(cpu_a: usize, cpu_b: usize) -> Result<Handoff, BenchError> {
         }
     };
     took.sort_by(f64::total_cmp);
-    #[allow(clippy::cast_precision_loss)] // a sample count
     let handoffs = (2 * SAMPLES) as f64;
     Ok(Handoff {
         wall_s: percentile_sorted(&took, 0.5),

@@ -447,7 +447,6 @@ pub async fn measure(
             outcome.accounting.failures.join("; ")
         )));
     }
-    #[allow(clippy::cast_precision_loss)]
     let msgs = outcome.messages as f64;
     if let (Some(c0), Some(c1)) = (client_cpu0, procstat::self_cpu_seconds()) {
         outcome
@@ -473,7 +472,6 @@ pub async fn measure(
                 outcome
                     .metrics
                     .push(Metric::new("broker_cpu_util", "cores", (c1 - c0) / wall_s));
-                #[allow(clippy::cast_precision_loss)] // a count of switches
                 let sleeps = u1.sleeps.saturating_sub(u0.sleeps) as f64;
                 outcome.metrics.push(Metric::new(
                     "broker_sleeps_per_msg",

@@ -75,7 +75,6 @@ impl Limits {
     /// in flight each, when one fdatasync covers them all.
     #[must_use]
     pub fn fanin_bound_per_s(&self, producers: usize) -> f64 {
-        #[allow(clippy::cast_precision_loss)] // small counts
         let n = producers as f64;
         n / (self.fsync_s_median + self.rtt_s_median)
     }
@@ -159,7 +158,6 @@ fn fsync_seconds(dir: &Path) -> Result<(f64, f64, f64), BenchError> {
                 .map_err(io(format!("fdatasync {}", path.display())))?;
             took.push(t0.elapsed().as_secs_f64());
         }
-        #[allow(clippy::cast_precision_loss)] // a small count
         let cpu = (cpus::thread_cpu_s() - cpu0) / FSYNC_SAMPLES as f64;
         Ok((took, cpu))
     })();
@@ -341,7 +339,6 @@ pub fn cpu_section(samples: &[Sample], cores: usize, handoffs: Option<&Handoffs>
             );
         }
         let broker = median_of(samples, "broker_cpu_us_per_msg", target);
-        #[allow(clippy::cast_precision_loss)] // a core count
         let bound = broker.map(|b| cores as f64 * 1e6 / (client + b));
         let sleeps = median_of(samples, "broker_sleeps_per_msg", target);
         let priced = sleeps.zip(handoffs).map(|(n, h)| {

@@ -96,7 +96,6 @@ impl Usage {
     /// messages; `None` without messages.
     #[must_use]
     pub fn cpu_us_per_msg_since(&self, earlier: &Usage, msgs: u64) -> Option<f64> {
-        #[allow(clippy::cast_precision_loss)] // a message count
         (msgs > 0).then(|| (self.cpu_s - earlier.cpu_s) * 1e6 / msgs as f64)
     }
 }
@@ -122,7 +121,6 @@ pub fn usage_tree(pid: u32) -> Option<Usage> {
             }
         }
     }
-    #[allow(clippy::cast_precision_loss)]
     let cpu_s = ticks as f64 / ticks_per_s();
     Some(Usage { cpu_s, sleeps })
 }
@@ -132,7 +130,6 @@ pub fn usage_tree(pid: u32) -> Option<Usage> {
 pub fn self_cpu_seconds() -> Option<f64> {
     let text = std::fs::read_to_string("/proc/self/stat").ok()?;
     let (_, ticks) = parse_stat(&text)?;
-    #[allow(clippy::cast_precision_loss)]
     Some(ticks as f64 / ticks_per_s())
 }
 

@@ -53,7 +53,6 @@ impl Summary {
         } else {
             (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
         };
-        #[allow(clippy::cast_precision_loss)] // sample counts are far below 2^52
         let nf = n as f64;
         let mean = sorted.iter().sum::<f64>() / nf;
         let stddev = if n > 1 {
@@ -153,7 +152,6 @@ pub fn ministat_t(confidence: Confidence, df: usize) -> f64 {
     if df > MINISTAT_DF_MAX {
         normal_quantile(p)
     } else {
-        #[allow(clippy::cast_precision_loss)]
         student_t_quantile(p, df as f64)
     }
 }
@@ -191,7 +189,6 @@ pub fn difference(first: &Summary, second: &Summary, confidence: Confidence) -> 
     if first.n < 2 || second.n < 2 {
         return None;
     }
-    #[allow(clippy::cast_precision_loss)]
     let (n1, n2) = (first.n as f64, second.n as f64);
     let df = first.n + second.n - 2;
     let pooled_var = ((n1 - 1.0) * first.stddev * first.stddev
@@ -243,11 +240,6 @@ pub fn percentile_sorted(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
-    #[allow(
-        clippy::cast_precision_loss,
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss
-    )]
     let rank = (q * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
@@ -272,7 +264,6 @@ pub fn g6(x: f64) -> String {
         let sign = if exp < 0 { '-' } else { '+' };
         return format!("{m}e{sign}{:02}", exp.abs());
     }
-    #[allow(clippy::cast_sign_loss)]
     let decimals = (5 - exp) as usize;
     trim_zeros(&format!("{x:.decimals$}")).to_string()
 }
@@ -312,7 +303,6 @@ fn ln_gamma(x: f64) -> f64 {
     let mut a = C[0];
     let t = x + G + 0.5;
     for (i, c) in C.iter().enumerate().skip(1) {
-        #[allow(clippy::cast_precision_loss)]
         let i = i as f64;
         a += c / (x + i);
     }

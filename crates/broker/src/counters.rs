@@ -90,7 +90,6 @@ impl QueueCounters {
                 }
                 let secs = elapsed.as_secs_f64();
                 for i in 0..3 {
-                    #[allow(clippy::cast_precision_loss)] // rates are approximate
                     let delta = totals[i].saturating_sub(before[i]) as f64;
                     r.per_s[i] = delta / secs;
                 }

@@ -260,7 +260,6 @@ fn a_single_ack_allocates_under_a_bound() {
     // Only the two messages published after the acks are left unacked.
     assert_eq!(channel.unacked_count(), 2, "the acks did not settle");
 
-    #[allow(clippy::cast_precision_loss)] // counts far below 2^52
     let per_ack = allocations as f64 / measured.len() as f64;
     println!(
         "{allocations} allocations for {} acks: {per_ack:.2} each",
@@ -333,7 +332,6 @@ fn publish_allocates_under_the_bound(exchange: &str) {
     );
     let allocations = ALLOCATIONS.load(Ordering::SeqCst) - before;
 
-    #[allow(clippy::cast_precision_loss)] // counts far below 2^52
     let per_publish = allocations as f64 / MEASURED_PUBLISHES as f64;
     println!(
         "{allocations} allocations for {MEASURED_PUBLISHES} publishes to {exchange:?}: \

@@ -111,7 +111,6 @@ async fn overview_and_metrics_visit_no_queue_and_agree_with_the_queues() {
         assert_eq!(overview["queue_totals"]["messages_ready"], messages);
         assert_eq!(overview["message_stats"]["publish"], 3 * queues / 10);
         assert_eq!(overview["message_stats"]["deliver_get"], 1);
-        #[allow(clippy::cast_precision_loss)] // small counts
         let (queues_f, messages_f) = (queues as f64, messages as f64);
         assert!((metric(&metrics, "rabbitmq_queues") - queues_f).abs() < 0.5);
         assert!((metric(&metrics, "rabbitmq_queue_messages") - messages_f).abs() < 0.5);

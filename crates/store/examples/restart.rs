@@ -43,7 +43,6 @@ fn main() {
             ticket.wait().expect("flush");
             let secs = started.elapsed().as_secs_f64();
             let n = queues * per_queue;
-            #[allow(clippy::cast_precision_loss)]
             let rate = n as f64 / secs;
             println!("filled {n} messages of {bytes} B in {secs:.2} s ({rate:.0} msg/s); exiting without close");
             std::process::exit(0);
@@ -61,7 +60,6 @@ fn main() {
                 rec.stats.checkpoints_used
             );
             let index: u64 = store.stats().iter().map(|s| s.index_bytes).sum();
-            #[allow(clippy::cast_precision_loss)]
             let per = index as f64 / msgs.max(1) as f64;
             println!("index RAM: {index} bytes = {per:.1} bytes per message");
             std::mem::forget(store); // measure recovery only

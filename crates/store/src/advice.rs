@@ -63,7 +63,6 @@ pub fn advise(groups: &[GroupReport], group_count: u32, dir_count: u32) -> Vec<A
 
 /// Bytes for people: B, KiB, MiB or GiB.
 pub fn human_bytes(b: u64) -> String {
-    #[allow(clippy::cast_precision_loss)]
     let f = b as f64;
     if b < 1024 {
         format!("{b} B")
@@ -153,7 +152,6 @@ pub fn compaction(groups: &[GroupReport], observed: Option<u64>) -> Advice {
             }
         }
     }
-    #[allow(clippy::cast_precision_loss)]
     let share = if total == 0 {
         0.0
     } else {

@@ -229,8 +229,6 @@ impl Histogram {
     /// Upper bound (exclusive) of the bucket holding the `q`-quantile
     /// (0.0..=1.0), capped at the largest size seen.
     pub fn quantile_upper(&self, q: f64) -> u64 {
-        #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
-        #[allow(clippy::cast_sign_loss)]
         let rank = ((self.count as f64) * q).ceil() as u64;
         let mut seen = 0;
         for (b, n) in &self.buckets {

@@ -23,7 +23,7 @@
 //!
 //! Invariants:
 //! - `decode` never panics and never allocates more than the input's size,
-//!   whatever the input (fuzzed: `crates/store/fuzz`).
+//!   whatever the input (fuzzed: `fuzz/fuzz_targets/record.rs`).
 //! - `decode(encode(r)) == r` for every record (property-tested).
 //! - A record whose checksum passes but whose body does not parse is
 //!   reported as `Unparseable`, never silently skipped: the writer wrote it,

@@ -810,7 +810,6 @@ fn log_progress(p: &Progress, started: Instant, groups: u32) {
     let done = p.bytes_done.load(Ordering::Relaxed);
     let total = p.bytes_total.load(Ordering::Relaxed).max(1);
     let elapsed = started.elapsed().as_secs_f64();
-    #[allow(clippy::cast_precision_loss)]
     let eta_s = if done == 0 {
         f64::NAN
     } else {

@@ -88,7 +88,6 @@ fn a_gathered_batch_wakes_the_writer_once_not_once_per_arrival() {
     // Per batch: the wait for its first request, the gathering, the
     // fdatasync (a sleep here), and a little slack for anything else; one
     // wake-up per arrival would add up to seven.
-    #[allow(clippy::cast_precision_loss)]
     let per_batch = switches as f64 / batches as f64;
     eprintln!("writer: {switches} voluntary switches over {batches} batches ({waits} gathered): {per_batch:.2} per batch");
     assert!(

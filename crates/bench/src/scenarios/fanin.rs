@@ -228,7 +228,6 @@ async fn level(
         .into_iter()
         .filter(|m| m.name.ends_with("median") || m.name.ends_with("p99"))
         .collect();
-    #[allow(clippy::cast_precision_loss)]
     metrics.push(Metric::new(
         format!("{phase}.msgs_per_s"),
         "msg/s",

@@ -69,11 +69,6 @@ impl Config {
                 "--rollback-share and --stall-share must be >= 0 and add up to at most 1".into(),
             ));
         }
-        #[allow(
-            clippy::cast_precision_loss,
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss
-        )]
         let share = |s: f64| (s * clients as f64).round() as usize;
         let rollback = share(a.rollback_share);
         let stall_clients = share(a.stall_share).min(clients - rollback);
@@ -182,7 +177,6 @@ pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome,
             }
             out.messages += r.acc.published;
         }
-        #[allow(clippy::cast_precision_loss)]
         out.metrics.push(Metric::new(
             format!("{phase}.good_tx_per_s"),
             "tx/s",

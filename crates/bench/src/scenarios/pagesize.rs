@@ -145,7 +145,6 @@ async fn one_size(
     Ok(())
 }
 
-#[allow(clippy::cast_precision_loss)]
 fn push_rates(out: &mut Outcome, tag: &str, total: u64, size: usize, phase: &str, secs: f64) {
     let mb = (total as f64) * (size as f64) / 1e6;
     out.metrics.push(Metric::new(

@@ -418,7 +418,6 @@ pub async fn run_once(cfg: &Config, target: &Target, ui: &Ui) -> Result<Outcome,
                 .into_iter()
                 .filter(|m| m.name.ends_with("median")),
         );
-        #[allow(clippy::cast_precision_loss)]
         out.metrics
             .push(Metric::new("rr_round_trips", "count", round_trips as f64));
     }
@@ -609,7 +608,6 @@ async fn request_reply(
                     let d = d.ctx("reply delivery")?;
                     ch.basic_ack(d.delivery_tag, BasicAckOptions::default()).await.ctx("ack reply")?;
                     if amqp::stamp_of(&d.data) == Some(sent) {
-                        #[allow(clippy::cast_precision_loss)]
                         rtt.push((amqp::now_us() - sent) as f64 / 1e3);
                         break;
                     }

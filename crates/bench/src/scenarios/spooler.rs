@@ -329,7 +329,6 @@ async fn fill_backlog(
 
 /// Consumers on every queue, spread over `consumer_connections`, acking
 /// each delivery and timing the stamped ones.
-#[allow(clippy::cast_precision_loss)]
 async fn start_consumers(
     cfg: &Config,
     target: &Target,
@@ -531,7 +530,6 @@ async fn settle(ui: &Ui, consumed: &AtomicU64, want: u64, load_s: f64) -> (u64, 
     )
 }
 
-#[allow(clippy::cast_precision_loss)]
 fn push_metrics(out: &mut Outcome, run: LoadRun, e2e_ms: Vec<f64>, settle_s: f64) {
     out.metrics.push(Metric::new(
         "publish_msgs_per_s",

@@ -582,7 +582,6 @@ fn histogram(out: &mut Out, name: &str, labels: &str, h: &HistogramSnapshot, uni
     let mut cumulative = 0u64;
     for (bound, count) in h.bounds.iter().zip(&h.counts) {
         cumulative += count;
-        #[allow(clippy::cast_precision_loss)] // bucket bounds are small
         let le = *bound as f64 / unit;
         out.sample(
             &format!("{name}_bucket"),
@@ -595,7 +594,6 @@ fn histogram(out: &mut Out, name: &str, labels: &str, h: &HistogramSnapshot, uni
         &format!("{labels},le=\"+Inf\""),
         h.count(),
     );
-    #[allow(clippy::cast_precision_loss)] // a sum of µs or records
     let sum = h.sum as f64 / unit;
     out.sample(&format!("{name}_sum"), labels, sum);
     out.sample(&format!("{name}_count"), labels, h.count());

@@ -356,7 +356,6 @@ fn reconnect_delay_ms(m: &Map<String, Value>) -> Result<u64, String> {
             })?,
     };
     // Within 0..=86_400_000 after the check above.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     Ok((s * 1000.0).round() as u64)
 }
 

@@ -78,7 +78,6 @@ impl Default for GatherPolicy {
 
 impl GatherPolicy {
     pub(super) fn batch_done(&mut self, writes: usize, now: Instant) {
-        #[allow(clippy::cast_precision_loss)]
         let n = writes as f64;
         self.committers_ewma = 0.75 * self.committers_ewma + 0.25 * n;
         self.last_batch_writes = writes;
@@ -93,7 +92,6 @@ impl GatherPolicy {
     }
 
     pub(super) fn sync_took(&mut self, us: u64) {
-        #[allow(clippy::cast_precision_loss)]
         let us = us as f64;
         self.sync_us_ewma = 0.8 * self.sync_us_ewma + 0.2 * us;
     }
@@ -108,7 +106,6 @@ impl GatherPolicy {
     /// at least the smoothed batch size, at most what came last time the
     /// wait ran out.
     fn expected(&self, now: Instant) -> usize {
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let window = Duration::from_micros(self.sync_us_ewma as u64) * RECENT_SYNCS;
         let recent: usize = self
             .recent
@@ -117,7 +114,6 @@ impl GatherPolicy {
             .take_while(|(at, _)| now.saturating_duration_since(*at) <= window)
             .map(|(_, n)| n)
             .sum();
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let smoothed = self.committers_ewma.round() as usize;
         let expected = recent.max(smoothed);
         self.came_at_most
@@ -150,7 +146,6 @@ impl GatherPolicy {
         if expected < 2 || writes >= expected {
             return None;
         }
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let delay_us = cfg.commit_delay_us_max.min(self.sync_us_ewma as u64);
         let prompt = Duration::from_micros(cfg.commit_delay_us_max.max(delay_us));
         let came_back = self
