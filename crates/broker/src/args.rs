@@ -8,7 +8,7 @@
 use berth_protocol::{AMQPValue, FieldTable};
 
 use crate::error::{AmqpError, AmqpResult};
-use crate::names::shortstr_problem;
+use crate::name_rules::shortstr_problem;
 
 /// What a full queue does with one more message (`x-overflow`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -175,7 +175,7 @@ fn display_value(v: &AMQPValue) -> String {
 
 impl QueueArgs {
     /// Refuses dead-letter names that do not fit a shortstr: a dead letter
-    /// carries them as its exchange and routing key (`names.rs`). Asked
+    /// carries them as its exchange and routing key (`name_rules.rs`). Asked
     /// by `queue.declare`, not by a restore, so a queue stored before the
     /// rule still loads.
     pub fn check_names(&self, queue: &str, vhost: &str) -> AmqpResult<()> {

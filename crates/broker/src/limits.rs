@@ -15,7 +15,7 @@ pub const RESIDENT_MESSAGES_MAX_DEFAULT: usize = 4096;
 pub const RESIDENT_BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
 
 /// Bytes of an AMQP shortstr: every exchange and queue name and routing
-/// key (`names.rs` holds the HTTP API, definitions and policies to it too).
+/// key (`name_rules.rs` holds the HTTP API, definitions and policies to it too).
 pub const SHORTSTR_BYTES_MAX: usize = 255;
 
 /// Bytes a stored message payload holds beside the body and the

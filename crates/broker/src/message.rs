@@ -12,7 +12,7 @@ use berth_protocol::{AMQPProperties, AMQPValue, FieldTable};
 use bytes::Bytes;
 
 use crate::error::{AmqpError, AmqpResult};
-use crate::names::check_shortstr;
+use crate::name_rules::check_shortstr;
 
 /// Bytes held by all live messages (bodies and properties), for the memory
 /// alarm. Counted when a message is built and released when its last

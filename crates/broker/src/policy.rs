@@ -23,7 +23,7 @@ use berth_protocol::{AMQPValue, FieldTable};
 use regex::Regex;
 
 use crate::args::{as_i128, as_string, type_name, Overflow, QueueArgs};
-use crate::names::shortstr_problem;
+use crate::name_rules::shortstr_problem;
 
 /// A user policy (`/api/policies`) or an operator policy
 /// (`/api/operator-policies`).

@@ -220,7 +220,7 @@ pub(crate) fn deliver_to(
                 dur.journal().publish_message(id, stored_in, payload, done);
                 Some(id)
             }
-            // Entrances refuse such names (`names.rs`); should one get
+            // Entrances refuse such names (`name_rules.rs`); should one get
             // through, the publisher is told it is not stored (a nack),
             // and the message lives in memory only.
             Err(e) => {

@@ -27,11 +27,11 @@ use crate::exchange::{Destination, Exchange, ExchangeKind};
 use crate::limits::CountLimits;
 use crate::message::Message;
 use crate::meta::{BindingDef, ExchangeDef, MetaCommand, QueueDef};
-use crate::names::check_shortstr;
-use crate::naming::server_named;
+use crate::name_rules::check_shortstr;
 use crate::queue::{Queue, QueueEnv, QueueOwner};
 pub use crate::routing::PublishResult;
 use crate::routing::{self, Names};
+use crate::server_named::server_named;
 use crate::timers::Timers;
 use crate::totals::{QueueTotals, Totals};
 

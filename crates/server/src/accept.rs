@@ -20,8 +20,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
+use crate::socket::{ReadStream, WriteStream};
 use crate::state::Shared;
-use crate::stream::{ReadStream, WriteStream};
 use crate::tls::Tls;
 
 /// What a listener's connections go through before AMQP starts.
@@ -102,7 +102,7 @@ async fn serve_one(
     let local = stream.local_addr().unwrap_or(peer);
     let (rd, wr, cert_name) = match tls {
         None => {
-            let (rd, wr) = crate::stream::plain(stream);
+            let (rd, wr) = crate::socket::plain(stream);
             (rd, wr, None)
         }
         Some(acceptor) => match handshake(acceptor, stream, peer, &shared).await {
@@ -140,6 +140,6 @@ pub(crate) async fn handshake(
         .peer_certificates()
         .and_then(|c| c.first())
         .and_then(|c| login.user_name(c));
-    let (rd, wr) = crate::stream::tls(tls);
+    let (rd, wr) = crate::socket::tls(tls);
     Some((rd, wr, cert_name))
 }

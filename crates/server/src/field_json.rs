@@ -66,7 +66,7 @@ pub fn json_table(v: &Value) -> Result<FieldTable, String> {
     if let Value::Object(m) = v {
         for (k, x) in m {
             let Ok(name) = ShortString::try_new(k.as_str()) else {
-                let why = berth_broker::names::shortstr_problem(k).unwrap_or_default();
+                let why = berth_broker::name_rules::shortstr_problem(k).unwrap_or_default();
                 let start: String = k.chars().take(32).collect();
                 return Err(format!("the key '{start}…' is {why}"));
             };

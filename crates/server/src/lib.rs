@@ -24,22 +24,22 @@ pub mod field_json;
 mod handshake_slots;
 pub mod http;
 mod https;
-pub mod journal;
 pub mod limits;
 mod listen;
 pub mod mechanism;
 pub mod memory;
 pub mod mqtt;
 pub mod outbound;
-pub mod output;
+pub mod pending_output;
 pub mod permissions;
 pub mod registry;
 pub mod reshape;
 pub mod settings;
 pub mod shovel;
+pub mod socket;
 pub mod state;
 pub mod stats;
-pub mod stream;
+pub mod store_journal;
 pub mod stream_proto;
 pub mod throttle;
 pub mod tls;
@@ -108,7 +108,7 @@ pub struct Running {
 
 /// A broker being served and what stops it.
 struct Serving {
-    journal: Arc<journal::StoreJournal>,
+    journal: Arc<store_journal::StoreJournal>,
     /// For the removals still waiting at shutdown (dead-lettering).
     broker: Arc<berth_broker::Broker>,
     /// Stopped first at shutdown, so their own connections to this
@@ -292,7 +292,7 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
     }
     let (broker, journal) = {
         let config = config.clone();
-        tokio::task::spawn_blocking(move || journal::open_broker(&config))
+        tokio::task::spawn_blocking(move || store_journal::open_broker(&config))
             .await
             .map_err(|e| ServerError::Startup(format!("store recovery did not finish: {e}")))??
     };
@@ -500,14 +500,14 @@ async fn lead(
                         berth_store::Store::open(cluster::member::store_config(&config))
                             .map_err(|e| e.to_string())?;
                     recovered = Some(r);
-                    Ok::<_, String>(Arc::new(journal::StoreJournal {
+                    Ok::<_, String>(Arc::new(store_journal::StoreJournal {
                         store,
                         events: std::sync::OnceLock::new(),
                     }))
                 })
                 .map_err(ServerError::Startup)?;
             let mut recovered = recovered.expect("set when reopened");
-            journal::broker_from(&config, journal, &mut recovered, started, |j| {
+            store_journal::broker_from(&config, journal, &mut recovered, started, |j| {
                 Arc::new(cluster::replicated::ReplicatedJournal::start(
                     node,
                     Arc::clone(j),
@@ -534,7 +534,7 @@ fn serve_broker(
     config: Config,
     listeners: Listeners,
     (broker, shovels): (Arc<berth_broker::Broker>, Option<Arc<shovel::Shovels>>),
-    journal: Arc<journal::StoreJournal>,
+    journal: Arc<store_journal::StoreJournal>,
     cluster: Option<Arc<cluster::view::ClusterView>>,
 ) -> Result<Serving, ServerError> {
     let Listeners {

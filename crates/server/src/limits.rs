@@ -51,7 +51,7 @@ pub const OUTPUT_BUFFER_KEPT_BYTES_MAX: usize = 256 * 1024;
 
 /// Body frames at least this large go out from the message's own memory
 /// (a slice of their own in the connection's vectored write) instead of
-/// being copied into its output buffer (`output.rs`). Smaller ones are
+/// being copied into its output buffer (`pending_output.rs`). Smaller ones are
 /// copied: less than a page is a cheap copy next to a slice of its own in
 /// the write and a shared reference's atomic count. Not tuned: only 2 KB
 /// (copied) and 16 KB (shared) bodies were measured (docs/BENCHMARKS.md,
@@ -81,7 +81,7 @@ pub const OUTPUT_BEHIND_BLOCKED_SOCKET_BYTES_MAX: usize = 64 * 1024;
 
 /// Requests queued behind a store writer's batch from which the writer
 /// leaves the batch's publisher confirms to the connections' writer tasks
-/// instead of sending them itself (`connection/confirms.rs`): at least
+/// instead of sending them itself (`connection/awaiting_store.rs`): at least
 /// this many means pipelined publishers, who wait for the writer's time.
 /// Fanin's producers, one publish in flight each, queue fewer.
 pub const ACKS_HANDED_BACK_QUEUED_MIN: usize = 64;

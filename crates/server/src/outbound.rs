@@ -40,7 +40,7 @@ use tokio::sync::Notify;
 
 use crate::limits::OUTPUT_BEHIND_BLOCKED_SOCKET_BYTES_MAX;
 use crate::memory::{Counted, OUTPUT_BYTES};
-use crate::output::Output;
+use crate::pending_output::Output;
 
 /// The buffer and its share of [`OUTPUT_BYTES`].
 struct Buffer {

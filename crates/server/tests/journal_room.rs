@@ -10,7 +10,7 @@ use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use berth_broker::durable::Journal;
-use berth_server::journal::StoreJournal;
+use berth_server::store_journal::StoreJournal;
 use berth_store::fault::FaultStorage;
 use berth_store::{Store, StoreConfig};
 use bytes::Bytes;

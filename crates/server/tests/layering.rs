@@ -10,7 +10,7 @@
 //! (comments excluded, `{a, b}` groups expanded) is an edge to the deepest
 //! module it names; a path to an item of the crate root (`crate::Config`)
 //! is no edge. A module naming its own submodules by their bare name
-//! (`mod.rs` routing to `queues::list`) is how Rust composes a module and
+//! (`http.rs` routing to `queues::list`) is how Rust composes a module and
 //! is no edge either; a submodule reaching back up (`super::HttpState`)
 //! is. The same edges are also checked folded onto top-level modules
 //! (`http::queues -> connection` counts as `http -> connection`), so a

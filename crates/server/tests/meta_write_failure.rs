@@ -12,7 +12,7 @@ use berth_broker::exchange::ExchangeDeclare;
 use berth_broker::vhost::{QueueDeclare, VHost};
 use berth_broker::Broker;
 use berth_protocol::FieldTable;
-use berth_server::journal::StoreJournal;
+use berth_server::store_journal::StoreJournal;
 use berth_store::fault::FaultStorage;
 use berth_store::{Store, StoreConfig};
 

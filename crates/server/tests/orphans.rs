@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use berth_server::journal::open_broker;
+use berth_server::store_journal::open_broker;
 use berth_server::Config;
 use berth_store::{MsgId, QueueId, Store, Ticket};
 use bytes::Bytes;

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use berth_broker::vhost::QueueDeclare;
 use berth_broker::Broker;
-use berth_server::journal::StoreJournal;
+use berth_server::store_journal::StoreJournal;
 use berth_store::fault::FaultStorage;
 use berth_store::{QueueId, Store, StoreConfig};
 

@@ -14,7 +14,7 @@ use berth_cluster::Apply;
 use berth_server::cluster::command::Command;
 use berth_server::cluster::replica::Replica;
 use berth_server::cluster::view::Announcements;
-use berth_server::journal::StoreJournal;
+use berth_server::store_journal::StoreJournal;
 use berth_store::{MsgId, QueueId, Store, StoreConfig, Ticket};
 use bytes::Bytes;
 

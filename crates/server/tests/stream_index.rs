@@ -12,7 +12,7 @@ use berth_broker::durable::Done;
 use berth_broker::message::Message;
 use berth_protocol::codec::encode_properties;
 use berth_protocol::AMQPProperties;
-use berth_server::journal::open_broker;
+use berth_server::store_journal::open_broker;
 use berth_server::Config;
 use berth_store::Ticket;
 use bytes::Bytes;
@@ -22,14 +22,14 @@ use common::{declare_stream, TempDir};
 
 const MESSAGES: u64 = 20_000;
 
-fn flush(journal: &berth_server::journal::StoreJournal) {
+fn flush(journal: &berth_server::store_journal::StoreJournal) {
     let (done, ticket) = Ticket::new();
     journal.store.flush(done);
     ticket.wait().expect("flush");
 }
 
 /// (per-message index entries, index heap bytes) of the store's one group.
-fn index_cost(journal: &berth_server::journal::StoreJournal) -> (u64, u64) {
+fn index_cost(journal: &berth_server::store_journal::StoreJournal) -> (u64, u64) {
     let st = &journal.store.stats()[0];
     (st.live_messages, st.index_bytes)
 }

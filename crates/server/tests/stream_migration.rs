@@ -13,7 +13,7 @@ use berth_broker::message::Message;
 use berth_broker::Broker;
 use berth_protocol::codec::encode_properties;
 use berth_protocol::AMQPProperties;
-use berth_server::journal::{open_broker, StoreJournal};
+use berth_server::store_journal::{open_broker, StoreJournal};
 use berth_server::Config;
 use berth_store::{QueueId, Store, Ticket};
 use bytes::Bytes;

@@ -5,7 +5,7 @@
 //! Recovery *acts* on the action (applies, truncates, quarantines, fails);
 //! inspection (`berth store scan|verify`, backup's check of its copy)
 //! *reports* it ([`Action::reported_as`]). Both get their observations from
-//! the one scanner ([`crate::journal`]), so they cannot disagree about what
+//! the one scanner ([`crate::group_reader`]), so they cannot disagree about what
 //! a file holds. docs/FORMAT.md §"Journal decision table" is this file in
 //! words.
 //!

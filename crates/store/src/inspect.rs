@@ -2,7 +2,7 @@
 //! (`berth store scan|verify|backup`): what is in every segment and
 //! checkpoint, and every problem found, with its file and offset.
 //!
-//! It reads through recovery's own scanner ([`crate::journal`]): the same
+//! It reads through recovery's own scanner ([`crate::group_reader`]): the same
 //! checkpoint choice, segment walk and decision tables, so it rebuilds each
 //! group's index exactly as recovery would and reports as a problem exactly
 //! what recovery would quarantine, skip or refuse, and as a note what it
@@ -29,10 +29,10 @@ use std::path::{Path, PathBuf};
 use crate::checkpoint::{self, CheckpointInfo};
 use crate::decision::{Action, Reported};
 use crate::error::StoreError;
-use crate::index::{payload_len, Index, Loc};
-use crate::journal::{
+use crate::group_reader::{
     CheckpointBytes, CheckpointSeen, Damage, Found, Journal, Listing, Seg, Span, Verdict, Visit,
 };
+use crate::index::{payload_len, Index, Loc};
 use crate::manifest::{self, Manifest, MANIFEST_NAME};
 use crate::record::{self, Decoded};
 use crate::segment::{self, HeaderCheck, SEGMENT_HEADER_BYTES};

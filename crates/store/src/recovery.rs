@@ -1,5 +1,5 @@
 //! Recovery of one log group: latest valid checkpoint + journal tail, read
-//! by the one journal scanner ([`crate::journal`]), every anomaly resolved
+//! by the one journal scanner ([`crate::group_reader`]), every anomaly resolved
 //! by the decision tables ([`crate::decision`]) that inspection reports
 //! from too.
 //!
@@ -26,10 +26,10 @@ use std::sync::Arc;
 use crate::checkpoint::{Link, ReplayFrom};
 use crate::decision::{decide_layout, Action, LayoutCase};
 use crate::error::StoreError;
-use crate::index::Index;
-use crate::journal::{
+use crate::group_reader::{
     CheckpointBytes, CheckpointSeen, Damage, Found, Journal, Listing, Seg, Span, Verdict, Visit,
 };
+use crate::index::Index;
 use crate::limits::{LISTING_THREADS_MAX, RECORD_BODY_BYTES_MAX};
 use crate::manifest::read_all;
 use crate::record::{self, Decoded, Record, RECORD_HEADER_BYTES};

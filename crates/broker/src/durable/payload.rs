@@ -13,7 +13,7 @@
 //!   body, and a payload written before them reads as it always did.
 //! - A name is written whole or not at all: one longer than its u8 length
 //!   can say is an error, never cut (the entrances refuse such names
-//!   first, `names.rs`).
+//!   first, `name_rules.rs`).
 
 use bytes::{Bytes, BytesMut};
 

@@ -17,7 +17,7 @@ use crate::durable::JournalError;
 use crate::error::{AmqpError, AmqpResult};
 use crate::exchange::{Destination, Exchange};
 use crate::meta::{BindingDef, MetaCommand};
-use crate::names::check_shortstr;
+use crate::name_rules::check_shortstr;
 use crate::queue::Queue;
 
 impl VHost {

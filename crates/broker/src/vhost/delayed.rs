@@ -203,7 +203,7 @@ impl VHost {
                         self.journal().publish(key.1, &[sid], payload, Some(done));
                         timer
                     }
-                    // Entrances refuse such names (`names.rs`); should one
+                    // Entrances refuse such names (`name_rules.rs`); should one
                     // get through, it is nacked, so it is not held either.
                     Err(e) => {
                         if let Some(done) = done {

@@ -32,11 +32,11 @@ use super::peers::{self, raft_id};
 use super::replica::Replica;
 use super::view::{Announcements, ClusterView, Serves};
 use crate::config::Config;
-use crate::journal::StoreJournal;
 use crate::limits::{
     CLUSTER_ANNOUNCE_TIMEOUT_MS, CLUSTER_RESTART_AFTER_STOP_MS, CLUSTER_RESTART_FREE_BYTES_MIN,
     CLUSTER_ROLE_POLL_MS, RAFT_WORKER_THREADS,
 };
+use crate::store_journal::StoreJournal;
 use crate::ServerError;
 
 pub struct Member {
@@ -144,7 +144,7 @@ impl Member {
         nc.commit_timeout_ms = (4 * t).max(5_000);
         nc.may_form = !c.join;
         // A committed entry's confirms go out once per connection, as a
-        // store group's batch's do (`connection/confirms.rs`).
+        // store group's batch's do (`connection/awaiting_store.rs`).
         nc.reply_batch = |waiting, replies| {
             berth_store::completion::completing(waiting, replies);
         };

@@ -33,11 +33,11 @@ use parking_lot::{Mutex, RwLock};
 
 use super::command::Command;
 use super::view::{Announcements, Serves};
-use crate::journal::{blocking, StoreJournal};
 use crate::limits::{
     REOPEN_WAIT, REPLICA_UNWRITTEN_BYTES_MAX, SNAPSHOT_COMMAND_BYTES_MAX, SNAPSHOT_READ_BYTES_MAX,
     SNAPSHOT_READ_COUNT_MAX,
 };
+use crate::store_journal::{blocking, StoreJournal};
 
 /// Bytes counted as unwritten until the write's completion runs or is
 /// dropped (a writer that died): so a lost completion never leaves the

@@ -32,8 +32,8 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
 use super::command::Command;
-use crate::journal::{blocking, StoreJournal};
 use crate::limits::CLUSTER_WRITES_IN_FLIGHT_MAX;
+use crate::store_journal::{blocking, StoreJournal};
 
 struct Pending {
     command: Vec<u8>,

@@ -1,5 +1,5 @@
 //! The `confirm` class: `confirm.select` puts a channel in publisher
-//! confirm mode (the bookkeeping is in [`super::confirms`]).
+//! confirm mode (the bookkeeping is in [`super::awaiting_store`]).
 //!
 //! Invariant: a channel is in confirm mode or tx mode, never both.
 

@@ -1,5 +1,5 @@
 //! The `tx` class: select, commit and rollback. A commit's journal writes
-//! are waited for in [`super::confirms`]; `commit-ok` goes out from there
+//! are waited for in [`super::awaiting_store`]; `commit-ok` goes out from there
 //! when a commit had to wait.
 //!
 //! Invariants:

@@ -88,7 +88,7 @@ fn properties_from_json(v: &Value) -> Result<AMQPProperties, Response> {
             return Ok(None);
         };
         ShortString::try_new(s).map(Some).map_err(|_| {
-            let why = berth_broker::names::shortstr_problem(s).unwrap_or_default();
+            let why = berth_broker::name_rules::shortstr_problem(s).unwrap_or_default();
             bad_request(format!("property {k} is {why}"))
         })
     };

@@ -283,7 +283,7 @@ mod tests {
 
     /// The router's path literals, read from its source.
     fn router_paths() -> BTreeSet<String> {
-        let src = include_str!("mod.rs");
+        let src = include_str!("../http.rs");
         let body = &src[src.find("pub fn router").expect("router")..];
         let body = &body[..body.find("\n}\n").expect("end of router")];
         body.split('"')

@@ -97,7 +97,7 @@ pub(super) async fn delete(
     _: AdminAuthed,
     Path(name): Path<String>,
 ) -> Response {
-    // The store waits run under block_in_place (see journal.rs).
+    // The store waits run under block_in_place (see store_journal.rs).
     match st.shared.broker.delete_vhost(&name) {
         Ok(()) => {
             // Its runtime parameters go with it, as in RabbitMQ.

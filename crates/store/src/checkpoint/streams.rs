@@ -12,7 +12,7 @@
 //!   Anything else is damage: the checkpoint is refused as `Corrupt`
 //!   naming its file, the offset of the span or op and what was wrong,
 //!   and recovery takes the chain before it or replays the journal
-//!   (`journal.rs`, `choose_checkpoint`), as for any damaged checkpoint.
+//!   (`group_reader.rs`, `choose_checkpoint`), as for any damaged checkpoint.
 //! - Each stream is listed once in a base.
 
 use super::{put_len, Parsed, Reader};

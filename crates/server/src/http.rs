@@ -68,7 +68,7 @@ pub struct HttpState {
     /// Every bound listener (AMQP and HTTP), for the port-listener check.
     pub listeners: Arc<Vec<SocketAddr>>,
     /// The store, for its per-group metrics.
-    pub journal: Arc<crate::journal::StoreJournal>,
+    pub journal: Arc<crate::store_journal::StoreJournal>,
 }
 
 pub fn router(state: HttpState) -> Router {

@@ -127,7 +127,7 @@ mod tests {
     use super::*;
 
     /// A connection's output goes out with one `writev` per buffer of
-    /// frames and shared bodies (`output.rs`); a write half that does not
+    /// frames and shared bodies (`pending_output.rs`); a write half that does not
     /// forward vectored writes sends each piece with a syscall of its own
     /// (seen: 28 times the `sendto`s, a quarter of the drain rate lost).
     #[test]

@@ -18,10 +18,10 @@
 //! - When the connection ends, for any reason, its channels are closed
 //!   (unacked messages requeued) and its exclusive queues deleted.
 
+mod awaiting_store;
 mod basic;
 mod channel;
 mod confirm;
-mod confirms;
 mod exception;
 mod exchange;
 mod flow;
@@ -55,11 +55,11 @@ use tokio::sync::watch;
 
 use crate::limits;
 use crate::outbound::Outbound;
-use crate::output::Output;
+use crate::pending_output::Output;
+use crate::socket::{ReadStream, WriteStream};
 use crate::state::Shared;
-use crate::stream::{ReadStream, WriteStream};
 
-use confirms::{ChannelConfirms, Completions, Stored};
+use awaiting_store::{ChannelConfirms, Completions, Stored};
 use exception::{decode_error, frame_error, End};
 use flow::Flow;
 
