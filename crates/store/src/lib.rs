@@ -24,9 +24,13 @@ mod direct;
 pub mod error;
 pub mod event_log;
 pub mod events;
+/// Test doubles (a fault-injecting storage): tests only, `testing` feature.
+#[cfg(any(test, feature = "testing"))]
 pub mod fault;
 pub mod group_reader;
 pub mod histogram;
+/// Test doubles (a storage whose files tests watch): `testing` feature.
+#[cfg(any(test, feature = "testing"))]
 pub mod hooked;
 pub mod index;
 pub mod inspect;
