@@ -24,6 +24,7 @@ pub mod field_json;
 mod handshake_slots;
 pub mod http;
 mod https;
+mod in_order;
 pub mod limits;
 mod listen;
 pub mod mechanism;

@@ -358,10 +358,7 @@ impl Conn {
                     Err(e) => return End::Lost(format!("read failed: {e}")),
                 },
                 Some(s) = self.stored_rx.recv() => {
-                    self.acks.stored(s);
-                    while let Ok(more) = self.stored_rx.try_recv() {
-                        self.acks.stored(more);
-                    }
+                    self.acks.stored_all(s, &mut self.stored_rx);
                     if let Err(end) = self.send_due_acks() {
                         return end;
                     }

@@ -31,7 +31,7 @@ use mqtt5_protocol::{Packet, QoS, ReasonCode};
 
 use super::codec;
 use super::connection::{Conn, End};
-use super::publish::{self, AckKind, Outcome};
+use super::publish::{self, AckKind, AckOwed, Outcome};
 use super::retained::Store;
 use super::{topic, EXCHANGE};
 use crate::permissions::{authorise, Action};
@@ -151,7 +151,14 @@ impl Conn {
                 QoS::AtLeastOnce => AckKind::PubAck,
                 QoS::ExactlyOnce => AckKind::PubRec,
             };
-            self.acks.owe(packet_id, kind, 0, Outcome::ServerTopic);
+            self.acks.owe(
+                AckOwed {
+                    packet_id,
+                    kind,
+                    outcome: Outcome::ServerTopic,
+                },
+                0,
+            );
             return self.send_due_acks();
         }
         let key = match topic::routing_key(&p.topic_name) {
@@ -247,7 +254,14 @@ impl Conn {
         } else {
             AckKind::PubAck
         };
-        self.acks.owe(packet_id, kind, waits, outcome);
+        self.acks.owe(
+            AckOwed {
+                packet_id,
+                kind,
+                outcome,
+            },
+            waits,
+        );
         self.send_due_acks()
     }
 
@@ -340,7 +354,12 @@ impl Conn {
 
     /// Sends the PUBACKs that are due, in order.
     pub(super) fn send_due_acks(&mut self) -> Result<(), End> {
-        for (packet_id, kind, outcome) in self.acks.due() {
+        for AckOwed {
+            packet_id,
+            kind,
+            outcome,
+        } in self.acks.due()
+        {
             let code = match outcome {
                 Outcome::Accepted => ReasonCode::Success,
                 Outcome::NoMatchingSubscribers => ReasonCode::NoMatchingSubscribers,

@@ -17,18 +17,16 @@
 //! - The acks owed are bounded: the connection stops reading at
 //!   `MQTT_UNACKED_PUBLISHES_MAX` (`crate::limits`).
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
-use berth_broker::durable::Done;
 use berth_broker::message::Message;
 use berth_broker::AmqpResult;
 use berth_protocol::codec::encode_properties;
 use berth_protocol::{AMQPProperties, AMQPValue, FieldTable};
 use mqtt5_protocol::packet::publish::PublishPacket;
-use tokio::sync::mpsc::UnboundedSender;
 
 use super::properties::{HEADER_PUBLISH_QOS, HEADER_RETAIN};
+use crate::in_order::{InOrder, Owed};
 
 /// The AMQP message of a PUBLISH whose topic maps to `routing_key`.
 pub fn message(p: &PublishPacket, routing_key: String, user: &str) -> AmqpResult<Arc<Message>> {
@@ -76,11 +74,7 @@ fn properties(p: &PublishPacket, extra: &[(&str, AMQPValue)]) -> AMQPProperties 
     props.with_headers(headers)
 }
 
-/// A journal write finished for the publish numbered `seq`.
-pub struct Stored {
-    pub seq: u64,
-    pub result: Result<(), String>,
-}
+pub use crate::in_order::Stored;
 
 /// Which acknowledgement a publish is owed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,112 +102,28 @@ pub enum Outcome {
     ServerTopic,
 }
 
-struct Owed {
-    seq: u64,
-    packet_id: u16,
-    kind: AckKind,
-    /// Journal writes still running.
-    waits: usize,
-    outcome: Outcome,
+/// What one QoS 1 or 2 PUBLISH is owed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AckOwed {
+    pub packet_id: u16,
+    pub kind: AckKind,
+    pub outcome: Outcome,
 }
 
-/// PUBACKs owed, in PUBLISH order.
-pub struct Acks {
-    next_seq: u64,
-    owed: VecDeque<Owed>,
-    tx: UnboundedSender<Stored>,
+impl Owed for AckOwed {
+    fn failed(&mut self, why: String) {
+        self.outcome = Outcome::Failed(why);
+    }
 }
 
-impl Acks {
-    pub fn new(tx: UnboundedSender<Stored>) -> Self {
-        Self {
-            next_seq: 0,
-            owed: VecDeque::new(),
-            tx,
-        }
-    }
+/// PUBACKs (and PUBRECs) owed, in PUBLISH order.
+pub type Acks = InOrder<AckOwed>;
 
-    /// How many PUBACKs are owed.
-    pub fn len(&self) -> usize {
-        self.owed.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.owed.is_empty()
-    }
-
-    /// The number the next publish will have.
-    pub fn next_seq(&self) -> u64 {
-        self.next_seq
-    }
-
-    /// The completion of one journal write of publish `seq`; `waits`
-    /// counts them.
-    pub fn completion<'a>(&self, seq: u64, waits: &'a mut usize) -> impl FnMut() -> Done + 'a {
-        let tx = self.tx.clone();
-        move || -> Done {
-            *waits += 1;
-            let tx = tx.clone();
-            Box::new(move |r| {
-                let _connection_may_be_gone = tx.send(Stored {
-                    seq,
-                    result: r.map_err(|e| e.to_string()),
-                });
-            })
-        }
-    }
-
-    /// A QoS 1 or 2 publish was routed, with `waits` journal writes
-    /// running.
-    pub fn owe(&mut self, packet_id: u16, kind: AckKind, waits: usize, outcome: Outcome) {
-        self.owed.push_back(Owed {
-            seq: self.next_seq,
-            packet_id,
-            kind,
-            waits,
-            outcome,
-        });
-        self.next_seq += 1;
-    }
-
+impl InOrder<AckOwed> {
     /// Whether a QoS 2 publish with `packet_id` still waits for its PUBREC.
     pub fn owes_pubrec(&self, packet_id: u16) -> bool {
-        self.owed
-            .iter()
+        self.iter()
             .any(|o| o.packet_id == packet_id && o.kind == AckKind::PubRec)
-    }
-
-    /// A journal write finished.
-    pub fn stored(&mut self, s: Stored) {
-        let Some(front) = self.owed.front().map(|o| o.seq) else {
-            return;
-        };
-        let Some(o) = s
-            .seq
-            .checked_sub(front)
-            .and_then(|i| usize::try_from(i).ok())
-            .and_then(|i| self.owed.get_mut(i))
-        else {
-            return;
-        };
-        if o.seq != s.seq {
-            tracing::error!(seq = s.seq, "a journal completion for a publish not owed");
-            return;
-        }
-        o.waits = o.waits.saturating_sub(1);
-        if let Err(e) = s.result {
-            o.outcome = Outcome::Failed(e);
-        }
-    }
-
-    /// The PUBACKs due now: from the front, while nothing is waited for.
-    pub fn due(&mut self) -> Vec<(u16, AckKind, Outcome)> {
-        let mut out = Vec::new();
-        while self.owed.front().is_some_and(|o| o.waits == 0) {
-            let o = self.owed.pop_front().expect("front exists");
-            out.push((o.packet_id, o.kind, o.outcome));
-        }
-        out
     }
 }
 
@@ -233,7 +143,14 @@ mod tests {
                 let mut make = acks.completion(seq, &mut waits);
                 dones.push(make());
             }
-            acks.owe(packet_id, AckKind::PubAck, waits, Outcome::Accepted);
+            acks.owe(
+                AckOwed {
+                    packet_id,
+                    kind: AckKind::PubAck,
+                    outcome: Outcome::Accepted,
+                },
+                waits,
+            );
         }
         assert!(acks.due().is_empty(), "nothing stored yet");
         // The second write completes first: its PUBACK still waits.
@@ -244,11 +161,18 @@ mod tests {
         acks.stored(rx.try_recv().unwrap());
         let due = acks.due();
         assert_eq!(due.len(), 2);
-        assert_eq!(due[0].0, 10);
+        assert_eq!(due[0].packet_id, 10);
         assert!(
-            matches!(due[0].2, Outcome::Failed(_)),
+            matches!(due[0].outcome, Outcome::Failed(_)),
             "a failed write is no success"
         );
-        assert_eq!(due[1], (11, AckKind::PubAck, Outcome::Accepted));
+        assert_eq!(
+            due[1],
+            AckOwed {
+                packet_id: 11,
+                kind: AckKind::PubAck,
+                outcome: Outcome::Accepted
+            }
+        );
     }
 }

@@ -25,7 +25,7 @@ use berth_protocol::{AMQPValue, FieldTable};
 
 use super::connection::{name, Conn, End};
 use super::frame::{self, code, key, Frame, OffsetSpec, Published, Request};
-use super::publish::Publisher;
+use super::publish::{Due, Publisher};
 use crate::limits;
 use crate::permissions::{authorise, Action};
 
@@ -410,10 +410,12 @@ impl Conn {
         let Some(p) = self.publishers.get(&publisher_id) else {
             for m in &messages {
                 self.confirms.owe(
-                    publisher_id,
-                    m.publishing_id,
+                    Due {
+                        publisher_id,
+                        publishing_id: m.publishing_id,
+                        error: Some(code::PUBLISHER_DOES_NOT_EXIST),
+                    },
                     0,
-                    Some(code::PUBLISHER_DOES_NOT_EXIST),
                 );
             }
             self.send_due_confirms();
@@ -427,13 +429,27 @@ impl Conn {
         for m in messages {
             if named && last_id.is_some_and(|l| m.publishing_id <= l) {
                 // Deduplicated: stored before, confirmed again.
-                self.confirms.owe(publisher_id, m.publishing_id, 0, None);
+                self.confirms.owe(
+                    Due {
+                        publisher_id,
+                        publishing_id: m.publishing_id,
+                        error: None,
+                    },
+                    0,
+                );
                 continue;
             }
             last_id = Some(last_id.map_or(m.publishing_id, |l| l.max(m.publishing_id)));
             let error = self.publish_one(&ch, &stream, publisher_id, m, now);
             if let Some((id, c)) = error {
-                self.confirms.owe(publisher_id, id, 0, Some(c));
+                self.confirms.owe(
+                    Due {
+                        publisher_id,
+                        publishing_id: id,
+                        error: Some(c),
+                    },
+                    0,
+                );
             }
         }
         if let Some(p) = self.publishers.get_mut(&publisher_id) {
@@ -476,8 +492,14 @@ impl Conn {
             Ok(_) => None,
             Err(e) => Some(code_of(&e)),
         };
-        self.confirms
-            .owe(publisher_id, m.publishing_id, waits, error);
+        self.confirms.owe(
+            Due {
+                publisher_id,
+                publishing_id: m.publishing_id,
+                error,
+            },
+            waits,
+        );
         None
     }
 

@@ -203,10 +203,7 @@ impl Conn {
                     Err(e) => return End::Lost(format!("read failed: {e}")),
                 },
                 Some(s) = self.stored_rx.recv() => {
-                    self.confirms.stored(s);
-                    while let Ok(more) = self.stored_rx.try_recv() {
-                        self.confirms.stored(more);
-                    }
+                    self.confirms.stored_all(s, &mut self.stored_rx);
                     self.send_due_confirms();
                 }
                 () = out.wake_connection.notified() => self.settle(),

@@ -19,13 +19,10 @@
 //! - The confirms owed are bounded: the connection stops reading at
 //!   `STREAM_PROTO_PUBLISHES_UNCONFIRMED_MAX`.
 
-use std::collections::VecDeque;
-
-use berth_broker::durable::Done;
 use bytes::BytesMut;
-use tokio::sync::mpsc::UnboundedSender;
 
 use super::frame::{key, Frame};
+use crate::in_order::{InOrder, Owed};
 
 /// A declared publisher.
 pub struct Publisher {
@@ -35,22 +32,9 @@ pub struct Publisher {
     pub last_id: Option<u64>,
 }
 
-/// A journal write finished for the publish numbered `seq`.
-pub struct Stored {
-    pub seq: u64,
-    pub result: Result<(), String>,
-}
+pub use crate::in_order::Stored;
 
-struct Owed {
-    seq: u64,
-    publisher_id: u8,
-    publishing_id: u64,
-    waits: usize,
-    /// The error code, if it failed.
-    error: Option<u16>,
-}
-
-/// What a due message says.
+/// What one published message is owed: a confirm, or an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Due {
     pub publisher_id: u8,
@@ -58,97 +42,15 @@ pub struct Due {
     pub error: Option<u16>,
 }
 
+impl Owed for Due {
+    fn failed(&mut self, why: String) {
+        tracing::warn!(error = %why, "a stream protocol publish was not stored");
+        self.error = Some(super::frame::code::INTERNAL_ERROR);
+    }
+}
+
 /// Confirms owed, in publish order.
-pub struct Confirms {
-    next_seq: u64,
-    owed: VecDeque<Owed>,
-    tx: UnboundedSender<Stored>,
-}
-
-impl Confirms {
-    pub fn new(tx: UnboundedSender<Stored>) -> Self {
-        Self {
-            next_seq: 0,
-            owed: VecDeque::new(),
-            tx,
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.owed.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.owed.is_empty()
-    }
-
-    pub fn next_seq(&self) -> u64 {
-        self.next_seq
-    }
-
-    /// The completion of one journal write of publish `seq`; `waits`
-    /// counts them.
-    pub fn completion<'a>(&self, seq: u64, waits: &'a mut usize) -> impl FnMut() -> Done + 'a {
-        let tx = self.tx.clone();
-        move || -> Done {
-            *waits += 1;
-            let tx = tx.clone();
-            Box::new(move |r| {
-                let _connection_may_be_gone = tx.send(Stored {
-                    seq,
-                    result: r.map_err(|e| e.to_string()),
-                });
-            })
-        }
-    }
-
-    /// A message was handed to the broker with `waits` writes running
-    /// (0: a duplicate, or nothing to store), or refused with `error`.
-    pub fn owe(&mut self, publisher_id: u8, publishing_id: u64, waits: usize, error: Option<u16>) {
-        self.owed.push_back(Owed {
-            seq: self.next_seq,
-            publisher_id,
-            publishing_id,
-            waits,
-            error,
-        });
-        self.next_seq += 1;
-    }
-
-    /// A journal write finished.
-    pub fn stored(&mut self, s: Stored) {
-        let Some(front) = self.owed.front().map(|o| o.seq) else {
-            return;
-        };
-        let Some(o) = s
-            .seq
-            .checked_sub(front)
-            .and_then(|i| usize::try_from(i).ok())
-            .and_then(|i| self.owed.get_mut(i))
-        else {
-            return;
-        };
-        o.waits = o.waits.saturating_sub(1);
-        if let Err(e) = s.result {
-            tracing::warn!(error = %e, "a stream protocol publish was not stored");
-            o.error = Some(super::frame::code::INTERNAL_ERROR);
-        }
-    }
-
-    /// The messages due now: from the front, while nothing is waited for.
-    pub fn due(&mut self) -> Vec<Due> {
-        let mut out = Vec::new();
-        while self.owed.front().is_some_and(|o| o.waits == 0) {
-            let o = self.owed.pop_front().expect("front exists");
-            out.push(Due {
-                publisher_id: o.publisher_id,
-                publishing_id: o.publishing_id,
-                error: o.error,
-            });
-        }
-        out
-    }
-}
+pub type Confirms = InOrder<Due>;
 
 /// Writes PublishConfirm and PublishError frames for `due`: one frame
 /// per run of one publisher's confirms or errors.
@@ -196,9 +98,24 @@ mod tests {
                 let mut make = c.completion(seq, &mut waits);
                 dones.push(make());
             }
-            c.owe(1, id, waits, None);
+            c.owe(
+                Due {
+                    publisher_id: 1,
+                    publishing_id: id,
+                    error: None,
+                },
+                waits,
+            );
         }
-        c.owe(1, 4, 0, None); // a duplicate: nothing to wait for
+        // A duplicate: nothing to wait for.
+        c.owe(
+            Due {
+                publisher_id: 1,
+                publishing_id: 4,
+                error: None,
+            },
+            0,
+        );
         assert!(c.due().is_empty(), "nothing stored yet");
         dones.pop().unwrap()(Err(berth_broker::durable::JournalError::new("disk gone")));
         c.stored(rx.try_recv().unwrap());
