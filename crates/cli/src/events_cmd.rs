@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use berth_broker::events::{decode, DecodedEvent};
-use berth_store::events::{
+use berth_events::file::{
     Damage, EventRecord, EventTail, GROUP_EVENT_FILE_PREFIX, MERGED_EVENT_FILE_PREFIX,
 };
 use berth_store::inspect::Layout;

@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use berth_store::event_log::decode_file;
+use berth_events::writer::decode_file;
 use common::{connect, temp_dir, Broker};
 use lapin::options::{
     BasicAckOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions, ConfirmSelectOptions,

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 const MAPPED: &[(&str, &str)] = &[
     ("protocol", "### `berth-protocol`"),
     ("store", "### `berth-store`"),
+    ("events", "### `berth-events`"),
     ("broker", "### `berth-broker`"),
     ("server", "## Inside `berth-server`"),
     ("cluster", "### `berth-cluster`"),

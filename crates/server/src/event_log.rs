@@ -4,14 +4,14 @@
 //! The broker encodes events (it knows queues, vhosts, connections and
 //! users); the store frames, stamps and writes them per log group. This
 //! module joins the two: a [`berth_broker::durable::EventSink`] over
-//! [`berth_store::event_log::EventLog`], with the broker's clock.
+//! [`berth_events::writer::EventLog`], with the broker's clock.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use berth_broker::clock::{Clock, SystemClock};
 use berth_broker::durable::EventSink;
-use berth_store::event_log::{EventLog, EventLogConfig};
+use berth_events::writer::{EventLog, EventLogConfig};
 
 use crate::config::EventLogSection;
 

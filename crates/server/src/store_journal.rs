@@ -38,7 +38,7 @@ pub struct StoreJournal {
     pub store: Store,
     /// The lifecycle event log, if `event_log.enabled` (closed at
     /// shutdown, after the store's last flush).
-    pub events: std::sync::OnceLock<Arc<berth_store::event_log::EventLog>>,
+    pub events: std::sync::OnceLock<Arc<berth_events::writer::EventLog>>,
 }
 
 fn adapt(done: Option<Done>) -> Option<berth_store::Done> {

@@ -111,7 +111,7 @@ impl StoreError {
         }
     }
 
-    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
         StoreError::Io {
             op,
             path: path.into(),

@@ -22,8 +22,6 @@ pub mod decision;
 #[cfg(target_os = "linux")]
 mod direct;
 pub mod error;
-pub mod event_log;
-pub mod events;
 /// Test doubles (a fault-injecting storage): tests only, `testing` feature.
 #[cfg(any(test, feature = "testing"))]
 pub mod fault;

@@ -34,13 +34,6 @@ pub const LOG_GROUPS_MAX: u32 = 4096;
 /// delay "never exceed a few ms".
 pub const COMMIT_DELAY_US_CEILING: u64 = 5_000;
 
-/// How long a group's event writer, woken by the first pending event,
-/// gathers more before it writes (unless half its buffer fills first).
-/// Events are not a promise to any client, so this delays nothing a
-/// client waits for; it turns one `write(2)` and one thread wake-up per
-/// event into one per batch at low concurrency.
-pub const EVENT_GATHER_MS: u64 = 10;
-
 /// How often a log group whose write met a full disk (ENOSPC, EDQUOT)
 /// probes for free space; meanwhile it refuses writes at once. Short,
 /// because each refused publish is a nack; long enough that a full disk

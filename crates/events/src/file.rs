@@ -4,7 +4,7 @@
 //!
 //! The store does not know what an event means (the broker encodes the
 //! payload); it only frames, checksums, orders and rotates them. The
-//! writer side is [`crate::event_log`].
+//! writer side is [`crate::writer`].
 //!
 //! File layout (see docs/FORMAT.md, "Event files"): an 8-byte magic
 //! [`EVENT_FILE_MAGIC`], then records:
@@ -32,8 +32,8 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::path::{Path, PathBuf};
 
-use crate::error::StoreError;
-use crate::storage::Storage;
+use berth_store::storage::Storage;
+use berth_store::StoreError;
 
 /// First bytes of every event file ("BERTHEV" + format version 1).
 pub const EVENT_FILE_MAGIC: [u8; 8] = *b"BERTHEV\x01";
@@ -416,7 +416,7 @@ mod tests {
         let mut two = file_with(&[(4, 4), (5, 5), (6, 6)]);
         two.truncate(two.len() - 3);
         std::fs::write(name(2), &two).unwrap();
-        let storage = crate::storage::OsStorage;
+        let storage = berth_store::storage::OsStorage;
         let mut tail = EventTail::new(dir.clone(), GROUP_EVENT_FILE_PREFIX);
         let mut out = Vec::new();
         tail.poll(&storage, &mut out).unwrap();

@@ -31,15 +31,15 @@ use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::error::StoreError;
-use crate::events::{
+use crate::file::{
     self, decode_events, encode_event, event_file_name, EventRecord, EventTail,
     EVENT_FILE_HEADER_BYTES, EVENT_FILE_MAGIC, EVENT_HEADER_BYTES, EVENT_PAYLOAD_BYTES_MAX,
     GROUP_EVENT_FILE_PREFIX, MERGED_EVENT_FILE_PREFIX,
 };
-use crate::limits::EVENT_GATHER_MS;
-use crate::storage::{OsStorage, Storage, StorageFile};
-use crate::{group_of, QueueId};
+use crate::EVENT_GATHER_MS;
+use berth_store::storage::{OsStorage, Storage, StorageFile};
+use berth_store::StoreError;
+use berth_store::{group_of, QueueId};
 
 /// Microseconds since the Unix epoch, from the caller's clock (the
 /// broker's).
@@ -356,7 +356,7 @@ impl FileSet {
         storage
             .create_dir_all(&dir)
             .map_err(|e| StoreError::io("create dir", &dir, e))?;
-        let nos = events::list_event_files(storage.as_ref(), &dir, prefix)?;
+        let nos = file::list_event_files(storage.as_ref(), &dir, prefix)?;
         let mut sealed = VecDeque::new();
         for &n in &nos {
             let path = dir.join(event_file_name(prefix, n));
@@ -527,7 +527,7 @@ impl Merger {
             let n = pending.iter().take_while(|r| r.time_us < watermark).count();
             streams.push(pending.drain(..n).collect());
         }
-        let merged = events::merge_events(streams);
+        let merged = file::merge_events(streams);
         let mut buf = Vec::new();
         for r in merged {
             if buf.len() + EVENT_HEADER_BYTES + r.payload.len()
@@ -560,7 +560,7 @@ pub fn decode_file(bytes: &[u8]) -> (Vec<EventRecord>, bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::read_all_groups;
+    use crate::file::read_all_groups;
     use berth_testdir::TestDir;
 
     #[test]
@@ -614,8 +614,7 @@ mod tests {
             assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "group {g}");
         }
         // The final merge at close wrote every event, in the same order.
-        let merged_no =
-            events::list_event_files(&OsStorage, &dir, MERGED_EVENT_FILE_PREFIX).unwrap();
+        let merged_no = file::list_event_files(&OsStorage, &dir, MERGED_EVENT_FILE_PREFIX).unwrap();
         let mut merged = Vec::new();
         for n in merged_no {
             let bytes =
