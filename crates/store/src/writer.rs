@@ -70,6 +70,7 @@ mod gather;
 mod inbox;
 pub(crate) mod pause;
 mod prepare;
+mod reclaim;
 mod requests;
 mod space;
 
