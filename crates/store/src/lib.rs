@@ -22,9 +22,13 @@ pub mod decision;
 #[cfg(target_os = "linux")]
 mod direct;
 pub mod error;
+/// Test doubles (a fault-injecting storage): tests only, `testing` feature.
+#[cfg(any(test, feature = "testing"))]
 pub mod fault;
 pub mod group_reader;
 pub mod histogram;
+/// Test doubles (a storage whose files tests watch): `testing` feature.
+#[cfg(any(test, feature = "testing"))]
 pub mod hooked;
 pub mod index;
 pub mod inspect;

@@ -1,6 +1,6 @@
 //! The storage seam: every byte the store reads or writes goes through
 //! [`Storage`] and [`StorageFile`], so tests can swap the operating system
-//! for a fault-injecting layer ([`crate::fault::FaultStorage`]).
+//! for a fault-injecting layer (`fault::FaultStorage`, built for tests).
 //!
 //! Invariants:
 //! - The trait is the whole of the store's file I/O: no other module calls
