@@ -30,6 +30,7 @@ use berth_cluster::{SnapshotSource, WriteSnapshot};
 use berth_store::{LiveState, MsgId, QueueId, StoreError, Ticket};
 use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
+use smallvec::SmallVec;
 
 use super::command::Command;
 use super::view::{Announcements, Serves};
@@ -428,9 +429,15 @@ impl Replica {
     /// first lists what it holds (keys and ids, never bodies), the store's
     /// extra state is then removed, and the second writes what the store
     /// lacks. Memory: the metadata and the message ids, not the bodies.
+    ///
+    /// A snapshot names a message held by several queues once per queue
+    /// (it lists queue by queue). A store publish sets a message's queues
+    /// in its group, it does not add to them: so a message is written
+    /// once, to every queue the snapshot gives it, when any of them lacks
+    /// it (one queue at a time, each publish undid the one before).
     fn restore_from(&self, snapshot: &dyn SnapshotSource) -> Result<(), String> {
         let mut meta: BTreeMap<Bytes, Bytes> = BTreeMap::new();
-        let mut queues: BTreeMap<QueueId, BTreeSet<MsgId>> = BTreeMap::new();
+        let mut wanted: BTreeMap<MsgId, SmallVec<[QueueId; 1]>> = BTreeMap::new();
         let mut commands = Self::commands(snapshot)?;
         while let Some(c) = commands.next()? {
             match c {
@@ -440,8 +447,11 @@ impl Replica {
                 Command::Publish {
                     msg, queues: qs, ..
                 } => {
+                    let at = wanted.entry(MsgId(msg)).or_default();
                     for q in qs {
-                        queues.entry(QueueId(q)).or_default().insert(MsgId(msg));
+                        if !at.contains(&QueueId(q)) {
+                            at.push(QueueId(q));
+                        }
                     }
                 }
                 Command::Announce { name, amqp, http } => {
@@ -473,7 +483,8 @@ impl Replica {
             }
         }
         drop(meta);
-        for queue in live.queues.keys().filter(|q| !queues.contains_key(*q)) {
+        let queues: BTreeSet<QueueId> = wanted.values().flatten().copied().collect();
+        for queue in live.queues.keys().filter(|q| !queues.contains(*q)) {
             store.purge(*queue, Some(self.watch(0)));
         }
         // A stream is taken as the snapshot has it: its records replace
@@ -484,12 +495,12 @@ impl Replica {
         }
         let mut held: BTreeMap<QueueId, BTreeSet<MsgId>> = BTreeMap::new();
         for (queue, msgs) in live.queues {
-            let Some(wanted) = queues.get(&queue) else {
+            if !queues.contains(&queue) {
                 continue;
-            };
+            }
             let extra: Vec<MsgId> = msgs
                 .iter()
-                .filter(|m| !wanted.contains(m))
+                .filter(|m| !wanted.get(m).is_some_and(|qs| qs.contains(&queue)))
                 .copied()
                 .collect();
             if !extra.is_empty() {
@@ -503,21 +514,20 @@ impl Replica {
         let mut commands = Self::commands(snapshot)?;
         while let Some(c) = commands.next()? {
             match c {
-                Command::Publish {
-                    msg,
-                    queues: qs,
-                    payload,
-                } => {
-                    let lacking: Vec<QueueId> = qs
-                        .into_iter()
-                        .map(QueueId)
-                        .filter(|q| !held.get(q).is_some_and(|h| h.contains(&MsgId(msg))))
-                        .collect();
-                    if lacking.is_empty() {
+                Command::Publish { msg, payload, .. } => {
+                    // Taken: a later command naming the message again
+                    // (for another of its queues) finds it done.
+                    let Some(qs) = wanted.remove(&MsgId(msg)) else {
+                        continue;
+                    };
+                    let lacking = qs
+                        .iter()
+                        .any(|q| !held.get(q).is_some_and(|h| h.contains(&MsgId(msg))));
+                    if !lacking {
                         continue;
                     }
                     let done = self.watch_bytes(0, payload.len());
-                    store.publish(MsgId(msg), &lacking, payload, Some(done));
+                    store.publish(MsgId(msg), &qs, payload, Some(done));
                 }
                 Command::Trim { queue, below } if below > 0 => {
                     store.trim(QueueId(queue), below, Some(self.watch(0)));
