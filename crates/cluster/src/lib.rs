@@ -47,7 +47,7 @@ pub use error::ClusterError;
 pub use log_noise::is_peer_retry_noise;
 pub use node::{ClusterNode, NodeConfig, ProposeError, Reply, ReplyBatch};
 pub use report::{LocalAlarms, MemberReport};
-pub use state_machine::{Apply, SnapshotSource, WriteSnapshot};
+pub use state_machine::{Apply, Resume, SnapshotSource, WriteSnapshot};
 pub use status::{ClusterStatus, MemberStatus, Role};
 pub use sync_gate::SyncGate;
 pub use tokio_rustls::rustls;

@@ -228,7 +228,9 @@ impl ClusterNode {
             writer.clone(),
             config.log_resident_bytes,
         )?;
-        let sm = StateMachine::from_loaded(&config.dir, app)?;
+        let log_damaged = loaded.damaged_at.is_some()
+            || config.dir.join(crate::probation::PROBATION_FILE).exists();
+        let sm = StateMachine::from_loaded(&config.dir, app, log.last_index(), log_damaged)?;
         let raft_config = Config {
             cluster_name: "berth".into(),
             election_timeout_min: config.election_timeout_ms.0,

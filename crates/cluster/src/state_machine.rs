@@ -40,29 +40,54 @@ pub trait Apply: Send + Sync + 'static {
     /// Applies one committed command (`index` is its Raft log index); it
     /// shares the entry's memory (a slice of it, not a copy).
     fn apply(&self, index: u64, command: Bytes);
-    /// Called on the apply path, as of the last applied command: takes
-    /// what a snapshot of the state then needs, cheaply (no message
-    /// bodies), and returns the job that writes the snapshot's data. The
-    /// job runs on a thread of its own while later commands are applied;
-    /// it may find that they removed what it captured, and must then
-    /// leave it out (applying those commands again after the snapshot
-    /// removes nothing more), but it must never write what was added
-    /// after the capture.
-    fn capture(&self) -> WriteSnapshot;
-    /// Replaces the application's state by a snapshot's; `snapshot` may
-    /// be read more than once, each time from its start.
-    fn restore(&self, snapshot: &dyn SnapshotSource);
+    /// Called on the apply path, as of the last applied entry (`at`, its
+    /// log index): takes what a snapshot of the state then needs, cheaply
+    /// (no message bodies), and returns the job that writes the
+    /// snapshot's data. The job runs on a thread of its own while later
+    /// commands are applied; it may find that they removed what it
+    /// captured, and must then leave it out (applying those commands
+    /// again after the snapshot removes nothing more), but it must never
+    /// write what was added after the capture.
+    fn capture(&self, at: u64) -> WriteSnapshot;
+    /// Replaces the application's state by a snapshot's, taken at log
+    /// index `at`; `snapshot` may be read more than once, each time from
+    /// its start.
+    fn restore(&self, snapshot: &dyn SnapshotSource, at: u64);
     /// At a start with no snapshot: the log will be applied from its first
     /// entry, so the application starts from its empty state.
     fn start_empty(&self);
+    /// At a start: the state must become the last snapshot's (or empty,
+    /// with none), and every entry after it is then applied again. An
+    /// application whose own state is durable may keep it instead, if it
+    /// knows it holds at least the snapshot's, and skip the writes it
+    /// already holds when the entries up to `from.log_last` come again.
+    fn resume(&self, from: Resume<'_>) {
+        match from.snapshot {
+            Some((s, at)) => self.restore(s, at),
+            None => self.start_empty(),
+        }
+    }
 
-    /// A snapshot's data, taken now, in memory (for tests and tools: the
-    /// replication path never holds a snapshot whole).
-    fn snapshot_to_vec(&self) -> io::Result<Vec<u8>> {
+    /// A snapshot's data, taken now (as of log index `at`), in memory (for
+    /// tests and tools: the replication path never holds a snapshot whole).
+    fn snapshot_to_vec(&self, at: u64) -> io::Result<Vec<u8>> {
         let mut out = Vec::new();
-        (self.capture())(&mut out)?;
+        (self.capture(at))(&mut out)?;
         Ok(out)
     }
+}
+
+/// Where a node starts from (see [`Apply::resume`]).
+pub struct Resume<'a> {
+    /// The last snapshot and the log index it was taken at.
+    pub snapshot: Option<(&'a dyn SnapshotSource, u64)>,
+    /// The index of the last entry of this node's log (0 with none): no
+    /// write of an entry after it can be in the application's state.
+    pub log_last: u64,
+    /// The log was found damaged, or is still catching up after that
+    /// (probation): it may have lost entries the application applied, so
+    /// `log_last` bounds nothing.
+    pub log_damaged: bool,
 }
 
 pub(crate) struct StateMachine {
@@ -75,18 +100,28 @@ pub(crate) struct StateMachine {
 }
 
 impl StateMachine {
-    pub(crate) fn from_loaded(dir: &Path, app: Arc<dyn Apply>) -> Result<Self, ClusterError> {
+    /// `log_last` and `log_damaged`: see [`Resume`].
+    pub(crate) fn from_loaded(
+        dir: &Path,
+        app: Arc<dyn Apply>,
+        log_last: Option<u64>,
+        log_damaged: bool,
+    ) -> Result<Self, ClusterError> {
         let loaded = snapshot_file::load(dir)?;
         let (last_applied, membership) = match &loaded {
-            Some(s) => {
-                app.restore(s);
-                (s.meta.last_log_id, s.meta.last_membership.clone())
-            }
-            None => {
-                app.start_empty();
-                (None, StoredMembership::default())
-            }
+            Some(s) => (s.meta.last_log_id, s.meta.last_membership.clone()),
+            None => (None, StoredMembership::default()),
         };
+        app.resume(Resume {
+            snapshot: loaded.as_ref().map(|s| {
+                (
+                    s as &dyn SnapshotSource,
+                    s.meta.last_log_id.map_or(0, |l| l.index),
+                )
+            }),
+            log_last: log_last.unwrap_or(0),
+            log_damaged,
+        });
         Ok(Self {
             app,
             dir: dir.to_path_buf(),
@@ -218,9 +253,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             last_membership: self.membership.clone(),
             snapshot_id: id,
         };
+        let at = self.last_applied.map_or(0, |l| l.index);
         SnapshotBuilder {
             meta,
-            write: Mutex::new(Some(self.app.capture())),
+            write: Mutex::new(Some(self.app.capture(at))),
             dir: self.dir.clone(),
             current: self.current.clone(),
         }
@@ -273,7 +309,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             // This member holds a newer snapshot already: nothing to do.
             return Ok(());
         };
-        self.app.restore(&checked);
+        self.app
+            .restore(&checked, meta.last_log_id.map_or(0, |l| l.index));
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
         Ok(())

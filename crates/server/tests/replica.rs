@@ -29,7 +29,7 @@ fn replica(dir: &TempDir, groups: u32) -> Replica {
         store,
         events: std::sync::OnceLock::new(),
     });
-    Replica::new(journal, Arc::new(Announcements::default()))
+    Replica::new(journal, Arc::new(Announcements::default()), None)
 }
 
 type State = (
@@ -69,7 +69,10 @@ fn state(r: &Replica) -> State {
             (*q, read)
         })
         .collect();
-    (live.metadata, queues, streams)
+    // The member's own note of what its store holds is not replicated state.
+    let mut metadata = live.metadata;
+    metadata.remove(berth_server::cluster::replica::HELD_THROUGH_KEY);
+    (metadata, queues, streams)
 }
 
 fn apply(r: &Replica, index: u64, c: &Command) {
@@ -195,10 +198,10 @@ fn a_restart_that_applies_the_log_again_ends_in_the_same_state() {
         for (i, c) in history().iter().take(half).enumerate() {
             apply(&h, i as u64 + 1, c);
         }
-        h.snapshot_to_vec().expect("snapshot")
+        h.snapshot_to_vec(0).expect("snapshot")
     };
     let r = replica(&dir, 3);
-    r.restore(&snapshot);
+    r.restore(&snapshot, 0);
     for (i, c) in history().iter().enumerate().skip(half) {
         apply(&r, i as u64 + 1, c);
     }
@@ -213,7 +216,7 @@ fn a_restored_snapshot_makes_any_store_equal_to_the_state_it_was_taken_from() {
     for (i, c) in history().iter().enumerate() {
         apply(&source, i as u64 + 1, c);
     }
-    let snapshot = source.snapshot_to_vec().expect("snapshot");
+    let snapshot = source.snapshot_to_vec(0).expect("snapshot");
     let wanted = state(&source);
 
     // An empty store, and one holding other definitions, queues, messages
@@ -256,7 +259,7 @@ fn a_restored_snapshot_makes_any_store_equal_to_the_state_it_was_taken_from() {
         apply(&other, i as u64 + 1, j);
     }
     for r in [&empty, &other] {
-        r.restore(&snapshot);
+        r.restore(&snapshot, 0);
         assert_eq!(state(r), wanted);
         assert_eq!(r.failure(), None);
     }
@@ -284,7 +287,7 @@ fn a_snapshot_written_while_later_commands_apply_restores_to_the_same_state() {
     for (i, c) in past.iter().enumerate() {
         apply(&source, i as u64 + 1, c);
     }
-    let write = source.capture();
+    let write = source.capture(0);
     let b = |s: &str| Bytes::copy_from_slice(s.as_bytes());
     let later = [
         Command::Remove {
@@ -323,7 +326,7 @@ fn a_snapshot_written_while_later_commands_apply_restores_to_the_same_state() {
 
     let c = TempDir::new("replica-capture-copy");
     let copy = replica(&c, 3);
-    copy.restore(&snapshot);
+    copy.restore(&snapshot, 0);
     for (i, cmd) in later.iter().enumerate() {
         apply(&copy, base + i as u64 + 1, cmd);
     }
@@ -345,7 +348,7 @@ fn a_store_reopened_during_a_snapshot_build_serves_the_rest_of_it() {
         apply(&source, i as u64 + 1, c);
     }
     let wanted = state(&source);
-    let write = source.capture();
+    let write = source.capture(0);
     let reopened = source.reopen(|old| {
         old.store.close().map_err(|_| "close")?;
         let mut c = StoreConfig::new(a.to_path_buf());
@@ -364,7 +367,7 @@ fn a_store_reopened_during_a_snapshot_build_serves_the_rest_of_it() {
 
     let c = TempDir::new("replica-reopen-copy");
     let copy = replica(&c, 3);
-    copy.restore(&snapshot);
+    copy.restore(&snapshot, 0);
     assert_eq!(state(&copy), wanted);
     assert_eq!(copy.failure(), None);
 }
@@ -422,6 +425,7 @@ fn a_snapshot_of_large_messages_reads_them_a_few_mb_at_a_time() {
             events: std::sync::OnceLock::new(),
         }),
         Arc::new(Announcements::default()),
+        None,
     );
     for i in 1..=COUNT {
         let body = Bytes::from(vec![u8::try_from(i).unwrap(); BODY]);
@@ -432,7 +436,7 @@ fn a_snapshot_of_large_messages_reads_them_a_few_mb_at_a_time() {
         };
         apply(&source, i, &publish);
     }
-    let write = source.capture();
+    let write = source.capture(0);
     reads.0.store(0, std::sync::atomic::Ordering::Relaxed);
     let mut out = FirstWrite {
         reads: Arc::clone(&reads),
@@ -492,7 +496,7 @@ fn a_message_held_by_two_queues_is_restored_in_both() {
         }
         let wanted = state(&source);
         assert_eq!(wanted.1.len(), 3, "three queues: {wanted:?}");
-        let snapshot = source.snapshot_to_vec().expect("snapshot");
+        let snapshot = source.snapshot_to_vec(0).expect("snapshot");
 
         // An empty store, and one that holds message 1 in one queue only
         // and message 3 in all three.
@@ -519,9 +523,116 @@ fn a_message_held_by_two_queues_is_restored_in_both() {
             },
         );
         for r in [&empty, &partial] {
-            r.restore(&snapshot);
+            r.restore(&snapshot, 0);
             assert_eq!(state(r), wanted, "{groups} groups");
             assert_eq!(r.failure(), None);
         }
+    }
+}
+
+fn reopen(dir: &TempDir, groups: u32) -> (Replica, Option<u64>) {
+    let mut c = StoreConfig::new(dir.to_path_buf());
+    c.log_groups = groups;
+    let (store, recovered) = Store::open(c).expect("open store");
+    let held = berth_server::cluster::replica::held_through(&recovered);
+    let journal = Arc::new(StoreJournal {
+        store,
+        events: std::sync::OnceLock::new(),
+    });
+    (
+        Replica::new(journal, Arc::new(Announcements::default()), held),
+        held,
+    )
+}
+
+/// A restart used to make the store equal to the last snapshot (reading
+/// it twice, removing everything applied after it) and then write the
+/// log since the snapshot again: O(backlog) of reads and O(log) of writes
+/// before a member could serve. A store that holds the snapshot is now
+/// kept, and the log after it replayed: what the store holds is skipped,
+/// except after a purge of its queue in the replay (message 4 comes after
+/// a purge of queue 12: skipped, the queued purge would take it away).
+#[test]
+fn a_restart_keeps_a_store_that_holds_the_snapshot_and_replays_the_log() {
+    let dir = TempDir::new("replica-keep");
+    let half = 6u64;
+    let all = history();
+    let (snapshot, once) = {
+        let r = replica(&dir, 3);
+        for (i, c) in all.iter().enumerate().take(half as usize) {
+            apply(&r, i as u64 + 1, c);
+        }
+        let snapshot = r.snapshot_to_vec(half).expect("snapshot");
+        for (i, c) in all.iter().enumerate().skip(half as usize) {
+            apply(&r, i as u64 + 1, c);
+        }
+        (snapshot, state(&r))
+    };
+    let log_last = all.len() as u64;
+    let (r, held) = reopen(&dir, 3);
+    assert_eq!(
+        held,
+        Some(half),
+        "the capture recorded what the store holds"
+    );
+    r.resume(berth_cluster::Resume {
+        snapshot: Some((&snapshot, half)),
+        log_last,
+        log_damaged: false,
+    });
+    assert_eq!(
+        state(&r),
+        once,
+        "the store was not kept: it was made equal to the snapshot"
+    );
+    for (i, c) in all.iter().enumerate().skip(half as usize) {
+        apply(&r, i as u64 + 1, c);
+    }
+    assert_eq!(state(&r), once, "the replay changed the state");
+    assert_eq!(r.failure(), None);
+
+    // Entries after the log's last are not a replay: applied as they come.
+    let next = Command::Publish {
+        msg: 77,
+        queues: vec![10],
+        payload: Bytes::from_static(b"new"),
+    };
+    apply(&r, log_last + 1, &next);
+    let after = state(&r);
+    assert!(after.1[&QueueId(10)].iter().any(|(m, _)| *m == MsgId(77)));
+}
+
+/// A store that cannot show it holds the snapshot (a log cut short, or a
+/// key behind the snapshot) is made equal to the snapshot first, as
+/// before, and ends in the same state.
+#[test]
+fn a_restart_restores_the_snapshot_when_the_store_may_lack_it() {
+    let all = history();
+    let half = 6u64;
+    for (damaged, log_last) in [(true, all.len() as u64), (false, 3)] {
+        let dir = TempDir::new("replica-untrusted");
+        let (snapshot, once) = {
+            let r = replica(&dir, 2);
+            for (i, c) in all.iter().enumerate().take(half as usize) {
+                apply(&r, i as u64 + 1, c);
+            }
+            let snapshot = r.snapshot_to_vec(half).expect("snapshot");
+            for (i, c) in all.iter().enumerate().skip(half as usize) {
+                apply(&r, i as u64 + 1, c);
+            }
+            (snapshot, state(&r))
+        };
+        let (r, _) = reopen(&dir, 2);
+        r.resume(berth_cluster::Resume {
+            snapshot: Some((&snapshot, half)),
+            log_last,
+            log_damaged: damaged,
+        });
+        assert_ne!(state(&r), once, "restored to the snapshot");
+        for (i, c) in all.iter().enumerate().skip(half as usize) {
+            apply(&r, i as u64 + 1, c);
+        }
+        assert_eq!(state(&r), once);
+        assert_eq!(r.failure(), None);
     }
 }

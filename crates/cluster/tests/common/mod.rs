@@ -25,7 +25,7 @@ impl Apply for Recorder {
     fn apply(&self, _index: u64, command: bytes::Bytes) {
         self.applied.lock().push(command.to_vec());
     }
-    fn capture(&self) -> WriteSnapshot {
+    fn capture(&self, _at: u64) -> WriteSnapshot {
         let applied = self.applied.lock().clone();
         Box::new(move |out: &mut dyn Write| {
             for c in &applied {
@@ -35,7 +35,7 @@ impl Apply for Recorder {
             Ok(())
         })
     }
-    fn restore(&self, snapshot: &dyn SnapshotSource) {
+    fn restore(&self, snapshot: &dyn SnapshotSource, _at: u64) {
         let mut whole = Vec::new();
         snapshot.open().unwrap().read_to_end(&mut whole).unwrap();
         let mut applied = Vec::new();

@@ -77,9 +77,10 @@ pub fn raft_dir(config: &Config) -> PathBuf {
 /// A member's store settings: the configured ones, except that the store
 /// never waits for fdatasync. Its durability is the Raft log's: every
 /// command is fdatasynced there (on a majority) before it is applied or
-/// confirmed, and at a start the store is rebuilt from the last snapshot
-/// and the log after it (`replica`'s invariant), so an fdatasync of the
-/// store would only cost time.
+/// confirmed, and at a start the store is kept only as far as a flush
+/// showed it holds the last snapshot, and the log after it is replayed
+/// (else it is rebuilt from the snapshot: `replica`'s invariants), so an
+/// fdatasync of every store write would only cost time.
 #[must_use]
 pub fn store_config(config: &Config) -> berth_store::StoreConfig {
     let mut c = config.store_config();
@@ -115,13 +116,13 @@ impl Member {
             source,
         })?;
         let store_config = store_config(config);
-        let store = {
+        let (store, held) = {
             let sc = store_config.clone();
-            tokio::task::spawn_blocking(move || Store::open(sc))
+            let (store, recovered) = tokio::task::spawn_blocking(move || Store::open(sc))
                 .await
                 .map_err(|e| startup(format!("store recovery did not finish: {e}")))?
-                .map_err(|source| ServerError::Store { source })?
-                .0
+                .map_err(|source| ServerError::Store { source })?;
+            (store, super::replica::held_through(&recovered))
         };
         let local = Arc::new(StoreJournal {
             store,
@@ -131,7 +132,7 @@ impl Member {
         for p in &peers {
             announced.set_name(raft_id(&p.name), p.name.clone());
         }
-        let replica = Arc::new(Replica::new(local, Arc::clone(&announced)));
+        let replica = Arc::new(Replica::new(local, Arc::clone(&announced), held));
         let members: BTreeMap<u64, String> = peers
             .iter()
             .map(|p| (raft_id(&p.name), p.addr.clone()))

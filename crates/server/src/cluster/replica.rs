@@ -4,12 +4,21 @@
 //! from this store, as after a restart.
 //!
 //! Invariants:
-//! - At a start the store is first made equal to the last snapshot (or
-//!   emptied, with none), and then Raft re-applies every entry after it:
-//!   so a command is never applied on top of its own effects, and the store
-//!   need not be durable ahead of the Raft log. (Skipping publishes the
-//!   store already holds is not enough: a removal or purge still queued
-//!   in the store would hide a later publish of the same message.)
+//! - The store records, under [`HELD_THROUGH_KEY`], a log index through
+//!   which it durably holds every committed entry's writes: written after
+//!   the flush of a snapshot's capture and after a snapshot is restored.
+//! - At a start whose store holds at least the last snapshot (that key at
+//!   or past the snapshot's index, no store damage, an undamaged Raft log
+//!   that reaches it), the store is kept as it is, and Raft re-applies
+//!   every entry after the snapshot *as a replay*: up to the last entry of
+//!   this member's log, a publish or append the store already holds is
+//!   skipped, unless a purge of its queue came earlier in the replay (a
+//!   purge still queued in the store would hide it). Every other write
+//!   sets its state whatever came before (a publish sets a message's
+//!   queues, a removal or trim of what is gone does nothing), so writing
+//!   it again ends in the same state. Any other start makes the store
+//!   equal to the snapshot (or empty, with none) first, as a follower
+//!   that installs a snapshot does.
 //! - A snapshot lists the whole state as commands (every metadata key,
 //!   every live message of every queue with its body); restoring one makes
 //!   the store equal to it, whatever the store held before.
@@ -23,10 +32,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read, Write};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use berth_cluster::{SnapshotSource, WriteSnapshot};
+use berth_cluster::{Resume, SnapshotSource, WriteSnapshot};
 use berth_store::{LiveState, MsgId, QueueId, StoreError, Ticket};
 use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
@@ -67,15 +76,46 @@ pub struct Replica {
     failed: Arc<Mutex<Option<String>>>,
     /// Bytes of bodies handed to the store whose write has not completed.
     unwritten: Arc<AtomicUsize>,
+    /// What the store held when it was opened: [`HELD_THROUGH_KEY`]'s
+    /// index, `None` if absent or if the store's recovery found damage.
+    held_at_open: Option<u64>,
+    /// Entries up to this index are a replay (see the module doc); 0: none.
+    replay_through: AtomicU64,
+    /// The queues purged so far in the replay.
+    replay_purged: Mutex<BTreeSet<QueueId>>,
+}
+
+/// The metadata key (kind `r`, docs/FORMAT.md) under which a member's
+/// store records the Raft log index through which it durably holds every
+/// committed entry's writes, as a `u64` LE. It is this member's own: never
+/// replicated, never in a snapshot.
+pub const HELD_THROUGH_KEY: &[u8] = b"r\0held-through";
+
+/// The index a store holds through, from its recovered metadata and damage.
+pub fn held_through(recovered: &berth_store::Recovered) -> Option<u64> {
+    if !recovered.damage.is_empty() {
+        return None;
+    }
+    let v = recovered.metadata.get(HELD_THROUGH_KEY)?;
+    Some(u64::from_le_bytes(v.as_ref().try_into().ok()?))
 }
 
 impl Replica {
-    pub fn new(store: Arc<StoreJournal>, announced: Arc<Announcements>) -> Self {
+    /// A replica of `store`, which holds every entry's writes through
+    /// `held_at_open` ([`held_through`] of its recovery; `None` if unknown).
+    pub fn new(
+        store: Arc<StoreJournal>,
+        announced: Arc<Announcements>,
+        held_at_open: Option<u64>,
+    ) -> Self {
         Self {
             store: Arc::new(RwLock::new(Some(store))),
             announced,
             failed: Arc::default(),
             unwritten: Arc::default(),
+            held_at_open,
+            replay_through: AtomicU64::new(0),
+            replay_purged: Mutex::default(),
         }
     }
 
@@ -170,6 +210,9 @@ impl Replica {
             return;
         };
         let store = &journal.store;
+        if index <= self.replay_through.load(Ordering::Acquire) && self.held(store, &cmd) {
+            return;
+        }
         match cmd {
             Command::Publish {
                 msg,
@@ -211,6 +254,45 @@ impl Replica {
         }
     }
 
+    /// In a replay: does the store hold `cmd`'s write already (a publish
+    /// in every one of its queues, an append), with no purge of its queue
+    /// earlier in the replay? A purge is noted here.
+    fn held(&self, store: &berth_store::Store, cmd: &Command) -> bool {
+        let mut purged = self.replay_purged.lock();
+        match cmd {
+            Command::Publish { msg, queues, .. } => queues.iter().all(|q| {
+                !purged.contains(&QueueId(*q)) && store.written(QueueId(*q), &[MsgId(*msg)])[0]
+            }),
+            Command::Append { queue, offset, .. } => {
+                !purged.contains(&QueueId(*queue))
+                    && store
+                        .stream_bounds(QueueId(*queue))
+                        .is_some_and(|(_, end)| *offset < end)
+            }
+            Command::Purge { queue } => {
+                purged.insert(QueueId(*queue));
+                false
+            }
+            _ => false,
+        }
+    }
+
+    /// Records that the store holds every entry's writes through `at`, once
+    /// everything handed to it so far is durable (the record itself may
+    /// follow later: until it does, a start restores the snapshot).
+    fn note_held_through(&self, at: u64) -> Result<(), StoreError> {
+        self.flush()?;
+        let Some(journal) = self.store() else {
+            return Err(StoreError::Invalid("the store is closed".into()));
+        };
+        journal.store.put_meta(
+            Bytes::from_static(HELD_THROUGH_KEY),
+            Bytes::copy_from_slice(&at.to_le_bytes()),
+            Some(self.watch(at)),
+        );
+        Ok(())
+    }
+
     /// Waits while the store has more than [`REPLICA_UNWRITTEN_BYTES_MAX`]
     /// of bodies to write (a start applying hundreds of MB of log), until
     /// half of that is left; nothing to wait for while it keeps up.
@@ -247,10 +329,12 @@ impl berth_cluster::Apply for Replica {
         self.keep_up();
     }
 
-    fn capture(&self) -> WriteSnapshot {
+    fn capture(&self, at: u64) -> WriteSnapshot {
         // Everything applied so far must be in the index before it is
         // listed; the listing is ids only, the bodies are read later.
-        if let Err(e) = self.flush() {
+        // Durable too: a start then keeps the store instead of restoring
+        // this snapshot into it.
+        if let Err(e) = self.note_held_through(at) {
             refuse_snapshot(&format!("the store could not be flushed: {e}"));
         }
         let Some(journal) = self.store() else {
@@ -270,13 +354,52 @@ impl berth_cluster::Apply for Replica {
     }
 
     fn start_empty(&self) {
-        self.restore(&Vec::new());
+        self.restore(&Vec::new(), 0);
     }
 
-    fn restore(&self, snapshot: &dyn SnapshotSource) {
-        if let Err(e) = self.restore_from(snapshot) {
+    fn restore(&self, snapshot: &dyn SnapshotSource, at: u64) {
+        self.replay_through.store(0, Ordering::Release);
+        let restored = self.restore_from(snapshot).and_then(|()| {
+            self.note_held_through(at)
+                .map_err(|e| format!("the store could not be flushed after a snapshot: {e}"))
+        });
+        if let Err(e) = restored {
             self.fail(e);
         }
+    }
+
+    fn resume(&self, from: Resume<'_>) {
+        let at = from.snapshot.map_or(0, |(_, at)| at);
+        let keep = self
+            .held_at_open
+            .filter(|held| !from.log_damaged && at <= *held && *held <= from.log_last);
+        let Some(held) = keep else {
+            tracing::info!(
+                snapshot = at,
+                store_held = ?self.held_at_open,
+                log_last = from.log_last,
+                log_damaged = from.log_damaged,
+                "the store is made equal to the last snapshot before the log is applied again"
+            );
+            match from.snapshot {
+                Some((s, at)) => self.restore(s, at),
+                None => self.start_empty(),
+            }
+            return;
+        };
+        tracing::info!(
+            snapshot = at,
+            store_held = held,
+            log_last = from.log_last,
+            "the store holds the last snapshot: kept, and the log after it is replayed"
+        );
+        if let Some((s, _)) = from.snapshot {
+            if let Err(e) = self.restore_members(s) {
+                self.fail(e);
+            }
+        }
+        self.replay_purged.lock().clear();
+        self.replay_through.store(from.log_last, Ordering::Release);
     }
 }
 
@@ -312,6 +435,9 @@ fn write_snapshot(
         })?;
     }
     for (key, value) in live.metadata {
+        if key.as_ref() == HELD_THROUGH_KEY {
+            continue; // this member's own
+        }
         put(Command::PutMeta { key, value })?;
     }
     for (queue, (first, end)) in live.streams {
@@ -435,6 +561,24 @@ impl Replica {
     /// in its group, it does not add to them: so a message is written
     /// once, to every queue the snapshot gives it, when any of them lacks
     /// it (one queue at a time, each publish undid the one before).
+    /// Takes the members and where they serve from a snapshot (its first
+    /// commands), leaving the store alone.
+    fn restore_members(&self, snapshot: &dyn SnapshotSource) -> Result<(), String> {
+        let mut commands = Self::commands(snapshot)?;
+        while let Some(c) = commands.next()? {
+            match c {
+                Command::Announce { name, amqp, http } => {
+                    self.announced.set(name, Serves { amqp, http });
+                }
+                Command::Member { name } => {
+                    self.announced.set_name(super::peers::raft_id(&name), name);
+                }
+                _ => break,
+            }
+        }
+        Ok(())
+    }
+
     fn restore_from(&self, snapshot: &dyn SnapshotSource) -> Result<(), String> {
         let mut meta: BTreeMap<Bytes, Bytes> = BTreeMap::new();
         let mut wanted: BTreeMap<MsgId, SmallVec<[QueueId; 1]>> = BTreeMap::new();
