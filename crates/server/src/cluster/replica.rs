@@ -374,15 +374,17 @@ impl berth_cluster::Apply for Replica {
             .held_at_open
             .filter(|held| !from.log_damaged && at <= *held && *held <= from.log_last);
         let Some(held) = keep else {
-            tracing::info!(
-                snapshot = at,
-                store_held = ?self.held_at_open,
-                log_last = from.log_last,
-                log_damaged = from.log_damaged,
-                "the store is made equal to the last snapshot before the log is applied again"
-            );
             match from.snapshot {
-                Some((s, at)) => self.restore(s, at),
+                Some((s, at)) => {
+                    tracing::info!(
+                        snapshot = at,
+                        store_held = ?self.held_at_open,
+                        log_last = from.log_last,
+                        log_damaged = from.log_damaged,
+                        "the store is made equal to the last snapshot before the log after it is applied again"
+                    );
+                    self.restore(s, at);
+                }
                 None => self.start_empty(),
             }
             return;
