@@ -44,7 +44,9 @@ ensure_rust() {
 }
 
 lint() {
-  cargo fmt --all -- --check &&
+  # Links between the docs: every file and heading anchor they name exists.
+  python3 scripts/check-doc-links.py &&
+    cargo fmt --all -- --check &&
     rustfmt --edition 2021 --check fuzz/fuzz_targets/*.rs fuzz/seed_corpus.rs &&
     cargo clippy --workspace --all-targets --release -- -D warnings
 }
