@@ -8,7 +8,9 @@
 //!   one entry share its index, in the order they were proposed), each
 //!   once per process life; after a restart they are applied again from the last
 //!   snapshot on, and the application's state starts from that snapshot
-//!   ([`Apply::restore`]) or, with none, from empty ([`Apply::start_empty`]).
+//!   ([`Apply::restore`]) or, with none, from empty ([`Apply::start_empty`]),
+//!   unless the application shows its own durable state holds the
+//!   snapshot and replays what it already holds ([`Apply::resume`]).
 //! - A snapshot is reported built or installed only once `raft.snapshot`
 //!   holding it is durable: openraft may purge the log behind it.
 //! - Building a snapshot does not hold up applying: only
