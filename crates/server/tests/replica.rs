@@ -545,6 +545,21 @@ fn reopen(dir: &TempDir, groups: u32) -> (Replica, Option<u64>) {
     )
 }
 
+/// Applies `history()` to a store in `dir`, with a snapshot taken after
+/// its first `half` entries; returns the snapshot and the final state.
+fn snapshot_halfway(dir: &TempDir, groups: u32, half: u64) -> (Vec<u8>, State) {
+    let r = replica(dir, groups);
+    let all = history();
+    for (i, c) in all.iter().enumerate().take(half as usize) {
+        apply(&r, i as u64 + 1, c);
+    }
+    let snapshot = r.snapshot_to_vec(half).expect("snapshot");
+    for (i, c) in all.iter().enumerate().skip(half as usize) {
+        apply(&r, i as u64 + 1, c);
+    }
+    (snapshot, state(&r))
+}
+
 /// A restart used to make the store equal to the last snapshot (reading
 /// it twice, removing everything applied after it) and then write the
 /// log since the snapshot again: O(backlog) of reads and O(log) of writes
@@ -557,17 +572,7 @@ fn a_restart_keeps_a_store_that_holds_the_snapshot_and_replays_the_log() {
     let dir = TempDir::new("replica-keep");
     let half = 6u64;
     let all = history();
-    let (snapshot, once) = {
-        let r = replica(&dir, 3);
-        for (i, c) in all.iter().enumerate().take(half as usize) {
-            apply(&r, i as u64 + 1, c);
-        }
-        let snapshot = r.snapshot_to_vec(half).expect("snapshot");
-        for (i, c) in all.iter().enumerate().skip(half as usize) {
-            apply(&r, i as u64 + 1, c);
-        }
-        (snapshot, state(&r))
-    };
+    let (snapshot, once) = snapshot_halfway(&dir, 3, half);
     let log_last = all.len() as u64;
     let (r, held) = reopen(&dir, 3);
     assert_eq!(
@@ -611,17 +616,7 @@ fn a_restart_restores_the_snapshot_when_the_store_may_lack_it() {
     let half = 6u64;
     for (damaged, log_last) in [(true, all.len() as u64), (false, 3)] {
         let dir = TempDir::new("replica-untrusted");
-        let (snapshot, once) = {
-            let r = replica(&dir, 2);
-            for (i, c) in all.iter().enumerate().take(half as usize) {
-                apply(&r, i as u64 + 1, c);
-            }
-            let snapshot = r.snapshot_to_vec(half).expect("snapshot");
-            for (i, c) in all.iter().enumerate().skip(half as usize) {
-                apply(&r, i as u64 + 1, c);
-            }
-            (snapshot, state(&r))
-        };
+        let (snapshot, once) = snapshot_halfway(&dir, 2, half);
         let (r, _) = reopen(&dir, 2);
         r.resume(berth_cluster::Resume {
             snapshot: Some((&snapshot, half)),
